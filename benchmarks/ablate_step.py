@@ -1,0 +1,72 @@
+"""Where does the fused step's time go? Times variants of kernels.cu that stop after a
+stage or leave one out (patched copies of the source, never the shipped kernel), in
+graph mode like bench_step.py. Run on a GPU: PYTHONPATH=. python benchmarks/ablate_step.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cupy
+import numpy as np
+
+from kvaddr import StepPlanner, _kernels
+
+sys.path.insert(0, "benchmarks")
+from bench_step import graph_time_per_copy, make_batch  # noqa: E402
+
+KEEP = "if (threadIdx.x == 0 && blockIdx.x == 0x7fffffff) rec[0] = {};"
+VARIANTS = {
+    "full": [],
+    "launch only (smem)": [("    __shared__ KvShared s;\n",
+                            "    __shared__ KvShared s;\n    if (bsz >= 0) { " + KEEP.format("s.bcast[1]") + " return; }\n")],
+    "loads": [("        kv_load_tile(s, dec, q, 0, bsz, kv_out, r_lo, r_hi, d, n);\n",
+               "        kv_load_tile(s, dec, q, 0, bsz, kv_out, r_lo, r_hi, d, n);\n        if (bsz >= 0) { "
+               + KEEP.format("d[0] + n[0]") + " return; }\n")],
+    "+ guess loads": [("        __syncthreads();\n        // Guess 2 (every", "        if (bsz >= 0) { " + KEEP.format("blk[0][0] + blk[1][0]")
+                       + " return; }\n        __syncthreads();\n        // Guess 2 (every")],
+    "+ scan": [("        const int end_tok = min(total, capacity);\n        for (int b = r_lo",
+                "        if (bsz >= 0) { " + KEEP.format("total + blk[0][0] + blk[1][0]") + " return; }\n"
+                "        const int end_tok = min(total, capacity);\n        for (int b = r_lo")],
+    "full - guess 1": [("            if (t < capacity && t < bsz && dt >= 0 && nt > 0) {", "            if (false) {")],
+    "full - error record": [("        kv_store_errors(err, rec, chunk);\n        return;", "        return;")],
+}
+
+
+def main():
+    src = _kernels.source()
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    shapes = [("decode 64", 64, 1, 1), ("decode 1024", 1024, 1, 1), ("decode 4096", 4096, 1, 2),
+              ("256 x 64 tok", 256, 64, 1)]
+    rows = []
+    with stream:
+        empty = _kernels.get_function("kvaddr_empty")
+        t_empty, _ = graph_time_per_copy(lambda: empty((1,), (1,), (), 0, _kernels.raw_stream(stream.ptr)),
+                                         stream, 200, 20)
+        batches = {label: make_batch(rng, bsz, per) for label, bsz, per, _ in shapes}
+        for vname, patches in VARIANTS.items():
+            code = src
+            for anchor, repl in patches:
+                assert code.count(anchor) == 1, (vname, anchor)
+                code = code.replace(anchor, repl)
+            fn = cupy.RawModule(code=code, options=_kernels.COMPILE_OPTIONS).get_function("kvaddr_step_i64").kernel
+            row = [vname]
+            for label, bsz, per, G in shapes:
+                dec, q, table, total = batches[label]
+                p = StepPlanner(bsz, total, [64] * G)
+                p._prepare(dec, q, table, None)
+                L = _kernels.Launcher(fn, [type(v) for v in p._launcher.values])
+                for a, b in zip(L.values, p._launcher.values):
+                    a.value = b.value
+                t, _ = graph_time_per_copy(lambda: L(p.grid(bsz), 256, stream.ptr), stream, 200, 20)
+                row.append(t)
+            rows.append(row)
+    print(f"empty kernel {t_empty:.3f} us per copy; fused-step variants, us per copy:")
+    print(f"{'variant':<26}" + "".join(f"{s[0]:>16}" for s in shapes))
+    for r in rows:
+        print(f"{r[0]:<26}" + "".join(f"{x:>16.3f}" for x in r[1:]))
+
+
+if __name__ == "__main__":
+    main()

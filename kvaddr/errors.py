@@ -1,0 +1,71 @@
+"""Exceptions and the device-side error bits of the spec (``../shared/SPEC.md``)."""
+
+from __future__ import annotations
+
+#: Block index ``pos // B`` is beyond the table's width.
+ERR_BLOCK_INDEX = 1
+#: Negative (unallocated) block id for a real token.
+ERR_NEGATIVE_BLOCK = 2
+#: More tokens than the capacity C; the extra tokens are dropped.
+ERR_CAPACITY = 4
+#: Negative ``seq_lens_decoder`` or ``seq_lens_this_time``.
+ERR_NEGATIVE_LENGTH = 8
+
+ERROR_REASONS = {
+    ERR_BLOCK_INDEX: "block index beyond the block table's width",
+    ERR_NEGATIVE_BLOCK: "negative (unallocated) block id for a real token",
+    ERR_CAPACITY: "more tokens than the capacity",
+    ERR_NEGATIVE_LENGTH: "negative seq_lens_decoder or seq_lens_this_time",
+}
+
+#: Key of "no error" in the first-bad-token record (all ones).
+NO_ERROR_KEY = (1 << 64) - 1
+
+
+def error_key(token: int, request: int, cache: int, bit: int) -> int:
+    """Order errors the way the kernels do: by token, then request, cache, bit.
+
+    ``key = token << 32 | request << 5 | cache << 2 | log2(bit)``; the smallest
+    key over all errors of a step is its "first bad token".
+    """
+    return (int(token) << 32) | (int(request) << 5) | (int(cache) << 2) | (int(bit).bit_length() - 1)
+
+
+def decode_error_key(key: int) -> tuple[int, int, int, int]:
+    """Inverse of :func:`error_key`: ``(token, request, cache, bit)``."""
+    key = int(key)
+    return key >> 32, (key >> 5) & ((1 << 27) - 1), (key >> 2) & 7, 1 << (key & 3)
+
+
+class KvaddrError(Exception):
+    """Base class of kvaddr's exceptions."""
+
+
+class KernelCompileError(KvaddrError):
+    """kernels.cu failed to compile; the message carries the compiler log."""
+
+
+class AddressingError(KvaddrError):
+    """A step's inputs held bad values (raised by ``check()``).
+
+    Attributes
+    ----------
+    mask : int
+        OR of every error bit the step set (see :data:`ERROR_REASONS`).
+    token, request, cache, bit : int
+        The first bad token (by token index, then request, cache and bit),
+        its request, the cache it was addressing (0 for errors that concern
+        no cache) and that error's bit.
+    """
+
+    def __init__(self, mask: int, key: int):
+        self.mask = int(mask)
+        self.token, self.request, self.cache, self.bit = decode_error_key(key)
+        reasons = ", ".join(f"{b} ({ERROR_REASONS[b]})" for b in sorted(ERROR_REASONS) if self.mask & b)
+        where = f"token {self.token} of request {self.request}"
+        if self.bit in (ERR_BLOCK_INDEX, ERR_NEGATIVE_BLOCK):
+            where += f", cache {self.cache}"
+        super().__init__(
+            f"bad step addressing: first bad value at {where}: {ERROR_REASONS[self.bit]}; "
+            f"error bits {self.mask}: {reasons}"
+        )

@@ -1,0 +1,613 @@
+// kvaddr: every CUDA kernel of the library (loaded with cupy.RawModule, see _kernels.py).
+//
+// Kernels (all extern "C", names fetched by _kernels.py):
+//   kvaddr_step_i64 / kvaddr_step_i32   the fused step: cu_seqlens_q, num_tokens,
+//       batch_id_per_token, position_ids (int64 / int32), seq_lens_kv and the slot
+//       mapping of up to KV_MAX_CACHES caches, padding and error records included,
+//       in ONE launch. With num_caches = 0 it is kvaddr's positions-only kernel.
+//   kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
+//       and batch ids (the per-layer, one-kernel baseline).
+//   kvaddr_empty                         an empty kernel (the launch floor).
+//
+// Semantics: ../shared/SPEC.md and kvaddr/reference.py (the oracle).
+//
+// How the fused step scales (no single block, no per-thread prefix over earlier
+// requests):
+//   * Small batches (bsz <= KV_TILE): grid = one block per KV_TOKENS tokens of the
+//     capacity. Every block loads the (at most KV_TILE) lengths and scans them in
+//     shared memory (thread-blocked sequential sums + a warp-shuffle block scan), then
+//     binary-searches each of its tokens' request in shared memory. No block waits
+//     for another.
+//   * Large batches (bsz > KV_TILE): blocks take tickets in the order they start.
+//     The first ceil(bsz / KV_TILE) tickets scan one tile of requests each and chain
+//     their prefixes with a decoupled look-back (a tile only ever waits for tiles with
+//     lower tickets, which are running), write cu_seqlens_q and seq_lens_kv, and
+//     count themselves done. The other tickets each own KV_TOKENS tokens: they wait
+//     for the scan (lower tickets only: no deadlock), find their first and last
+//     request with a 32-way warp search over cu_seqlens_q, and search per token in
+//     shared memory. The last block to finish resets the tickets for the next launch
+//     and bumps an epoch that invalidates the tile flags, so the kernel is safe to
+//     replay in a CUDA graph with no memset.
+//   * Errors: every warp writes one record (mask, first-bad key) of its own every
+//     launch, so no reset is needed; check() reduces the records on the host.
+//
+// Addresses are int64 throughout: block ids up to 2^31-1 times any block size.
+
+#define KV_THREADS 256
+#define KV_WARPS (KV_THREADS / 32)
+#define KV_TILE 4096
+#define KV_TOKENS 512
+#define KV_TOKENS_PER_THREAD (KV_TOKENS / KV_THREADS)
+#define KV_MAX_CACHES 4
+#define KV_INT_MAX 0x7fffffff
+#define KV_NO_ERROR 0xffffffffffffffffULL
+
+// State words of the large-batch path (unsigned int [4]).
+#define KV_STATE_EPOCH 0
+#define KV_STATE_TICKET 1
+#define KV_STATE_SCAN_DONE 2
+#define KV_STATE_DONE 3
+
+#define KV_FLAG_AGGREGATE 1ULL
+#define KV_FLAG_PREFIX 2ULL
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// Shared index with one pad word per 32: conflict-free thread-blocked access.
+#define KV_PAD(k) ((k) + ((k) >> 5))
+#define KV_SCAN_WORDS (KV_PAD(KV_TILE) + 1)
+
+// Saturating add of two non-negative ints (associative, exact below 2^31-1).
+__device__ __forceinline__ int kv_sat_add(int a, int b) {
+    return (a > KV_INT_MAX - b) ? KV_INT_MAX : a + b;
+}
+
+__device__ __forceinline__ u64 kv_err_key(u64 token, u64 request, u64 cache, u64 bit_index) {
+    return (token << 32) | (request << 5) | (cache << 2) | bit_index;
+}
+
+struct KvErr {
+    unsigned int mask;
+    u64 key;
+    __device__ __forceinline__ void add(unsigned int bit, u64 key_) {
+        mask |= bit;
+        key = key_ < key ? key_ : key;
+    }
+};
+
+#define KV_ITEMS (KV_TILE / KV_THREADS)   // requests a thread loads per tile
+
+struct KvShared {
+    int cu[KV_SCAN_WORDS];           // exclusive prefix (padded index), then tile total
+    int dec[KV_TILE];                // seq_lens_decoder, or -1 for a bad request
+    int warp_sums[KV_WARPS];         // per-warp totals of the tile scan
+    int bcast[4];
+};
+
+// Load requests [base, base + count) (count <= KV_TILE) into registers, striped:
+// item u of a thread is request u * KV_THREADS + threadIdx.x. A bad request (a
+// negative length) gets n = 0 and d = -1. Writes s.dec, s.bcast[0] = n of request 0,
+// and seq_lens_kv for requests [kv_lo, kv_hi). Every load is issued before any is
+// used: one memory round trip.
+__device__ __forceinline__ void kv_load_tile(KvShared& s, const int* __restrict__ dec,
+                                             const int* __restrict__ q, int base, int count,
+                                             int* __restrict__ kv_out, int kv_lo, int kv_hi,
+                                             int (&d)[KV_ITEMS], int (&n)[KV_ITEMS]) {
+#pragma unroll
+    for (int u = 0; u < KV_ITEMS; ++u) {
+        const int k = u * KV_THREADS + (int)threadIdx.x;
+        d[u] = 0;
+        n[u] = 0;
+        if (k < count) {
+            d[u] = dec[base + k];
+            n[u] = q[base + k];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < KV_ITEMS; ++u) {
+        const int k = u * KV_THREADS + (int)threadIdx.x;
+        const bool bad = (d[u] < 0) | (n[u] < 0);
+        if (k < count) {
+            s.cu[KV_PAD(k)] = bad ? 0 : n[u];
+            s.dec[k] = bad ? -1 : d[u];
+            if (k >= kv_lo && k < kv_hi) kv_out[base + k] = bad ? 0 : kv_sat_add(d[u], n[u]);
+        }
+        if (bad) {
+            d[u] = -1;
+            n[u] = 0;
+        }
+    }
+    if (threadIdx.x == 0) s.bcast[3] = n[0];
+}
+
+// Exclusive saturating scan of s.cu[0..count) in place; s.cu[KV_PAD(count)] = total.
+// The caller has loaded s.cu (kv_load_tile) and passed a barrier. Thread i owns
+// items [i*ipt, (i+1)*ipt): a sequential sum, a warp-shuffle scan of the per-thread
+// sums, every warp scans the warp totals itself, then a sequential write-back: two
+// barriers. Returns the tile total.
+__device__ __forceinline__ int kv_scan_tile(KvShared& s, int count) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ipt = (count + KV_THREADS - 1) / KV_THREADS;
+    const int first = threadIdx.x * ipt;
+    int sum = 0;
+    for (int j = 0; j < ipt; ++j) {
+        const int k = first + j;
+        if (k < count) sum = kv_sat_add(sum, s.cu[KV_PAD(k)]);
+    }
+    int x = sum;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x = kv_sat_add(x, y);
+    }
+    int ex = __shfl_up_sync(0xffffffffu, x, 1);  // this thread's exclusive prefix in its warp
+    if (lane == 0) ex = 0;
+    if (lane == 31) s.warp_sums[warp] = x;
+    __syncthreads();
+    int w = lane < KV_WARPS ? s.warp_sums[lane] : 0;
+#pragma unroll
+    for (int off = 1; off < KV_WARPS; off <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, w, off);
+        if (lane >= off) w = kv_sat_add(w, y);
+    }
+    const int total = __shfl_sync(0xffffffffu, w, KV_WARPS - 1);
+    int before = __shfl_up_sync(0xffffffffu, w, 1);  // exclusive prefix of warp `lane`
+    before = __shfl_sync(0xffffffffu, lane == 0 ? 0 : before, warp);
+    int run = kv_sat_add(before, ex);
+    for (int j = 0; j < ipt; ++j) {
+        const int k = first + j;
+        if (k < count) {
+            const int v = s.cu[KV_PAD(k)];
+            s.cu[KV_PAD(k)] = run;
+            run = kv_sat_add(run, v);
+        }
+    }
+    if (threadIdx.x == 0) s.cu[KV_PAD(count)] = total;
+    __syncthreads();
+    return total;
+}
+
+// The caches of one step, gathered from kernel parameters (registers; every index
+// below is a compile-time constant after unrolling, so nothing lands in local memory).
+struct KvCaches {
+    const int* table[KV_MAX_CACHES];
+    i64 stride[KV_MAX_CACHES];   // row stride of the table, in elements
+    int width[KV_MAX_CACHES];    // max_blocks: the table's row length
+    int bs[KV_MAX_CACHES];       // block size B
+};
+
+// pos / B and pos % B for pos >= 0, B >= 1: 32-bit division when pos fits.
+__device__ __forceinline__ void kv_divmod(i64 pos, int B, i64& idx, i64& off) {
+    if (pos <= KV_INT_MAX) {
+        unsigned int p = (unsigned int)pos, b = (unsigned int)B;
+        unsigned int qd = p / b;
+        idx = qd;
+        off = p - qd * b;
+    } else {
+        idx = pos / B;
+        off = pos - idx * B;
+    }
+}
+
+// Load token's block ids (one per cache) for position pos of request b; a block
+// index beyond the row loads nothing (kv_store_token sees that from pos again).
+__device__ __forceinline__ void kv_load_blocks(int b, i64 pos, const KvCaches& c, int num_caches,
+                                               int (&blk)[KV_MAX_CACHES]) {
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        blk[g] = -1;
+        if (g < num_caches) {
+            i64 idx, off;
+            kv_divmod(pos, c.bs[g], idx, off);
+            if (idx < c.width[g]) blk[g] = c.table[g][(i64)b * c.stride[g] + idx];
+        }
+    }
+}
+
+template <typename PosT>
+__device__ __forceinline__ void kv_store_token(int t, int b, i64 pos, const int (&blk)[KV_MAX_CACHES],
+                                               const KvCaches& c, int num_caches, int capacity,
+                                               int* __restrict__ batch_out, PosT* __restrict__ pos_out,
+                                               i64* __restrict__ slot_out, KvErr& err) {
+    batch_out[t] = b;
+    pos_out[t] = (PosT)pos;
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        if (g < num_caches) {
+            i64 idx, off, slot = -1;
+            kv_divmod(pos, c.bs[g], idx, off);
+            if (idx >= c.width[g]) err.add(1u, kv_err_key(t, b, g, 0));
+            else if (blk[g] < 0) err.add(2u, kv_err_key(t, b, g, 1));
+            else slot = (i64)blk[g] * c.bs[g] + off;
+            slot_out[(i64)g * capacity + t] = slot;
+        }
+    }
+}
+
+template <typename PosT>
+__device__ __forceinline__ void kv_write_token(int t, int b, i64 pos, const KvCaches& c, int num_caches,
+                                               int capacity, int* __restrict__ batch_out,
+                                               PosT* __restrict__ pos_out, i64* __restrict__ slot_out,
+                                               KvErr& err) {
+    int blk[KV_MAX_CACHES];
+    kv_load_blocks(b, pos, c, num_caches, blk);
+    kv_store_token<PosT>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+}
+
+template <typename PosT>
+__device__ __forceinline__ void kv_write_pad(int t, int num_caches, int capacity, int* __restrict__ batch_out,
+                                             PosT* __restrict__ pos_out, i64* __restrict__ slot_out) {
+    batch_out[t] = -1;
+    pos_out[t] = 0;
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g)
+        if (g < num_caches) slot_out[(i64)g * capacity + t] = -1;
+}
+
+// Per-request outputs and errors of request b whose tokens are [start, end).
+__device__ __forceinline__ void kv_write_request(int b, int start, int end, int dec_or_bad, int capacity,
+                                                 int* __restrict__ cu_out, KvErr& err) {
+    cu_out[b] = start;
+    if (dec_or_bad < 0) err.add(8u, kv_err_key(start, b, 0, 3));
+    if (start <= capacity && capacity < end) err.add(4u, kv_err_key(capacity, b, 0, 2));
+}
+
+// Largest b in [lo, hi) with s.cu[b] <= t (s.cu[lo] <= t).
+__device__ __forceinline__ int kv_search_shared(const KvShared& s, int lo, int hi, int t) {
+    while (hi - lo > 1) {
+        int mid = (lo + hi) >> 1;
+        if (s.cu[KV_PAD(mid)] <= t) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// Same over cu in global memory written by other blocks of this launch (L2 reads).
+__device__ __forceinline__ int kv_search_global(const int* cu, int lo, int hi, int t) {
+    while (hi - lo > 1) {
+        int mid = (lo + hi) >> 1;
+        if (__ldcg(cu + mid) <= t) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// Warp-cooperative 32-way search: largest b in [lo, hi) with cu[b] <= t; every lane
+// of the warp calls it and gets the answer. log32(hi - lo) rounds of L2 reads.
+__device__ __forceinline__ int kv_warp_search_global(const int* cu, int lo, int hi, int t) {
+    const int lane = threadIdx.x & 31;
+    while (hi - lo > 1) {
+        int step = (hi - lo + 31) >> 5;
+        int idx = lo + lane * step;
+        bool pred = idx < hi && __ldcg(cu + idx) <= t;
+        unsigned int m = __ballot_sync(0xffffffffu, pred);
+        int k = 31 - __clz(m);
+        lo = lo + k * step;
+        hi = min(hi, lo + step);
+    }
+    return lo;
+}
+
+// Each warp writes its own error record (mask, first-bad key) every launch: no
+// block barrier, no atomics, nothing to reset. check() reduces the records.
+__device__ __forceinline__ void kv_store_errors(KvErr err, u64* __restrict__ rec, int slot) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 i = (i64)slot * KV_WARPS + warp;
+    const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
+    if (mask) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+            err.key = k < err.key ? k : err.key;
+        }
+    }
+    if (lane == 0) {
+        rec[2 * i] = mask;
+        rec[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
+    }
+}
+
+// Records [first, last) of whole blocks, cleared (blocks this launch does not run).
+__device__ __forceinline__ void kv_clear_records(u64* __restrict__ rec, int first, int last) {
+    for (i64 i = (i64)first * KV_WARPS + threadIdx.x; i < (i64)last * KV_WARPS; i += KV_THREADS) {
+        rec[2 * i] = 0;
+        rec[2 * i + 1] = KV_NO_ERROR;
+    }
+}
+
+template <typename PosT>
+__device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
+                        int num_caches, const KvCaches& c, int* __restrict__ cu_out,
+                        int* __restrict__ num_tokens_out, int* __restrict__ batch_out,
+                        PosT* __restrict__ pos_out, int* __restrict__ kv_out, i64* __restrict__ slot_out,
+                        u64* __restrict__ rec, int max_tiles, unsigned int* __restrict__ state,
+                        u64* __restrict__ tile_status) {
+    __shared__ KvShared s;
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
+
+    if (bsz <= KV_TILE) {
+        // ---- small batch: every block scans all requests, nobody waits ----
+        const int chunk = blockIdx.x;
+        const int rq = (bsz + 1 + num_chunks - 1) / num_chunks;  // requests per block
+        const int r_lo = chunk * rq, r_hi = min(r_lo + rq, bsz + 1);
+        int d[KV_ITEMS], n[KV_ITEMS];
+        kv_load_tile(s, dec, q, 0, bsz, kv_out, r_lo, r_hi, d, n);
+        // Speculate on the layout, so the block-table loads fly while the scan runs;
+        // the scan then confirms each guess, and a miss searches and loads again.
+        // Guess 1 (decode: one token per request): token t is request t, whose lengths
+        // this very thread holds in registers (item u of kv_load_tile), so the loads
+        // go out before any barrier.
+        int guess[KV_TOKENS_PER_THREAD], gstart[KV_TOKENS_PER_THREAD];
+        int blk[KV_TOKENS_PER_THREAD][KV_MAX_CACHES];
+#pragma unroll
+        for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
+            const int t = chunk * KV_TOKENS + j * KV_THREADS + (int)threadIdx.x;
+            const int item = (chunk * KV_TOKENS + j * KV_THREADS) / KV_THREADS;  // block-uniform
+            int dt = -1, nt = 0;
+#pragma unroll
+            for (int u = 0; u < KV_ITEMS; ++u)
+                if (u == item) {
+                    dt = d[u];
+                    nt = n[u];
+                }
+            guess[j] = -1;
+            gstart[j] = t;
+            if (t < capacity && t < bsz && dt >= 0 && nt > 0) {
+                guess[j] = t;
+                kv_load_blocks(t, (i64)dt, c, num_caches, blk[j]);
+            }
+        }
+        __syncthreads();
+        // Guess 2 (every request runs as many tokens as request 0: uniform speculative
+        // decoding, equal prefill chunks): token t is request t / n0.
+        const int n0 = s.bcast[3];
+        if (n0 > 1) {
+#pragma unroll
+            for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
+                const int t = chunk * KV_TOKENS + j * KV_THREADS + (int)threadIdx.x;
+                const int b = t / n0;
+                guess[j] = -1;
+                if (t < capacity && b < bsz && s.dec[b] >= 0) {
+                    guess[j] = b;
+                    gstart[j] = b * n0;
+                    kv_load_blocks(b, (i64)s.dec[b] + (t - b * n0), c, num_caches, blk[j]);
+                }
+            }
+        }
+        const int total = kv_scan_tile(s, bsz);
+        const int end_tok = min(total, capacity);
+        for (int b = r_lo + (int)threadIdx.x; b < r_hi; b += KV_THREADS) {
+            int start = s.cu[KV_PAD(b)];
+            if (b < bsz) kv_write_request(b, start, s.cu[KV_PAD(b + 1)], s.dec[b], capacity, cu_out, err);
+            else cu_out[b] = start;
+        }
+        if (chunk == 0 && threadIdx.x == 0) *num_tokens_out = end_tok;
+        if (chunk == 0) kv_clear_records(rec, num_chunks, num_chunks + max_tiles);
+#pragma unroll
+        for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
+            const int t = chunk * KV_TOKENS + j * KV_THREADS + (int)threadIdx.x;
+            if (t >= capacity) break;
+            if (t < end_tok) {
+                int b = guess[j];
+                const bool hit = b >= 0 && s.cu[KV_PAD(b)] == gstart[j] && t < s.cu[KV_PAD(b + 1)];
+                if (!hit) b = kv_search_shared(s, 0, bsz, t);
+                const i64 pos = (i64)s.dec[b] + (t - s.cu[KV_PAD(b)]);
+                if (hit) kv_store_token<PosT>(t, b, pos, blk[j], c, num_caches, capacity, batch_out, pos_out,
+                                              slot_out, err);
+                else kv_write_token<PosT>(t, b, pos, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+            } else {
+                kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+            }
+        }
+        kv_store_errors(err, rec, chunk);
+        return;
+    }
+
+    // ---- large batch: ticketed decoupled look-back scan, then token chunks ----
+    const int num_tiles = (bsz + KV_TILE - 1) / KV_TILE;
+    if (threadIdx.x == 0) {
+        s.bcast[0] = (int)atomicAdd(&state[KV_STATE_TICKET], 1u);
+        s.bcast[1] = (int)(*(volatile unsigned int*)&state[KV_STATE_EPOCH]);
+    }
+    __syncthreads();
+    const int ticket = s.bcast[0];
+    const u64 epoch = (u64)(unsigned int)s.bcast[1] & 0x3fffffffULL;
+    int rec_slot;
+
+    if (ticket < num_tiles) {
+        const int tile = ticket, base = tile * KV_TILE, count = min(KV_TILE, bsz - base);
+        rec_slot = num_chunks + tile;
+        int d[KV_ITEMS], n[KV_ITEMS];
+        kv_load_tile(s, dec, q, base, count, kv_out, 0, count, d, n);
+        __syncthreads();
+        const int agg = kv_scan_tile(s, count);
+        if (threadIdx.x == 0) {
+            volatile u64* st = tile_status;
+            int excl = 0;
+            if (tile == 0) {
+                st[0] = (epoch << 34) | (KV_FLAG_PREFIX << 32) | (u64)(unsigned int)agg;
+            } else {
+                st[tile] = (epoch << 34) | (KV_FLAG_AGGREGATE << 32) | (u64)(unsigned int)agg;
+                for (int p = tile - 1;;) {
+                    u64 v = st[p];
+                    u64 flag = (v >> 32) & 3ULL;
+                    if ((v >> 34) != epoch || flag == 0) continue;  // predecessor not published yet
+                    excl = kv_sat_add(excl, (int)(unsigned int)(v & 0xffffffffULL));
+                    if (flag == KV_FLAG_PREFIX) break;
+                    --p;
+                }
+                st[tile] = (epoch << 34) | (KV_FLAG_PREFIX << 32) | (u64)(unsigned int)kv_sat_add(excl, agg);
+            }
+            s.bcast[2] = excl;
+        }
+        __syncthreads();
+        const int excl = s.bcast[2];
+        for (int k = threadIdx.x; k < count; k += KV_THREADS)
+            kv_write_request(base + k, kv_sat_add(excl, s.cu[KV_PAD(k)]), kv_sat_add(excl, s.cu[KV_PAD(k + 1)]),
+                             s.dec[k], capacity, cu_out, err);
+        if (tile == num_tiles - 1 && threadIdx.x == 0) {
+            int total = kv_sat_add(excl, agg);
+            cu_out[bsz] = total;
+            *num_tokens_out = min(total, capacity);
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(&state[KV_STATE_SCAN_DONE], 1u);
+    } else {
+        const int chunk = ticket - num_tiles;
+        rec_slot = chunk;
+        if (threadIdx.x == 0) {
+            while (*(volatile unsigned int*)&state[KV_STATE_SCAN_DONE] < (unsigned int)num_tiles) __nanosleep(64);
+            __threadfence();
+        }
+        __syncthreads();
+        const int total = __ldcg(cu_out + bsz);
+        const int end_tok = min(total, capacity);
+        const int c0 = chunk * KV_TOKENS;
+        if (chunk == 0) kv_clear_records(rec, num_chunks + num_tiles, num_chunks + max_tiles);
+        int b_lo = 0, span = 0;
+        if (c0 < end_tok) {
+            if (threadIdx.x < 32) {
+                int lo = kv_warp_search_global(cu_out, 0, bsz, c0);
+                int hi = kv_warp_search_global(cu_out, lo, bsz, min(c0 + KV_TOKENS, end_tok) - 1);
+                if (threadIdx.x == 0) {
+                    s.bcast[0] = lo;
+                    s.bcast[1] = hi - lo + 1;
+                }
+            }
+            __syncthreads();
+            b_lo = s.bcast[0];
+            span = s.bcast[1];
+            if (span <= KV_TILE) {  // this chunk's requests fit: search them in shared memory
+                constexpr int kItems = KV_TILE / KV_THREADS;
+                int cu_k[kItems], d_k[kItems];
+#pragma unroll
+                for (int u = 0; u < kItems; ++u) {
+                    const int k = u * KV_THREADS + (int)threadIdx.x;
+                    if (k < span) {
+                        cu_k[u] = __ldcg(cu_out + b_lo + k);
+                        d_k[u] = dec[b_lo + k];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kItems; ++u) {
+                    const int k = u * KV_THREADS + (int)threadIdx.x;
+                    if (k < span) {
+                        s.cu[KV_PAD(k)] = cu_k[u];
+                        s.dec[k] = d_k[u];
+                    }
+                }
+                __syncthreads();
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
+            int t = c0 + j * KV_THREADS + (int)threadIdx.x;
+            if (t >= capacity) break;
+            if (t < end_tok) {
+                int b, start, d;
+                if (span <= KV_TILE) {
+                    int k = kv_search_shared(s, 0, span, t);
+                    b = b_lo + k;
+                    start = s.cu[KV_PAD(k)];
+                    d = s.dec[k];
+                } else {
+                    b = kv_search_global(cu_out, b_lo, b_lo + span, t);
+                    start = __ldcg(cu_out + b);
+                    d = dec[b];
+                }
+                kv_write_token<PosT>(t, b, (i64)d + (t - start), c, num_caches, capacity, batch_out, pos_out,
+                                     slot_out, err);
+            } else {
+                kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+            }
+        }
+    }
+    kv_store_errors(err, rec, rec_slot);
+    // The last block out resets the tickets and moves the epoch on (graph replay safe).
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&state[KV_STATE_DONE], 1u) == gridDim.x - 1) {
+            state[KV_STATE_TICKET] = 0u;
+            state[KV_STATE_SCAN_DONE] = 0u;
+            state[KV_STATE_DONE] = 0u;
+            state[KV_STATE_EPOCH] = (unsigned int)(epoch + 1);
+            __threadfence();
+        }
+    }
+}
+
+#define KV_STEP_PARAMS                                                                                   \
+    const int *__restrict__ dec, const int *__restrict__ q, int bsz, int capacity, int num_caches,       \
+        const int *t0, const int *t1, const int *t2, const int *t3, i64 rs0, i64 rs1, i64 rs2, i64 rs3, \
+        int w0, int w1, int w2, int w3, int bs0, int bs1, int bs2, int bs3, int *__restrict__ cu_out,   \
+        int *__restrict__ num_tokens_out, int *__restrict__ batch_out
+
+#define KV_STEP_PARAMS_TAIL                                                                             \
+    int *__restrict__ kv_out, i64 *__restrict__ slot_out, u64 *__restrict__ rec, int max_tiles,        \
+        unsigned int *__restrict__ state, u64 *__restrict__ tile_status
+
+#define KV_STEP_BODY(PosT)                                                                              \
+    KvCaches c;                                                                                         \
+    c.table[0] = t0; c.table[1] = t1; c.table[2] = t2; c.table[3] = t3;                                 \
+    c.stride[0] = rs0; c.stride[1] = rs1; c.stride[2] = rs2; c.stride[3] = rs3;                         \
+    c.width[0] = w0; c.width[1] = w1; c.width[2] = w2; c.width[3] = w3;                                 \
+    c.bs[0] = bs0; c.bs[1] = bs1; c.bs[2] = bs2; c.bs[3] = bs3;                                         \
+    kv_step<PosT>(dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,     \
+                  kv_out, slot_out, rec, max_tiles, state, tile_status);
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 2)
+kvaddr_step_i64(KV_STEP_PARAMS, i64* __restrict__ pos_out, KV_STEP_PARAMS_TAIL) { KV_STEP_BODY(i64) }
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 2)
+kvaddr_step_i32(KV_STEP_PARAMS, int* __restrict__ pos_out, KV_STEP_PARAMS_TAIL) { KV_STEP_BODY(int) }
+
+// One cache's slot mapping from positions and batch ids (the per-layer, one-kernel
+// baseline). Padding (batch id < 0) and bad addresses give -1; nothing out of bounds.
+template <typename PosT>
+__device__ __forceinline__ void kv_slots(const PosT* __restrict__ pos, const int* __restrict__ batch,
+                                         const int* __restrict__ table, i64 stride, int width, int B,
+                                         int capacity, i64* __restrict__ out) {
+    int t = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (t >= capacity) return;
+    int b = batch[t];
+    i64 slot = -1;
+    if (b >= 0) {
+        i64 p = (i64)pos[t];
+        if (p >= 0) {
+            i64 idx, off;
+            kv_divmod(p, B, idx, off);
+            if (idx < width) {
+                int blk = table[(i64)b * stride + idx];
+                if (blk >= 0) slot = (i64)blk * B + off;
+            }
+        }
+    }
+    out[t] = slot;
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_slots_i64(const i64* __restrict__ pos, const int* __restrict__ batch, const int* __restrict__ table,
+                 i64 stride, int width, int B, int capacity, i64* __restrict__ out) {
+    kv_slots<i64>(pos, batch, table, stride, width, B, capacity, out);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_slots_i32(const int* __restrict__ pos, const int* __restrict__ batch, const int* __restrict__ table,
+                 i64 stride, int width, int B, int capacity, i64* __restrict__ out) {
+    kv_slots<int>(pos, batch, table, stride, width, B, capacity, out);
+}
+
+extern "C" __global__ void kvaddr_empty() {}
+
+// The per-layer op chain's last step, the "where" a framework chain needs for padding
+// and bad addresses: slot = -1 where batch < 0, idx >= width or blk < 0.
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, const int* __restrict__ blk,
+                 int width, int capacity, i64* __restrict__ slot) {
+    int t = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (t >= capacity) return;
+    if (batch[t] < 0 || idx[t] >= width || blk[t] < 0) slot[t] = -1;
+}

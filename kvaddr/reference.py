@@ -1,0 +1,172 @@
+"""NumPy reference of step addressing: the oracle for every kernel and the CPU path.
+
+Semantics are those of ``../shared/SPEC.md``, with these choices where the spec is
+silent (the kernels make the same ones):
+
+* A request with a negative ``seq_lens_decoder`` or ``seq_lens_this_time`` sets
+  error bit 8 and runs no tokens: it adds 0 to ``cu_seqlens_q`` and its
+  ``seq_lens_kv`` is 0.
+* ``cu_seqlens_q`` and ``seq_lens_kv`` saturate at 2**31 - 1 instead of wrapping.
+* Tokens past the capacity C are dropped (error bit 4); ``cu_seqlens_q`` still
+  holds the true prefix sums.
+* Error bits 1 and 2 concern one cache; a token's slot in that cache is -1.
+* The "first bad token" is the error with the smallest
+  ``(token, request, cache, bit)``: for bit 8 the token is the request's
+  ``cu_seqlens_q`` entry, for bit 4 it is token C (the first one dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import normalize_caches, check_host_array, check_lengths
+from .errors import (
+    ERR_BLOCK_INDEX,
+    ERR_CAPACITY,
+    ERR_NEGATIVE_BLOCK,
+    ERR_NEGATIVE_LENGTH,
+    NO_ERROR_KEY,
+    AddressingError,
+    error_key,
+)
+from .outputs import PAD_SLOT_ID, StepOutputs
+
+INT32_MAX = np.iinfo(np.int32).max
+
+
+@dataclass
+class ReferenceResult:
+    """The reference's outputs plus the step's error record."""
+
+    outputs: StepOutputs
+    error_mask: int
+    error_key: int
+
+    def check(self) -> None:
+        """Raise :class:`~kvaddr.errors.AddressingError` if the step had bad values."""
+        if self.error_mask:
+            raise AddressingError(self.error_mask, self.error_key)
+
+
+def _as_int32(name, value):
+    if isinstance(value, np.ndarray):
+        return check_host_array(name, value, ndim=1)
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise TypeError(f"{name} must be int32 with shape (bsz,), got dtype {arr.dtype}")
+    arr = np.asarray(arr, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be int32 with shape (bsz,), got shape {arr.shape}")
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > INT32_MAX):
+        raise ValueError(f"{name} must be int32 with shape (bsz,): values out of int32 range")
+    return arr.astype(np.int32)
+
+
+def step_addressing(
+    seq_lens_decoder,
+    seq_lens_this_time,
+    block_tables,
+    block_sizes,
+    capacity: int,
+    *,
+    seq_lens_encoder=None,
+    position_dtype=np.int64,
+) -> ReferenceResult:
+    """Compute one step's addressing on the host.
+
+    Parameters
+    ----------
+    seq_lens_decoder : int32 [bsz]
+        Tokens already in the KV cache per request.
+    seq_lens_this_time : int32 [bsz]
+        Tokens each request runs this step (0 for an idle slot).
+    block_tables : int32 [rows >= bsz, max_blocks], or a sequence of them
+        One table shared by every cache, or one per cache.
+    block_sizes : int or sequence of int
+        Tokens per block, one per cache (each >= 1); an empty sequence computes
+        positions only (``slot_mapping`` has shape ``(0, C)``).
+    capacity : int
+        C, the most tokens the step may carry (>= 1).
+    seq_lens_encoder : int32 [bsz], optional
+        Checked for shape and dtype only; not needed for addressing.
+    position_dtype : numpy dtype
+        ``np.int64`` (default) or ``np.int32``.
+
+    Returns
+    -------
+    ReferenceResult
+        ``outputs`` (a :class:`StepOutputs` of NumPy arrays), ``error_mask``
+        and ``error_key``; ``check()`` raises on errors.
+    """
+    dec = _as_int32("seq_lens_decoder", seq_lens_decoder)
+    q = _as_int32("seq_lens_this_time", seq_lens_this_time)
+    bsz = dec.shape[0]
+    check_lengths(bsz, q=q.shape[0], enc=None if seq_lens_encoder is None else _as_int32("seq_lens_encoder", seq_lens_encoder).shape[0])
+    if isinstance(block_sizes, (list, tuple)) and len(block_sizes) == 0:
+        tables, sizes = [], []  # positions only
+    else:
+        tables, sizes = normalize_caches(block_tables, block_sizes)
+    tables = [check_host_array(f"block_tables[{g}]" if len(tables) > 1 else "block_tables", t, ndim=2, min_rows=bsz)
+              for g, t in enumerate(tables)]
+    capacity = int(capacity)
+    if capacity < 1 or capacity > INT32_MAX - 1:
+        raise ValueError(f"capacity must be an int in [1, 2**31 - 2], got {capacity}")
+    position_dtype = np.dtype(position_dtype)
+    if position_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        raise TypeError(f"position_dtype must be int64 or int32, got {position_dtype}")
+
+    d64 = dec.astype(np.int64)
+    q64 = q.astype(np.int64)
+    bad = (d64 < 0) | (q64 < 0)
+    n = np.where(bad, 0, q64)
+    cu = np.zeros(bsz + 1, dtype=np.int64)
+    np.cumsum(n, out=cu[1:])
+    cu_sat = np.minimum(cu, INT32_MAX)
+    total = int(cu[-1])
+    num_tokens = min(total, capacity)
+    kv = np.where(bad, 0, np.minimum(d64 + q64, INT32_MAX)).astype(np.int32)
+
+    t = np.arange(num_tokens, dtype=np.int64)
+    b = np.searchsorted(cu[1:], t, side="right")
+    pos = d64[b] + (t - cu[b])
+
+    batch = np.full(capacity, -1, dtype=np.int32)
+    batch[:num_tokens] = b
+    positions = np.zeros(capacity, dtype=position_dtype)
+    positions[:num_tokens] = pos.astype(position_dtype)
+    slots = np.full((len(tables), capacity), PAD_SLOT_ID, dtype=np.int64)
+
+    keys = []
+    mask = 0
+    bad_req = np.flatnonzero(bad)
+    if bad_req.size:
+        mask |= ERR_NEGATIVE_LENGTH
+        keys.append(error_key(cu_sat[bad_req[0]], bad_req[0], 0, ERR_NEGATIVE_LENGTH))
+    if total > capacity:
+        mask |= ERR_CAPACITY
+        owner = int(np.searchsorted(cu[1:], capacity, side="right"))
+        keys.append(error_key(capacity, owner, 0, ERR_CAPACITY))
+    for g, (table, bs) in enumerate(zip(tables, sizes)):
+        idx = pos // bs
+        in_row = idx < table.shape[1]
+        blk = np.full(num_tokens, -1, dtype=np.int64)
+        blk[in_row] = table[b[in_row], idx[in_row]]
+        good = in_row & (blk >= 0)
+        slots[g, :num_tokens] = np.where(good, blk * bs + pos % bs, PAD_SLOT_ID)
+        for bit, where in ((ERR_BLOCK_INDEX, ~in_row), (ERR_NEGATIVE_BLOCK, in_row & (blk < 0))):
+            hit = np.flatnonzero(where)
+            if hit.size:
+                mask |= bit
+                keys.append(error_key(hit[0], b[hit[0]], g, bit))
+
+    outputs = StepOutputs(
+        cu_seqlens_q=cu_sat.astype(np.int32),
+        num_tokens=np.array(num_tokens, dtype=np.int32),
+        batch_id_per_token=batch,
+        position_ids=positions,
+        seq_lens_kv=kv,
+        slot_mapping=slots,
+    )
+    return ReferenceResult(outputs, mask, min(keys) if keys else NO_ERROR_KEY)
