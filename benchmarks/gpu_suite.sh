@@ -18,10 +18,10 @@ if [[ $what == all || $what == bench ]]; then
   timeout 180 python3 benchmarks/bench_step.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
 fi
 if [[ $what == all || $what == sanitize ]]; then
-  for tool in ${SANITIZERS:-memcheck racecheck}; do
+  for tool in ${SANITIZERS:-memcheck racecheck initcheck synccheck}; do
     KVADDR_GPU_EXAMPLES=${SANITIZE_EXAMPLES:-60} timeout ${SANITIZE_TIMEOUT:-280} compute-sanitizer --tool "$tool" \
       --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_strategies.py \
-      tests/test_gpu_integration.py > "$OUT/sanitize_$tool.log" 2>&1
+      tests/test_gpu_integration.py tests/test_bad_inputs.py > "$OUT/sanitize_$tool.log" 2>&1
     rc=$?
     echo "compute-sanitizer $tool: exit $rc"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize_$tool.log" | tail -n 3
     [[ $rc == 0 ]] || status=1

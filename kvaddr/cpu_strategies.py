@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import check_block_sizes, check_host_array, check_int, normalize_tables
+from ._validate import INT32_MAX, MAX_REQUESTS, check_block_sizes, check_host_array, check_int, normalize_tables
 from .outputs import PAD_SLOT_ID, StepOutputs
 from .reference import step_addressing
 from .strategy_names import CHAIN_OPS, STRATEGY_NAMES, check_name
@@ -23,8 +23,8 @@ class _CpuStrategy:
 
     def __init__(self, *, max_requests: int, capacity: int, block_sizes, num_layers: int = 1,
                  position_dtype=np.int64, device=None):
-        self.max_requests = check_int("max_requests", max_requests, lo=1)
-        self.capacity = check_int("capacity", capacity, lo=1)
+        self.max_requests = check_int("max_requests", max_requests, lo=1, hi=MAX_REQUESTS - 1)
+        self.capacity = check_int("capacity", capacity, lo=1, hi=INT32_MAX - 1)
         self.block_sizes = check_block_sizes(block_sizes, max_caches=4)
         self.num_layers = check_int("num_layers", num_layers, lo=1)
         self.position_dtype = position_dtype
@@ -54,16 +54,13 @@ def _chain(pos, batch, table, B):
 
 
 def _slots_one_kernel(pos, batch, table, B):
-    """One vectorised pass per layer and cache (the 'one kernel' analogue)."""
-    slot = np.full(pos.shape[0], PAD_SLOT_ID, dtype=np.int64)
-    real = batch >= 0
-    p = pos[real].astype(np.int64)
-    idx = p // B
-    ok = idx < table.shape[1]
-    blk = np.full(p.shape[0], -1, dtype=np.int64)
-    blk[ok] = table[batch[real][ok], idx[ok]]
-    slot[np.flatnonzero(real)] = np.where(blk >= 0, blk * B + p % B, PAD_SLOT_ID)
-    return slot
+    """One pass per layer and cache with no masked copies (the 'one kernel' analogue)."""
+    if table.shape[0] == 0:
+        return np.full(pos.shape[0], PAD_SLOT_ID, dtype=np.int64)
+    idx, off = np.divmod(pos, B)
+    ok = (batch >= 0) & (idx < table.shape[1])
+    blk = table[np.where(ok, batch, 0), np.where(ok, idx, 0)]
+    return np.where(ok & (blk >= 0), blk.astype(np.int64) * B + off, PAD_SLOT_ID)
 
 
 class _PositionsThenSlots(_CpuStrategy):

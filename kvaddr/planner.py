@@ -91,6 +91,10 @@ class StepPlanner:
             self._records = cupy.asarray(rec)
             self._state = cupy.zeros(4, dtype=np.uint32)
             self._tile_status = cupy.zeros(max(self._max_tiles, 1), dtype=np.uint64)
+            # The buffers were initialised on CuPy's current stream; compute() may run on
+            # any other (a non-blocking or torch stream) with nothing ordering the two, so
+            # finish initialising here (construction is off the hot path).
+            cupy.cuda.get_current_stream().synchronize()
         # The kernel's 31 parameters, typed; those that never change are set once.
         u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
         self._launcher = _kernels.Launcher(self._fn, (u64, u64, i32, i32, i32) + (u64,) * 4 + (i64,) * 4

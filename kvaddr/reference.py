@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import normalize_caches, check_host_array, check_lengths
+from ._validate import check_host_array, check_int, check_lengths, normalize_caches
 from .errors import (
     ERR_BLOCK_INDEX,
     ERR_CAPACITY,
@@ -110,9 +110,7 @@ def step_addressing(
         tables, sizes = normalize_caches(block_tables, block_sizes)
     tables = [check_host_array(f"block_tables[{g}]" if len(tables) > 1 else "block_tables", t, ndim=2, min_rows=bsz)
               for g, t in enumerate(tables)]
-    capacity = int(capacity)
-    if capacity < 1 or capacity > INT32_MAX - 1:
-        raise ValueError(f"capacity must be an int in [1, 2**31 - 2], got {capacity}")
+    capacity = check_int("capacity", capacity, lo=1, hi=INT32_MAX - 1)
     position_dtype = np.dtype(position_dtype)
     if position_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
         raise TypeError(f"position_dtype must be int64 or int32, got {position_dtype}")

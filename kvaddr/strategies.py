@@ -81,6 +81,7 @@ class _PositionsThenSlots:
         self._grid = -(-C // _kernels.constants()["KV_THREADS"])
         with cupy.cuda.Device(self.device):
             self.slot_mapping = cupy.full((G, C), -1, dtype=np.int64)
+            cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
         self.launches_per_step = None  # known after the first step
         self._views: dict = {}
 
@@ -176,6 +177,7 @@ class _OpChain(_PositionsThenSlots):
         self._cupy = cupy
         with cupy.cuda.Device(self.device):
             self._scratch = [_ChainScratch(cupy, self.capacity) for _ in range(self.num_caches)]
+            cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
         where = _kernels.get_function("kvaddr_where_pad", self.device)
         u64, i32 = ctypes.c_uint64, ctypes.c_int32
         self._where = []

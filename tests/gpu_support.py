@@ -39,6 +39,7 @@ def to_device(case):
         out["block_tables"] = conv
     else:
         out["block_tables"] = _table_to_device(t)
+    cupy.cuda.runtime.deviceSynchronize()  # tests launch on other (non-blocking) streams
     return out
 
 

@@ -29,7 +29,7 @@ def call(dec=DEC, q=Q, table=TABLE, bs=16, cap=8, **kw):
     (dict(bs=-4), ValueError, r"block_size.* got -4"),
     (dict(bs=[16, 0], table=[TABLE, TABLE]), ValueError, r"block_sizes\[1\] must be an int"),
     (dict(bs=[16, 16], table=[TABLE]), ValueError, r"block_tables must be one array or a sequence of 2"),
-    (dict(cap=0), ValueError, r"capacity must be an int in \[1, 2\*\*31 - 2\], got 0"),
+    (dict(cap=0), ValueError, r"capacity must be an int in \[1, 2147483646\], got 0"),
     (dict(seq_lens_encoder=np.array([1], I32)), ValueError, r"seq_lens_encoder must have shape \(bsz,\) = \(2,\)"),
     (dict(table=np.zeros((2, 0), I32)), ValueError, r"block_tables .*max_blocks = 0"),
     (dict(dec=DEC[::2].repeat(1)[:1].reshape(1)), ValueError, r"seq_lens_this_time must have shape"),
