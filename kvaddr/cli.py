@@ -18,6 +18,7 @@ import time
 
 import click
 
+from .profiles import profile_option
 from .workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS, Workload
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
@@ -70,6 +71,34 @@ class _Abort(Exception):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
+
+
+def write_json(doc: dict, json_path: str, command: str) -> None:
+    """Write a command's JSON document to ``json_path`` (``-``, stdout, is the caller's)."""
+    try:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+    except OSError as exc:
+        raise _Abort(EXIT_ENV, f"cannot write --json {json_path!r}: {exc.strerror or exc}") from None
+    _err_console().print(f"kvaddr {command}: JSON report written to {json_path}")
+
+
+def use_cuda_for(device: str, command: str, verb: str) -> bool:
+    """Resolve ``--device auto|cuda|cpu``: True for the GPU. ``--device cuda`` without a
+    usable GPU exits 3; ``auto`` without one says so on stderr (``<verb> the NumPy
+    strategies on the CPU``)."""
+    if device == "cpu":
+        return False
+    from .environment import probe_cuda
+
+    probe = probe_cuda()
+    if device == "cuda" and not probe.available:
+        raise _Abort(EXIT_ENV, f"--device cuda: no CUDA device found: {probe.reason}")
+    if not probe.available:
+        _err_console().print(f"kvaddr {command}: no CUDA device found ({probe.reason}); "
+                             f"{verb} the NumPy strategies on the CPU")
+    return probe.available
 
 
 def _guarded(command_name: str):
@@ -319,6 +348,9 @@ class _RichProgress:
               help="Also express each saving as a share of a step of MS milliseconds.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               metavar="PATH", help="Write the JSON report to PATH ('-': stdout, and nothing else there).")
+@click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Also save the run, every raw sample included, as a baseline for kvaddr compare / check; a run "
+                   "of the same workload in FILE is replaced, another added (docs/baseline-format.md).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
@@ -328,11 +360,12 @@ class _RichProgress:
               help="Time spent sampling each strategy in each mode (at least 10 samples, at most 2000).")
 @click.option("--input-sets", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Distinct batches per batch size, rotated while timing.")
+@profile_option("profile")
 @click.pass_context
 @_guarded("profile")
 def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, caches, model, mode, step_ms,
-            json_path, device, seed, budget, input_sets):
-    from .environment import describe, probe_cuda
+            json_path, device, seed, budget, input_sets, save_path=None, workload_profile=None):
+    from .environment import describe
     from .profiler import CpuBackend, CudaBackend, run_profile
     from .report import document, render_shape
     from .timing import MAX_SAMPLES, MIN_SAMPLES, TARGET_BLOCK_S, Budget
@@ -351,22 +384,17 @@ def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, ca
             raise click.BadParameter(f"the folder {parent!r} does not exist", param_hint="'--json'")
         if not os.access(parent, os.W_OK):
             raise click.BadParameter(f"the folder {parent!r} is not writable", param_hint="'--json'")
+    if save_path is not None:
+        from .baseline import save_target_problem
+
+        if save_target_problem(save_path):
+            raise click.BadParameter(save_target_problem(save_path), param_hint="'--save'")
     workload = Workload(model=model, num_layers=num_layers, num_caches=num_caches,
                         block_sizes=tuple(sizes) if len(sizes) > 1 else tuple(sizes) * num_caches,
                         context=context, spec_tokens=spec_tokens, prefill=prefill, seed=seed,
                         input_sets=input_sets)
 
-    # Where to run.
-    if device == "cpu":
-        use_cuda = False
-    else:
-        probe = probe_cuda()
-        if device == "cuda" and not probe.available:
-            raise _Abort(EXIT_ENV, f"--device cuda: no CUDA device found: {probe.reason}")
-        use_cuda = probe.available
-        if not use_cuda:
-            err.print(f"kvaddr profile: no CUDA device found ({probe.reason}); "
-                      f"profiling the NumPy strategies on the CPU")
+    use_cuda = use_cuda_for(device, "profile", "profiling")
     if use_cuda:
         modes = {"eager": ("eager",), "graph": ("graph",)}.get(mode, ("eager", "graph"))
     else:
@@ -404,6 +432,9 @@ def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, ca
     doc = document(shapes, workload, environment, settings, options)
     wall = time.perf_counter() - started
     doc["wall_s"] = round(wall, 3)
+    from .baseline import PROFILE_DOCUMENT_META
+
+    ctx.meta[PROFILE_DOCUMENT_META] = doc  # for kvaddr check, which runs this command in-process
 
     if to_stdout_json:
         click.echo(json.dumps(doc, indent=2))
@@ -412,13 +443,15 @@ def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, ca
         for shape in shapes:
             render_shape(out, shape, workload, environment["device"], step_ms)
         if json_path is not None:
-            try:
-                with open(json_path, "w", encoding="utf-8") as fh:
-                    json.dump(doc, fh, indent=2)
-                    fh.write("\n")
-            except OSError as exc:
-                raise _Abort(EXIT_ENV, f"cannot write --json {json_path!r}: {exc.strerror or exc}") from exc
-            err.print(f"kvaddr profile: JSON report written to {json_path}")
+            write_json(doc, json_path, "profile")
+    if save_path is not None:
+        from .baseline import BaselineError, save_runs
+
+        try:
+            for action in save_runs(save_path, [doc]):
+                err.print(f"kvaddr profile: baseline {save_path}: {action}")
+        except BaselineError as exc:
+            raise _Abort(exc.code, str(exc)) from None
     err.print(f"kvaddr profile: done in {wall:.1f} s")
 
 
@@ -485,6 +518,17 @@ def info(as_json):
         _err_console().print(f"kvaddr info: {compile_msg}")
         raise SystemExit(EXIT_ENV)
 
+
+# kvaddr compare / kvaddr check (issue 5): the regression gate on saved baselines.
+from . import cli_compare as _cli_compare  # noqa: E402
+
+cli.add_command(_cli_compare.compare)
+cli.add_command(_cli_compare.check)
+
+# kvaddr trace generate / replay / sweep / profiles (issue 4): traces, workload profiles and plots.
+from . import cli_trace as _cli_trace  # noqa: E402
+
+_cli_trace.register(sys.modules[__name__])
 
 #: The group under the name the issue gives it.
 kvaddr = cli

@@ -135,6 +135,30 @@ def cuda_versions() -> dict:
     return out
 
 
+def nvidia_driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (``"580.159.04"``), or None where unknown.
+
+    Read from ``/proc/driver/nvidia/version``, else asked of ``nvidia-smi``.
+    """
+    import re
+
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as fh:
+            m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)", fh.read())
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0].strip()
+    except Exception:
+        pass
+    return None
+
+
 def describe(device: str, device_id: int | None = None) -> dict:
     """The ``environment`` object of the JSON report.
 
@@ -148,6 +172,7 @@ def describe(device: str, device_id: int | None = None) -> dict:
     env = {
         "device": device,
         "gpu": None,
+        "driver_version": None,
         **cuda_versions(),
         "numpy": np.__version__,
         "python": platform.python_version(),
@@ -160,6 +185,7 @@ def describe(device: str, device_id: int | None = None) -> dict:
         gpus = gpu_list()
         index = 0 if device_id is None else device_id
         env["gpu"] = next((g for g in gpus if g.get("index") == index), None)
+        env["driver_version"] = nvidia_driver_version()
     return env
 
 
