@@ -188,8 +188,16 @@ def test_key_lines_follow_tables_dotted_keys_and_skip_multiline_strings():
     assert lines["trace.seed"] == 8 and lines["trace.profile.layers"] == 9
 
 
-def test_bundled_dirs_include_the_checkout():
+def test_the_shipped_profiles_are_found_from_a_checkout_or_an_install():
+    """From a checkout: profiles/ beside the package; from a wheel: share/kvaddr/profiles."""
+    from pathlib import Path
+
     from kvaddr.profiles import bundled_dirs
 
+    shipped = {"deepseek-v3.2-decode", "deepseek-v3.2-mtp", "glm-5", "mixed-chunked-prefill",
+               "long-context-128k", "large-batch-4096"}
+    found = {p.stem for d in bundled_dirs() for p in Path(d).glob("*.toml")}
+    assert shipped <= found, (bundled_dirs(), found)
     root = os.path.dirname(os.path.dirname(os.path.abspath(cli_module.__file__)))
-    assert os.path.join(root, "profiles") in [str(d) for d in bundled_dirs()]
+    if os.path.isfile(os.path.join(root, "setup.cfg")):  # running from a checkout
+        assert os.path.join(root, "profiles") in [str(d) for d in bundled_dirs()]
