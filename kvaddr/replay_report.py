@@ -220,15 +220,6 @@ def _num(x) -> str:
     return f"{x:.2f}" if abs(x) < 1000 else f"{x:.1f}"
 
 
-def _total(us: float) -> str:
-    a = abs(us)
-    if a >= 1e6:
-        return f"{us / 1e6:.2f} s"
-    if a >= 1e3:
-        return f"{us / 1e3:.1f} ms"
-    return f"{us:.1f} us"
-
-
 def headline(m: MeasureStats, device: str) -> str | None:
     """One sentence per measure: what hoisting and fusing saved over the trace."""
     parts = []
@@ -236,7 +227,7 @@ def headline(m: MeasureStats, device: str) -> str | None:
         st = m.saved.get(name)
         if st is None or not st.n:
             continue
-        parts.append(f"{PHRASES[name]} saved {_total(st.total)} in total over {st.n} steps "
+        parts.append(f"{PHRASES[name]} saved {format_us(st.total)} in total over {st.n} steps "
                      f"(per step: mean {format_us(st.mean)}, p50 {format_us(st.quantile(50))}, "
                      f"p99 {format_us(st.quantile(99))}, min {format_us(st.min)})")
     if not parts:
@@ -275,7 +266,7 @@ def render(console, stats: ReplayStats, info: dict) -> None:
             else:
                 s = m.saved[name].summary()
                 saved = [_num(s["mean"]), _num(s["p50"]), _num(s["p99"]), _num(s["min"]),
-                         _total(s["total"]) if s["n"] else "-"]
+                         format_us(s["total"]) if s["n"] else "-"]
             table.add_row(name, _num(ts["mean"]), _num(ts["p50"]), _num(ts["p99"]), *saved)
         console.print(table)
         if m.bins:

@@ -80,8 +80,10 @@ def compare_to_baseline(baseline: Summary, candidate: Summary, step_ms: float | 
 
 
 def format_us(us: float) -> str:
-    """A duration for people: '0.84 us', '12.3 us', '415 us', '1.4 ms', '152 ms'."""
+    """A duration for people: '0.84 us', '12.3 us', '415 us', '1.4 ms', '152 ms', '2.35 s'."""
     a = abs(us)
+    if a >= 1_000_000:
+        return f"{us / 1e6:.2f} s"
     if a >= 100_000:
         return f"{us / 1000:.0f} ms"
     if a >= 1000:
