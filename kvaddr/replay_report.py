@@ -15,13 +15,12 @@ exact while a statistic has seen no more values than the reservoir holds
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import random
 
 import numpy as np
 
-from .report import BASELINE, PHRASES, format_us, measure_label
+from .report import BASELINE, PHRASES, envelope, format_us, measure_label
 
 SCHEMA_VERSION = 1
 #: Values a statistic keeps for its quantiles (the whole trace's statistics).
@@ -298,11 +297,7 @@ def render(console, stats: ReplayStats, info: dict) -> None:
 def document(stats: ReplayStats, info: dict, environment: dict, settings: dict, options: dict) -> dict:
     """The whole replay JSON report (schema: docs/trace-format.md, "The replay report")."""
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "kvaddr.replay",
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "options": options,
-        "environment": environment,
+        **envelope("kvaddr.replay", options, environment, SCHEMA_VERSION),
         "settings": {**settings, "baseline": BASELINE, "reservoir": RESERVOIR, "bin_reservoir": BIN_RESERVOIR},
         "workload": info["workload"],
         "trace": {

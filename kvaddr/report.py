@@ -295,14 +295,21 @@ def shape_json(shape, workload, device: str, step_ms: float | None) -> dict:
     }
 
 
-def document(shapes, workload, environment: dict, settings: dict, options: dict) -> dict:
-    """The whole JSON report (schema: docs/json-schema.md)."""
+def envelope(kind: str, options: dict, environment: dict, schema_version: int = SCHEMA_VERSION) -> dict:
+    """The fields every kvaddr JSON report opens with."""
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "kvaddr.profile",
+        "schema_version": schema_version,
+        "kind": kind,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "options": options,
         "environment": environment,
+    }
+
+
+def document(shapes, workload, environment: dict, settings: dict, options: dict) -> dict:
+    """The whole JSON report (schema: docs/json-schema.md)."""
+    return {
+        **envelope("kvaddr.profile", options, environment),
         "settings": {**settings, "baseline": BASELINE, "noise_rule": NOISE_RULE},
         "workload": workload.describe(),
         "shapes": [shape_json(s, workload, environment.get("device", "cpu"), settings.get("step_ms"))
