@@ -1,5 +1,5 @@
-"""Where does the fused step's time go? Times variants of kernels.cu that stop after a
-stage or leave one out (patched copies of the source, never the shipped kernel), in
+"""Where does the fused step's time go? Times variants of kernels.cu's small-batch step
+(kv_step_small) that stop after a stage or leave one out (patched copies of the source, never the shipped kernel), in
 graph mode like bench_step.py. Run on a GPU: PYTHONPATH=. python benchmarks/ablate_step.py
 """
 
@@ -18,18 +18,17 @@ from bench_step import graph_time_per_copy, make_batch  # noqa: E402
 KEEP = "if (threadIdx.x == 0 && blockIdx.x == 0x7fffffff) rec[0] = {};"
 VARIANTS = {
     "full": [],
-    "launch only (smem)": [("    __shared__ KvShared s;\n",
-                            "    __shared__ KvShared s;\n    if (bsz >= 0) { " + KEEP.format("s.bcast[1]") + " return; }\n")],
-    "loads": [("        kv_load_tile(s, dec, q, 0, bsz, kv_out, r_lo, r_hi, d, n);\n",
-               "        kv_load_tile(s, dec, q, 0, bsz, kv_out, r_lo, r_hi, d, n);\n        if (bsz >= 0) { "
-               + KEEP.format("d[0] + n[0]") + " return; }\n")],
-    "+ guess loads": [("        __syncthreads();\n        // Guess 2 (every", "        if (bsz >= 0) { " + KEEP.format("blk[0][0] + blk[1][0]")
-                       + " return; }\n        __syncthreads();\n        // Guess 2 (every")],
-    "+ scan": [("        const int end_tok = min(total, capacity);\n        for (int b = r_lo",
-                "        if (bsz >= 0) { " + KEEP.format("total + blk[0][0] + blk[1][0]") + " return; }\n"
-                "        const int end_tok = min(total, capacity);\n        for (int b = r_lo")],
-    "full - guess 1": [("            if (t < capacity && t < bsz && dt >= 0 && nt > 0) {", "            if (false) {")],
+    "launch only (smem)": [("    const int q0 = bsz > 0 ? q[0] : 0;\n",
+                            "    if (bsz >= 0) { " + KEEP.format("s.bcast[1]") + " return; }\n"
+                            "    const int q0 = bsz > 0 ? q[0] : 0;\n")],
+    "lengths loaded + kept": [("    const bool mine = kv_keep_lengths(s, L, bsz, q0);\n",
+                               "    const bool mine = kv_keep_lengths(s, L, bsz, q0);\n    if (bsz >= 0) { "
+                               + KEEP.format("mine + dt + nt") + " return; }\n")],
+    "+ guess loads + barrier": [("    if (uniform) {\n",
+                                 "    if (bsz >= 0) { " + KEEP.format("uniform + blk[0]") + " return; }\n"
+                                 "    if (uniform) {\n")],
     "full - error record": [("        kv_store_errors(err, rec, chunk);\n        return;", "        return;")],
+    "scan path (no uniform test)": [("    if (uniform) {\n", "    if (uniform && bsz < 0) {\n")],
 }
 
 

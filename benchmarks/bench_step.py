@@ -4,8 +4,10 @@ Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_ste
 
 Graph mode: N copies of one call captured in one CUDA graph; time per copy is the
 graph's replay time (CUDA events, median of R replays) over N. Shapes: decode
-batches of 64, 1024 and 4096 requests (one token each) and 256 requests carrying
-16k tokens, with one and with two caches (B = 64, one shared table).
+batches of 64, 1024 and 4096 requests (one token each), 256 requests carrying 16k
+tokens (64 each: a uniform batch, the fused kernel's no-scan path; and mixed lengths
+of the same mean: its scan path), and 1024 requests with one speculative token each,
+with one and with two caches (B = 64, one shared table).
 Eager: host time per call of StepPlanner.compute against a bare RawKernel launch of
 the same kernel with prebuilt arguments.
 """
@@ -27,8 +29,13 @@ from kvaddr.strategies import PerLayerKernel
 B = 64
 
 
-def make_batch(rng, bsz, tokens_per_request, width=None):
-    q = np.full(bsz, tokens_per_request, dtype=np.int32)
+def make_batch(rng, bsz, tokens_per_request, width=None, mixed=False):
+    """Every request runs tokens_per_request tokens (a uniform batch), or, with mixed,
+    a length drawn from 1..2*tokens_per_request-1 (same mean: the scan path)."""
+    if mixed:
+        q = rng.integers(1, 2 * tokens_per_request, size=bsz).astype(np.int32)
+    else:
+        q = np.full(bsz, tokens_per_request, dtype=np.int32)
     dec = rng.integers(1024, 32768, size=bsz).astype(np.int32)
     width = width or int((dec.max() + q.max()) // B + 1)
     pool = rng.permutation(bsz * width).astype(np.int32)
@@ -69,10 +76,11 @@ def main(argv=None):
     results = []
     with stream:
         t_empty, _ = graph_time_per_copy(lambda: empty((1,), (1,), (), 0, s_obj), stream, a.copies, a.replays)
-        shapes = [("decode 64", 64, 1), ("decode 1024", 1024, 1), ("decode 4096", 4096, 1),
-                  ("256 req x 64 tok (16k)", 256, 64)]
-        for label, bsz, per in shapes:
-            dec, q, table, total = make_batch(rng, bsz, per)
+        shapes = [("decode 64", 64, 1, False), ("decode 1024", 1024, 1, False), ("decode 4096", 4096, 1, False),
+                  ("256 req x 64 tok (16k)", 256, 64, False), ("256 req, mixed (~16k)", 256, 64, True),
+                  ("MTP 1024 x 2 tok", 1024, 2, False)]
+        for label, bsz, per, mixed in shapes:
+            dec, q, table, total = make_batch(rng, bsz, per, mixed=mixed)
             for G in (1, 2):
                 fused = StepPlanner(bsz, total, [B] * G)
                 slot = PerLayerKernel(max_requests=bsz, capacity=total, block_sizes=[B] * G, num_layers=1)

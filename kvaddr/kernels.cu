@@ -14,10 +14,14 @@
 // How the fused step scales (no single block, no per-thread prefix over earlier
 // requests):
 //   * Small batches (bsz <= KV_TILE): grid = one block per KV_TOKENS tokens of the
-//     capacity. Every block loads the (at most KV_TILE) lengths and scans them in
-//     shared memory (thread-blocked sequential sums + a warp-shuffle block scan), then
-//     binary-searches each of its tokens' request in shared memory. No block waits
-//     for another.
+//     capacity, one token per thread (kv_step_small). Every block loads all lengths
+//     itself (int4 loads into shared memory), so no block waits for another. Its one
+//     barrier also tests whether the batch is uniform (every request good and running
+//     q[0] tokens); a uniform batch is written in closed form with no prefix sum,
+//     decode tokens from block-table loads issued before the barrier. Other batches
+//     are scanned in shared memory (thread-blocked sequential sums + a warp-shuffle
+//     block scan) and each token's request is checked against two guesses or
+//     binary-searched.
 //   * Large batches (bsz > KV_TILE): blocks take tickets in the order they start.
 //     The first ceil(bsz / KV_TILE) tickets scan one tile of requests each and chain
 //     their prefixes with a decoupled look-back (a tile only ever waits for tiles with
@@ -36,7 +40,7 @@
 #define KV_THREADS 256
 #define KV_WARPS (KV_THREADS / 32)
 #define KV_TILE 4096
-#define KV_TOKENS 512
+#define KV_TOKENS 256
 #define KV_TOKENS_PER_THREAD (KV_TOKENS / KV_THREADS)
 #define KV_MAX_CACHES 4
 #define KV_INT_MAX 0x7fffffff
@@ -78,22 +82,21 @@ struct KvErr {
 
 #define KV_ITEMS (KV_TILE / KV_THREADS)   // requests a thread loads per tile
 
-struct KvShared {
-    int cu[KV_SCAN_WORDS];           // exclusive prefix (padded index), then tile total
-    int dec[KV_TILE];                // seq_lens_decoder, or -1 for a bad request
+#define KV_VEC (KV_TILE / 4 / KV_THREADS)  // int4 loads a thread issues per tile array
+
+struct __align__(16) KvShared {
+    int dec[KV_TILE];                // seq_lens_decoder (raw, or -1 for a bad request once staged)
+    int cu[KV_SCAN_WORDS];           // raw seq_lens_this_time (unpadded, small-batch loads), then the
+                                     // exclusive prefix (padded index) and the tile total
     int warp_sums[KV_WARPS];         // per-warp totals of the tile scan
     int bcast[4];
 };
 
 // Load requests [base, base + count) (count <= KV_TILE) into registers, striped:
-// item u of a thread is request u * KV_THREADS + threadIdx.x. A bad request (a
-// negative length) gets n = 0 and d = -1. Writes s.dec, s.bcast[0] = n of request 0,
-// and seq_lens_kv for requests [kv_lo, kv_hi). Every load is issued before any is
-// used: one memory round trip.
-__device__ __forceinline__ void kv_load_tile(KvShared& s, const int* __restrict__ dec,
-                                             const int* __restrict__ q, int base, int count,
-                                             int* __restrict__ kv_out, int kv_lo, int kv_hi,
-                                             int (&d)[KV_ITEMS], int (&n)[KV_ITEMS]) {
+// item u of a thread is request u * KV_THREADS + threadIdx.x; every load is issued
+// before any is used (one memory round trip).
+__device__ __forceinline__ void kv_load_tile(const int* __restrict__ dec, const int* __restrict__ q, int base,
+                                             int count, int (&d)[KV_ITEMS], int (&n)[KV_ITEMS]) {
 #pragma unroll
     for (int u = 0; u < KV_ITEMS; ++u) {
         const int k = u * KV_THREADS + (int)threadIdx.x;
@@ -104,6 +107,13 @@ __device__ __forceinline__ void kv_load_tile(KvShared& s, const int* __restrict_
             n[u] = q[base + k];
         }
     }
+}
+
+// Stage loaded requests for the scan: a bad request (a negative length) gets n = 0
+// and d = -1 (in registers and s.dec); s.cu[KV_PAD(k)] = n, s.bcast[3] = n of the
+// tile's first request, and seq_lens_kv is written for requests [kv_lo, kv_hi).
+__device__ __forceinline__ void kv_stage_tile(KvShared& s, int base, int count, int* __restrict__ kv_out,
+                                              int kv_lo, int kv_hi, int (&d)[KV_ITEMS], int (&n)[KV_ITEMS]) {
 #pragma unroll
     for (int u = 0; u < KV_ITEMS; ++u) {
         const int k = u * KV_THREADS + (int)threadIdx.x;
@@ -119,6 +129,74 @@ __device__ __forceinline__ void kv_load_tile(KvShared& s, const int* __restrict_
         }
     }
     if (threadIdx.x == 0) s.bcast[3] = n[0];
+}
+
+__device__ __forceinline__ bool kv_runs(int d, int n, int n_uniform) { return (d >= 0) & (n == n_uniform); }
+
+// The lengths of all bsz <= KV_TILE requests of a small batch, in registers: request
+// 4 * (u * KV_THREADS + threadIdx.x) + i is component i of a[u] (seq_lens_decoder)
+// and b[u] (seq_lens_this_time); the bsz % 4 last ones are the tail of threads
+// 0..bsz%4-1.
+struct KvLengths {
+    int4 a[KV_VEC], b[KV_VEC];
+    int d_tail, n_tail;
+};
+
+// Issue every load of KvLengths and use none (the caller does other work while they
+// fly): int4 loads when both arrays are 16-byte aligned, scalar ones otherwise.
+__device__ __forceinline__ void kv_issue_lengths(KvLengths& L, const int* __restrict__ dec,
+                                                 const int* __restrict__ q, int bsz, int n_uniform) {
+    const int tid = threadIdx.x, nv = bsz >> 2;
+    if (((reinterpret_cast<unsigned long long>(dec) | reinterpret_cast<unsigned long long>(q)) & 15ULL) == 0ULL) {
+        const int4* __restrict__ dv = reinterpret_cast<const int4*>(dec);
+        const int4* __restrict__ qv = reinterpret_cast<const int4*>(q);
+#pragma unroll
+        for (int u = 0; u < KV_VEC; ++u) {
+            const int k = u * KV_THREADS + tid;
+            if (k < nv) {
+                L.a[u] = dv[k];
+                L.b[u] = qv[k];
+            }
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < KV_VEC; ++u) {
+            const int k = u * KV_THREADS + tid;
+            if (k < nv) {
+                L.a[u] = make_int4(dec[4 * k], dec[4 * k + 1], dec[4 * k + 2], dec[4 * k + 3]);
+                L.b[u] = make_int4(q[4 * k], q[4 * k + 1], q[4 * k + 2], q[4 * k + 3]);
+            }
+        }
+    }
+    L.d_tail = 0;
+    L.n_tail = n_uniform;
+    if (tid < (bsz & 3)) {
+        L.d_tail = dec[(nv << 2) + tid];
+        L.n_tail = q[(nv << 2) + tid];
+    }
+}
+
+// Store KvLengths raw into s.dec and s.cu[0..bsz) (unpadded) and return whether every
+// request among them is good (no negative length) and runs exactly n_uniform tokens.
+__device__ __forceinline__ bool kv_keep_lengths(KvShared& s, const KvLengths& L, int bsz, int n_uniform) {
+    const int tid = threadIdx.x, nv = bsz >> 2;
+    bool ok = true;
+#pragma unroll
+    for (int u = 0; u < KV_VEC; ++u) {
+        const int k = u * KV_THREADS + tid;
+        if (k < nv) {
+            ok &= kv_runs(L.a[u].x, L.b[u].x, n_uniform) & kv_runs(L.a[u].y, L.b[u].y, n_uniform) &
+                  kv_runs(L.a[u].z, L.b[u].z, n_uniform) & kv_runs(L.a[u].w, L.b[u].w, n_uniform);
+            reinterpret_cast<int4*>(s.dec)[k] = L.a[u];
+            reinterpret_cast<int4*>(s.cu)[k] = L.b[u];
+        }
+    }
+    ok &= kv_runs(L.d_tail, L.n_tail, n_uniform);
+    if (tid < (bsz & 3)) {
+        s.dec[(nv << 2) + tid] = L.d_tail;
+        s.cu[(nv << 2) + tid] = L.n_tail;
+    }
+    return ok;
 }
 
 // Exclusive saturating scan of s.cu[0..count) in place; s.cu[KV_PAD(count)] = total.
@@ -314,6 +392,125 @@ __device__ __forceinline__ void kv_clear_records(u64* __restrict__ rec, int firs
     }
 }
 
+// The small-batch step (bsz <= KV_TILE): one token per thread, grid = ceil(C /
+// KV_TOKENS) blocks, every block loads all bsz requests' lengths itself, so no block
+// ever waits for another.
+//   1. One round trip: the thread's own request under the decode guess (token t is
+//      request t), q[0], and every request's lengths (int4 loads into shared memory).
+//      The guessed block-table loads go out at once, before any barrier.
+//   2. One barrier that also ANDs "every request is good and runs q0 >= 0 tokens". Such a
+//      uniform batch (plain decode, uniform speculative decoding, equal prefill
+//      chunks) has its layout in closed form, request b's tokens start at b * q0, so
+//      it is written with no scan: decode tokens straight from the guess, q0 > 1
+//      tokens after one more (table) round trip.
+//   3. Otherwise: stage the lengths, scan them in shared memory, check the guesses
+//      (decode, then "every request runs as many tokens as request 0"), search the
+//      rest, write everything.
+template <typename PosT>
+__device__ __forceinline__ void kv_step_small(KvShared& s, const int* __restrict__ dec, const int* __restrict__ q,
+                                              int bsz, int capacity, int num_caches, const KvCaches& c,
+                                              int* __restrict__ cu_out, int* __restrict__ num_tokens_out,
+                                              int* __restrict__ batch_out, PosT* __restrict__ pos_out,
+                                              int* __restrict__ kv_out, i64* __restrict__ slot_out,
+                                              u64* __restrict__ rec, int max_tiles) {
+    static_assert(KV_TOKENS == KV_THREADS, "the small-batch step runs one token per thread");
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int tid = threadIdx.x, chunk = blockIdx.x, num_chunks = gridDim.x;
+    const int t = chunk * KV_TOKENS + tid;  // this thread's token
+
+    // 1. one round trip
+    const int q0 = bsz > 0 ? q[0] : 0;
+    int dt = -1, nt = 0;
+    if (t < bsz) {
+        dt = dec[t];
+        nt = q[t];
+    }
+    KvLengths L;
+    kv_issue_lengths(L, dec, q, bsz, q0);
+    const bool mine = kv_keep_lengths(s, L, bsz, q0);
+    // The decode guess's block-table loads, before the barrier.
+    int blk[KV_MAX_CACHES];
+    int guess = -1, gstart = t;
+    if (t < capacity && t < bsz && dt >= 0 && nt > 0) {
+        guess = t;
+        kv_load_blocks(t, (i64)dt, c, num_caches, blk);
+    }
+    // 2. one barrier
+    const bool uniform = __syncthreads_and(mine) && q0 >= 0 && (i64)bsz * q0 <= (i64)capacity;
+    if (uniform) {
+        const int total = bsz * q0;  // <= capacity
+        if (t < total) {
+            int b = t;
+            i64 pos = dt;
+            if (q0 != 1) {
+                b = (int)((unsigned int)t / (unsigned int)q0);
+                pos = (i64)s.dec[b] + (t - b * q0);
+                kv_load_blocks(b, pos, c, num_caches, blk);
+            }
+            kv_store_token<PosT>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+        } else if (t < capacity) {
+            kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+        }
+        for (int r = t; r <= bsz; r += num_chunks * KV_TOKENS) {
+            cu_out[r] = r * q0;
+            if (r < bsz) kv_out[r] = kv_sat_add(r == t ? dt : s.dec[r], q0);
+        }
+        if (t == 0) *num_tokens_out = total;
+        if (chunk == 0) kv_clear_records(rec, num_chunks, num_chunks + max_tiles);
+        kv_store_errors(err, rec, chunk);
+        return;
+    }
+
+    // 3. general batch: stage (raw lengths from shared memory), scan, search
+    const int rq = (bsz + 1 + num_chunks - 1) / num_chunks;  // requests whose outputs this block writes
+    const int r_lo = chunk * rq, r_hi = min(r_lo + rq, bsz + 1);
+    {
+        int d[KV_ITEMS], n[KV_ITEMS];
+#pragma unroll
+        for (int u = 0; u < KV_ITEMS; ++u) {
+            const int k = u * KV_THREADS + tid;
+            d[u] = k < bsz ? s.dec[k] : 0;
+            n[u] = k < bsz ? s.cu[k] : 0;
+        }
+        __syncthreads();  // every raw value read before staging overwrites s.cu
+        kv_stage_tile(s, 0, bsz, kv_out, r_lo, r_hi, d, n);
+    }
+    __syncthreads();
+    // Guess 2 (every request runs as many tokens as request 0): token t is request t / n0.
+    const int n0 = s.bcast[3];
+    if (n0 > 1) {
+        const int b = t / n0;
+        guess = -1;
+        if (t < capacity && b < bsz && s.dec[b] >= 0) {
+            guess = b;
+            gstart = b * n0;
+            kv_load_blocks(b, (i64)s.dec[b] + (t - b * n0), c, num_caches, blk);
+        }
+    }
+    const int total = kv_scan_tile(s, bsz);
+    const int end_tok = min(total, capacity);
+    for (int b = r_lo + tid; b < r_hi; b += KV_THREADS) {
+        int start = s.cu[KV_PAD(b)];
+        if (b < bsz) kv_write_request(b, start, s.cu[KV_PAD(b + 1)], s.dec[b], capacity, cu_out, err);
+        else cu_out[b] = start;
+    }
+    if (chunk == 0 && tid == 0) *num_tokens_out = end_tok;
+    if (chunk == 0) kv_clear_records(rec, num_chunks, num_chunks + max_tiles);
+    if (t < end_tok) {
+        int b = guess;
+        const bool hit = b >= 0 && s.cu[KV_PAD(b)] == gstart && t < s.cu[KV_PAD(b + 1)];
+        if (!hit) b = kv_search_shared(s, 0, bsz, t);
+        const i64 pos = (i64)s.dec[b] + (t - s.cu[KV_PAD(b)]);
+        if (hit) kv_store_token<PosT>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+        else kv_write_token<PosT>(t, b, pos, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+    } else if (t < capacity) {
+        kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+    }
+    kv_store_errors(err, rec, chunk);
+}
+
 template <typename PosT>
 __device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
                         int num_caches, const KvCaches& c, int* __restrict__ cu_out,
@@ -328,80 +525,8 @@ __device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, 
     const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
 
     if (bsz <= KV_TILE) {
-        // ---- small batch: every block scans all requests, nobody waits ----
-        const int chunk = blockIdx.x;
-        const int rq = (bsz + 1 + num_chunks - 1) / num_chunks;  // requests per block
-        const int r_lo = chunk * rq, r_hi = min(r_lo + rq, bsz + 1);
-        int d[KV_ITEMS], n[KV_ITEMS];
-        kv_load_tile(s, dec, q, 0, bsz, kv_out, r_lo, r_hi, d, n);
-        // Speculate on the layout, so the block-table loads fly while the scan runs;
-        // the scan then confirms each guess, and a miss searches and loads again.
-        // Guess 1 (decode: one token per request): token t is request t, whose lengths
-        // this very thread holds in registers (item u of kv_load_tile), so the loads
-        // go out before any barrier.
-        int guess[KV_TOKENS_PER_THREAD], gstart[KV_TOKENS_PER_THREAD];
-        int blk[KV_TOKENS_PER_THREAD][KV_MAX_CACHES];
-#pragma unroll
-        for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
-            const int t = chunk * KV_TOKENS + j * KV_THREADS + (int)threadIdx.x;
-            const int item = (chunk * KV_TOKENS + j * KV_THREADS) / KV_THREADS;  // block-uniform
-            int dt = -1, nt = 0;
-#pragma unroll
-            for (int u = 0; u < KV_ITEMS; ++u)
-                if (u == item) {
-                    dt = d[u];
-                    nt = n[u];
-                }
-            guess[j] = -1;
-            gstart[j] = t;
-            if (t < capacity && t < bsz && dt >= 0 && nt > 0) {
-                guess[j] = t;
-                kv_load_blocks(t, (i64)dt, c, num_caches, blk[j]);
-            }
-        }
-        __syncthreads();
-        // Guess 2 (every request runs as many tokens as request 0: uniform speculative
-        // decoding, equal prefill chunks): token t is request t / n0.
-        const int n0 = s.bcast[3];
-        if (n0 > 1) {
-#pragma unroll
-            for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
-                const int t = chunk * KV_TOKENS + j * KV_THREADS + (int)threadIdx.x;
-                const int b = t / n0;
-                guess[j] = -1;
-                if (t < capacity && b < bsz && s.dec[b] >= 0) {
-                    guess[j] = b;
-                    gstart[j] = b * n0;
-                    kv_load_blocks(b, (i64)s.dec[b] + (t - b * n0), c, num_caches, blk[j]);
-                }
-            }
-        }
-        const int total = kv_scan_tile(s, bsz);
-        const int end_tok = min(total, capacity);
-        for (int b = r_lo + (int)threadIdx.x; b < r_hi; b += KV_THREADS) {
-            int start = s.cu[KV_PAD(b)];
-            if (b < bsz) kv_write_request(b, start, s.cu[KV_PAD(b + 1)], s.dec[b], capacity, cu_out, err);
-            else cu_out[b] = start;
-        }
-        if (chunk == 0 && threadIdx.x == 0) *num_tokens_out = end_tok;
-        if (chunk == 0) kv_clear_records(rec, num_chunks, num_chunks + max_tiles);
-#pragma unroll
-        for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
-            const int t = chunk * KV_TOKENS + j * KV_THREADS + (int)threadIdx.x;
-            if (t >= capacity) break;
-            if (t < end_tok) {
-                int b = guess[j];
-                const bool hit = b >= 0 && s.cu[KV_PAD(b)] == gstart[j] && t < s.cu[KV_PAD(b + 1)];
-                if (!hit) b = kv_search_shared(s, 0, bsz, t);
-                const i64 pos = (i64)s.dec[b] + (t - s.cu[KV_PAD(b)]);
-                if (hit) kv_store_token<PosT>(t, b, pos, blk[j], c, num_caches, capacity, batch_out, pos_out,
-                                              slot_out, err);
-                else kv_write_token<PosT>(t, b, pos, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
-            } else {
-                kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
-            }
-        }
-        kv_store_errors(err, rec, chunk);
+        kv_step_small<PosT>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,
+                            kv_out, slot_out, rec, max_tiles);
         return;
     }
 
@@ -420,7 +545,8 @@ __device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, 
         const int tile = ticket, base = tile * KV_TILE, count = min(KV_TILE, bsz - base);
         rec_slot = num_chunks + tile;
         int d[KV_ITEMS], n[KV_ITEMS];
-        kv_load_tile(s, dec, q, base, count, kv_out, 0, count, d, n);
+        kv_load_tile(dec, q, base, count, d, n);
+        kv_stage_tile(s, base, count, kv_out, 0, count, d, n);
         __syncthreads();
         const int agg = kv_scan_tile(s, count);
         if (threadIdx.x == 0) {

@@ -82,8 +82,12 @@ def naive_reference(seq_lens_decoder, seq_lens_this_time, block_tables, block_si
 
 
 def random_step(rng: np.random.Generator, *, bsz=None, max_bsz=64, block_sizes=None, num_caches=None,
-                shared_table=None, errors=False, over_capacity=False, big_ids=False, mix=None):
+                shared_table=None, errors=False, over_capacity=False, big_ids=False, mix=None, uniform=None):
     """One random step: decode, speculative, chunked prefill and idle requests mixed.
+
+    ``uniform=n`` makes every request run n tokens (plain decode for 1, uniform
+    speculative decoding or equal prefill chunks above): the fused kernel's no-scan
+    path, which errors (a negative length, too many tokens) push back to the scan.
 
     Returns a dict of step_addressing's keyword arguments (NumPy int32 inputs).
     """
@@ -113,6 +117,9 @@ def random_step(rng: np.random.Generator, *, bsz=None, max_bsz=64, block_sizes=N
             enc[b] = q[b]
         else:  # idle slot
             dec[b], q[b] = rng.integers(0, 2) * rng.integers(0, 100), 0
+    if uniform is not None:
+        q[:] = uniform
+        enc[:] = 0
     total = int(q.sum())
     if over_capacity and total > 1:
         capacity = int(rng.integers(1, total))
@@ -191,6 +198,20 @@ def edge_cases():
                                              mix=("decode", "spec", "idle", "prefill"))
     cases["16384-decode"] = random_step(rng, bsz=16384, block_sizes=[64, 64], shared_table=True, mix=("decode",))
     cases["256-requests-16k-tokens"] = random_step(rng, bsz=256, block_sizes=[64], mix=("prefill", "continue"))
+    # Uniform batches (every request runs the same number of tokens): the no-scan path.
+    cases["uniform-decode-4096"] = random_step(rng, bsz=4096, block_sizes=[64, 64], shared_table=True, uniform=1)
+    cases["uniform-mtp-2-B96"] = random_step(rng, bsz=700, block_sizes=[96], uniform=2)
+    cases["uniform-chunks-64-16k"] = random_step(rng, bsz=256, block_sizes=[64, 16], shared_table=False,
+                                                 uniform=64)
+    cases["uniform-7-table-errors"] = random_step(rng, bsz=90, block_sizes=[3, 64], uniform=7, errors=True)
+    cases["uniform-idle"] = random_step(rng, bsz=100, block_sizes=[16], uniform=0)
+    cases["uniform-over-capacity"] = random_step(rng, bsz=50, block_sizes=[16], uniform=3, over_capacity=True)
+    cases["uniform-table-errors"] = dict(seq_lens_decoder=_a([5, 20, 40]), seq_lens_this_time=_a([1, 1, 1]),
+                                         block_tables=_a([[7, 2], [4, -1], [3, 3]]), block_sizes=[16], capacity=3)
+    cases["uniform-negative-length"] = dict(seq_lens_decoder=_a([4, 9]), seq_lens_this_time=_a([-3, -3]),
+                                            block_tables=_a([[1], [2]]), block_sizes=[16], capacity=2)
+    cases["uniform-but-one-bad"] = dict(seq_lens_decoder=_a([4, -3, 2, 9]), seq_lens_this_time=_a([1, 1, 1, 1]),
+                                        block_tables=_a([[1], [2], [3], [4]]), block_sizes=[16], capacity=4)
     # One case per error bit.
     cases["error-1-block-index"] = WORKED_EXAMPLES[1][1]
     cases["error-2-negative-block"] = dict(seq_lens_decoder=_a([5, 20]), seq_lens_this_time=_a([1, 1]),

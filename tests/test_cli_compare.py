@@ -357,3 +357,21 @@ def test_gpu_check_gates_graph_mode_and_names_a_slower_fused_step(fake_gpu, tmp_
         r = run("check", "--baseline", base)
     assert r.exit_code == 1, r.output
     assert "SLOWER: deepseek-v3.2, batch 4: fused, graph mode, GPU clock: slower" in r.stderr
+
+
+def test_the_shipped_h200_baseline_loads_and_compares_with_itself():
+    """profiles/baselines/h200.json (recorded on the H200 by benchmarks/record_baseline.sh)
+    is a valid baseline: six profiles on an NVIDIA H200, every row the same as itself."""
+    path = os.path.join(os.path.dirname(HERE), "profiles", "baselines", "h200.json")
+    r = run("compare", path, path, "--json", "-")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["exit_code"] == 0 and doc["environment_check"]["status"] == "match"
+    workloads = {row["line"].split(",")[0] for row in doc["results"]}
+    assert workloads == {"deepseek-v3.2-decode", "deepseek-v3.2-mtp", "glm-5", "large-batch-4096",
+                         "long-context-128k", "mixed-chunked-prefill"}
+    assert {row["verdict"] for row in doc["results"]} <= {"same", "ambiguous"}
+    assert all(row["ratio"] == 1.0 for row in doc["results"])
+    base = json.load(open(path))
+    gpus = {str(run_["environment"].get("gpu", {}).get("name", run_["environment"])) for run_ in base["runs"]}
+    assert all("H200" in g for g in gpus), gpus

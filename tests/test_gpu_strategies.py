@@ -67,11 +67,11 @@ def test_capacity_larger_than_the_batch_pads_everything_else():
 
 @settings(max_examples=int(os.environ.get("KVADDR_GPU_EXAMPLES", "500")), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), errors=st.booleans(), over=st.booleans(), big=st.booleans(),
-       large=st.integers(0, 9))
-def test_random_steps(seed, errors, over, big, large):
+       large=st.integers(0, 9), uniform=st.sampled_from([None, None, None, 0, 1, 2, 5]))
+def test_random_steps(seed, errors, over, big, large, uniform):
     rng = np.random.default_rng(seed)
     max_bsz = 6000 if large == 0 else 300  # every tenth step takes the large-batch path
-    case = random_step(rng, max_bsz=max_bsz, errors=errors, over_capacity=over, big_ids=big)
+    case = random_step(rng, max_bsz=max_bsz, errors=errors, over_capacity=over, big_ids=big, uniform=uniform)
     check_case(case, f"seed {seed}", layers=1)
 
 
