@@ -200,7 +200,7 @@ __device__ __forceinline__ bool kv_keep_lengths(KvShared& s, const KvLengths& L,
 }
 
 // Exclusive saturating scan of s.cu[0..count) in place; s.cu[KV_PAD(count)] = total.
-// The caller has loaded s.cu (kv_load_tile) and passed a barrier. Thread i owns
+// The caller has staged s.cu (kv_stage_tile) and passed a barrier. Thread i owns
 // items [i*ipt, (i+1)*ipt): a sequential sum, a warp-shuffle scan of the per-thread
 // sums, every warp scans the warp totals itself, then a sequential write-back: two
 // barriers. Returns the tile total.
