@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from .correctness import CheckFailed, compare, poison
 from .reference import step_addressing
-from .timing import FLOOR, Budget, Measurement, measure_cpu
+from .timing import FLOOR, Budget, Measurement, measure_cpu, measurement_stream
 from .workload import Batch, Workload, make_input_sets
 
 MODES = ("eager", "graph")
@@ -193,7 +193,7 @@ class CudaBackend:
             with cupy.cuda.Device(device_id):
                 _kernels.get_module(device_id)
                 self.empty = _kernels.get_function("kvaddr_empty", device_id)
-                self.stream = cupy.cuda.Stream(non_blocking=True)
+                self.stream = measurement_stream(device_id)
         except KernelCompileError as exc:
             raise EnvironmentProblem(str(exc)) from exc
         except Exception as exc:

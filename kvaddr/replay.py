@@ -145,7 +145,7 @@ class CudaReplayer:
 
             from . import _kernels, strategies
             from .errors import KernelCompileError
-            from .timing import GpuTimer
+            from .timing import GpuTimer, measurement_stream
         except Exception as exc:
             raise EnvironmentProblem(f"cannot load kvaddr's GPU strategies ({type(exc).__name__}: {exc})") from exc
         self.cupy, self.module = cupy, strategies
@@ -159,7 +159,7 @@ class CudaReplayer:
         try:
             with cupy.cuda.Device(device_id):
                 _kernels.get_module(device_id)
-                self.stream = cupy.cuda.Stream(non_blocking=True)
+                self.stream = measurement_stream(device_id)
                 self.timer = GpuTimer(self.stream)
                 self._events = [(self.timer._event(), self.timer._event()) for _ in self.names]
         except KernelCompileError as exc:

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import kvaddr
-from kvaddr import _kernels, cpu_strategies, environment
+from kvaddr import _kernels, cpu_strategies, environment, timing
 from kvaddr import cli as cli_module
 from kvaddr.outputs import OUTPUT_FIELDS, StepOutputs
 
@@ -136,6 +136,7 @@ class FakeGpuStrategy:
 def fake_gpu(monkeypatch):
     cp = fake_cupy()
     monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(timing, "_STREAMS", {})  # the process's measuring streams, fake ones kept apart
     monkeypatch.setattr(environment, "probe_cuda", lambda: environment.CudaProbe(True, 1, "1 CUDA device(s)"))
     monkeypatch.setattr(_kernels, "get_module", lambda device_id=None: object())
 
@@ -177,6 +178,26 @@ def test_gpu_flow_both_modes(fake_gpu):
         assert x["summary"]["n"] == len(x["samples_us"]) >= 10
         assert x["steps_per_sample"] >= 1
     assert len(shape["headlines"]) == 3
+
+
+def test_profiles_in_one_process_share_one_measuring_stream(fake_gpu, monkeypatch):
+    """Destroying a stream that ran work slows every later graph node in the CUDA context
+    (measured on an H200), so every run in a process times on one stream that is never dropped."""
+    made = []
+
+    class CountingStream(FakeStream):
+        def __init__(self, non_blocking=False):
+            super().__init__(non_blocking)
+            made.append(self)
+
+    monkeypatch.setattr(sys.modules["cupy"].cuda, "Stream", CountingStream)
+    for _ in range(2):
+        r = CliRunner().invoke(cli_module.cli, ARGS)
+        assert r.exit_code == 0, r.output
+    assert len(made) == 1 and timing.measurement_stream(0) is made[0]
+    from kvaddr.profiler import CudaBackend
+
+    assert CudaBackend(0).stream is made[0]
 
 
 def test_gpu_flow_table(fake_gpu):
