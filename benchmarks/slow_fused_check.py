@@ -48,7 +48,7 @@ def _gpu_extra_work(extra_launches: int, spin_us: float):
     import cupy
 
     from kvaddr import _kernels
-    from kvaddr._validate import stream_handle
+    from kvaddr._validate import cupy_stream, stream_handle
 
     streams: dict = {}
     spin: dict = {}
@@ -57,7 +57,7 @@ def _gpu_extra_work(extra_launches: int, spin_us: float):
         handle = stream_handle(stream)
         s = streams.get(handle)
         if s is None:
-            s = streams[handle] = cupy.cuda.ExternalStream(handle)
+            s = streams[handle] = cupy_stream(handle)
         empty = _kernels.get_function("kvaddr_empty")
         for _ in range(extra_launches):
             empty((1,), (1,), (), 0, s)

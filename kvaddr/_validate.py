@@ -215,5 +215,38 @@ def stream_handle(stream) -> int:
     cs = getattr(stream, "cuda_stream", None)
     if isinstance(cs, numbers.Integral):
         return int(cs)
-    raise TypeError(f"stream must be a CuPy stream, a raw handle (int) or an object with a cuda_stream "
-                    f"attribute, got {type(stream).__module__}.{type(stream).__qualname__}")
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if callable(protocol):
+        got = protocol()
+        if isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, numbers.Integral) for v in got):
+            return int(got[1])
+        raise TypeError(f"stream.__cuda_stream__() must return (version, handle) as two ints, got {got!r}")
+    raise TypeError(f"stream must be a CuPy stream, a raw handle (int), an object with a cuda_stream "
+                    f"attribute or one with __cuda_stream__, got {type(stream).__module__}."
+                    f"{type(stream).__qualname__}")
+
+
+class _RawStream:
+    """A raw cudaStream_t offered through the CUDA stream protocol."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = int(handle)
+
+    def __cuda_stream__(self) -> tuple:
+        return (0, self.handle)
+
+
+def cupy_stream(handle: int):
+    """A CuPy stream object over the raw handle that does not own it (dropping it destroys nothing).
+
+    CuPy 14 deprecates ``cupy.cuda.ExternalStream`` for ``Stream.from_external``;
+    older CuPy has only the former.
+    """
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_RawStream(handle))
+    return cupy.cuda.ExternalStream(int(handle))

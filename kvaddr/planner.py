@@ -13,6 +13,7 @@ from ._validate import (
     check_block_sizes,
     check_info,
     check_int,
+    cupy_stream,
     describe,
     normalize_tables,
     stream_handle,
@@ -198,7 +199,7 @@ class StepPlanner:
             be contiguous. Ignored by a positions-only planner.
         seq_lens_encoder : int32 [bsz], optional
             Checked, not needed for addressing.
-        stream : cupy Stream, int handle or object with ``cuda_stream``, optional
+        stream : cupy Stream, int handle, object with ``cuda_stream`` or ``__cuda_stream__``, optional
             Where to launch; CuPy's current stream by default.
 
         Returns
@@ -217,8 +218,9 @@ class StepPlanner:
         handle = stream_handle(stream)
         rec = np.empty(self._records.size, dtype=np.uint64)
         with cupy.cuda.Device(self.device):
-            self._records.get(stream=cupy.cuda.ExternalStream(handle), out=rec)
-            cupy.cuda.ExternalStream(handle).synchronize()
+            s = cupy_stream(handle)
+            self._records.get(stream=s, out=rec)
+            s.synchronize()
         mask = int(np.bitwise_or.reduce(rec[0::2])) if rec.size else 0
         key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
         return mask, key

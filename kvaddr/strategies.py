@@ -30,7 +30,8 @@ import ctypes
 import numpy as np
 
 from . import _kernels
-from ._validate import check_block_sizes, check_info, check_int, describe, normalize_tables, stream_handle
+from ._validate import (check_block_sizes, check_info, check_int, cupy_stream, describe, normalize_tables,
+                        stream_handle)
 from .outputs import StepOutputs
 from .planner import StepPlanner
 from .strategy_names import CHAIN_OPS, STRATEGY_NAMES, check_name
@@ -231,7 +232,7 @@ class PerLayer(_OpChain):
         self.launches_per_step = 1 + self.num_layers * self.num_caches * len(CHAIN_OPS)
 
     def _slots(self, pos, infos, handle):
-        with self._cupy.cuda.ExternalStream(handle):
+        with cupy_stream(handle):
             for _ in range(self.num_layers):
                 for g, (info, B) in enumerate(zip(infos, self.block_sizes)):
                     self._chain(pos, info, B, self._scratch[g], self.slot_mapping[g], handle)
@@ -250,7 +251,7 @@ class Hoisted(_OpChain):
         for g, (info, B) in enumerate(zip(infos, self.block_sizes)):
             groups.setdefault((info.ptr, info.shape, info.strides, B), []).append(g)
         launches = 1 + len(groups) * len(CHAIN_OPS)
-        with cp.cuda.ExternalStream(handle):
+        with cupy_stream(handle):
             for members in groups.values():
                 g0 = members[0]
                 self._chain(pos, infos[g0], self.block_sizes[g0], self._scratch[g0], self.slot_mapping[g0], handle)

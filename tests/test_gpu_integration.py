@@ -148,7 +148,11 @@ def test_streams_accept_cupy_raw_and_torch_like_objects():
     class TorchLike:
         cuda_stream = s.ptr
 
-    for stream in (s, s.ptr, TorchLike(), None):
+    class StreamProtocol:  # the CUDA stream protocol (cuda.core, CuPy 14)
+        def __cuda_stream__(self):
+            return (0, s.ptr)
+
+    for stream in (s, s.ptr, TorchLike(), StreamProtocol(), None):
         p.batch_id_per_token.fill(9)
         out = p.compute(case["seq_lens_decoder"], case["seq_lens_this_time"], case["block_tables"], stream=stream)
         s.synchronize()

@@ -48,3 +48,63 @@ def test_lists_are_accepted_as_int32():
 def test_out_of_range_list_is_rejected():
     with pytest.raises(ValueError, match="seq_lens_decoder must be int32 .*out of int32 range"):
         call(dec=[2**31, 0])
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def test_stream_handle_accepts_handles_cuda_stream_attributes_and_the_protocol():
+    from kvaddr._validate import stream_handle
+
+    class CupyLike:
+        ptr = 11
+
+    class TorchLike:
+        cuda_stream = 22
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 33)
+
+    assert [stream_handle(s) for s in (7, CupyLike(), TorchLike(), Protocol())] == [7, 11, 22, 33]
+    for bad in ("fast", True, 1.5, object()):
+        with pytest.raises(TypeError, match="stream must be a CuPy stream, a raw handle"):
+            stream_handle(bad)
+
+    class BadProtocol:
+        def __cuda_stream__(self):
+            return 33
+
+    with pytest.raises(TypeError, match=r"stream.__cuda_stream__\(\) must return \(version, handle\)"):
+        stream_handle(BadProtocol())
+
+
+@pytest.mark.parametrize("has_from_external", [True, False])
+def test_cupy_stream_wraps_a_handle_without_owning_it(monkeypatch, has_from_external):
+    """CuPy 14 deprecates ExternalStream for Stream.from_external; older CuPy has only ExternalStream."""
+    import sys
+    import types
+
+    from kvaddr._validate import cupy_stream
+
+    made = []
+
+    class Stream:
+        pass
+
+    if has_from_external:
+        def from_external(obj):
+            made.append(("from_external", obj.__cuda_stream__()))
+            return "wrapped"
+
+        Stream.from_external = staticmethod(from_external)
+
+    def external(ptr):
+        made.append(("ExternalStream", ptr))
+        return "wrapped"
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=external)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert cupy_stream(1234) == "wrapped"
+    assert made == ([("from_external", (0, 1234))] if has_from_external else [("ExternalStream", 1234)])
