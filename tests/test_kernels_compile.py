@@ -39,3 +39,21 @@ def test_constants_are_read_from_the_source():
     for name in _kernels.KERNEL_NAMES:
         assert re.search(rf'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(',
                          _kernels.source()), name
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: floor-kernel compile check skipped")
+def test_floor_benchmark_kernels_compile(tmp_path):
+    """benchmarks/floor_step.py's minimal kernels (a measuring instrument, CUDA source inline)."""
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "floor_step.py")
+    with open(path) as fh:
+        source = re.search(r'SOURCE = r"""(.*?)"""', fh.read(), re.S).group(1)
+    cu = tmp_path / "floor.cu"
+    cu.write_text(source)
+    proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o",
+                           str(tmp_path / "floor.cubin"), str(cu)], capture_output=True, text=True, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert sorted(re.findall(r"Compiling entry function '(\w+)'", log)) == [
+        "floor_decode_min_1", "floor_decode_min_2", "floor_decode_out_1", "floor_decode_out_2", "floor_roundtrip"]

@@ -1,0 +1,181 @@
+"""Floors under issue 2's bound: what a decode step costs with less than the spec asks.
+
+Issue 2 asks the fused step to cost at most 1.25x one per-layer slot call and at
+most 3x an empty kernel, in a CUDA graph, for decode batches of 64, 1024 and 4096
+requests (and a 256-request 16k-token batch), with one and with two caches. This
+times, side by side and the same way as ``bench_step.py`` (N copies of one call in
+one graph, median of R replays, time per copy), kernels that do strictly less than
+the spec's step, so the bound can be compared with what no fused step can beat:
+
+``roundtrip``
+    One global round trip: load seq_lens_this_time[t], store it.
+``decode-min``
+    Decode addressing that trusts its input (token t is request t): load
+    seq_lens_decoder[t], load the block id per cache, store batch id, position and
+    one slot per cache, -1 padding to capacity. No uniformity test, no checks,
+    no error record, no cu_seqlens_q or seq_lens_kv.
+``decode-outputs``
+    decode-min plus the per-request outputs the spec also requires
+    (cu_seqlens_q, seq_lens_kv, num_tokens), still with no checks.
+``slot call``
+    One per-layer slot-kernel call (``kvaddr_slots_i64``; the bound's reference).
+``fused``
+    ``StepPlanner.compute`` (the shipped fused step: every output, every check).
+
+The minimal kernels' CUDA source lives here, not in ``kvaddr/kernels.cu``: it is a
+measuring instrument, not library code, and its outputs are compared with the
+reference's decode layout before anything is timed.
+
+    PYTHONPATH=. python benchmarks/floor_step.py [--copies 200] [--replays 30] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import cupy
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_step import B, graph_time_per_copy, make_batch  # noqa: E402
+
+from kvaddr import StepPlanner, _kernels  # noqa: E402
+from kvaddr.strategies import PerLayerKernel  # noqa: E402
+
+SOURCE = r"""
+typedef long long i64;
+
+extern "C" __global__ void __launch_bounds__(256)
+floor_roundtrip(const int* __restrict__ q, int bsz, int capacity, int* __restrict__ out) {
+    const int t = blockIdx.x * 256 + threadIdx.x;
+    if (t < capacity) out[t] = t < bsz ? q[t] : 0;
+}
+
+template <int G, bool OUTPUTS>
+__device__ __forceinline__ void decode_min(const int* __restrict__ dec, int bsz, int capacity,
+                                           const int* __restrict__ t0, const int* __restrict__ t1, long long stride,
+                                           int bs, int* __restrict__ batch_out, i64* __restrict__ pos_out,
+                                           i64* __restrict__ slot_out, int* __restrict__ cu_out,
+                                           int* __restrict__ kv_out, int* __restrict__ num_tokens_out) {
+    const int t = blockIdx.x * 256 + threadIdx.x;
+    if (OUTPUTS) {
+        if (t < bsz) cu_out[t] = t;
+        if (t == 0) {
+            cu_out[bsz] = bsz;
+            *num_tokens_out = bsz;
+        }
+    }
+    if (t >= capacity) return;
+    if (t < bsz) {
+        const int d = dec[t];
+        const unsigned int idx = (unsigned int)d / (unsigned int)bs, off = (unsigned int)d - idx * (unsigned int)bs;
+        const int b0 = t0[(i64)t * stride + idx];
+        int b1 = 0;
+        if (G > 1) b1 = t1[(i64)t * stride + idx];
+        batch_out[t] = t;
+        pos_out[t] = d;
+        slot_out[t] = (i64)b0 * bs + off;
+        if (G > 1) slot_out[(i64)capacity + t] = (i64)b1 * bs + off;
+        if (OUTPUTS) kv_out[t] = d + 1;
+    } else {
+        batch_out[t] = -1;
+        pos_out[t] = 0;
+        slot_out[t] = -1;
+        if (G > 1) slot_out[(i64)capacity + t] = -1;
+    }
+}
+
+#define FLOOR_DECODE(NAME, G, OUT)                                                                        \
+extern "C" __global__ void __launch_bounds__(256)                                                        \
+NAME(const int* __restrict__ dec, int bsz, int capacity, const int* __restrict__ t0,                     \
+     const int* __restrict__ t1, long long stride, int bs, int* __restrict__ batch_out,                  \
+     i64* __restrict__ pos_out, i64* __restrict__ slot_out, int* __restrict__ cu_out,                    \
+     int* __restrict__ kv_out, int* __restrict__ num_tokens_out) {                                       \
+    decode_min<G, OUT>(dec, bsz, capacity, t0, t1, stride, bs, batch_out, pos_out, slot_out, cu_out,     \
+                       kv_out, num_tokens_out);                                                          \
+}
+FLOOR_DECODE(floor_decode_min_1, 1, false)
+FLOOR_DECODE(floor_decode_min_2, 2, false)
+FLOOR_DECODE(floor_decode_out_1, 1, true)
+FLOOR_DECODE(floor_decode_out_2, 2, true)
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--copies", type=int, default=200)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",))
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    empty = _kernels.get_function("kvaddr_empty")
+    s_obj = _kernels.raw_stream(stream.ptr)
+
+    def timed(launch):
+        return graph_time_per_copy(launch, stream, a.copies, a.replays)[0]
+
+    rows = []
+    with stream:
+        t_empty = timed(lambda: empty((1,), (1,), (), 0, s_obj))
+        for bsz in (64, 1024, 4096):
+            dec, q, table, total = make_batch(rng, bsz, 1)
+            cap = total
+            grid = ((cap + 255) // 256,)
+            stride = np.int64(table.shape[1])
+            out_i = cupy.zeros(cap, dtype=cupy.int32)
+            roundtrip = mod.get_function("floor_roundtrip")
+            t_rt = timed(lambda: roundtrip(grid, (256,), (q, np.int32(bsz), np.int32(cap), out_i)))
+            for G in (1, 2):
+                batch_out = cupy.empty(cap, dtype=cupy.int32)
+                pos_out = cupy.empty(cap, dtype=cupy.int64)
+                slot_out = cupy.empty((G, cap), dtype=cupy.int64)
+                cu_out = cupy.empty(bsz + 1, dtype=cupy.int32)
+                kv_out = cupy.empty(bsz, dtype=cupy.int32)
+                nt_out = cupy.empty(1, dtype=cupy.int32)
+                planner = StepPlanner(bsz, cap, [B] * G)
+                ref = planner.compute(dec, q, table, stream=stream)
+                stream.synchronize()
+                times = {}
+                for kind in ("min", "out"):
+                    fn = mod.get_function(f"floor_decode_{kind}_{G}")
+                    args = (dec, np.int32(bsz), np.int32(cap), table, table, stride, np.int32(B), batch_out,
+                            pos_out, slot_out, cu_out, kv_out, nt_out)
+                    fn(grid, (256,), args)
+                    stream.synchronize()
+                    # The floor kernels compute the same decode layout as the fused step.
+                    assert (batch_out == ref.batch_id_per_token).all(), f"floor {kind}: batch ids differ"
+                    assert (pos_out == ref.position_ids).all(), f"floor {kind}: positions differ"
+                    assert (slot_out == ref.slot_mapping).all(), f"floor {kind}: slots differ"
+                    if kind == "out":
+                        assert (cu_out == ref.cu_seqlens_q).all() and (kv_out == ref.seq_lens_kv).all()
+                    times[kind] = timed(lambda fn=fn, args=args: fn(grid, (256,), args))
+                slot = PerLayerKernel(max_requests=bsz, capacity=cap, block_sizes=[B] * G, num_layers=1)
+                slot.step(dec, q, table, stream=stream)
+                launcher = slot._launchers[0]
+                t_slot = timed(lambda: launcher(grid[0], 256, stream.ptr))
+                t_fused = timed(lambda: planner.compute(dec, q, table, stream=stream))
+                rows.append(dict(batch=f"decode {bsz}", caches=G, empty_us=t_empty, roundtrip_us=t_rt,
+                                 decode_min_us=times["min"], decode_outputs_us=times["out"], slot_call_us=t_slot,
+                                 fused_us=t_fused, bound_us=min(1.25 * t_slot, 3.0 * t_empty)))
+    dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays; us per copy")
+    print(f"{'batch':<13}{'caches':>7}{'empty':>8}{'roundtrip':>11}{'decode-min':>12}{'decode-out':>12}"
+          f"{'slot call':>11}{'fused':>8}{'bound':>8}")
+    for r in rows:
+        print(f"{r['batch']:<13}{r['caches']:>7}{r['empty_us']:>8.3f}{r['roundtrip_us']:>11.3f}"
+              f"{r['decode_min_us']:>12.3f}{r['decode_outputs_us']:>12.3f}{r['slot_call_us']:>11.3f}"
+              f"{r['fused_us']:>8.3f}{r['bound_us']:>8.3f}")
+    print("bound = min(1.25 x slot call, 3 x empty); decode-min and decode-out skip every check the spec requires")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(device=dev, rows=rows), fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
