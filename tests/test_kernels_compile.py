@@ -56,4 +56,5 @@ def test_floor_benchmark_kernels_compile(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert sorted(re.findall(r"Compiling entry function '(\w+)'", log)) == [
-        "floor_decode_min_1", "floor_decode_min_2", "floor_decode_out_1", "floor_decode_out_2", "floor_roundtrip"]
+        "floor_decode_min_1", "floor_decode_min_2", "floor_decode_out_1", "floor_decode_out_2", "floor_mixed_min_1",
+        "floor_mixed_min_2", "floor_roundtrip"]
