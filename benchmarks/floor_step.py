@@ -58,6 +58,30 @@ floor_roundtrip(const int* __restrict__ q, int bsz, int capacity, int* __restric
     if (t < capacity) out[t] = t < bsz ? q[t] : 0;
 }
 
+// Token t of request b at position pos: its block ids (per cache), batch id, position
+// and slots; or padding when b < 0. No checks.
+template <int G>
+__device__ __forceinline__ void gather_store(int t, int b, int pos, int capacity, const int* __restrict__ t0,
+                                             const int* __restrict__ t1, long long stride, int bs,
+                                             int* __restrict__ batch_out, i64* __restrict__ pos_out,
+                                             i64* __restrict__ slot_out) {
+    if (b >= 0) {
+        const unsigned int idx = (unsigned int)pos / (unsigned int)bs, off = (unsigned int)pos - idx * (unsigned int)bs;
+        const int b0 = t0[(i64)b * stride + idx];
+        int b1 = 0;
+        if (G > 1) b1 = t1[(i64)b * stride + idx];
+        batch_out[t] = b;
+        pos_out[t] = pos;
+        slot_out[t] = (i64)b0 * bs + off;
+        if (G > 1) slot_out[(i64)capacity + t] = (i64)b1 * bs + off;
+    } else {
+        batch_out[t] = -1;
+        pos_out[t] = 0;
+        slot_out[t] = -1;
+        if (G > 1) slot_out[(i64)capacity + t] = -1;
+    }
+}
+
 template <int G, bool OUTPUTS>
 __device__ __forceinline__ void decode_min(const int* __restrict__ dec, int bsz, int capacity,
                                            const int* __restrict__ t0, const int* __restrict__ t1, long long stride,
@@ -73,23 +97,9 @@ __device__ __forceinline__ void decode_min(const int* __restrict__ dec, int bsz,
         }
     }
     if (t >= capacity) return;
-    if (t < bsz) {
-        const int d = dec[t];
-        const unsigned int idx = (unsigned int)d / (unsigned int)bs, off = (unsigned int)d - idx * (unsigned int)bs;
-        const int b0 = t0[(i64)t * stride + idx];
-        int b1 = 0;
-        if (G > 1) b1 = t1[(i64)t * stride + idx];
-        batch_out[t] = t;
-        pos_out[t] = d;
-        slot_out[t] = (i64)b0 * bs + off;
-        if (G > 1) slot_out[(i64)capacity + t] = (i64)b1 * bs + off;
-        if (OUTPUTS) kv_out[t] = d + 1;
-    } else {
-        batch_out[t] = -1;
-        pos_out[t] = 0;
-        slot_out[t] = -1;
-        if (G > 1) slot_out[(i64)capacity + t] = -1;
-    }
+    const int d = t < bsz ? dec[t] : 0;
+    gather_store<G>(t, t < bsz ? t : -1, d, capacity, t0, t1, stride, bs, batch_out, pos_out, slot_out);
+    if (OUTPUTS && t < bsz) kv_out[t] = d + 1;
 }
 
 #define FLOOR_DECODE(NAME, G, OUT)                                                                        \
@@ -135,27 +145,17 @@ __device__ __forceinline__ void mixed_min(const int* __restrict__ dec, const int
     if (tid == 0) cu[0] = 0;
     __syncthreads();
     if (t >= capacity) return;
+    int b = -1, pos = 0;
     if (t < cu[bsz]) {
         int lo = 0, hi = bsz;  // the largest b with cu[b] <= t
         while (hi - lo > 1) {
             const int mid = (lo + hi) >> 1;
             if (cu[mid] <= t) lo = mid; else hi = mid;
         }
-        const int pos = dsh[lo] + (t - cu[lo]);
-        const unsigned int idx = (unsigned int)pos / (unsigned int)bs, off = (unsigned int)pos - idx * (unsigned int)bs;
-        const int b0 = t0[(i64)lo * stride + idx];
-        int b1 = 0;
-        if (G > 1) b1 = t1[(i64)lo * stride + idx];
-        batch_out[t] = lo;
-        pos_out[t] = pos;
-        slot_out[t] = (i64)b0 * bs + off;
-        if (G > 1) slot_out[(i64)capacity + t] = (i64)b1 * bs + off;
-    } else {
-        batch_out[t] = -1;
-        pos_out[t] = 0;
-        slot_out[t] = -1;
-        if (G > 1) slot_out[(i64)capacity + t] = -1;
+        b = lo;
+        pos = dsh[lo] + (t - cu[lo]);
     }
+    gather_store<G>(t, b, pos, capacity, t0, t1, stride, bs, batch_out, pos_out, slot_out);
 }
 
 #define FLOOR_MIXED(NAME, G)                                                                              \
