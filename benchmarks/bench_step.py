@@ -23,8 +23,8 @@ import time
 import cupy
 import numpy as np
 
-from kvaddr import StepPlanner, _kernels
-from kvaddr.strategies import PerLayerKernel
+from kvaddr import StepPlanner, kernel_loader
+from kvaddr.strategies.gpu import PerLayerKernel
 
 B = 64
 
@@ -71,14 +71,19 @@ def main(argv=None):
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
-    empty = _kernels.get_function("kvaddr_empty")
-    s_obj = _kernels.raw_stream(stream.ptr)
+    empty = kernel_loader.get_function("kvaddr_empty")
+    s_obj = kernel_loader.raw_stream(stream.ptr)
     results = []
     with stream:
         t_empty, _ = graph_time_per_copy(lambda: empty((1,), (1,), (), 0, s_obj), stream, a.copies, a.replays)
-        shapes = [("decode 64", 64, 1, False), ("decode 1024", 1024, 1, False), ("decode 4096", 4096, 1, False),
-                  ("256 req x 64 tok (16k)", 256, 64, False), ("256 req, mixed (~16k)", 256, 64, True),
-                  ("MTP 1024 x 2 tok", 1024, 2, False)]
+        shapes = [
+            ("decode 64", 64, 1, False),
+            ("decode 1024", 1024, 1, False),
+            ("decode 4096", 4096, 1, False),
+            ("256 req x 64 tok (16k)", 256, 64, False),
+            ("256 req, mixed (~16k)", 256, 64, True),
+            ("MTP 1024 x 2 tok", 1024, 2, False),
+        ]
         for label, bsz, per, mixed in shapes:
             dec, q, table, total = make_batch(rng, bsz, per, mixed=mixed)
             for G in (1, 2):
@@ -87,19 +92,27 @@ def main(argv=None):
                 slot.step(dec, q, table, stream=stream)  # positions for the slot kernel
                 launcher = slot._launchers[0]  # cache 0's slot kernel, its table set by step()
                 grid = (total + 255) // 256
-                t_slot, _ = graph_time_per_copy(lambda: launcher(grid, 256, stream.ptr), stream,
-                                                a.copies, a.replays)
-                t_fused, _ = graph_time_per_copy(lambda: fused.compute(dec, q, table, stream=stream), stream,
-                                                 a.copies, a.replays)
-                results.append(dict(shape=label, caches=G, empty_us=t_empty, slot_call_us=t_slot,
-                                    fused_us=t_fused, fused_over_slot=t_fused / t_slot,
-                                    fused_over_empty=t_fused / t_empty))
+                t_slot, _ = graph_time_per_copy(lambda: launcher(grid, 256, stream.ptr), stream, a.copies, a.replays)
+                t_fused, _ = graph_time_per_copy(
+                    lambda: fused.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+                )
+                results.append(
+                    dict(
+                        shape=label,
+                        caches=G,
+                        empty_us=t_empty,
+                        slot_call_us=t_slot,
+                        fused_us=t_fused,
+                        fused_over_slot=t_fused / t_slot,
+                        fused_over_empty=t_fused / t_empty,
+                    )
+                )
 
         # Eager host overhead: planner.compute vs a bare RawKernel launch of the same kernel.
         dec, q, table, total = make_batch(rng, 64, 1)
         planner = StepPlanner(64, total, [B, B])
         _, args = planner.launch_args(dec, q, table)
-        raw = _kernels.get_module().get_function("kvaddr_step_i64")
+        raw = kernel_loader.get_module().get_function("kvaddr_step_i64")
         grid = (planner.grid(64),)
 
         def host_per_call(fn, n=3000):
@@ -129,22 +142,35 @@ def main(argv=None):
 
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
-    print(f"{'shape':<24}{'caches':>7}{'empty us':>10}{'slot us':>10}{'fused us':>10}{'fused/slot':>12}"
-          f"{'fused/empty':>13}  verdict")
+    print(
+        f"{'shape':<24}{'caches':>7}{'empty us':>10}{'slot us':>10}{'fused us':>10}{'fused/slot':>12}"
+        f"{'fused/empty':>13}  verdict"
+    )
     ok = True
     for r in results:
         good = r["fused_over_slot"] <= 1.25 and r["fused_over_empty"] <= 3.0
         ok &= good
-        print(f"{r['shape']:<24}{r['caches']:>7}{r['empty_us']:>10.3f}{r['slot_call_us']:>10.3f}"
-              f"{r['fused_us']:>10.3f}{r['fused_over_slot']:>12.2f}{r['fused_over_empty']:>13.2f}  "
-              f"{'ok' if good else 'OVER BOUND'}")
+        print(
+            f"{r['shape']:<24}{r['caches']:>7}{r['empty_us']:>10.3f}{r['slot_call_us']:>10.3f}"
+            f"{r['fused_us']:>10.3f}{r['fused_over_slot']:>12.2f}{r['fused_over_empty']:>13.2f}  "
+            f"{'ok' if good else 'OVER BOUND'}"
+        )
     ratio = t_wrap / t_bare
-    print(f"eager host time per call: bare RawKernel {t_bare:.2f} us, StepPlanner.compute {t_wrap:.2f} us "
-          f"(cupy inputs, x{ratio:.2f})" + (f", {t_wrap_torch:.2f} us with torch inputs" if t_wrap_torch else ""))
+    print(
+        f"eager host time per call: bare RawKernel {t_bare:.2f} us, StepPlanner.compute {t_wrap:.2f} us "
+        f"(cupy inputs, x{ratio:.2f})" + (f", {t_wrap_torch:.2f} us with torch inputs" if t_wrap_torch else "")
+    )
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(dict(device=dev, graph=results, eager=dict(bare_us=t_bare, compute_us=t_wrap,
-                                                                  compute_torch_us=t_wrap_torch)), fh, indent=1)
+            json.dump(
+                dict(
+                    device=dev,
+                    graph=results,
+                    eager=dict(bare_us=t_bare, compute_us=t_wrap, compute_torch_us=t_wrap_torch),
+                ),
+                fh,
+                indent=1,
+            )
     return 0 if ok and ratio <= 1.30 else 1
 
 

@@ -44,10 +44,13 @@ import cupy
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import B, graph_time_per_copy, make_batch  # noqa: E402
+from bench_step import B, graph_time_per_copy, make_batch
 
-from kvaddr import StepPlanner, _kernels  # noqa: E402
-from kvaddr.strategies import PerLayerKernel  # noqa: E402
+from kvaddr import (
+    StepPlanner,
+    kernel_loader,
+)
+from kvaddr.strategies.gpu import PerLayerKernel
 
 SOURCE = r"""
 typedef long long i64;
@@ -179,8 +182,8 @@ def main(argv=None) -> int:
     mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",))
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
-    empty = _kernels.get_function("kvaddr_empty")
-    s_obj = _kernels.raw_stream(stream.ptr)
+    empty = kernel_loader.get_function("kvaddr_empty")
+    s_obj = kernel_loader.raw_stream(stream.ptr)
 
     def timed(launch):
         return graph_time_per_copy(launch, stream, a.copies, a.replays)[0]
@@ -188,8 +191,12 @@ def main(argv=None) -> int:
     rows = []
     with stream:
         t_empty = timed(lambda: empty((1,), (1,), (), 0, s_obj))
-        shapes = [("decode 64", 64, 1, False), ("decode 1024", 1024, 1, False), ("decode 4096", 4096, 1, False),
-                  ("256 req, mixed (~16k)", 256, 64, True)]
+        shapes = [
+            ("decode 64", 64, 1, False),
+            ("decode 1024", 1024, 1, False),
+            ("decode 4096", 4096, 1, False),
+            ("256 req, mixed (~16k)", 256, 64, True),
+        ]
         for label, bsz, per, mixed in shapes:
             dec, q, table, total = make_batch(rng, bsz, per, mixed=mixed)
             cap = total
@@ -211,14 +218,46 @@ def main(argv=None) -> int:
                 times = {}
                 if mixed:
                     assert bsz <= 256, "the mixed floor kernel scans one request per thread"
-                    kinds = {"min": (mod.get_function(f"floor_mixed_min_{G}"),
-                                     (dec, q, np.int32(bsz), np.int32(cap), table, table, stride, np.int32(B),
-                                      batch_out, pos_out, slot_out))}
+                    kinds = {
+                        "min": (
+                            mod.get_function(f"floor_mixed_min_{G}"),
+                            (
+                                dec,
+                                q,
+                                np.int32(bsz),
+                                np.int32(cap),
+                                table,
+                                table,
+                                stride,
+                                np.int32(B),
+                                batch_out,
+                                pos_out,
+                                slot_out,
+                            ),
+                        )
+                    }
                 else:
-                    kinds = {kind: (mod.get_function(f"floor_decode_{kind}_{G}"),
-                                    (dec, np.int32(bsz), np.int32(cap), table, table, stride, np.int32(B),
-                                     batch_out, pos_out, slot_out, cu_out, kv_out, nt_out))
-                             for kind in ("min", "out")}
+                    kinds = {
+                        kind: (
+                            mod.get_function(f"floor_decode_{kind}_{G}"),
+                            (
+                                dec,
+                                np.int32(bsz),
+                                np.int32(cap),
+                                table,
+                                table,
+                                stride,
+                                np.int32(B),
+                                batch_out,
+                                pos_out,
+                                slot_out,
+                                cu_out,
+                                kv_out,
+                                nt_out,
+                            ),
+                        )
+                        for kind in ("min", "out")
+                    }
                 for kind, (fn, args) in kinds.items():
                     fn(grid, (256,), args)
                     stream.synchronize()
@@ -234,19 +273,35 @@ def main(argv=None) -> int:
                 launcher = slot._launchers[0]
                 t_slot = timed(lambda: launcher(grid[0], 256, stream.ptr))
                 t_fused = timed(lambda: planner.compute(dec, q, table, stream=stream))
-                rows.append(dict(batch=label, caches=G, empty_us=t_empty, roundtrip_us=t_rt,
-                                 min_us=times["min"], outputs_us=times.get("out"), slot_call_us=t_slot,
-                                 fused_us=t_fused, bound_us=min(1.25 * t_slot, 3.0 * t_empty)))
+                rows.append(
+                    dict(
+                        batch=label,
+                        caches=G,
+                        empty_us=t_empty,
+                        roundtrip_us=t_rt,
+                        min_us=times["min"],
+                        outputs_us=times.get("out"),
+                        slot_call_us=t_slot,
+                        fused_us=t_fused,
+                        bound_us=min(1.25 * t_slot, 3.0 * t_empty),
+                    )
+                )
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays; us per copy")
-    print(f"{'batch':<23}{'caches':>7}{'empty':>8}{'roundtrip':>11}{'min':>8}{'outputs':>9}"
-          f"{'slot call':>11}{'fused':>8}{'bound':>8}")
+    print(
+        f"{'batch':<23}{'caches':>7}{'empty':>8}{'roundtrip':>11}{'min':>8}{'outputs':>9}"
+        f"{'slot call':>11}{'fused':>8}{'bound':>8}"
+    )
     for r in rows:
         outputs = "-" if r["outputs_us"] is None else f"{r['outputs_us']:.3f}"
-        print(f"{r['batch']:<23}{r['caches']:>7}{r['empty_us']:>8.3f}{r['roundtrip_us']:>11.3f}"
-              f"{r['min_us']:>8.3f}{outputs:>9}{r['slot_call_us']:>11.3f}{r['fused_us']:>8.3f}{r['bound_us']:>8.3f}")
-    print("bound = min(1.25 x slot call, 3 x empty). min: decode-min (decode) or mixed-min (mixed); outputs:"
-          " decode-out. None of them checks anything the spec requires checked.")
+        print(
+            f"{r['batch']:<23}{r['caches']:>7}{r['empty_us']:>8.3f}{r['roundtrip_us']:>11.3f}"
+            f"{r['min_us']:>8.3f}{outputs:>9}{r['slot_call_us']:>11.3f}{r['fused_us']:>8.3f}{r['bound_us']:>8.3f}"
+        )
+    print(
+        "bound = min(1.25 x slot call, 3 x empty). min: decode-min (decode) or mixed-min (mixed); outputs:"
+        " decode-out. None of them checks anything the spec requires checked."
+    )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(dict(device=dev, rows=rows), fh, indent=1)

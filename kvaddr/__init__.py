@@ -4,25 +4,25 @@ Public API
 ----------
 StepPlanner        the fused step (one launch, CUDA-graph safe), :mod:`kvaddr.planner`
 reference          the NumPy reference (the oracle), :mod:`kvaddr.reference`
-strategies         the four strategies on the GPU, :mod:`kvaddr.strategies`
-cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.cpu_strategies`
+strategies         the four strategies on the GPU, :mod:`kvaddr.strategies.gpu`
+cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 
 The contract is documented in README.md ("Semantics").
 """
 
-from .errors import AddressingError, KernelCompileError, KvaddrError
-from .outputs import PAD_SLOT_ID, StepOutputs
-from .strategy_names import STRATEGY_NAMES
+from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError
+from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
+from kvaddr.strategies.names import STRATEGY_NAMES
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "PAD_SLOT_ID",
+    "STRATEGY_NAMES",
     "AddressingError",
     "KernelCompileError",
     "KvaddrError",
-    "PAD_SLOT_ID",
-    "STRATEGY_NAMES",
     "StepOutputs",
     "StepPlanner",
     "__version__",
@@ -33,7 +33,7 @@ def __getattr__(name):
     # StepPlanner imports nothing of CuPy until it is built; keep `import kvaddr`
     # cheap and CuPy-free for the CPU path.
     if name == "StepPlanner":
-        from .planner import StepPlanner
+        from kvaddr.planner import StepPlanner
 
         return StepPlanner
     raise AttributeError(f"module 'kvaddr' has no attribute {name!r}")

@@ -18,8 +18,8 @@ import time
 
 import click
 
-from .profiles import profile_option
-from .workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS, Workload
+from kvaddr.measure.profiles import profile_option
+from kvaddr.measure.workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS, Workload
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 #: Caches one step may address (kernels.cu's KV_MAX_CACHES).
@@ -42,9 +42,9 @@ Exit status:
 
 def _max_caches() -> int:
     try:
-        from . import _kernels
+        from kvaddr import kernel_loader
 
-        return int(_kernels.constants().get("KV_MAX_CACHES", MAX_CACHES))
+        return int(kernel_loader.constants().get("KV_MAX_CACHES", MAX_CACHES))
     except Exception:
         return MAX_CACHES
 
@@ -90,14 +90,15 @@ def use_cuda_for(device: str, command: str, verb: str) -> bool:
     strategies on the CPU``)."""
     if device == "cpu":
         return False
-    from .environment import probe_cuda
+    from kvaddr.measure.environment import probe_cuda
 
     probe = probe_cuda()
     if device == "cuda" and not probe.available:
         raise _Abort(EXIT_ENV, f"--device cuda: no CUDA device found: {probe.reason}")
     if not probe.available:
-        _err_console().print(f"kvaddr {command}: no CUDA device found ({probe.reason}); "
-                             f"{verb} the NumPy strategies on the CPU")
+        _err_console().print(
+            f"kvaddr {command}: no CUDA device found ({probe.reason}); {verb} the NumPy strategies on the CPU"
+        )
     return probe.available
 
 
@@ -107,8 +108,8 @@ def _guarded(command_name: str):
     def wrap(fn):
         @functools.wraps(fn)
         def run(*args, **kwargs):
-            from .correctness import CheckFailed
-            from .profiler import EnvironmentProblem
+            from kvaddr.measure.correctness import CheckFailed
+            from kvaddr.measure.profile_run import EnvironmentProblem
 
             err = _err_console()
             try:
@@ -131,8 +132,10 @@ def _guarded(command_name: str):
             except Exception as exc:
                 if os.environ.get("KVADDR_DEBUG"):
                     raise
-                err.print(f"kvaddr {command_name}: internal error: {type(exc).__name__}: {exc} "
-                          f"(set KVADDR_DEBUG=1 for a traceback)")
+                err.print(
+                    f"kvaddr {command_name}: internal error: {type(exc).__name__}: {exc} "
+                    f"(set KVADDR_DEBUG=1 for a traceback)"
+                )
                 code = EXIT_CHECK
             raise SystemExit(code)
 
@@ -222,15 +225,21 @@ class PrefillSpec(click.ParamType):
 def _print_version(ctx, _param, value):
     if not value or ctx.resilient_parsing:
         return
-    from .environment import kvaddr_version
+    from kvaddr.measure.environment import kvaddr_version
 
     click.echo(f"kvaddr {kvaddr_version()}")
     ctx.exit(0)
 
 
 @click.group(name="kvaddr", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show the version and exit.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 def cli():
     """kvaddr: KV-cache step addressing for LLM serving, in one kernel launch per step.
 
@@ -281,26 +290,41 @@ def _validate_workload(batches, context, spec_tokens, prefill, block_sizes, num_
         n, _ = prefill
         too_small = [b for b in batches if n > b]
         if too_small:
-            raise click.BadParameter(f"N = {n} prefill requests do not fit in batch {too_small[0]} "
-                                     f"(N must be <= every --batch size)", param_hint="'--prefill'")
+            raise click.BadParameter(
+                f"N = {n} prefill requests do not fit in batch {too_small[0]} (N must be <= every --batch size)",
+                param_hint="'--prefill'",
+            )
     if len(block_sizes) > 1 and len(block_sizes) != num_caches:
-        raise click.BadParameter(f"got {len(block_sizes)} block sizes for {num_caches} caches (give one size, "
-                                 f"or one per cache)", param_hint="'--block-size'")
-    probe = Workload(model="", num_layers=1, num_caches=num_caches,
-                     block_sizes=tuple(block_sizes) if len(block_sizes) > 1 else tuple(block_sizes) * num_caches,
-                     context=context, spec_tokens=spec_tokens, prefill=prefill)
+        raise click.BadParameter(
+            f"got {len(block_sizes)} block sizes for {num_caches} caches (give one size, or one per cache)",
+            param_hint="'--block-size'",
+        )
+    probe = Workload(
+        model="",
+        num_layers=1,
+        num_caches=num_caches,
+        block_sizes=tuple(block_sizes) if len(block_sizes) > 1 else tuple(block_sizes) * num_caches,
+        context=context,
+        spec_tokens=spec_tokens,
+        prefill=prefill,
+    )
     for b in batches:
         if probe.capacity(b) > MAX_TOKENS_PER_STEP:
             hint = "'--prefill'" if prefill else "'--batch' / '--spec-tokens'"
-            raise click.BadParameter(f"batch {b} carries {probe.capacity(b)} tokens per step, more than the "
-                                     f"{MAX_TOKENS_PER_STEP} kvaddr profile allows", param_hint=hint)
+            raise click.BadParameter(
+                f"batch {b} carries {probe.capacity(b)} tokens per step, more than the "
+                f"{MAX_TOKENS_PER_STEP} kvaddr profile allows",
+                param_hint=hint,
+            )
         for B in set(probe.block_sizes):
             entries = b * probe.max_blocks(B)
             if entries > MAX_TABLE_ENTRIES:
                 raise click.BadParameter(
                     f"a block table of batch {b} x {probe.max_blocks(B)} blocks (B = {B}, longest sequence "
                     f"{probe.longest_sequence()} tokens) exceeds {MAX_TABLE_ENTRIES} entries; lower the context "
-                    f"or raise the block size", param_hint="'--context' / '--block-size'")
+                    f"or raise the block size",
+                    param_hint="'--context' / '--block-size'",
+                )
 
 
 def _finite(ctx, param, value):
@@ -311,7 +335,7 @@ def _finite(ctx, param, value):
 
 
 class _RichProgress:
-    """Adapts :class:`kvaddr.profiler.Progress` to a rich progress bar."""
+    """Adapts :class:`kvaddr.measure.profile_run.Progress` to a rich progress bar."""
 
     def __init__(self, bar, task):
         self.bar, self.task = bar, task
@@ -324,58 +348,150 @@ class _RichProgress:
 
 
 @cli.command("profile", help=PROFILE_HELP, epilog=None)
-@click.option("--batch", "batches", type=IntList(1, 1 << 20, "batch size"), default="64", show_default=True,
-              help="Requests per step: one size or a comma list (e.g. 1,8,64,256).")
-@click.option("--context", type=IntRangeSpec(), default=f"{DEFAULT_CONTEXT[0]}:{DEFAULT_CONTEXT[1]}",
-              show_default=True,
-              help="Context of decode requests (tokens already in the KV cache): N, or LO:HI drawn log-uniformly.")
-@click.option("--spec-tokens", type=click.IntRange(0, 64), default=0, show_default=True, metavar="K",
-              help="Speculative (MTP) tokens per decode request: each runs 1 + K tokens.")
-@click.option("--prefill", type=PrefillSpec(), default=None,
-              help="N of the batch's requests are chunked-prefill requests of LEN tokens.")
-@click.option("--block-size", "block_sizes", type=IntList(1, 1 << 20, "block size"), default=None,
-              help="Tokens per block: one for every cache, or one per cache. [default: the model's, 64]")
-@click.option("--layers", type=click.IntRange(1, 4096), default=None,
-              help="Transformer layers. [default: the model's]")
-@click.option("--caches", type=click.IntRange(1, _max_caches()), default=None,
-              help="Paged caches per layer. [default: the model's, 2]")
-@click.option("--model", type=click.Choice(sorted(PRESETS)), default=DEFAULT_MODEL, show_default=True,
-              help="Model preset (layers, caches, block size).")
-@click.option("--mode", type=click.Choice(["eager", "graph", "both"]), default=None,
-              help="GPU launch mode. [default: both on a GPU; the CPU path has eager only]")
-@click.option("--step-ms", type=click.FloatRange(0, min_open=True), default=None, metavar="MS",
-              callback=_finite,
-              help="Also express each saving as a share of a step of MS milliseconds.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              metavar="PATH", help="Write the JSON report to PATH ('-': stdout, and nothing else there).")
-@click.option("--save", "save_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Also save the run, every raw sample included, as a baseline for kvaddr compare / check; a run "
-                   "of the same workload in FILE is replaced, another added (docs/baseline-format.md).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
-              help="Seed of the generated batches.")
-@click.option("--budget", type=click.FloatRange(0, 600), default=1.0, show_default=True, metavar="SECONDS",
-              callback=_finite,
-              help="Time spent sampling each strategy in each mode (at least 10 samples, at most 2000).")
-@click.option("--input-sets", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Distinct batches per batch size, rotated while timing.")
+@click.option(
+    "--batch",
+    "batches",
+    type=IntList(1, 1 << 20, "batch size"),
+    default="64",
+    show_default=True,
+    help="Requests per step: one size or a comma list (e.g. 1,8,64,256).",
+)
+@click.option(
+    "--context",
+    type=IntRangeSpec(),
+    default=f"{DEFAULT_CONTEXT[0]}:{DEFAULT_CONTEXT[1]}",
+    show_default=True,
+    help="Context of decode requests (tokens already in the KV cache): N, or LO:HI drawn log-uniformly.",
+)
+@click.option(
+    "--spec-tokens",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="Speculative (MTP) tokens per decode request: each runs 1 + K tokens.",
+)
+@click.option(
+    "--prefill",
+    type=PrefillSpec(),
+    default=None,
+    help="N of the batch's requests are chunked-prefill requests of LEN tokens.",
+)
+@click.option(
+    "--block-size",
+    "block_sizes",
+    type=IntList(1, 1 << 20, "block size"),
+    default=None,
+    help="Tokens per block: one for every cache, or one per cache. [default: the model's, 64]",
+)
+@click.option("--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]")
+@click.option(
+    "--caches",
+    type=click.IntRange(1, _max_caches()),
+    default=None,
+    help="Paged caches per layer. [default: the model's, 2]",
+)
+@click.option(
+    "--model",
+    type=click.Choice(sorted(PRESETS)),
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="Model preset (layers, caches, block size).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["eager", "graph", "both"]),
+    default=None,
+    help="GPU launch mode. [default: both on a GPU; the CPU path has eager only]",
+)
+@click.option(
+    "--step-ms",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    metavar="MS",
+    callback=_finite,
+    help="Also express each saving as a share of a step of MS milliseconds.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    metavar="PATH",
+    help="Write the JSON report to PATH ('-': stdout, and nothing else there).",
+)
+@click.option(
+    "--save",
+    "save_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Also save the run, every raw sample included, as a baseline for kvaddr compare / check; a run "
+    "of the same workload in FILE is replaced, another added (docs/baseline-format.md).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.",
+)
+@click.option(
+    "--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the generated batches."
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(0, 600),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    callback=_finite,
+    help="Time spent sampling each strategy in each mode (at least 10 samples, at most 2000).",
+)
+@click.option(
+    "--input-sets",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Distinct batches per batch size, rotated while timing.",
+)
 @profile_option("profile")
 @click.pass_context
 @_guarded("profile")
-def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, caches, model, mode, step_ms,
-            json_path, device, seed, budget, input_sets, save_path=None, workload_profile=None):
-    from .environment import describe
-    from .profiler import CpuBackend, CudaBackend, run_profile
-    from .report import document, render_shape
-    from .timing import MAX_SAMPLES, MIN_SAMPLES, TARGET_BLOCK_S, Budget
+def profile(
+    ctx,
+    batches,
+    context,
+    spec_tokens,
+    prefill,
+    block_sizes,
+    layers,
+    caches,
+    model,
+    mode,
+    step_ms,
+    json_path,
+    device,
+    seed,
+    budget,
+    input_sets,
+    save_path=None,
+    workload_profile=None,
+):
+    from kvaddr.measure.environment import describe
+    from kvaddr.measure.profile_run import CpuBackend, CudaBackend, run_profile
+    from kvaddr.measure.report import document, render_shape
+    from kvaddr.measure.timing import MAX_SAMPLES, MIN_SAMPLES, TARGET_BLOCK_S, Budget
 
     started = time.perf_counter()
     err = _err_console()
     preset = PRESETS[model]
     num_layers = layers if layers is not None else preset.num_layers
-    num_caches = caches if caches is not None else (len(block_sizes) if block_sizes and len(block_sizes) > 1
-                                                     else preset.num_caches)
+    num_caches = (
+        caches
+        if caches is not None
+        else (len(block_sizes) if block_sizes and len(block_sizes) > 1 else preset.num_caches)
+    )
     sizes = block_sizes if block_sizes else (preset.block_size,)
     _validate_workload(batches, context, spec_tokens, prefill, sizes, num_caches)
     if json_path not in (None, "-"):
@@ -385,14 +501,21 @@ def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, ca
         if not os.access(parent, os.W_OK):
             raise click.BadParameter(f"the folder {parent!r} is not writable", param_hint="'--json'")
     if save_path is not None:
-        from .baseline import save_target_problem
+        from kvaddr.gate.baseline_file import save_target_problem
 
         if save_target_problem(save_path):
             raise click.BadParameter(save_target_problem(save_path), param_hint="'--save'")
-    workload = Workload(model=model, num_layers=num_layers, num_caches=num_caches,
-                        block_sizes=tuple(sizes) if len(sizes) > 1 else tuple(sizes) * num_caches,
-                        context=context, spec_tokens=spec_tokens, prefill=prefill, seed=seed,
-                        input_sets=input_sets)
+    workload = Workload(
+        model=model,
+        num_layers=num_layers,
+        num_caches=num_caches,
+        block_sizes=tuple(sizes) if len(sizes) > 1 else tuple(sizes) * num_caches,
+        context=context,
+        spec_tokens=spec_tokens,
+        prefill=prefill,
+        seed=seed,
+        input_sets=input_sets,
+    )
 
     use_cuda = use_cuda_for(device, "profile", "profiling")
     if use_cuda:
@@ -406,33 +529,51 @@ def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, ca
     budget_cfg = Budget(seconds=budget)
     to_stdout_json = json_path == "-"
     show_bar = err.is_terminal and not to_stdout_json
-    err.print(f"kvaddr profile: checking {len(batches)} batch size(s) x {input_sets} input sets against the "
-              f"reference on the {'GPU' if use_cuda else 'CPU'} ...")
+    err.print(
+        f"kvaddr profile: checking {len(batches)} batch size(s) x {input_sets} input sets against the "
+        f"reference on the {'GPU' if use_cuda else 'CPU'} ..."
+    )
 
     def checked():
-        err.print(f"kvaddr profile: all strategies match the reference ({time.perf_counter() - started:.1f} s); "
-                  f"timing, {budget:g} s per strategy and mode ...")
+        err.print(
+            f"kvaddr profile: all strategies match the reference ({time.perf_counter() - started:.1f} s); "
+            f"timing, {budget:g} s per strategy and mode ..."
+        )
 
     num_strategies = 4
     if show_bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
             task = bar.add_task("checking", total=len(batches) * backend.units(num_strategies, modes))
             shapes = run_profile(backend, workload, batches, modes, budget_cfg, _RichProgress(bar, task), checked)
     else:
         shapes = run_profile(backend, workload, batches, modes, budget_cfg, None, checked)
 
     environment = describe("cuda" if use_cuda else "cpu", 0 if use_cuda else None)
-    settings = {"device": environment["device"], "modes": list(modes), "budget_s": budget,
-                "min_samples": MIN_SAMPLES, "max_samples": MAX_SAMPLES, "target_block_s": TARGET_BLOCK_S,
-                "input_sets": input_sets, "step_ms": step_ms, "batches": list(batches)}
+    settings = {
+        "device": environment["device"],
+        "modes": list(modes),
+        "budget_s": budget,
+        "min_samples": MIN_SAMPLES,
+        "max_samples": MAX_SAMPLES,
+        "target_block_s": TARGET_BLOCK_S,
+        "input_sets": input_sets,
+        "step_ms": step_ms,
+        "batches": list(batches),
+    }
     options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ctx.params.items()}
     doc = document(shapes, workload, environment, settings, options)
     wall = time.perf_counter() - started
     doc["wall_s"] = round(wall, 3)
-    from .baseline import PROFILE_DOCUMENT_META
+    from kvaddr.gate.baseline_file import PROFILE_DOCUMENT_META
 
     ctx.meta[PROFILE_DOCUMENT_META] = doc  # for kvaddr check, which runs this command in-process
 
@@ -445,7 +586,7 @@ def profile(ctx, batches, context, spec_tokens, prefill, block_sizes, layers, ca
         if json_path is not None:
             write_json(doc, json_path, "profile")
     if save_path is not None:
-        from .baseline import BaselineError, save_runs
+        from kvaddr.gate.baseline_file import BaselineError, save_runs
 
         try:
             for action in save_runs(save_path, [doc]):
@@ -472,7 +613,14 @@ compile for it (the NVRTC log goes to stderr).
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")
 @_guarded("info")
 def info(as_json):
-    from .environment import compile_check, cuda_versions, gpu_list, kernel_cache_dir, probe_cuda, python_info
+    from kvaddr.measure.environment import (
+        compile_check,
+        cuda_versions,
+        gpu_list,
+        kernel_cache_dir,
+        probe_cuda,
+        python_info,
+    )
 
     report = {**python_info(), **cuda_versions()}
     probe = probe_cuda()
@@ -507,9 +655,12 @@ def info(as_json):
             if "error" in g:
                 table.add_row(f"GPU {g['index']}", g["error"])
             else:
-                table.add_row(f"GPU {g['index']}", f"{g['name']} (compute capability {g['compute_capability']}, "
-                                                    f"{g['total_memory_bytes'] / 2**30:.0f} GiB, "
-                                                    f"{g['multiprocessors']} SMs)")
+                table.add_row(
+                    f"GPU {g['index']}",
+                    f"{g['name']} (compute capability {g['compute_capability']}, "
+                    f"{g['total_memory_bytes'] / 2**30:.0f} GiB, "
+                    f"{g['multiprocessors']} SMs)",
+                )
         status = {True: "yes, for GPU 0: ", False: "NO: ", None: ""}[compile_ok]
         table.add_row("kernels.cu compiles", status + report["kernels_compile_message"])
         table.add_row("kernel cache", report["kernel_cache_dir"])
@@ -520,13 +671,13 @@ def info(as_json):
 
 
 # kvaddr compare / kvaddr check (issue 5): the regression gate on saved baselines.
-from . import cli_compare as _cli_compare  # noqa: E402
+from kvaddr.commands import gate as _cli_compare  # noqa: E402
 
 cli.add_command(_cli_compare.compare)
 cli.add_command(_cli_compare.check)
 
 # kvaddr trace generate / replay / sweep / profiles (issue 4): traces, workload profiles and plots.
-from . import cli_trace as _cli_trace  # noqa: E402
+from kvaddr.commands import traces as _cli_trace  # noqa: E402
 
 _cli_trace.register(sys.modules[__name__])
 

@@ -6,8 +6,10 @@ import ctypes
 
 import numpy as np
 
-from . import _kernels
-from ._validate import (
+from kvaddr import kernel_loader
+from kvaddr.errors import NO_ERROR_KEY, AddressingError
+from kvaddr.outputs import StepOutputs
+from kvaddr.validation import (
     INT32_MAX,
     MAX_REQUESTS,
     check_block_sizes,
@@ -18,9 +20,6 @@ from ._validate import (
     normalize_tables,
     stream_handle,
 )
-from .errors import AddressingError, NO_ERROR_KEY
-from .outputs import StepOutputs
-
 
 
 class StepPlanner:
@@ -56,11 +55,12 @@ class StepPlanner:
     >>> planner.check()  # optional: synchronises, raises on bad values
     """
 
-    def __init__(self, max_requests: int, capacity: int, block_sizes, *, position_dtype=np.int64,
-                 device: int | None = None):
+    def __init__(
+        self, max_requests: int, capacity: int, block_sizes, *, position_dtype=np.int64, device: int | None = None
+    ):
         import cupy
 
-        consts = _kernels.constants()
+        consts = kernel_loader.constants()
         self.max_requests = check_int("max_requests", max_requests, lo=1, hi=MAX_REQUESTS - 1)
         self.capacity = check_int("capacity", capacity, lo=1, hi=INT32_MAX - 1)
         self.block_sizes = check_block_sizes(block_sizes, max_caches=consts["KV_MAX_CACHES"], allow_empty=True)
@@ -77,8 +77,9 @@ class StepPlanner:
         self._max_tiles = -(-self.max_requests // tile) if self.max_requests > tile else 0
         C = self.capacity
         with cupy.cuda.Device(self.device):
-            self._fn = _kernels.get_function(
-                "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32", self.device)
+            self._fn = kernel_loader.get_function(
+                "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32", self.device
+            )
             self.cu_seqlens_q = cupy.zeros(self.max_requests + 1, dtype=np.int32)
             self.num_tokens = cupy.zeros((), dtype=np.int32)
             self.batch_id_per_token = cupy.full(C, -1, dtype=np.int32)
@@ -98,15 +99,25 @@ class StepPlanner:
             cupy.cuda.get_current_stream().synchronize()
         # The kernel's 31 parameters, typed; those that never change are set once.
         u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
-        self._launcher = _kernels.Launcher(self._fn, (u64, u64, i32, i32, i32) + (u64,) * 4 + (i64,) * 4
-                                           + (i32,) * 8 + (u64,) * 7 + (i32, u64, u64))
+        self._launcher = kernel_loader.Launcher(
+            self._fn, (u64, u64, i32, i32, i32) + (u64,) * 4 + (i64,) * 4 + (i32,) * 8 + (u64,) * 7 + (i32, u64, u64)
+        )
         v = self._launcher.values
         v[3].value, v[4].value = C, self.num_caches
         for g in range(4):
             v[13 + g].value = 1  # width of an unused cache
             v[17 + g].value = self.block_sizes[g] if g < self.num_caches else 1
-        for i, buf in enumerate((self.cu_seqlens_q, self.num_tokens, self.batch_id_per_token, self.position_ids,
-                                 self.seq_lens_kv, self.slot_mapping, self._records)):
+        for i, buf in enumerate(
+            (
+                self.cu_seqlens_q,
+                self.num_tokens,
+                self.batch_id_per_token,
+                self.position_ids,
+                self.seq_lens_kv,
+                self.slot_mapping,
+                self._records,
+            )
+        ):
             v[21 + i].value = buf.data.ptr
         v[28].value = self._max_tiles
         v[29].value, v[30].value = self._state.data.ptr, self._tile_status.data.ptr
@@ -145,8 +156,13 @@ class StepPlanner:
         info, last = None, None
         for g, t in enumerate(tables):
             if t is not last:
-                info = check_info(f"block_tables[{g}]" if many else "block_tables", describe("block_tables", t),
-                                  ndim=2, min_rows=bsz, device=self.device)
+                info = check_info(
+                    f"block_tables[{g}]" if many else "block_tables",
+                    describe("block_tables", t),
+                    ndim=2,
+                    min_rows=bsz,
+                    device=self.device,
+                )
                 if info.shape[1] > INT32_MAX:
                     raise ValueError("block_tables must have fewer than 2**31 columns")
                 last = t
@@ -156,23 +172,27 @@ class StepPlanner:
 
     def _prepare(self, seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder) -> int:
         """Check the inputs and write them into the parameter block; returns bsz."""
-        dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1,
-                         device=self.device)
+        dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=self.device)
         bsz = dec.shape[0]
-        q = check_info("seq_lens_this_time", describe("seq_lens_this_time", seq_lens_this_time), ndim=1,
-                       device=self.device)
+        q = check_info(
+            "seq_lens_this_time", describe("seq_lens_this_time", seq_lens_this_time), ndim=1, device=self.device
+        )
         if q.shape[0] != bsz:
-            raise ValueError(f"seq_lens_this_time must have shape (bsz,) = ({bsz},) like seq_lens_decoder, "
-                             f"got {q.shape}")
+            raise ValueError(
+                f"seq_lens_this_time must have shape (bsz,) = ({bsz},) like seq_lens_decoder, got {q.shape}"
+            )
         if seq_lens_encoder is not None:
-            enc = check_info("seq_lens_encoder", describe("seq_lens_encoder", seq_lens_encoder), ndim=1,
-                             device=self.device)
+            enc = check_info(
+                "seq_lens_encoder", describe("seq_lens_encoder", seq_lens_encoder), ndim=1, device=self.device
+            )
             if enc.shape[0] != bsz:
-                raise ValueError(f"seq_lens_encoder must have shape (bsz,) = ({bsz},) like seq_lens_decoder, "
-                                 f"got {enc.shape}")
+                raise ValueError(
+                    f"seq_lens_encoder must have shape (bsz,) = ({bsz},) like seq_lens_decoder, got {enc.shape}"
+                )
         if bsz > self.max_requests:
-            raise ValueError(f"seq_lens_decoder must have at most max_requests = {self.max_requests} entries, "
-                             f"got {bsz}")
+            raise ValueError(
+                f"seq_lens_decoder must have at most max_requests = {self.max_requests} entries, got {bsz}"
+            )
         self._set_tables(block_tables, bsz)
         v = self._launcher.values
         v[0].value, v[1].value, v[2].value = dec.ptr, q.ptr, bsz
@@ -182,10 +202,11 @@ class StepPlanner:
         """Check the inputs; return ``(bsz, args)``, the kernel's arguments as NumPy
         scalars (for launching the bare RawKernel, as the benchmark does)."""
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
-        return bsz, _kernels.numpy_args(self._launcher.values)
+        return bsz, kernel_loader.numpy_args(self._launcher.values)
 
-    def compute(self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None,
-                stream=None) -> StepOutputs:
+    def compute(
+        self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None, stream=None
+    ) -> StepOutputs:
         """Compute the step's addressing in one kernel launch.
 
         Parameters

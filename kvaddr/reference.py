@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import check_host_array, check_int, check_lengths, normalize_caches
-from .errors import (
+from kvaddr.errors import (
     ERR_BLOCK_INDEX,
     ERR_CAPACITY,
     ERR_NEGATIVE_BLOCK,
@@ -31,7 +30,8 @@ from .errors import (
     AddressingError,
     error_key,
 )
-from .outputs import PAD_SLOT_ID, StepOutputs
+from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
+from kvaddr.validation import check_host_array, check_int, check_lengths, normalize_caches
 
 INT32_MAX = np.iinfo(np.int32).max
 
@@ -103,13 +103,19 @@ def step_addressing(
     dec = _as_int32("seq_lens_decoder", seq_lens_decoder)
     q = _as_int32("seq_lens_this_time", seq_lens_this_time)
     bsz = dec.shape[0]
-    check_lengths(bsz, q=q.shape[0], enc=None if seq_lens_encoder is None else _as_int32("seq_lens_encoder", seq_lens_encoder).shape[0])
+    check_lengths(
+        bsz,
+        q=q.shape[0],
+        enc=None if seq_lens_encoder is None else _as_int32("seq_lens_encoder", seq_lens_encoder).shape[0],
+    )
     if isinstance(block_sizes, (list, tuple)) and len(block_sizes) == 0:
         tables, sizes = [], []  # positions only
     else:
         tables, sizes = normalize_caches(block_tables, block_sizes)
-    tables = [check_host_array(f"block_tables[{g}]" if len(tables) > 1 else "block_tables", t, ndim=2, min_rows=bsz)
-              for g, t in enumerate(tables)]
+    tables = [
+        check_host_array(f"block_tables[{g}]" if len(tables) > 1 else "block_tables", t, ndim=2, min_rows=bsz)
+        for g, t in enumerate(tables)
+    ]
     capacity = check_int("capacity", capacity, lo=1, hi=INT32_MAX - 1)
     position_dtype = np.dtype(position_dtype)
     if position_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):

@@ -1,0 +1,848 @@
+"""``kvaddr trace generate``, ``kvaddr replay``, ``kvaddr sweep`` and ``kvaddr profiles``.
+
+:func:`register` builds them on the ``kvaddr`` group with the helpers of the
+:mod:`kvaddr.cli` module that calls it (at its end), so nothing here imports
+``kvaddr.cli`` (which may run as ``__main__``). Same conventions as
+``kvaddr profile``: data on stdout, status and errors on stderr, a progress
+bar only on a terminal, exit status 0 ok, 1 a check failed, 2 usage, 3
+environment, and no traceback for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+
+import click
+
+from kvaddr.measure.profiles import profile_option
+from kvaddr.measure.workload import DEFAULT_MODEL, PRESETS
+
+#: Batch sizes a sweep profiles unless told otherwise.
+SWEEP_BATCHES = "1,4,16,64,256,1024"
+#: Seconds of sampling per strategy and mode in a sweep unless told otherwise.
+SWEEP_BUDGET = 0.5
+#: Bad lines printed on stderr as they are found (all are counted).
+BAD_LINES_SHOWN = 20
+
+
+def _check_output_path(path: str | None, option: str) -> None:
+    """Usage error unless PATH's folder exists and is writable ('-' and None pass)."""
+    if path in (None, "-"):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise click.BadParameter(f"the folder {parent!r} does not exist", param_hint=f"'{option}'")
+    if not os.access(parent, os.W_OK):
+        raise click.BadParameter(f"the folder {parent!r} is not writable", param_hint=f"'{option}'")
+
+
+def _block_sizes(sizes, num_caches: int, option_hint: str = "'--block-size'") -> tuple:
+    """One B per cache: one size for all, or exactly one per cache."""
+    if len(sizes) == 1:
+        return tuple(sizes) * num_caches
+    if len(sizes) != num_caches:
+        raise click.BadParameter(
+            f"got {len(sizes)} block sizes for {num_caches} caches (give one size, or one per cache)",
+            param_hint=option_hint,
+        )
+    return tuple(sizes)
+
+
+class DistributionType(click.ParamType):
+    """A length distribution: fixed:N, uniform:LO:HI, loguniform:LO:HI, lognormal:MEDIAN:SIGMA[:MAX]."""
+
+    name = "DIST"
+
+    def convert(self, value, param, ctx):
+        from kvaddr.traces.generator import Distribution
+
+        if isinstance(value, Distribution):
+            return value
+        try:
+            return Distribution.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _bar_progress(err, total):
+    """A rich progress bar on stderr (transient), or None when stderr is not a terminal."""
+    if not err.is_terminal:
+        return None
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    cols = [TextColumn("{task.description}"), BarColumn()]
+    if total:
+        cols.append(TaskProgressColumn())
+    cols.append(TimeElapsedColumn())
+    return Progress(*cols, console=err, transient=True)
+
+
+# ----------------------------------------------------------------------------- trace generate
+
+
+GENERATE_HELP = """Simulate a serving run and write it as a trace (JSON Lines, one line per step).
+
+Reproducible by --seed: the same options give the same file, byte for byte.
+Each engine step, a Poisson number of requests arrive (mean --arrival-rate
+per step) with prompt and output lengths drawn from --prompt-len and
+--output-len; running requests are scheduled first (decode: 1 + K tokens
+with K = --spec-tokens, each draft token accepted with probability
+--acceptance until the first rejection; prefill: the next chunk), then
+waiting ones are admitted while fewer than --max-running run, all within
+--max-batched-tokens tokens per step (chunked prefill). KV blocks come from a
+paged allocator of --kv-tokens / B blocks per block table with a FIFO free
+list: blocks freed by finished requests are reused, so block tables fragment
+as on a long-running server; when blocks run out the newest request is
+preempted and later recomputed (vLLM's policy). Steps that run nothing are
+not written.
+
+\b
+Length distributions (DIST):
+  N or fixed:N                   always N tokens
+  uniform:LO:HI                  uniform integers in [LO, HI]
+  loguniform:LO:HI               log-uniform in [LO, HI]
+  lognormal:MEDIAN:SIGMA[:MAX]   MEDIAN * exp(SIGMA * normal), in [1, MAX]
+
+The trace goes to stdout unless -o names a file (.gz: gzip-compressed); a
+summary of the run goes to stderr.
+"""
+
+
+def _generate(
+    m,
+    steps,
+    warmup_steps,
+    arrival_rate,
+    prompt_len,
+    output_len,
+    max_running,
+    max_batched_tokens,
+    spec_tokens,
+    acceptance,
+    model,
+    block_sizes,
+    caches,
+    kv_tokens,
+    max_waiting,
+    seed,
+    output,
+    workload_profile=None,
+):
+    from kvaddr.traces.generator import GeneratorConfig, write_trace
+
+    err = m._err_console()
+    preset = PRESETS[model]
+    num_caches = (
+        caches
+        if caches is not None
+        else (len(block_sizes) if block_sizes and len(block_sizes) > 1 else preset.num_caches)
+    )
+    sizes = _block_sizes(block_sizes or (preset.block_size,), num_caches)
+    if max_batched_tokens < 1 + spec_tokens:
+        raise click.BadParameter(
+            f"{max_batched_tokens} tokens per step cannot hold one decode request of 1 + {spec_tokens} tokens",
+            param_hint="'--max-batched-tokens'",
+        )
+    too_small = [b for b in dict.fromkeys(sizes) if kv_tokens // b < 1]
+    if too_small:
+        raise click.BadParameter(
+            f"{kv_tokens} tokens do not hold one block of {too_small[0]}", param_hint="'--kv-tokens'"
+        )
+    _check_output_path(output, "--output")
+    config = GeneratorConfig(
+        steps=steps,
+        warmup_steps=warmup_steps,
+        arrival_rate=arrival_rate,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        max_running=max_running,
+        max_batched_tokens=max_batched_tokens,
+        spec_tokens=spec_tokens,
+        acceptance=acceptance,
+        block_sizes=sizes,
+        kv_tokens=kv_tokens,
+        max_waiting=max_waiting,
+        seed=seed,
+        model=model,
+    )
+    started = time.perf_counter()
+    bar = _bar_progress(err, steps) if output != "-" else None
+    try:
+        if bar is not None:
+            with bar:
+                task = bar.add_task(f"generating {steps} steps", total=steps)
+                stats = write_trace(config, output, lambda n: bar.update(task, completed=n))
+        else:
+            stats = write_trace(config, output)
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `| head`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0) from None
+    except OSError as exc:
+        raise m._Abort(m.EXIT_ENV, f"cannot write the trace {output!r}: {exc.strerror or exc}") from exc
+    d = stats.as_dict()
+    where = "stdout" if output == "-" else output
+    frac = d["contiguous_block_fraction"]
+    reuse = d["block_reuses"] / d["block_allocations"] if d["block_allocations"] else 0.0
+    err.print(
+        f"kvaddr trace generate: wrote {stats.steps} steps to {where} in {time.perf_counter() - started:.1f} s "
+        f"(seed {seed}{f', after {stats.warmup_steps} warm-up steps' if stats.warmup_steps else ''}): "
+        f"{stats.arrived} requests arrived, {stats.admitted} admitted, {stats.finished} finished, "
+        f"{stats.preempted} preemptions, {stats.rejected_queue_full + stats.rejected_too_long} rejected; "
+        f"requests per step mean {d['mean_batch']:.1f}, max {stats.max_batch}; tokens per step max "
+        f"{stats.max_tokens}; {100 * reuse:.0f}% of block allocations reused a freed block; "
+        + (
+            f"{100 * frac:.0f}% of adjacent logical blocks are physically adjacent"
+            if frac is not None
+            else "no request spans two blocks"
+        )
+    )
+    if stats.stopped_early:
+        err.print(f"kvaddr trace generate: stopped early: {stats.stopped_early}")
+
+
+# ----------------------------------------------------------------------------- replay
+
+
+REPLAY_HELP = f"""Replay a trace step by step: check every strategy, then report what each saves.
+
+TRACE is a JSON Lines trace (docs/trace-format.md; '-' reads stdin; gzip
+files are recognised), from `kvaddr trace generate` or dumped from an
+engine. It is streamed: memory does not grow with its length.
+
+Each step is padded to a captured shape as an engine pads to its CUDA-graph
+sizes (requests and capacity to powers of two, idle rows added), checked
+against the NumPy reference, run by every strategy and compared element for
+element (every --check-every steps; a difference stops the replay, exit 1,
+no report), and timed: one sample per strategy and step. On a GPU, graph
+mode replays each strategy's CUDA graph for the step's shape (captured once
+per shape), and eager mode (every --eager-every steps) times host wall time
+and GPU time of one eager call; on the CPU the NumPy strategies run eagerly.
+
+The report gives, per mode, each strategy's time per step and its saving
+against per-layer on the same step (mean, p50, p99, min, total over the
+trace), and the saving against batch size (active requests per step, in
+power-of-two bins).
+
+A bad line (not JSON, missing or inconsistent fields, or addresses that do
+not fit the request's blocks) is reported on stderr with its line number and
+skipped; every good line still replays, and the command then exits 1.
+
+Block sizes come from the trace's header line, else from --block-size (or
+the model's). The model (layers) comes from --model / --layers, else the
+header's model, else {DEFAULT_MODEL}.
+"""
+
+
+def _replay(
+    m,
+    ctx,
+    trace_path,
+    model,
+    layers,
+    caches,
+    block_sizes,
+    mode,
+    device,
+    check_every,
+    eager_every,
+    max_steps,
+    json_path,
+    workload_profile=None,
+):
+    from click.core import ParameterSource
+
+    from kvaddr.measure.environment import describe
+    from kvaddr.traces.format import TraceError, TraceReader
+    from kvaddr.traces.replay import CpuReplayer, CudaReplayer, replay_trace
+    from kvaddr.traces.report import document, render
+
+    started = time.perf_counter()
+    err = m._err_console()
+    _check_output_path(json_path, "--json")
+
+    def explicit(name):
+        return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+    try:
+        reader = TraceReader(trace_path)
+    except TraceError as exc:
+        raise m._Abort(m.EXIT_USAGE, str(exc)) from None
+    with reader:
+        # Precedence: the command line, then --profile, then the trace's header, then the defaults; but the
+        # block sizes describe the trace's data, so the header's beat a profile's.
+        header = reader.header
+        header_sizes = header.block_sizes if header is not None else None
+        if model is None:
+            model = header.model if header is not None and header.model in PRESETS else DEFAULT_MODEL
+        preset = PRESETS[model]
+        num_layers = layers if layers is not None else preset.num_layers
+        if block_sizes and (explicit("block_sizes") or header_sizes is None):
+            n = (
+                caches
+                if caches is not None
+                else (
+                    len(block_sizes)
+                    if len(block_sizes) > 1
+                    else len(header_sizes)
+                    if header_sizes
+                    else preset.num_caches
+                )
+            )
+            sizes = _block_sizes(block_sizes, n)
+        elif header_sizes is not None:
+            sizes = header_sizes
+            if caches is not None and caches != len(sizes) and explicit("caches"):
+                raise click.BadParameter(
+                    f"the trace's header gives {len(sizes)} caches (block_sizes {list(sizes)}), not {caches}",
+                    param_hint="'--caches'",
+                )
+        else:
+            n = caches if caches is not None else preset.num_caches
+            sizes = (preset.block_size,) * n
+            err.print(
+                f"kvaddr replay: the trace has no header line with block_sizes; assuming B = "
+                f"{preset.block_size} for {n} caches (the {model} preset's); give --block-size if that is "
+                f"wrong"
+            )
+
+        if len(sizes) > m._max_caches():
+            raise m._Abort(
+                m.EXIT_USAGE,
+                f"{trace_path}: {len(sizes)} caches (block_sizes {list(sizes)}); kvaddr "
+                f"addresses at most {m._max_caches()} per step",
+            )
+        use_cuda = m.use_cuda_for(device, "replay", "replaying")
+        if use_cuda:
+            modes = {"eager": ("eager",), "graph": ("graph",)}.get(mode, ("eager", "graph"))
+            replayer = CudaReplayer(num_layers, sizes, modes, 0)
+        else:
+            modes = ("eager",)
+            if mode in ("graph", "both"):
+                err.print("kvaddr replay: graph mode needs a CUDA device; the CPU path measures eager mode only")
+            replayer = CpuReplayer(num_layers, sizes)
+
+        to_stdout_json = json_path == "-"
+        shown = [0]
+
+        def report_bad(stats):
+            while shown[0] < min(len(stats.bad_examples), BAD_LINES_SHOWN):
+                line, reason = stats.bad_examples[shown[0]]
+                err.print(f"kvaddr replay: {trace_path}: line {line}: {reason} (skipped)")
+                shown[0] += 1
+
+        err.print(
+            f"kvaddr replay: {trace_path}: {model}, {num_layers} layers, block sizes {list(sizes)}, on the "
+            f"{'GPU' if use_cuda else 'CPU'} ({', '.join(modes)}) ..."
+        )
+        bar = _bar_progress(err, reader.size) if not to_stdout_json else None
+        if bar is not None:
+            with bar:
+                task = bar.add_task("replaying", total=reader.size or None)
+
+                def progress(stats):
+                    report_bad(stats)
+                    if stats.lines % 16 == 0:
+                        bar.update(task, completed=reader.bytes_read, description=f"replaying: {stats.steps} steps")
+
+                stats = replay_trace(
+                    reader,
+                    replayer,
+                    sizes,
+                    check_every=check_every,
+                    eager_every=eager_every,
+                    max_steps=max_steps,
+                    progress=progress,
+                )
+        else:
+            stats = replay_trace(
+                reader,
+                replayer,
+                sizes,
+                check_every=check_every,
+                eager_every=eager_every,
+                max_steps=max_steps,
+                progress=report_bad,
+            )
+        report_bad(stats)
+
+    wall = time.perf_counter() - started
+    if stats.bad_lines > shown[0]:
+        err.print(
+            f"kvaddr replay: ... {stats.bad_lines - shown[0]} more bad lines (the JSON report lists the first 100)"
+        )
+    if stats.steps == 0:
+        raise m._Abort(
+            m.EXIT_CHECK,
+            f"{trace_path}: no step to replay ({stats.lines} lines, {stats.bad_lines} bad, {stats.idle_steps} idle)",
+        )
+    environment = describe("cuda" if use_cuda else "cpu", 0 if use_cuda else None)
+    info = {
+        "device": environment["device"],
+        "trace": trace_path,
+        "header": None if header is None else header.meta,
+        "workload": {
+            "model": model,
+            "model_source": preset.source,
+            "num_layers": num_layers,
+            "num_caches": len(sizes),
+            "block_sizes": list(sizes),
+            "shared_table": len(set(sizes)) == 1,
+        },
+    }
+    settings = {
+        "device": environment["device"],
+        "modes": list(modes),
+        "check_every": check_every,
+        "eager_every": eager_every,
+        "max_steps": max_steps,
+        "padding": "requests and capacity to the next power of two, table width to the widest row so far "
+        "(a power of two)",
+        "captured_shapes": getattr(replayer, "captures", None),
+        "shapes_kept": replayer.shapes(),
+    }
+    options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ctx.params.items()}
+    doc = document(stats, info, environment, settings, options)
+    doc["wall_s"] = round(wall, 3)
+    if to_stdout_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        render(m._out_console(), stats, info)
+        if json_path is not None:
+            m.write_json(doc, json_path, "replay")
+    err.print(f"kvaddr replay: {stats.steps} steps in {wall:.1f} s")
+    if stats.bad_lines:
+        raise m._Abort(
+            m.EXIT_CHECK,
+            f"{stats.bad_lines} bad line(s) in {trace_path} were skipped (first: line "
+            f"{stats.bad_examples[0][0]}); every good line was replayed",
+        )
+
+
+# ----------------------------------------------------------------------------- sweep
+
+
+SWEEP_HELP = f"""Profile a list of batch sizes and chart what each strategy saves per step.
+
+Runs `kvaddr profile` over --batch (default {SWEEP_BATCHES}; every option of
+`kvaddr profile` applies, --profile included), printing its tables, then a
+terminal chart of the time saved per step against the per-layer baseline
+(difference of medians), against batch size, one bar per strategy: eager
+mode (host wall time) and graph mode (GPU time). --plot also draws it as an
+image with matplotlib (an optional extra: pip install 'kvaddr[plot]').
+--from REPORT.json charts an existing `kvaddr profile --json` report
+instead of profiling.
+"""
+
+#: Options of `kvaddr profile` that sweep does not take (it has its own --json).
+_NOT_SHARED = ("json_path",)
+
+
+def _sweep_params(profile_command) -> list:
+    """`kvaddr profile`'s options (copies where sweep's default differs) plus sweep's own."""
+    params = []
+    for p in profile_command.params:
+        if p.name in _NOT_SHARED:
+            continue
+        if p.name == "batches":
+            p = copy.copy(p)
+            p.default = SWEEP_BATCHES
+        elif p.name == "budget":
+            p = copy.copy(p)
+            p.default = SWEEP_BUDGET
+        params.append(p)
+    params += [
+        click.Option(
+            ["--plot", "plot_path"],
+            type=click.Path(dir_okay=False),
+            default=None,
+            metavar="FILE.png",
+            help="Also draw the chart to FILE (PNG; needs matplotlib: pip install 'kvaddr[plot]').",
+        ),
+        click.Option(
+            ["--json", "sweep_json_path"],
+            type=click.Path(dir_okay=False, allow_dash=True),
+            default=None,
+            metavar="PATH",
+            help="Write the profile's JSON report plus a 'sweep' object to PATH ('-': stdout, and nothing else there).",
+        ),
+        click.Option(
+            ["--from", "from_path"],
+            type=click.Path(dir_okay=False, exists=True),
+            default=None,
+            metavar="REPORT.json",
+            help="Chart an existing kvaddr profile JSON report; profile nothing.",
+        ),
+        click.Option(
+            ["--chart/--no-chart", "chart"], default=True, show_default=True, help="Print the terminal chart."
+        ),
+    ]
+    return params
+
+
+def _load_report(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"cannot read a JSON report from {path!r}: {exc}", param_hint="'--from'") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "kvaddr.profile" or not isinstance(doc.get("shapes"), list):
+        raise click.BadParameter(
+            f"{path!r} is not a kvaddr profile JSON report (kind 'kvaddr.profile')", param_hint="'--from'"
+        )
+    return doc
+
+
+def _sweep(m, profile_command, ctx, plot_path=None, sweep_json_path=None, from_path=None, chart=True, **options):
+    from kvaddr.measure.plot import PlotUnavailable, matplotlib_version, plot_sweep
+    from kvaddr.measure.sweep import render_chart, sweep_json
+
+    err = m._err_console()
+    _check_output_path(plot_path, "--plot")
+    _check_output_path(sweep_json_path, "--json")
+    if plot_path is not None and matplotlib_version() is None:
+        raise m._Abort(
+            m.EXIT_ENV,
+            "--plot needs matplotlib, which is not installed; install it with: "
+            "pip install 'kvaddr[plot]' (or leave --plot out for the terminal chart)",
+        )
+    if from_path is not None:
+        doc = _load_report(from_path)
+    else:
+        from kvaddr.gate.baseline_file import PROFILE_DOCUMENT_META
+
+        ctx.meta.pop(PROFILE_DOCUMENT_META, None)
+        if sweep_json_path == "-":
+            import contextlib
+            import io
+
+            with contextlib.redirect_stdout(io.StringIO()):
+                ctx.invoke(profile_command, **options)
+        else:
+            ctx.invoke(profile_command, **options)
+        doc = ctx.meta.pop(PROFILE_DOCUMENT_META, None)
+        if doc is None:
+            raise RuntimeError("kvaddr profile returned no report")
+    doc = dict(doc)
+    doc["sweep"] = sweep_json(doc)
+    if sweep_json_path == "-":
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        if chart:
+            render_chart(m._out_console(), doc)
+        if sweep_json_path is not None:
+            m.write_json(doc, sweep_json_path, "sweep")
+    if plot_path is not None:
+        try:
+            plot_sweep(doc, plot_path)
+        except PlotUnavailable as exc:
+            raise m._Abort(m.EXIT_ENV, str(exc)) from None
+        except ValueError as exc:
+            raise m._Abort(m.EXIT_USAGE, str(exc)) from None
+        except OSError as exc:
+            raise m._Abort(m.EXIT_ENV, f"cannot write --plot {plot_path!r}: {exc.strerror or exc}") from exc
+        err.print(f"kvaddr sweep: plot written to {plot_path}")
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+PROFILES_HELP = """List the workload profiles (name, description, where the numbers come from),
+or show one: `kvaddr profiles NAME`.
+
+Profiles are TOML files (docs/profiles.md) found in $KVADDR_PROFILE_PATH's
+folders, then among the profiles kvaddr ships. Use one with
+`kvaddr profile --profile NAME` (also sweep, replay, trace generate).
+
+\b
+Exit status: 0 ok; 1 a profile on the search path does not load (named on
+stderr); 2 an unknown NAME or a malformed profile given by path.
+"""
+
+
+def _profiles(m, name, as_json):
+    from kvaddr.measure.profiles import ProfileError, available, load_profile
+
+    err = m._err_console()
+    if name is not None:
+        try:
+            prof = load_profile(name)
+        except ProfileError as exc:
+            raise m._Abort(m.EXIT_USAGE, str(exc)) from None
+        if as_json:
+            click.echo(json.dumps(prof.as_dict(), indent=2))
+            return
+        out = m._out_console()
+        out.print(f"{prof.name} ({prof.path})", style="bold")
+        out.print(f"description: {prof.description or '-'}", soft_wrap=True)
+        out.print(f"source: {prof.source or '-'}", soft_wrap=True)
+        for section, table in prof.tables.items():
+            out.print(f"[{section}]", style="bold")
+            for key, value in table.items():
+                out.print(f"  {key} = {json.dumps(value)}")
+        return
+    loaded, failed = [], []
+    for pname, path in available().items():
+        try:
+            loaded.append(load_profile(path))
+        except ProfileError as exc:
+            failed.append((pname, str(exc)))
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"profiles": [p.as_dict() for p in loaded], "errors": [{"name": n, "error": e} for n, e in failed]},
+                indent=2,
+            )
+        )
+    else:
+        from rich.table import Table
+
+        table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
+        table.add_column("name", no_wrap=True)
+        table.add_column("description", overflow="fold")
+        table.add_column("source", overflow="fold")
+        for p in loaded:
+            table.add_row(p.name, p.description or "-", p.source or "-")
+        m._out_console().print(table)
+        if not loaded and not failed:
+            err.print("kvaddr profiles: no profile found (searched $KVADDR_PROFILE_PATH and kvaddr's own)")
+    for _name, msg in failed:
+        err.print(f"kvaddr profiles: {msg}")
+    if failed:
+        raise SystemExit(m.EXIT_CHECK)
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def register(m) -> None:
+    """Add ``trace generate``, ``replay``, ``sweep`` and ``profiles`` to ``m.cli``.
+
+    Parameters
+    ----------
+    m : module
+        The :mod:`kvaddr.cli` module calling this (possibly running as
+        ``__main__``): its group, option types, error handling and consoles
+        are the ones the commands use.
+    """
+    group = m.cli
+
+    @group.group("trace", context_settings={"help_option_names": ["-h", "--help"]})
+    def trace_group():
+        """Make serving traces (docs/trace-format.md) for `kvaddr replay`."""
+
+    @trace_group.command("generate", help=GENERATE_HELP + "\n" + m.EXIT_CODES_HELP)
+    @click.option(
+        "--steps",
+        type=click.IntRange(1, 100_000_000),
+        default=1000,
+        show_default=True,
+        help="Steps to write (engine steps that run at least one token).",
+    )
+    @click.option(
+        "--warmup-steps",
+        type=click.IntRange(0, 100_000_000),
+        default=0,
+        show_default=True,
+        help="Steps simulated but not written first, so the trace starts on a busy, fragmented server.",
+    )
+    @click.option(
+        "--arrival-rate",
+        type=click.FloatRange(0, 1e6),
+        default=0.5,
+        show_default=True,
+        callback=m._finite,
+        metavar="R",
+        help="Mean new requests per engine step (Poisson).",
+    )
+    @click.option(
+        "--prompt-len",
+        type=DistributionType(),
+        default="lognormal:1024:1.0:32768",
+        show_default=True,
+        help="Prompt length distribution, in tokens.",
+    )
+    @click.option(
+        "--output-len",
+        type=DistributionType(),
+        default="lognormal:256:0.8:4096",
+        show_default=True,
+        help="Output length distribution, in tokens.",
+    )
+    @click.option(
+        "--max-running",
+        type=click.IntRange(1, 1 << 20),
+        default=256,
+        show_default=True,
+        help="Most requests running at once (vLLM's max_num_seqs).",
+    )
+    @click.option(
+        "--max-batched-tokens",
+        type=click.IntRange(1, 1 << 24),
+        default=8192,
+        show_default=True,
+        help="Token budget per step, shared by decodes and prefill chunks (vLLM's max_num_batched_tokens).",
+    )
+    @click.option(
+        "--spec-tokens",
+        type=click.IntRange(0, 64),
+        default=0,
+        show_default=True,
+        metavar="K",
+        help="Speculative (MTP) draft tokens per decode request: each runs 1 + K tokens.",
+    )
+    @click.option(
+        "--acceptance",
+        type=click.FloatRange(0, 1),
+        default=0.8,
+        show_default=True,
+        callback=m._finite,
+        help="Probability that each draft token is accepted (in order, until the first rejection).",
+    )
+    @click.option(
+        "--model",
+        type=click.Choice(sorted(PRESETS)),
+        default=DEFAULT_MODEL,
+        show_default=True,
+        help="Model preset: the default block size and cache count, and the trace header's model.",
+    )
+    @click.option(
+        "--block-size",
+        "block_sizes",
+        type=m.IntList(1, 1 << 20, "block size"),
+        default=None,
+        help="Tokens per block: one for every cache, or one per cache. [default: the model's, 64]",
+    )
+    @click.option(
+        "--caches",
+        type=click.IntRange(1, m._max_caches()),
+        default=None,
+        help="Paged caches per layer. [default: the model's, 2]",
+    )
+    @click.option(
+        "--kv-tokens",
+        type=click.IntRange(1, 1 << 34),
+        default=1 << 19,
+        show_default=True,
+        help="KV-cache capacity per block table, in tokens (kv-tokens / B blocks).",
+    )
+    @click.option(
+        "--max-waiting",
+        type=click.IntRange(0, 1 << 24),
+        default=1024,
+        show_default=True,
+        help="Longest waiting queue; requests arriving beyond it are rejected.",
+    )
+    @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the run.")
+    @click.option(
+        "-o",
+        "--output",
+        type=click.Path(dir_okay=False, allow_dash=True),
+        default="-",
+        show_default=True,
+        metavar="PATH",
+        help="Where to write the trace ('-': stdout; a .gz name compresses).",
+    )
+    @profile_option("trace")
+    @m._guarded("trace generate")
+    def generate(**options):
+        _generate(m, **options)
+
+    @group.command("replay", help=REPLAY_HELP + "\n" + m.EXIT_CODES_HELP)
+    @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, allow_dash=True))
+    @click.option(
+        "--model",
+        type=click.Choice(sorted(PRESETS)),
+        default=None,
+        help=f"Model preset (layers). [default: the trace header's, else {DEFAULT_MODEL}]",
+    )
+    @click.option(
+        "--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]"
+    )
+    @click.option(
+        "--caches",
+        type=click.IntRange(1, m._max_caches()),
+        default=None,
+        help="Paged caches per layer. [default: the trace header's, else the model's]",
+    )
+    @click.option(
+        "--block-size",
+        "block_sizes",
+        type=m.IntList(1, 1 << 20, "block size"),
+        default=None,
+        help="Tokens per block, one or one per cache. [default: the trace header's, else the model's]",
+    )
+    @click.option(
+        "--mode",
+        type=click.Choice(["eager", "graph", "both"]),
+        default=None,
+        help="GPU launch mode. [default: both on a GPU; the CPU path has eager only]",
+    )
+    @click.option(
+        "--device",
+        type=click.Choice(["auto", "cuda", "cpu"]),
+        default="auto",
+        show_default=True,
+        help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.",
+    )
+    @click.option(
+        "--check-every",
+        type=click.IntRange(1, 1 << 30),
+        default=1,
+        show_default=True,
+        metavar="N",
+        help="Compare the outputs with the reference on every N-th step.",
+    )
+    @click.option(
+        "--eager-every",
+        type=click.IntRange(1, 1 << 30),
+        default=1,
+        show_default=True,
+        metavar="N",
+        help="GPU, both modes: run and time eager mode on every N-th step only (graph mode runs every step).",
+    )
+    @click.option(
+        "--max-steps", type=click.IntRange(1, 1 << 40), default=None, metavar="N", help="Stop after N replayed steps."
+    )
+    @click.option(
+        "--json",
+        "json_path",
+        type=click.Path(dir_okay=False, allow_dash=True),
+        default=None,
+        metavar="PATH",
+        help="Write the JSON report to PATH ('-': stdout, and nothing else there).",
+    )
+    @profile_option("profile")
+    @click.pass_context
+    @m._guarded("replay")
+    def replay(ctx, **options):
+        _replay(m, ctx, **options)
+
+    profile_command = group.commands["profile"]
+
+    @click.pass_context
+    @m._guarded("sweep")
+    def sweep(ctx, **options):
+        _sweep(m, profile_command, ctx, **options)
+
+    group.add_command(
+        click.Command(
+            "sweep",
+            callback=sweep,
+            params=_sweep_params(profile_command),
+            help=SWEEP_HELP + "\n" + m.EXIT_CODES_HELP,
+            context_settings={"help_option_names": ["-h", "--help"]},
+        )
+    )
+
+    @group.command("profiles", help=PROFILES_HELP)
+    @click.argument("name", required=False, metavar="[NAME|PATH]")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+    @m._guarded("profiles")
+    def profiles(**options):
+        _profiles(m, **options)

@@ -1,0 +1,7 @@
+"""The regression gate: baseline files, the statistics of two sample sets, and the
+comparison of two profiles into verdicts.
+
+Layer: gate. May import the library, :mod:`kvaddr.strategies` and
+:mod:`kvaddr.measure`; never :mod:`kvaddr.traces`, :mod:`kvaddr.commands` or
+:mod:`kvaddr.cli`.
+"""

@@ -1,0 +1,344 @@
+"""Turning measurements into the profile report: tables, headlines and JSON.
+
+The noise rule
+--------------
+A strategy's time differs from the per-layer baseline's only when their
+interquartile ranges do not overlap: it is a *saving* when the strategy's 75th
+percentile is below the baseline's 25th, *slower* when its 25th percentile is
+above the baseline's 75th, and *within noise* otherwise. A difference within
+noise is never reported as a saving (the table and the headline say "within
+noise"); the JSON report still carries the median difference, with the
+verdict next to it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+
+from kvaddr.measure.timing import FLOOR, Measurement, Summary
+
+SCHEMA_VERSION = 1
+BASELINE = "per-layer"
+NOISE_RULE = (
+    "a difference counts only when the interquartile ranges [q25, q75] of the two strategies do "
+    "not overlap: saving if candidate q75 < baseline q25, slower if candidate q25 > baseline q75, "
+    "otherwise within noise"
+)
+
+#: Section order of the table and the headlines.
+MEASURES = (("graph", "gpu"), ("eager", "host"), ("eager", "gpu"))
+
+#: What a headline calls each strategy.
+PHRASES = {
+    "per-layer-kernel": "one slot kernel per layer",
+    "hoisted": "hoisting",
+    "fused": "fusing",
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A strategy against the per-layer baseline, same mode and clock.
+
+    Attributes
+    ----------
+    saved_us : float
+        Baseline median minus this strategy's median (positive: faster).
+    saved_pct : float
+        ``saved_us`` as a percentage of the baseline median.
+    verdict : str
+        ``"baseline"``, ``"saving"``, ``"slower"`` or ``"within noise"``.
+    step_pct : float or None
+        ``saved_us`` as a percentage of the ``--step-ms`` step.
+    """
+
+    saved_us: float
+    saved_pct: float
+    verdict: str
+    step_pct: float | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "saved_us": round(self.saved_us, 4),
+            "saved_pct": round(self.saved_pct, 3),
+            "verdict": self.verdict,
+            "share_of_step_pct": None if self.step_pct is None else round(self.step_pct, 3),
+        }
+
+
+def verdict(baseline: Summary, candidate: Summary) -> str:
+    """The noise rule (module docstring)."""
+    if candidate.q75 < baseline.q25:
+        return "saving"
+    if candidate.q25 > baseline.q75:
+        return "slower"
+    return "within noise"
+
+
+def compare_to_baseline(
+    baseline: Summary, candidate: Summary, step_ms: float | None = None, is_baseline: bool = False
+) -> Comparison:
+    saved = baseline.median - candidate.median
+    pct = 100.0 * saved / baseline.median if baseline.median > 0 else 0.0
+    step_pct = None if step_ms is None else 100.0 * saved / (step_ms * 1000.0)
+    return Comparison(saved, pct, "baseline" if is_baseline else verdict(baseline, candidate), step_pct)
+
+
+def format_us(us: float) -> str:
+    """A duration for people: '0.84 us', '12.3 us', '415 us', '1.4 ms', '152 ms', '2.35 s'."""
+    a = abs(us)
+    if a >= 1_000_000:
+        return f"{us / 1e6:.2f} s"
+    if a >= 100_000:
+        return f"{us / 1000:.0f} ms"
+    if a >= 1000:
+        return f"{us / 1000:.1f} ms"
+    if a >= 100:
+        return f"{us:.0f} us"
+    if a >= 10:
+        return f"{us:.1f} us"
+    return f"{us:.2f} us"
+
+
+def format_pct(p: float) -> str:
+    return f"{p:.0f}%" if abs(p) >= 10 else f"{p:.1f}%"
+
+
+def format_ms(ms: float) -> str:
+    return f"{ms:g} ms"
+
+
+def measure_label(mode: str, clock: str, device: str) -> str:
+    if device == "cpu":
+        return "CPU (NumPy), host wall time"
+    return {
+        ("graph", "gpu"): "CUDA graphs, GPU time",
+        ("eager", "host"): "eager, host wall time",
+        ("eager", "gpu"): "eager, GPU time",
+    }.get((mode, clock), f"{mode}, {clock} time")
+
+
+def group(measurements) -> dict:
+    """``{(mode, clock): {strategy: Measurement}}`` in measurement order."""
+    out: dict = {}
+    for m in measurements:
+        out.setdefault((m.mode, m.clock), {})[m.strategy] = m
+    return out
+
+
+def ordered_measures(groups: dict) -> list:
+    keys = [k for k in MEASURES if k in groups]
+    return keys + [k for k in groups if k not in keys]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a report table, with everything JSON needs too."""
+
+    measurement: Measurement
+    summary: Summary
+    comparison: Comparison | None
+    floor_ratio: float | None
+
+
+def rows(section: dict, step_ms: float | None) -> list:
+    """Rows of one (mode, clock) section: the strategies in order, then the floor."""
+    base = section.get(BASELINE)
+    floor = section.get(FLOOR)
+    base_s = base.summary if base else None
+    floor_s = floor.summary if floor else None
+    out = []
+    for name, m in section.items():
+        s = m.summary
+        comp = None
+        if base_s is not None and name != FLOOR:
+            comp = compare_to_baseline(base_s, s, step_ms, is_baseline=(name == BASELINE))
+        ratio = s.median / floor_s.median if floor_s is not None and floor_s.median > 0 else None
+        out.append(Row(m, s, comp, ratio))
+    out.sort(key=lambda r: r.measurement.strategy == FLOOR)
+    return out
+
+
+def headline(
+    section: dict, mode: str, clock: str, device: str, batch: int, step_word: str, step_ms: float | None
+) -> str | None:
+    """One sentence: what hoisting and the fused kernel save against per-layer."""
+    base = section.get(BASELINE)
+    if base is None:
+        return None
+    parts = []
+    for name in ("hoisted", "fused"):
+        m = section.get(name)
+        if m is None:
+            continue
+        c = compare_to_baseline(base.summary, m.summary, step_ms)
+        who = PHRASES[name]
+        first = not parts
+        tail = f" per {step_word} at batch {batch}" if first else ""
+        if c.verdict == "saving":
+            share = format_pct(c.step_pct if step_ms is not None else c.saved_pct)
+            if first:
+                share += f" of a {format_ms(step_ms)} step" if step_ms is not None else " of the per-layer time"
+            parts.append(f"{who} saves {format_us(c.saved_us)}{tail} ({share})")
+        elif c.verdict == "slower":
+            parts.append(f"{who} costs {format_us(-c.saved_us)} more{tail}")
+        else:
+            parts.append(f"{who} is within noise of per-layer" + (f" at batch {batch}" if first else ""))
+    if not parts:
+        return None
+    return f"{measure_label(mode, clock, device)}: " + "; ".join(parts) + "."
+
+
+def step_word(workload) -> str:
+    return "decode step" if workload.prefill is None or workload.prefill[0] == 0 else "step"
+
+
+# ----------------------------------------------------------------------------- rich table
+
+
+def _num(x: float) -> str:
+    """A table number: two decimals below 1000, one above."""
+    return f"{x:.2f}" if abs(x) < 1000 else f"{x:.1f}"
+
+
+def short_label(mode: str, clock: str, device: str) -> str:
+    """The section heading of a table: 'graph: GPU', 'eager: host', 'CPU: host'."""
+    if device == "cpu":
+        return f"CPU: {clock}"
+    return f"{mode}: {'GPU' if clock == 'gpu' else clock}"
+
+
+def render_shape(console, shape, workload, device: str, step_ms: float | None) -> None:
+    """Print one batch shape's table and headlines to ``console`` (stdout).
+
+    One section per (mode, clock), headed by a bold row. Columns fold rather
+    than elide when the terminal is narrow, so no number is ever cut short.
+    """
+    from rich.table import Table
+
+    groups = group(shape.measurements)
+    sizes = ", ".join(map(str, dict.fromkeys(workload.block_sizes)))
+    title = (
+        f"batch {shape.batch}: {workload.model}, {workload.num_layers} layers x {workload.num_caches} caches "
+        f"(B = {sizes}), {shape.capacity} tokens/step; times in us per step"
+    )
+    table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
+    headers = ["strategy", "launches", "median", "IQR", "n", "saved", "saved %"]
+    if step_ms is not None:
+        headers.append("of step")
+    headers.append("x floor")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    keys = ordered_measures(groups)
+    for mode, clock in keys:
+        table.add_row(short_label(mode, clock, device), style="bold")
+        for r in rows(groups[(mode, clock)], step_ms):
+            m, s, c = r.measurement, r.summary, r.comparison
+            share = ""
+            if c is None:
+                saved, pct = "-", "-"
+            elif c.verdict == "baseline":
+                saved, pct = "baseline", ""
+            elif c.verdict == "within noise":
+                saved, pct = "within noise", ""
+            else:
+                saved, pct = _num(c.saved_us), f"{c.saved_pct:.1f}%"
+                share = f"{c.step_pct:.1f}%" if c.step_pct is not None else ""
+            cells = [
+                m.strategy,
+                "-" if m.launches_per_step is None else str(m.launches_per_step),
+                _num(s.median),
+                _num(s.iqr),
+                str(s.n),
+                saved,
+                pct,
+            ]
+            if step_ms is not None:
+                cells.append(share)
+            cells.append(
+                "-"
+                if r.floor_ratio is None
+                else (f"{r.floor_ratio:.1f}x" if r.floor_ratio < 100 else f"{r.floor_ratio:.0f}x")
+            )
+            table.add_row(*cells)
+    console.print(title, style="italic", soft_wrap=True)
+    console.print(table)
+    floor_what = "one empty Python call" if device == "cpu" else "one empty kernel launch"
+    clocks = (
+        "host = wall time per step as the Python loop sees it"
+        if device == "cpu"
+        else "graph = CUDA-graph replays, eager = one launch at a time; host = wall time per step as a "
+        "Python loop sees it, GPU = CUDA events"
+    )
+    console.print(
+        f"{clocks}. floor = {floor_what} per step. saved = per-layer median minus the row's "
+        f'(negative: slower; "within noise" when the IQRs overlap).',
+        soft_wrap=True,
+    )
+    for mode, clock in keys:
+        line = headline(groups[(mode, clock)], mode, clock, device, shape.batch, step_word(workload), step_ms)
+        if line:
+            console.print(line, soft_wrap=True)
+    console.print()
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def measurement_json(r: Row, include_samples: bool = True) -> dict:
+    m = r.measurement
+    d = {
+        "strategy": m.strategy,
+        "mode": m.mode,
+        "clock": m.clock,
+        "launches_per_step": m.launches_per_step,
+        "steps_per_sample": m.steps_per_sample,
+        "unit": "us_per_step",
+        "summary": r.summary.as_dict(),
+        "vs_per_layer": None if r.comparison is None else r.comparison.as_dict(),
+        "vs_floor": None if r.floor_ratio is None else round(r.floor_ratio, 4),
+    }
+    if include_samples:
+        d["samples_us"] = [round(x, 4) for x in m.samples_us]
+    return d
+
+
+def shape_json(shape, workload, device: str, step_ms: float | None) -> dict:
+    groups = group(shape.measurements)
+    results, headlines = [], []
+    for mode, clock in ordered_measures(groups):
+        results.extend(measurement_json(r) for r in rows(groups[(mode, clock)], step_ms))
+        line = headline(groups[(mode, clock)], mode, clock, device, shape.batch, step_word(workload), step_ms)
+        if line:
+            headlines.append(line)
+    return {
+        "batch": shape.batch,
+        "capacity": shape.capacity,
+        "num_tokens": shape.capacity,
+        "input_sets": [b.stats() for b in shape.batches],
+        "correctness": shape.checks,
+        "results": results,
+        "headlines": headlines,
+    }
+
+
+def envelope(kind: str, options: dict, environment: dict, schema_version: int = SCHEMA_VERSION) -> dict:
+    """The fields every kvaddr JSON report opens with."""
+    return {
+        "schema_version": schema_version,
+        "kind": kind,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "options": options,
+        "environment": environment,
+    }
+
+
+def document(shapes, workload, environment: dict, settings: dict, options: dict) -> dict:
+    """The whole JSON report (schema: docs/json-schema.md)."""
+    return {
+        **envelope("kvaddr.profile", options, environment),
+        "settings": {**settings, "baseline": BASELINE, "noise_rule": NOISE_RULE},
+        "workload": workload.describe(),
+        "shapes": [shape_json(s, workload, environment.get("device", "cpu"), settings.get("step_ms")) for s in shapes],
+    }

@@ -1,0 +1,9 @@
+"""The strategies kvaddr compares: per-layer, per-layer-kernel, hoisted and fused.
+
+Holds :mod:`~kvaddr.strategies.names` (names, descriptions, launch counts),
+:mod:`~kvaddr.strategies.gpu` (the four on the GPU, CuPy) and
+:mod:`~kvaddr.strategies.cpu` (the same in NumPy, the CPU path).
+
+Layer: strategies. May import the library (the top of :mod:`kvaddr`); never the
+measurement, traces, gate or commands subpackages.
+"""

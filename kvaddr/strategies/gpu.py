@@ -1,0 +1,332 @@
+"""The four step-addressing strategies of the spec, on the GPU (CuPy).
+
+Each is built with the planner's sizes plus the model's layer count and has the
+same ``step()``; all return identical :class:`~kvaddr.outputs.StepOutputs`.
+
+================  ======================================================  ==================
+strategy          what one decode step runs (L layers, G caches)          launches per step
+================  ======================================================  ==================
+per-layer         position kernel, then per layer and cache the op chain  1 + 9 L G
+per-layer-kernel  position kernel, then one slot kernel per layer, cache  1 + L G
+hoisted           position kernel, one op chain per distinct (table, B)   1 + 9 D (+ copies)
+fused             one launch for every output (:class:`StepPlanner`)      1
+================  ======================================================  ==================
+
+The op chain is FastDeploy's framework ops before PR #7367 (``pos // B``, gather
+from the table, ``pos % B``, multiply, add, cast to int64), written with CuPy
+ufuncs into preallocated buffers (``out=``), so no baseline pays for allocation,
+plus what makes it safe for any input: the gather's flat index is built and
+clipped to the table, and a final ``where`` gives padding and bad tokens -1
+(kvaddr_where_pad): 9 launches a call (:data:`~kvaddr.strategies.names.CHAIN_OPS`).
+The position kernel is kvaddr's fused kernel with no caches (it scales past 1024
+requests, unlike FastDeploy's one-block kernel). Only the fused strategy records
+error bits 1 and 2; the others record bits 4 and 8 through their position kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from kvaddr import kernel_loader
+from kvaddr.outputs import StepOutputs
+from kvaddr.planner import StepPlanner
+from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_name
+from kvaddr.validation import (
+    check_block_sizes,
+    check_info,
+    check_int,
+    cupy_stream,
+    describe,
+    normalize_tables,
+    stream_handle,
+)
+
+__all__ = ["STRATEGY_NAMES", "Fused", "Hoisted", "PerLayer", "PerLayerKernel", "make_strategy"]
+
+_i64 = np.int64
+
+
+class Fused:
+    """kvaddr: one launch writes every output of the step for all caches."""
+
+    name = "fused"
+
+    def __init__(
+        self,
+        *,
+        max_requests: int,
+        capacity: int,
+        block_sizes,
+        num_layers: int = 1,
+        position_dtype=np.int64,
+        device: int | None = None,
+    ):
+        self.num_layers = check_int("num_layers", num_layers, lo=1)
+        self.planner = StepPlanner(max_requests, capacity, block_sizes, position_dtype=position_dtype, device=device)
+        self.launches_per_step = 1
+
+    def step(
+        self, seq_lens_decoder, seq_lens_this_time, block_tables, *, seq_lens_encoder=None, stream=None
+    ) -> StepOutputs:
+        """The whole step's addressing (all layers share it)."""
+        return self.planner.compute(
+            seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder=seq_lens_encoder, stream=stream
+        )
+
+    def check(self, stream=None) -> None:
+        self.planner.check(stream)
+
+
+class _PositionsThenSlots:
+    """Position kernel once per step, then slot mappings computed by a subclass."""
+
+    name = ""
+
+    def __init__(
+        self,
+        *,
+        max_requests: int,
+        capacity: int,
+        block_sizes,
+        num_layers: int = 1,
+        position_dtype=np.int64,
+        device: int | None = None,
+    ):
+        import cupy
+
+        self.num_layers = check_int("num_layers", num_layers, lo=1)
+        self.positions = StepPlanner(max_requests, capacity, [], position_dtype=position_dtype, device=device)
+        self.block_sizes = check_block_sizes(block_sizes, max_caches=kernel_loader.constants()["KV_MAX_CACHES"])
+        self.num_caches = len(self.block_sizes)
+        self.capacity = self.positions.capacity
+        self.device = self.positions.device
+        C, G = self.capacity, self.num_caches
+        self._grid = -(-C // kernel_loader.constants()["KV_THREADS"])
+        with cupy.cuda.Device(self.device):
+            self.slot_mapping = cupy.full((G, C), -1, dtype=np.int64)
+            cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
+        self.launches_per_step = None  # known after the first step
+        self._views: dict = {}
+
+    def _tables(self, block_tables, bsz: int) -> list:
+        tables = normalize_tables(block_tables, self.num_caches)
+        many = self.num_caches > 1 and tables[0] is not tables[1]
+        infos, seen = [], {}
+        for g, t in enumerate(tables):
+            info = seen.get(id(t))
+            if info is None:
+                info = seen[id(t)] = check_info(
+                    f"block_tables[{g}]" if many else "block_tables",
+                    describe("block_tables", t),
+                    ndim=2,
+                    min_rows=bsz,
+                    device=self.device,
+                )
+            infos.append(info)
+        return infos
+
+    def step(
+        self, seq_lens_decoder, seq_lens_this_time, block_tables, *, seq_lens_encoder=None, stream=None
+    ) -> StepOutputs:
+        """Position kernel, then the strategy's slot mappings for every layer."""
+        handle = stream_handle(stream)
+        pos = self.positions.compute(
+            seq_lens_decoder, seq_lens_this_time, None, seq_lens_encoder=seq_lens_encoder, stream=handle
+        )
+        bsz = pos.seq_lens_kv.shape[0]
+        slots = self._slots(pos, self._tables(block_tables, bsz), handle)
+        key = (bsz, id(slots))
+        out = self._views.get(key)
+        if out is None:
+            out = self._views[key] = StepOutputs(
+                pos.cu_seqlens_q, pos.num_tokens, pos.batch_id_per_token, pos.position_ids, pos.seq_lens_kv, slots
+            )
+        return out
+
+    def check(self, stream=None) -> None:
+        """Error bits 4 and 8 (the position kernel's); see the module docstring."""
+        self.positions.check(stream)
+
+
+class PerLayerKernel(_PositionsThenSlots):
+    """Position kernel, then one slot-mapping kernel per layer per cache."""
+
+    name = "per-layer-kernel"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        p = self.positions
+        fn = kernel_loader.get_function(
+            "kvaddr_slots_i64" if p.position_dtype == np.int64 else "kvaddr_slots_i32", self.device
+        )
+        u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+        self._launchers = []
+        for g in range(self.num_caches):
+            L = kernel_loader.Launcher(fn, (u64, u64, u64, i64, i32, i32, i32, u64))
+            v = L.values
+            v[0].value, v[1].value = p.position_ids.data.ptr, p.batch_id_per_token.data.ptr
+            v[5].value, v[6].value, v[7].value = self.block_sizes[g], self.capacity, self.slot_mapping[g].data.ptr
+            self._launchers.append(L)
+        self.launches_per_step = 1 + self.num_layers * self.num_caches
+
+    def _slots(self, pos, infos, handle):
+        for L, info in zip(self._launchers, infos):
+            v = L.values
+            v[2].value, v[3].value, v[4].value = info.ptr, info.strides[0], info.shape[1]
+        grid, block = self._grid, kernel_loader.constants()["KV_THREADS"]
+        for _ in range(self.num_layers):
+            for L in self._launchers:
+                L(grid, block, handle)
+        return self.slot_mapping
+
+
+class _ChainScratch:
+    """Preallocated buffers of one op chain (so the chain allocates nothing)."""
+
+    def __init__(self, cupy, C):
+        self.idx = cupy.empty(C, dtype=np.int64)
+        self.flat = cupy.empty(C, dtype=np.int64)
+        self.off = cupy.empty(C, dtype=np.int64)
+        self.blk = cupy.empty(C, dtype=np.int32)
+
+
+def _flat_table(cupy, info):
+    """A 1-D CuPy view of every element a (possibly row-strided) table spans."""
+    rows, width = info.shape
+    n = (rows - 1) * info.strides[0] + width if rows else 0
+    if n == 0:
+        return None, 0
+    mem = cupy.cuda.UnownedMemory(info.ptr, n * 4, info.obj)
+    return cupy.ndarray((n,), dtype=np.int32, memptr=cupy.cuda.MemoryPointer(mem, 0)), n
+
+
+class _OpChain(_PositionsThenSlots):
+    def __init__(self, **kw):
+        import cupy
+
+        super().__init__(**kw)
+        self._cupy = cupy
+        with cupy.cuda.Device(self.device):
+            self._scratch = [_ChainScratch(cupy, self.capacity) for _ in range(self.num_caches)]
+            cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
+        where = kernel_loader.get_function("kvaddr_where_pad", self.device)
+        u64, i32 = ctypes.c_uint64, ctypes.c_int32
+        self._where = []
+        for sc in self._scratch:
+            L = kernel_loader.Launcher(where, (u64, u64, u64, i32, i32, u64))
+            v = L.values
+            v[0].value, v[1].value, v[2].value = (
+                self.positions.batch_id_per_token.data.ptr,
+                sc.idx.data.ptr,
+                sc.blk.data.ptr,
+            )
+            v[4].value = self.capacity
+            self._where.append(L)
+        self._flat_cache: dict = {}
+
+    def _flat(self, info):
+        key = (info.ptr, info.shape, info.strides)
+        hit = self._flat_cache.get(key)
+        if hit is None or hit[2] is not info.obj:
+            flat, n = _flat_table(self._cupy, info)
+            hit = self._flat_cache[key] = (flat, n, info.obj)
+            if len(self._flat_cache) > 64:
+                self._flat_cache.pop(next(iter(self._flat_cache)))
+        return hit[0], hit[1]
+
+    def _chain(self, pos, info, B, scratch, out, handle):
+        """The per-layer framework-op chain for one cache: 9 launches."""
+        cp = self._cupy
+        s = scratch
+        table, n = self._flat(info)
+        if n == 0:  # an empty table: every token is padding
+            out.fill(-1)
+            return
+        B64 = _i64(B)
+        cp.floor_divide(pos.position_ids, B64, out=s.idx)  # pos // B
+        cp.multiply(pos.batch_id_per_token, _i64(info.strides[0]), out=s.flat)  # row start
+        cp.add(s.flat, s.idx, out=s.flat)  # + block index
+        cp.clip(s.flat, 0, n - 1, out=s.flat)  # stay inside the table
+        cp.take(table, s.flat, out=s.blk)  # gather
+        cp.remainder(pos.position_ids, B64, out=s.off)  # pos % B
+        cp.multiply(s.blk, B64, out=out)  # block * B, as int64
+        cp.add(out, s.off, out=out)  # + pos % B
+        where = self._where[self._scratch.index(s)]  # padding / bad -> -1
+        where.values[3].value, where.values[5].value = info.shape[1], out.data.ptr
+        where(self._grid, kernel_loader.constants()["KV_THREADS"], handle)
+
+
+class PerLayer(_OpChain):
+    """Position kernel, then per layer and cache FastDeploy's framework-op chain."""
+
+    name = "per-layer"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.launches_per_step = 1 + self.num_layers * self.num_caches * len(CHAIN_OPS)
+
+    def _slots(self, pos, infos, handle):
+        with cupy_stream(handle):
+            for _ in range(self.num_layers):
+                for g, (info, B) in enumerate(zip(infos, self.block_sizes)):
+                    self._chain(pos, info, B, self._scratch[g], self.slot_mapping[g], handle)
+        return self.slot_mapping
+
+
+class Hoisted(_OpChain):
+    """FastDeploy #7367: position kernel and one op chain per distinct (table, B)."""
+
+    name = "hoisted"
+    _shared_view = None
+
+    def _slots(self, pos, infos, handle):
+        cp = self._cupy
+        groups: dict = {}
+        for g, (info, B) in enumerate(zip(infos, self.block_sizes)):
+            groups.setdefault((info.ptr, info.shape, info.strides, B), []).append(g)
+        launches = 1 + len(groups) * len(CHAIN_OPS)
+        with cupy_stream(handle):
+            for members in groups.values():
+                g0 = members[0]
+                self._chain(pos, infos[g0], self.block_sizes[g0], self._scratch[g0], self.slot_mapping[g0], handle)
+            if len(groups) == 1 and self.num_caches > 1:
+                # Every cache shares one (table, B): a stride-0 view, no copy.
+                out = self._shared_view
+                if out is None:
+                    out = self._shared_view = cp.lib.stride_tricks.as_strided(
+                        self.slot_mapping[0], shape=self.slot_mapping.shape, strides=(0, 8)
+                    )
+            else:
+                for members in groups.values():
+                    for g in members[1:]:
+                        self.slot_mapping[g] = self.slot_mapping[members[0]]
+                        launches += 1
+                out = self.slot_mapping
+        self.launches_per_step = launches
+        return out
+
+
+_CLASSES = {"per-layer": PerLayer, "per-layer-kernel": PerLayerKernel, "hoisted": Hoisted, "fused": Fused}
+
+
+def make_strategy(
+    name: str,
+    *,
+    max_requests: int,
+    capacity: int,
+    block_sizes,
+    num_layers: int = 1,
+    position_dtype=np.int64,
+    device: int | None = None,
+):
+    """Build a strategy by name (one of :data:`STRATEGY_NAMES`)."""
+    return _CLASSES[check_name(name)](
+        max_requests=max_requests,
+        capacity=capacity,
+        block_sizes=block_sizes,
+        num_layers=num_layers,
+        position_dtype=position_dtype,
+        device=device,
+    )

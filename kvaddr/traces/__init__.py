@@ -1,0 +1,7 @@
+"""Serving traces: the JSON Lines format, the simulated-server generator, replay and its
+report.
+
+Layer: traces. May import the library, :mod:`kvaddr.strategies` and
+:mod:`kvaddr.measure`; never :mod:`kvaddr.gate`, :mod:`kvaddr.commands` or
+:mod:`kvaddr.cli`.
+"""

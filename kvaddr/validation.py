@@ -1,0 +1,273 @@
+"""Host-side input checks shared by the reference, the CPU path and the device path.
+
+Messages follow one pattern: ``<argument> must be <what>, got <what it was>``.
+Device arrays are described without touching their data: CuPy arrays and PyTorch
+tensors through their own attributes, anything else through
+``__cuda_array_interface__`` or ``__dlpack__``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+INT32 = np.dtype(np.int32)
+INT32_MAX = int(np.iinfo(np.int32).max)
+#: The most requests one step may carry (the error key holds 27 bits of request).
+MAX_REQUESTS = 1 << 27
+
+
+class ArrayInfo(NamedTuple):
+    """What the checks and the launch need of an array, read without copying."""
+
+    ptr: int
+    shape: tuple
+    strides: tuple  # in elements
+    dtype: np.dtype
+    device: int  # CUDA device ordinal, -1 for host memory
+    obj: Any  # keeps the owner alive
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_info(x) -> ArrayInfo:
+    if not _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES.update(
+            {
+                torch.int32: INT32,
+                torch.int64: np.dtype(np.int64),
+                torch.float32: np.dtype(np.float32),
+                torch.float64: np.dtype(np.float64),
+                torch.int16: np.dtype(np.int16),
+                torch.int8: np.dtype(np.int8),
+                torch.uint8: np.dtype(np.uint8),
+                torch.bool: np.dtype(np.bool_),
+                torch.float16: np.dtype(np.float16),
+            }
+        )
+    dt = _TORCH_DTYPES.get(x.dtype, np.dtype(np.void))
+    dev = x.device
+    return ArrayInfo(x.data_ptr(), tuple(x.shape), tuple(x.stride()), dt, dev.index if dev.type == "cuda" else -1, x)
+
+
+def describe(name: str, x) -> ArrayInfo:
+    """Describe a device array: CuPy, PyTorch, __cuda_array_interface__ or __dlpack__.
+
+    Raises TypeError naming ``name`` for host arrays and for unknown objects.
+    """
+    cls = type(x)
+    mod = cls.__module__
+    if mod.startswith("cupy"):
+        return ArrayInfo(x.data.ptr, x.shape, tuple(s // x.itemsize for s in x.strides), x.dtype, x.device.id, x)
+    if mod == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+        info = _torch_info(x)
+        if info.device < 0:
+            raise TypeError(f"{name} must be a CUDA array, got a torch tensor on {x.device}")
+        return info
+    if isinstance(x, np.ndarray):
+        raise TypeError(
+            f"{name} must be a CUDA array (CuPy, PyTorch, or any __cuda_array_interface__ "
+            f"or __dlpack__ object), got numpy.ndarray (host memory)"
+        )
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        dt = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        if strides is None:
+            el, acc = [], 1
+            for n in reversed(shape):
+                el.append(acc)
+                acc *= n
+            strides = tuple(reversed(el))
+        else:
+            strides = tuple(s // dt.itemsize for s in strides)
+        ptr = int(cai["data"][0])
+        return ArrayInfo(ptr, shape, strides, dt, _device_of_pointer(ptr), x)
+    if hasattr(x, "__dlpack__"):
+        import cupy
+
+        try:
+            arr = cupy.from_dlpack(x)
+        except Exception as exc:  # host DLPack tensors and the like
+            raise TypeError(f"{name} must be a CUDA array; __dlpack__ export failed: {exc}") from None
+        return describe(name, arr)
+    raise TypeError(
+        f"{name} must be a CUDA array (CuPy, PyTorch, or any __cuda_array_interface__ or "
+        f"__dlpack__ object), got {cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _device_of_pointer(ptr: int) -> int:
+    if ptr == 0:
+        return -2  # empty array: no device to check
+    from cupy.cuda import runtime
+
+    attrs = runtime.pointerGetAttributes(ptr)
+    if attrs.type in (runtime.memoryTypeDevice, getattr(runtime, "memoryTypeManaged", 3)):
+        return attrs.device
+    return -1
+
+
+def host_info(x: np.ndarray) -> ArrayInfo:
+    return ArrayInfo(0, x.shape, tuple(s // x.itemsize for s in x.strides), x.dtype, -1, x)
+
+
+def _shape_text(ndim: int) -> str:
+    return "(bsz,)" if ndim == 1 else "(rows >= bsz, max_blocks) with a contiguous last dim"
+
+
+def check_info(
+    name: str, info: ArrayInfo, *, ndim: int, min_rows: int | None = None, device: int | None = None
+) -> ArrayInfo:
+    """Check dtype int32, rank, contiguity of the last dim, rows and device."""
+    what = f"int32 with shape {_shape_text(ndim)}"
+    if info.dtype != INT32:
+        raise TypeError(f"{name} must be {what}, got dtype {info.dtype}")
+    if len(info.shape) != ndim:
+        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
+    empty = 0 in info.shape  # no element to address: strides don't matter
+    if ndim == 1 and not empty and info.shape[0] > 1 and info.strides[0] != 1:
+        raise ValueError(f"{name} must be contiguous, got a strided view (stride {info.strides[0]} elements)")
+    if ndim == 2:
+        if not empty and info.shape[1] > 1 and info.strides[1] != 1:
+            raise ValueError(
+                f"{name} must be {what}, got a last-dim stride of {info.strides[1]} elements "
+                f"(a transposed or strided view)"
+            )
+        if not empty and info.shape[0] > 1 and info.strides[0] < info.shape[1]:
+            raise ValueError(f"{name} must be {what}, got overlapping rows (row stride {info.strides[0]})")
+        if info.shape[1] < 1:
+            raise ValueError(f"{name} must be {what}, got max_blocks = 0")
+    if min_rows is not None and info.shape[0] < min_rows:
+        raise ValueError(f"{name} must be {what}, got {info.shape[0]} rows for bsz = {min_rows}")
+    if device is not None and info.device != device and info.device != -2:
+        where = "host memory" if info.device < 0 else f"device {info.device}"
+        raise ValueError(f"{name} must be on CUDA device {device}, got an array in {where}")
+    return info
+
+
+def check_host_array(name: str, x, *, ndim: int, min_rows: int | None = None) -> np.ndarray:
+    """Check a NumPy input of the reference / CPU path; returns it."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of int32, got {type(x).__module__}.{type(x).__qualname__}")
+    check_info(name, host_info(x), ndim=ndim, min_rows=min_rows)
+    return x
+
+
+def check_lengths(bsz: int, *, q: int, enc: int | None = None) -> None:
+    if q != bsz:
+        raise ValueError(f"seq_lens_this_time must have shape (bsz,) = ({bsz},) like seq_lens_decoder, got ({q},)")
+    if enc is not None and enc != bsz:
+        raise ValueError(f"seq_lens_encoder must have shape (bsz,) = ({bsz},) like seq_lens_decoder, got ({enc},)")
+
+
+def check_int(name: str, value, *, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {lo}, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an int {rng}, got {value}")
+    return value
+
+
+def check_block_sizes(block_sizes, *, max_caches: int, allow_empty: bool = False) -> tuple:
+    """Block sizes of 1..max_caches caches (0 too with allow_empty), each an int >= 1."""
+    if isinstance(block_sizes, numbers.Integral) and not isinstance(block_sizes, bool):
+        block_sizes = [block_sizes]
+    if not isinstance(block_sizes, Sequence) or isinstance(block_sizes, (str, bytes)):
+        raise TypeError(f"block_sizes must be an int >= 1 or a sequence of them, got {block_sizes!r}")
+    if not block_sizes and not allow_empty:
+        raise ValueError("block_sizes must name at least one cache, got an empty sequence")
+    if len(block_sizes) > max_caches:
+        raise ValueError(f"block_sizes must hold at most {max_caches} caches, got {len(block_sizes)}")
+    return tuple(check_int(f"block_sizes[{g}]", b, lo=1, hi=INT32_MAX) for g, b in enumerate(block_sizes))
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") or hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
+
+
+def normalize_tables(block_tables, num_caches: int) -> list:
+    """One table for every cache, or a sequence of exactly ``num_caches`` tables."""
+    if _is_array(block_tables):
+        return [block_tables] * num_caches
+    if isinstance(block_tables, (list, tuple)):
+        if len(block_tables) != num_caches:
+            raise ValueError(
+                f"block_tables must be one array or a sequence of {num_caches} (one per cache), "
+                f"got a sequence of {len(block_tables)}"
+            )
+        return list(block_tables)
+    raise TypeError(
+        f"block_tables must be an int32 array or a sequence of them, got "
+        f"{type(block_tables).__module__}.{type(block_tables).__qualname__}"
+    )
+
+
+def normalize_caches(block_tables, block_sizes) -> tuple[list, list]:
+    sizes = list(check_block_sizes(block_sizes, max_caches=1 << 20))
+    return normalize_tables(block_tables, len(sizes)), sizes
+
+
+def stream_handle(stream) -> int:
+    """A raw cudaStream_t from None (CuPy's current stream), a CuPy stream, an int
+    handle, or anything with a ``cuda_stream`` attribute (a torch stream)."""
+    if stream is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    if isinstance(stream, bool):
+        raise TypeError(f"stream must be a CuPy stream, a raw handle or an object with cuda_stream, got {stream!r}")
+    if isinstance(stream, numbers.Integral):
+        return int(stream)
+    ptr = getattr(stream, "ptr", None)
+    if isinstance(ptr, numbers.Integral):
+        return int(ptr)
+    cs = getattr(stream, "cuda_stream", None)
+    if isinstance(cs, numbers.Integral):
+        return int(cs)
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if callable(protocol):
+        got = protocol()
+        if isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, numbers.Integral) for v in got):
+            return int(got[1])
+        raise TypeError(f"stream.__cuda_stream__() must return (version, handle) as two ints, got {got!r}")
+    raise TypeError(
+        f"stream must be a CuPy stream, a raw handle (int), an object with a cuda_stream "
+        f"attribute or one with __cuda_stream__, got {type(stream).__module__}."
+        f"{type(stream).__qualname__}"
+    )
+
+
+class _RawStream:
+    """A raw cudaStream_t offered through the CUDA stream protocol."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = int(handle)
+
+    def __cuda_stream__(self) -> tuple:
+        return (0, self.handle)
+
+
+def cupy_stream(handle: int):
+    """A CuPy stream object over the raw handle that does not own it (dropping it destroys nothing).
+
+    CuPy 14 deprecates ``cupy.cuda.ExternalStream`` for ``Stream.from_external``;
+    older CuPy has only the former.
+    """
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_RawStream(handle))
+    return cupy.cuda.ExternalStream(int(handle))

@@ -1,0 +1,58 @@
+"""docs/bad-inputs.md, row by row, on the device path (skipped without a GPU)."""
+
+import numpy as np
+import pytest
+
+from tests.support.bad_input_matrix import ROWS, reference_for
+from tests.support.gpu import assert_outputs_equal, requires_gpu, to_device
+
+GPU_ROWS = [r for r in ROWS if "gpu" in r.where]
+
+
+@requires_gpu
+@pytest.mark.parametrize("row", GPU_ROWS, ids=[r.id for r in GPU_ROWS])
+def test_row_on_the_gpu(row):
+    import cupy
+
+    from kvaddr import AddressingError, StepPlanner
+    from kvaddr.strategies.gpu import make_strategy
+
+    case = row.make()
+    bsz = case["seq_lens_decoder"].shape[0] if case["seq_lens_decoder"].ndim == 1 else 3
+    if row.id == "other-device":
+        if cupy.cuda.runtime.getDeviceCount() < 2:
+            pytest.skip("needs two GPUs (the check itself is tested on the CPU)")
+        p = StepPlanner(3, 8, [4], device=0)
+        with cupy.cuda.Device(1):
+            dev = to_device(case)
+        with pytest.raises(row.exc, match=row.message):
+            p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        return
+    if row.kind == "host":
+        if row.id in ("block-size-zero", "block-size-negative", "capacity-zero"):
+            with pytest.raises(row.exc, match=row.message):
+                StepPlanner(3, case["capacity"], case["block_sizes"])
+            return
+        dev = case if row.id == "host-array-on-gpu-path" else to_device(case)
+        if row.id == "transposed-table":  # keep it a transposed view on the device too
+            dev["block_tables"] = cupy.asarray(np.ascontiguousarray(case["block_tables"].T)).T
+        p = StepPlanner(row.max_requests or 3, case["capacity"], case["block_sizes"])
+        with pytest.raises(row.exc, match=row.message):
+            p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        return
+    ref = reference_for(case)
+    dev = to_device(case)
+    for name in ("fused", "per-layer-kernel", "hoisted", "per-layer"):
+        s = make_strategy(
+            name, max_requests=max(bsz, 1), capacity=case["capacity"], block_sizes=case["block_sizes"], num_layers=2
+        )
+        out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        assert_outputs_equal(out, ref.outputs, f"{row.id}/{name}")
+    p = StepPlanner(max(bsz, 1), case["capacity"], case["block_sizes"])
+    p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+    assert p.errors() == (ref.error_mask, ref.error_key)
+    if row.bits:
+        with pytest.raises(AddressingError):
+            p.check()
+    else:
+        p.check()

@@ -1,0 +1,167 @@
+"""A fake CuPy for testing the GPU flows (profile, replay) on the CPU.
+
+``fake_gpu`` (a pytest fixture, offered to the unit tests by ``tests/unit/conftest.py``)
+installs it: the CuPy API the profiler and replayer use, kernels.cu's loader answering with
+an empty launch, and GPU strategies that run the NumPy strategies.
+"""
+
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+import kvaddr
+from kvaddr import kernel_loader
+from kvaddr.measure import environment, timing
+from kvaddr.outputs import OUTPUT_FIELDS, StepOutputs
+from kvaddr.strategies import cpu as cpu_strategies
+
+
+class FakeGraph:
+    def __init__(self, work):
+        self.work = work
+
+    def launch(self, stream=None):
+        for fn in self.work:
+            fn()
+
+
+class FakeStream:
+    current = None
+
+    def __init__(self, non_blocking=False):
+        self.ptr = id(self)
+        self.capturing = None
+
+    def __enter__(self):
+        self._prev, FakeStream.current = FakeStream.current, self
+        return self
+
+    def __exit__(self, *exc):
+        FakeStream.current = self._prev
+        return False
+
+    def synchronize(self):
+        if self.capturing is not None:
+            raise RuntimeError("synchronize during capture")
+
+    def begin_capture(self, mode=None):
+        assert self.capturing is None
+        self.capturing = []
+
+    def end_capture(self):
+        work, self.capturing = self.capturing, None
+        return FakeGraph(work)
+
+    def launch(self, fn):
+        """Run ``fn`` now, or record it while capturing."""
+        if self.capturing is not None:
+            self.capturing.append(fn)
+        else:
+            fn()
+
+
+class FakeEvent:
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+
+class FakeDevice:
+    def __init__(self, i=0):
+        self.id = i
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def fake_cupy():
+    cp = types.ModuleType("cupy")
+    cp.__version__ = "13.0.0-fake"
+    cp.asarray = np.asarray
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1,
+        getDevice=lambda: 0,
+        driverGetVersion=lambda: 12040,
+        runtimeGetVersion=lambda: 12040,
+        getDeviceProperties=lambda i: {
+            "name": b"Fake H200",
+            "major": 9,
+            "minor": 0,
+            "totalGlobalMem": 2**37,
+            "multiProcessorCount": 132,
+        },
+    )
+    cp.cuda = types.SimpleNamespace(
+        runtime=runtime,
+        Stream=FakeStream,
+        Event=FakeEvent,
+        Device=FakeDevice,
+        get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+        nvrtc=types.SimpleNamespace(getVersion=lambda: (12, 4)),
+    )
+    return cp
+
+
+class FakeGpuStrategy:
+    """A CPU strategy whose outputs live in persistent buffers and whose work goes through the stream."""
+
+    def __init__(self, inner, noop_when_captured=False):
+        self.inner, self.name = inner, inner.name
+        self.noop = noop_when_captured
+        self.out = None
+
+    @property
+    def launches_per_step(self):
+        return self.inner.launches_per_step
+
+    def step(self, dec, q, tables, *, seq_lens_encoder=None, stream=None):
+        assert isinstance(stream, FakeStream), "the profiler must pass its own stream"
+
+        def work():
+            o = self.inner.step(dec, q, tables, seq_lens_encoder=seq_lens_encoder)
+            if self.out is None:
+                self.out = StepOutputs(*(np.array(getattr(o, f)) for f in OUTPUT_FIELDS))
+            for f in OUTPUT_FIELDS:
+                np.copyto(getattr(self.out, f), getattr(o, f))
+
+        if self.out is None:
+            work()
+        elif not (self.noop and stream.capturing is not None):
+            stream.launch(work)
+        return self.out
+
+    def check(self, stream=None):
+        self.inner.check()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    cp = fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(timing, "_STREAMS", {})  # the process's measuring streams, fake ones kept apart
+    monkeypatch.setattr(environment, "probe_cuda", lambda: environment.CudaProbe(True, 1, "1 CUDA device(s)"))
+    monkeypatch.setattr(kernel_loader, "get_module", lambda device_id=None: object())
+
+    def empty(grid, block, args, shared_mem=0, stream=None):
+        stream.launch(lambda: None)
+
+    monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: empty)
+    state = {"noop": set()}
+    fake_strategies = types.ModuleType("kvaddr.strategies.gpu")
+    fake_strategies.STRATEGY_NAMES = cpu_strategies.STRATEGY_NAMES
+
+    def make_strategy(name, *, device=None, **kw):
+        return FakeGpuStrategy(cpu_strategies.make_strategy(name, **kw), name in state["noop"])
+
+    fake_strategies.make_strategy = make_strategy
+    monkeypatch.setitem(sys.modules, "kvaddr.strategies.gpu", fake_strategies)
+    monkeypatch.setattr(kvaddr.strategies, "gpu", fake_strategies, raising=False)
+    return state

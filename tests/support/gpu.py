@@ -1,0 +1,93 @@
+"""Shared by the GPU tests: why they skip, and running a strategy against the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def gpu_skip_reason():
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'kvaddr[cuda12]'): GPU tests skipped"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device
+        return f"no CUDA device ({type(exc).__name__}: {exc}): GPU tests skipped"
+    return None if n > 0 else "no CUDA device: GPU tests skipped"
+
+
+SKIP_REASON = gpu_skip_reason()
+requires_gpu = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+
+def to_device(case):
+    import cupy
+
+    out = dict(case)
+    for k in ("seq_lens_decoder", "seq_lens_this_time", "seq_lens_encoder"):
+        if out.get(k) is not None:
+            out[k] = cupy.asarray(out[k])
+    t = case["block_tables"]
+    if isinstance(t, (list, tuple)):
+        conv, seen = [], {}
+        for x in t:
+            if id(x) not in seen:
+                seen[id(x)] = _table_to_device(x)
+            conv.append(seen[id(x)])
+        out["block_tables"] = conv
+    else:
+        out["block_tables"] = _table_to_device(t)
+    cupy.cuda.runtime.deviceSynchronize()  # tests launch on other (non-blocking) streams
+    return out
+
+
+def _table_to_device(t):
+    """Keep row-strided host views row-strided on the device (last dim contiguous)."""
+    import cupy
+
+    if t.base is not None and t.strides[0] != t.shape[1] * 4 and t.ndim == 2:
+        wide = cupy.asarray(np.ascontiguousarray(t.base)) if t.base.ndim == 2 else None
+        if wide is not None and wide.shape[0] == t.shape[0]:
+            return wide[:, : t.shape[1]]
+    return cupy.asarray(np.ascontiguousarray(t))
+
+
+def reference(case, position_dtype=np.int64):
+    from kvaddr.reference import step_addressing
+
+    return step_addressing(
+        case["seq_lens_decoder"],
+        case["seq_lens_this_time"],
+        case["block_tables"],
+        case["block_sizes"],
+        case["capacity"],
+        position_dtype=position_dtype,
+    )
+
+
+def assert_outputs_equal(got, ref, label):
+    from kvaddr.outputs import OUTPUT_FIELDS
+
+    for f in OUTPUT_FIELDS:
+        g = getattr(got, f)
+        g = g.get() if hasattr(g, "get") else np.asarray(g)
+        r = getattr(ref, f)
+        assert g.dtype == r.dtype, f"{label}: {f} dtype {g.dtype} != {r.dtype}"
+        assert g.shape == r.shape, f"{label}: {f} shape {g.shape} != {r.shape}"
+        if not np.array_equal(g, r):
+            bad = np.argwhere(g != r)[0]
+            raise AssertionError(f"{label}: {f} differs at {tuple(bad)}: got {g[tuple(bad)]}, want {r[tuple(bad)]}")
+
+
+def poison(strategy):
+    """Fill every output buffer a strategy owns with garbage, so unwritten elements show."""
+    planner = getattr(strategy, "planner", None) or getattr(strategy, "positions", None) or strategy
+    for name in ("cu_seqlens_q", "batch_id_per_token", "position_ids", "seq_lens_kv", "slot_mapping"):
+        buf = getattr(planner, name)
+        if buf.size:
+            buf.fill(0x5A5A5A5A)
+    planner.num_tokens.fill(-77)
+    if hasattr(strategy, "slot_mapping") and strategy.slot_mapping is not planner.slot_mapping:
+        strategy.slot_mapping.fill(0x5A5A5A5A)
