@@ -60,8 +60,8 @@ then match, not the GPU or driver.
 --gate picks the measures whose slower verdict fails the command; the
 default, auto, is graph mode's GPU clock, and nothing for a run without
 graph mode (the CPU path, --mode eager: eager timings move with the Python
-host between runs; --gate eager:host or all gates them). The floor (an empty launch) is reported, never gated, except in
-its ratios."""
+host between runs; --gate eager:host or all gates them). The floor (an
+empty launch) is reported, never gated, except in its ratios."""
 
 COMPARE_HELP = f"""Compare the timing samples of two profile runs: BASE and NEW are baseline files
 (`kvaddr profile --save`) or `kvaddr profile --json` reports.
