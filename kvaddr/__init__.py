@@ -7,10 +7,12 @@ reference          the NumPy reference (the oracle), :mod:`kvaddr.reference`
 strategies         the four strategies on the GPU, :mod:`kvaddr.strategies.gpu`
 cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
+NoCudaDevice       raised by StepPlanner and the GPU strategies without CuPy, a driver or a GPU
 
 The contract is documented in README.md ("Semantics").
 """
 
+from kvaddr.device import NoCudaDevice
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError
 from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
 from kvaddr.strategies.names import STRATEGY_NAMES
@@ -23,6 +25,7 @@ __all__ = [
     "AddressingError",
     "KernelCompileError",
     "KvaddrError",
+    "NoCudaDevice",
     "StepOutputs",
     "StepPlanner",
     "__version__",

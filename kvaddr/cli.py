@@ -647,7 +647,7 @@ def info(as_json):
         table.add_row("Python", report["python"])
         table.add_row("NumPy", report["numpy"])
         table.add_row("CuPy", report["cupy"] or missing)
-        table.add_row("CUDA driver", report["cuda_driver"] or missing)
+        table.add_row("CUDA driver", report["cuda_driver"] or ("none" if report["cupy"] else missing))
         table.add_row("CUDA runtime", report["cuda_runtime"] or missing)
         table.add_row("NVRTC", report["nvrtc"] or missing)
         table.add_row("CUDA devices", probe.reason)

@@ -7,6 +7,7 @@ import ctypes
 import numpy as np
 
 from kvaddr import kernel_loader
+from kvaddr.device import require_cuda
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
 from kvaddr.outputs import StepOutputs
 from kvaddr.validation import (
@@ -58,6 +59,7 @@ class StepPlanner:
     def __init__(
         self, max_requests: int, capacity: int, block_sizes, *, position_dtype=np.int64, device: int | None = None
     ):
+        require_cuda(device)  # NoCudaDevice, one sentence, without CuPy, a driver or a GPU
         import cupy
 
         consts = kernel_loader.constants()

@@ -58,10 +58,10 @@ sample i of the other (same run, mode and clock). Only the workload must
 then match, not the GPU or driver.
 
 --gate picks the measures whose slower verdict fails the command; the
-default, auto, is graph mode's GPU clock when the baseline has graph mode
-(eager timings move with the Python host between runs), else every
-measure. The floor (an empty launch) is reported, never gated, except in
-its ratios."""
+default, auto, is graph mode's GPU clock, and nothing for a run without
+graph mode (the CPU path, --mode eager: eager timings move with the Python
+host between runs; --gate eager:host or all gates them). The floor (an
+empty launch) is reported, never gated, except in its ratios."""
 
 COMPARE_HELP = f"""Compare the timing samples of two profile runs: BASE and NEW are baseline files
 (`kvaddr profile --save`) or `kvaddr profile --json` reports.
@@ -308,6 +308,7 @@ def comparison_document(
                 label: sorted(":".join(m) for m in gated_measures(gate, run))
                 for label, run in zip(base.labels, base.runs)
             },
+            "gate_notes": list(getattr(outcome, "gate_notes", ())),
             "allow_env_mismatch": allow_env_mismatch,
             "rule": RULE,
             "ratio_samples": (
@@ -349,6 +350,8 @@ def finish(
     name = f"kvaddr {command}"
     for label, d in outcome.notes:
         err.print(f"{name}: note ({label}): {d.describe()}")
+    for line in getattr(outcome, "gate_notes", ()):  # issue 12: --gate auto on the CPU path gates nothing
+        err.print(f"{name}: note: {line}")
     for label in outcome.unmatched_new:
         err.print(f"{name}: note: the new run {label!r} has no baseline run with its workload; not compared")
     for label, d in outcome.mismatches:

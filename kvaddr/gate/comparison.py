@@ -23,7 +23,9 @@ true ratio with probability at least ``1 - 2 alpha``):
 * ``ambiguous``  ratio beyond the factor (either way) but p >= alpha, or ratio
   within ``[1/factor, factor]`` but ``[lo, hi]`` is not (the noise, or too
   few samples, cannot exclude a change beyond the factor);
-* ``same``       ratio and ``[lo, hi]`` both within ``[1/factor, factor]``.
+* ``same``       ratio and ``[lo, hi]`` both within ``[1/factor, factor]``;
+  or the two sample sets are identical (the same values, in any order: a file
+  compared with itself), whatever their spread.
 
 A change smaller than the factor is ``same`` even when it is significant.
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,7 +56,7 @@ RULE = (
     "interval from each median's distribution-free (1 - alpha) interval. slower: ratio > factor and "
     "p < alpha; faster: ratio < 1/factor and p < alpha; ambiguous: ratio beyond the factor but p >= alpha, "
     "or ratio within [1/factor, factor] but [lo, hi] not; same: ratio and [lo, hi] within "
-    "[1/factor, factor]"
+    "[1/factor, factor], or identical sample sets"
 )
 
 
@@ -302,6 +304,14 @@ def decide(base, new, factor: float = DEFAULT_FACTOR, alpha: float = DEFAULT_ALP
         base_n=int(b.size),
         new_n=int(x.size),
     )
+    if b.size == x.size and np.array_equal(np.sort(b), np.sort(x)):
+        # The same measurements (a file compared with itself): nothing changed, however noisy they are. The
+        # medians' interval would still be wide for few or spread samples, since it allows for two independent
+        # draws; identical sets are not two draws.
+        ratio = 1.0 if b50 > 0 else math.nan
+        return Decision(
+            "same", ratio, p, (ratio, ratio), "identical samples: the two sets hold the same values", **common
+        )
     if not b50 > 0:
         return Decision("ambiguous", math.nan, p, (0.0, math.inf), "the baseline median is not positive", **common)
     ratio = float(x50 / b50)
@@ -373,19 +383,40 @@ def parse_gate(text: str):
     return frozenset(out)
 
 
+#: What ``--gate auto`` gates when a run has it: graph mode's GPU clock, the one measure a Python host does
+#: not disturb.
+AUTO_GATE = ("graph", "gpu")
+
+
 def gated_measures(gate, run: dict) -> frozenset:
     """The (mode, clock) measures of ``run`` that can fail the comparison.
 
-    ``auto``: graph mode's GPU clock when the run has it (the one measure that
-    a Python host does not disturb), else every measure of the run (the CPU
-    path, ``--mode eager``).
+    ``auto``: graph mode's GPU clock when the run has it, else nothing. Eager
+    timings move with the Python host: on the CPU path, host wall time of the
+    NumPy strategies moved by x1.3-2.1 (p down to 1e-300) between a
+    ``profile --save`` and a ``check`` run straight after it on one machine,
+    and eager GPU time on a GPU is bounded by the host's launches. A run
+    without graph mode (the CPU path, ``--mode eager``) is then compared and
+    reported, but nothing of it fails the command unless ``--gate`` names
+    its measures (:func:`auto_gate_note` says so).
     """
     have = {(r["mode"], r["clock"]) for s in run["shapes"] for r in s["results"]}
     if gate == "all":
         return frozenset(have)
     if gate == "auto":
-        return frozenset({("graph", "gpu")}) if ("graph", "gpu") in have else frozenset(have)
+        return frozenset({AUTO_GATE}) if AUTO_GATE in have else frozenset()
     return frozenset(gate)
+
+
+def auto_gate_note(gate, run: dict, label: str) -> str | None:
+    """One line when ``--gate auto`` gates nothing of ``run`` (no graph mode), else None."""
+    if gate != "auto" or gated_measures(gate, run):
+        return None
+    where = "the CPU path" if run.get("environment", {}).get("device") == "cpu" else "eager mode only"
+    return (
+        f"--gate auto gates nothing of run {label!r} ({where}: eager timings move with the host by more than "
+        f"the factor between runs); its verdicts are reported, not gated (--gate eager:host or --gate all gates them)"
+    )
 
 
 @dataclass(frozen=True)
@@ -568,6 +599,8 @@ class Outcome:
         Runs of the new side no baseline run has the workload of.
     stopped : bool
         True when mismatches were found and not allowed.
+    gate_notes : list of str
+        One line per run that ``--gate auto`` gates nothing of (:func:`auto_gate_note`).
     """
 
     rows: list
@@ -575,6 +608,7 @@ class Outcome:
     notes: list
     unmatched_new: list
     stopped: bool
+    gate_notes: list = field(default_factory=list)
 
     @property
     def slower(self) -> list:
@@ -684,7 +718,14 @@ def compare_baselines(
                     base.runs[i], new.runs[j], base.labels[i], factor=factor, alpha=alpha, relative=relative, gate=gate
                 )
             )
-    return Outcome(rows, mismatches, unique_notes, [new.labels[j] for j in unmatched], False)
+    gate_notes = [
+        note
+        for i, j in pairs
+        if j is not None
+        for note in [auto_gate_note(gate, base.runs[i], base.labels[i])]
+        if note is not None
+    ]
+    return Outcome(rows, mismatches, unique_notes, [new.labels[j] for j in unmatched], False, gate_notes)
 
 
 def json_key(value) -> str:

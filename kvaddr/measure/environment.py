@@ -25,18 +25,15 @@ class CudaProbe:
 
 
 def probe_cuda() -> CudaProbe:
-    """Import CuPy and count CUDA devices, catching every failure."""
-    try:
-        import cupy
-    except Exception as exc:  # ImportError, or a broken install raising anything
-        return CudaProbe(False, 0, f"CuPy is not importable ({type(exc).__name__}: {exc})")
-    try:
-        n = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:  # CUDARuntimeError without a driver or device
-        return CudaProbe(False, 0, f"the CUDA runtime found no usable device ({_one_line(exc)})")
-    if n < 1:
-        return CudaProbe(False, 0, "the CUDA runtime reports 0 devices")
-    return CudaProbe(True, n, f"{n} CUDA device(s)")
+    """Import CuPy and count CUDA devices, catching every failure.
+
+    The reason is :func:`kvaddr.device.cuda_status`'s short one (``"no NVIDIA driver"``,
+    ``"CuPy is not installed (...)"``), with the raw error appended when ``KVADDR_DEBUG`` is set.
+    """
+    from kvaddr.device import cuda_status
+
+    status = cuda_status()
+    return CudaProbe(status.available, status.device_count, status.explained())
 
 
 def _one_line(exc: BaseException) -> str:
@@ -120,7 +117,7 @@ def gpu_list() -> list:
 
 
 def cuda_versions() -> dict:
-    """Driver, runtime, NVRTC and CuPy versions (None where unknown)."""
+    """Driver, runtime, NVRTC and CuPy versions (None where unknown; ``cuda_driver`` None without a driver)."""
     out = {"cupy": None, "cuda_driver": None, "cuda_runtime": None, "nvrtc": None}
     try:
         import cupy
@@ -129,9 +126,11 @@ def cuda_versions() -> dict:
     out["cupy"] = getattr(cupy, "__version__", None)
     for key, fn in (("cuda_driver", "driverGetVersion"), ("cuda_runtime", "runtimeGetVersion")):
         try:
-            out[key] = _cuda_version(int(getattr(cupy.cuda.runtime, fn)()))
+            v = int(getattr(cupy.cuda.runtime, fn)())
         except Exception:
-            pass
+            continue
+        # cudaDriverGetVersion gives 0 when no NVIDIA driver is installed: no version, not "0.0".
+        out[key] = _cuda_version(v) if v > 0 else None
     try:
         major, minor = cupy.cuda.nvrtc.getVersion()
         out["nvrtc"] = f"{major}.{minor}"

@@ -30,6 +30,7 @@ import ctypes
 import numpy as np
 
 from kvaddr import kernel_loader
+from kvaddr.device import require_cuda
 from kvaddr.outputs import StepOutputs
 from kvaddr.planner import StepPlanner
 from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_name
@@ -63,6 +64,7 @@ class Fused:
         position_dtype=np.int64,
         device: int | None = None,
     ):
+        require_cuda(device)
         self.num_layers = check_int("num_layers", num_layers, lo=1)
         self.planner = StepPlanner(max_requests, capacity, block_sizes, position_dtype=position_dtype, device=device)
         self.launches_per_step = 1
@@ -94,6 +96,7 @@ class _PositionsThenSlots:
         position_dtype=np.int64,
         device: int | None = None,
     ):
+        require_cuda(device)
         import cupy
 
         self.num_layers = check_int("num_layers", num_layers, lo=1)

@@ -19,6 +19,11 @@ are ignored.
 
 Every line stands alone, so a bad line costs only itself: :class:`TraceReader`
 yields a :class:`BadLine` with the line number and the reason and carries on.
+A file that cannot be read to its end (a truncated or corrupt gzip stream)
+yields every line it could read, then a :class:`DamagedTrace` (a BadLine)
+naming the line where reading stopped. A file that is not a trace at all
+(empty, binary, another JSON document: none of its first :data:`SNIFF_LINES`
+non-blank lines is a header or a step) raises :class:`NotATraceError`.
 The reader streams: it holds one line at a time, whatever the trace's length.
 """
 
@@ -29,6 +34,7 @@ import io
 import json
 import os
 import sys
+import zlib
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -49,10 +55,21 @@ MAX_TABLE_ENTRIES = 1 << 26
 INT32_MAX = (1 << 31) - 1
 
 STEP_KEYS = ("seq_lens_decoder", "seq_lens_this_time", "seq_lens_encoder", "block_tables", "block_tables_per_cache")
+#: Non-blank lines the reader looks at for a header or a step before it calls a file "not a kvaddr trace".
+SNIFF_LINES = 8
+#: Bytes at the start of the (decompressed) file that must look like text.
+SNIFF_BYTES = 4096
 
 
 class TraceError(Exception):
     """The trace cannot be read at all (missing file, unreadable header); exit status 2."""
+
+
+class NotATraceError(TraceError):
+    """The file is not a kvaddr trace at all (empty, binary, another JSON document); exit status 2.
+
+    Its message starts with ``not a kvaddr trace: ``.
+    """
 
 
 @dataclass(frozen=True)
@@ -168,6 +185,15 @@ class BadLine:
 
     line: int
     reason: str
+
+
+@dataclass(frozen=True)
+class DamagedTrace(BadLine):
+    """The file could not be read past line ``line - 1`` (a truncated or corrupt gzip stream, a read error).
+
+    The reader yields it last, after every line it could read; ``line`` is the
+    first line it could not read.
+    """
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -363,21 +389,34 @@ class TraceReader:
     Raises
     ------
     TraceError
-        The file cannot be opened, or its header line is unusable.
+        The file cannot be opened, its header line is unusable, or it cannot be
+        read up to its first line.
+    NotATraceError
+        The file is not a kvaddr trace (a :class:`TraceError`).
+
+    Damage met later (a truncated or corrupt gzip stream) does not raise: the
+    lines read so far are yielded, then a :class:`DamagedTrace`.
     """
 
     def __init__(self, path: str):
         self.path = path
         self.header: TraceHeader | None = None
         self.size = None
-        self._pending = None
+        self._pending = []
         self._line = 0
         self._index = 0
+        self._damage = None
+        self._gzip = False
         try:
             self._closers = []
             if path == "-":
                 self._counter = None
                 self._fh = sys.stdin.buffer
+                if not hasattr(self._fh, "peek"):
+                    self._fh = io.BufferedReader(self._fh)
+                if self._fh.peek(2)[:2] == b"\x1f\x8b":
+                    self._fh = gzip.GzipFile(fileobj=self._fh, mode="rb")
+                    self._gzip = True
             else:
                 self.size = os.path.getsize(path)
                 f = open(path, "rb")  # noqa: SIM115  (closed by the reader)
@@ -389,35 +428,67 @@ class TraceReader:
                 if magic == b"\x1f\x8b":
                     self._fh = gzip.GzipFile(fileobj=buffered, mode="rb")
                     self._closers.insert(0, self._fh)
+                    self._gzip = True
         except OSError as exc:
             raise TraceError(f"cannot open the trace {path!r}: {exc.strerror or exc}") from None
+        self._source = self._lines()
         try:
             self._read_header()
         except BaseException:
             self.close()
             raise
 
+    def _not_a_trace(self, why: str) -> NotATraceError:
+        return NotATraceError(f"not a kvaddr trace: {self.path}: {why}")
+
     def _read_header(self) -> None:
-        for raw in self._lines():
+        """Read the header, or the first lines until one looks like a step; else the file is not a trace.
+
+        A trace's first non-blank line is a header or a step; a damaged line or two may come first,
+        so up to :data:`SNIFF_LINES` non-blank lines are looked at (and kept for :meth:`__iter__`).
+        """
+        try:
+            head = self._fh.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(self._fh, "peek") else b""
+        except (OSError, EOFError):
+            head = b""  # a damaged stream: reported where reading stops
+        if b"\x00" in head:
+            raise self._not_a_trace(f"binary data (a NUL byte in its first {len(head)} bytes)")
+        for raw in self._source:
             if not raw.strip():
                 continue
+            if b"\x00" in raw:
+                raise self._not_a_trace(f"binary data (a NUL byte on line {self._line})")
             try:
                 obj = json.loads(raw)
-            except ValueError:
+            except ValueError:  # UnicodeDecodeError included
                 obj = None
-            if isinstance(obj, dict) and HEADER_KEY in obj:
+            if not self._pending and isinstance(obj, dict) and HEADER_KEY in obj:
                 self.header = parse_header(obj, self._line)
-            else:
-                self._pending = (self._line, raw, obj)
-            return
+                return
+            self._pending.append((self._line, raw, obj))
+            if isinstance(obj, dict) and any(k in obj for k in (HEADER_KEY, *STEP_KEYS)):
+                return
+            if len(self._pending) >= SNIFF_LINES:
+                break
+        if self._damage is not None and not self._pending:
+            line, exc = self._damage
+            raise TraceError(f"cannot read the trace {self.path!r}: {exc} (before line {line}, its first)")
+        if not self._pending:
+            raise self._not_a_trace("the file is empty" if self._line == 0 else "it holds only blank lines")
+        line, raw, obj = self._pending[0]
+        why = self._parse(line, raw, obj).reason if obj is None else "a JSON value with none of a step's keys"
+        raise self._not_a_trace(
+            f"none of its first {len(self._pending)} non-blank line(s) is a trace step or header line "
+            f"(line {line}: {why}); see docs/trace-format.md"
+        )
 
     def _lines(self):
         try:
             for raw in self._fh:
                 self._line += 1
                 yield raw
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise TraceError(f"cannot read the trace {self.path!r} after line {self._line}: {exc}") from None
+        except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            self._damage = (self._line + 1, exc)
 
     @property
     def bytes_read(self) -> int:
@@ -442,14 +513,18 @@ class TraceReader:
             return BadLine(line, str(exc))
 
     def __iter__(self):
-        if self._pending is not None:
-            line, raw, obj = self._pending
-            self._pending = None
+        while self._pending:
+            line, raw, obj = self._pending.pop(0)
             yield self._parse(line, raw, obj)
-        for raw in self._lines():
+        for raw in self._source:
             if not raw.strip():
                 continue
             yield self._parse(self._line, raw)
+        if self._damage is not None:
+            line, exc = self._damage
+            self._damage = None
+            what = "the gzip stream ends early or is corrupt" if self._gzip else "the file cannot be read further"
+            yield DamagedTrace(line, f"reading stopped here: {what} ({exc}); lines 1-{line - 1} were read")
 
     def close(self) -> None:
         for c in self._closers:
@@ -574,6 +649,8 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_KEY",
     "BadLine",
+    "DamagedTrace",
+    "NotATraceError",
     "RaggedTable",
     "TraceError",
     "TraceHeader",

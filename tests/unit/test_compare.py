@@ -8,6 +8,7 @@ import pytest
 
 from kvaddr.gate import baseline_file as bl
 from kvaddr.gate.comparison import (
+    auto_gate_note,
     compare_baselines,
     compare_runs,
     decide,
@@ -170,8 +171,22 @@ def test_beyond_the_factor_but_not_significant_is_ambiguous():
 
 
 def test_too_few_samples_to_call_same_is_ambiguous():
-    d = decide([10.0, 10.1, 9.9, 10.0], [10.0, 10.1, 9.9, 10.0])
+    d = decide([10.0, 10.1, 9.9, 10.0], [10.0, 10.2, 9.9, 10.0])
     assert d.ratio == 1.0 and d.verdict == "ambiguous" and "too noisy or too few" in d.reason
+
+
+def test_identical_samples_are_same_however_few_or_noisy():
+    """Issue 12, item 5: a file compared with itself (the floor row was "ambiguous" at x1.000, p = 1)."""
+    rng = np.random.default_rng(0)
+    for base in ([10.0, 10.1, 9.9, 10.0], [0.2, 0.9, 0.21, 3.0, 0.25], list(rng.lognormal(0, 1, 50)), [5.0]):
+        new = list(reversed(base))  # the same values, in another order
+        d = decide(base, new)
+        assert (d.verdict, d.ratio, d.p, d.ratio_ci) == ("same", 1.0, 1.0, (1.0, 1.0)), d
+        assert "identical samples" in d.reason
+    # Not identical: the usual rule (one value moved, or one more sample).
+    assert decide([10.0, 10.1, 9.9, 10.0], [10.0, 10.1, 9.9, 10.0, 10.0]).verdict == "ambiguous"
+    assert decide([0.2, 0.9, 0.21, 3.0, 0.25], [0.2, 0.9, 0.21, 3.0, 0.26]).verdict == "ambiguous"
+    assert decide([0.0, 0.0], [0.0, 0.0]).verdict == "same" and math.isnan(decide([0.0], [0.0]).ratio)
 
 
 def test_factor_and_alpha_are_checked():
@@ -287,7 +302,9 @@ def test_compare_runs_gives_a_verdict_per_shape_strategy_mode_and_clock():
 
 def test_gates():
     run = make_run(1, modes=("eager",))
-    assert gated_measures("auto", run) == {("eager", "host"), ("eager", "gpu")}
+    assert gated_measures("auto", run) == frozenset()  # no graph mode: auto gates nothing (issue 12)
+    assert auto_gate_note("auto", run, "ds").startswith("--gate auto gates nothing of run 'ds' (eager mode only")
+    assert auto_gate_note("auto", make_run(1), "ds") is None and auto_gate_note("all", run, "ds") is None
     assert gated_measures("auto", make_run(1)) == {("graph", "gpu")}
     assert gated_measures("all", make_run(1)) == {("graph", "gpu"), ("eager", "host"), ("eager", "gpu")}
     assert parse_gate("graph:gpu, eager:host") == {("graph", "gpu"), ("eager", "host")}

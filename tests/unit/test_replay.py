@@ -1,6 +1,8 @@
 """`kvaddr replay` on the CPU path (and the GPU flow against the fake CuPy), through click's CliRunner."""
 
+import gzip
 import json
+import re
 import sys
 import tracemalloc
 
@@ -11,7 +13,7 @@ from click.testing import CliRunner
 from kvaddr import cli as cli_module
 from kvaddr.measure import environment
 from kvaddr.strategies import cpu as cpu_strategies
-from kvaddr.traces.format import TraceReader
+from kvaddr.traces.format import BadLine, DamagedTrace, NotATraceError, TraceReader, TraceStep, TraceWriter
 from kvaddr.traces.generator import Distribution, GeneratorConfig, write_trace
 from kvaddr.traces.replay import CpuReplayer, bucket, replay_trace
 from kvaddr.traces.report import StreamStats, batch_bin
@@ -131,10 +133,116 @@ def test_bad_lines_are_reported_skipped_and_exit_1(tmp_path, no_gpu):
 
 
 def test_only_bad_lines(tmp_path, no_gpu):
-    path = write_lines(tmp_path / "t.jsonl", ["nope", "[]"])
+    # Step lines, every one bad: a trace with nothing to replay (exit 1), not "not a trace" (exit 2).
+    path = write_lines(tmp_path / "t.jsonl", [dict(STEP, seq_lens_this_time=[1]), "nope", {"seq_lens_decoder": [1]}])
     r = run("replay", path, "--block-size", "4")
     assert r.exit_code == 1
     assert "no step to replay" in r.stderr and r.stdout == ""
+    assert "line 1: seq_lens_this_time has 1 entries" in " ".join(r.stderr.split())
+
+
+# ----------------------------------------------------------------------------- damaged and foreign files (issue 12)
+
+
+def gz_trace(tmp_path, steps=200):
+    """A gzip trace of ``steps`` good steps (B = 4, one cache) and its bytes."""
+    path = tmp_path / "t.jsonl.gz"
+    with TraceWriter(str(path), {"block_sizes": [4]}) as w:
+        for i in range(steps):
+            w.write_step([5 + i % 7, 0, 9], [1, 3, 2], [0, 3, 0], [[7, 2, 11, 12], [4], [1, 3, 8, 9]])
+    return path, path.read_bytes()
+
+
+def test_a_truncated_gzip_trace_replays_what_it_could_read(tmp_path, no_gpu):
+    _, data = gz_trace(tmp_path)
+    (tmp_path / "trunc.jsonl.gz").write_bytes(data[: len(data) // 2])
+    trunc = str(tmp_path / "trunc.jsonl.gz")
+    with TraceReader(trunc) as reader:
+        items = list(reader)
+    good = [i for i in items if not isinstance(i, BadLine)]
+    assert 10 < len(good) < 200 and isinstance(items[-1], DamagedTrace)
+    assert items[-1].line == good[-1].line + 1 and [type(i) for i in items[:-1]] == [TraceStep] * len(good)
+    r = run("replay", trunc, "--layers", "1", "--json", str(tmp_path / "r.json"))
+    assert r.exit_code == 1, r.output
+    err = " ".join(r.stderr.split())
+    assert f"line {items[-1].line}: reading stopped here: the gzip stream ends early or is corrupt" in err
+    assert "Compressed file ended" in err and "internal error" not in err and "Traceback" not in r.output
+    assert "per-layer" in r.stdout and "fused" in r.stdout  # the steps read so far are reported
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["trace"]["steps_replayed"] == len(good) and doc["trace"]["bad_lines"] == 1
+    assert doc["trace"]["bad_line_examples"][0]["line"] == items[-1].line
+
+
+def test_a_gzip_trace_with_a_bad_crc_replays_every_step_and_exits_1(tmp_path, no_gpu):
+    path, data = gz_trace(tmp_path, steps=50)
+    bad = bytearray(data)
+    bad[-8] ^= 0xFF  # the CRC32 of the gzip trailer
+    path.write_bytes(bytes(bad))
+    r = run("replay", str(path), "--layers", "1", "--json", "-")
+    assert r.exit_code == 1, r.output
+    assert "CRC check failed" in r.stderr and "line 52: reading stopped here" in " ".join(r.stderr.split())
+    assert json.loads(r.stdout)["trace"]["steps_replayed"] == 50
+
+
+def test_a_gzip_stream_damaged_in_its_first_line_exits_2(tmp_path, no_gpu):
+    path, data = gz_trace(tmp_path)
+    path.write_bytes(data[:20])
+    r = run("replay", str(path))
+    assert r.exit_code == 2, r.output
+    assert "cannot read the trace" in r.stderr and r.stdout == "" and "Traceback" not in r.output
+
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
+
+
+@pytest.mark.parametrize(
+    "name, content, why",
+    [
+        ("empty.jsonl", b"", "the file is empty"),
+        ("blank.jsonl", b"\n\n  \n", "only blank lines"),
+        ("plot.png", PNG + b"\n" * 40, "binary data"),
+        ("plot.png.gz", gzip.compress(PNG * 100), "binary data"),
+        ("base.json", json.dumps({"kind": "kvaddr.baseline", "runs": []}, indent=2).encode(), "not JSON"),
+        ("one.json", json.dumps({"kind": "kvaddr.baseline", "runs": []}).encode(), "none of a step's keys"),
+        ("words.txt", b"nope\n[]\n" * 10, "none of its first 8 non-blank line(s)"),
+    ],
+)
+def test_a_file_that_is_not_a_trace_gets_one_message_and_exit_2(tmp_path, no_gpu, name, content, why):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(NotATraceError, match=re.escape(why)):
+        TraceReader(str(path))
+    r = run("replay", str(path))
+    assert r.exit_code == 2, r.output
+    err = " ".join(r.stderr.split())
+    assert f"not a kvaddr trace: {path}" in err and why in err, err
+    assert err.count("not a kvaddr trace") == 1 and "line 2" not in err and r.stdout == ""
+
+
+def test_a_baseline_file_is_not_a_trace(tmp_path, no_gpu):
+    base = tmp_path / "b.json"
+    assert (
+        run(
+            "profile", "--device", "cpu", "--layers", "1", "--budget", "0", "--batch", "4", "--save", str(base)
+        ).exit_code
+        == 0
+    )
+    r = run("replay", str(base))
+    assert r.exit_code == 2 and "not a kvaddr trace" in r.stderr and r.stdout == ""
+
+
+def test_a_few_damaged_lines_before_the_first_step_still_make_a_trace(tmp_path, no_gpu):
+    path = write_lines(tmp_path / "t.jsonl", ["{oops", "\x01garbage", {"kvaddr_trace": 1}, STEP, STEP])
+    r = run("replay", path, "--layers", "1", "--block-size", "4")
+    assert r.exit_code == 1, r.output  # three bad lines (a header is allowed only first), two good steps
+    assert "3 bad line(s)" in r.stderr and "per-layer" in r.stdout
+
+
+def test_a_gzip_trace_on_stdin(tmp_path, no_gpu):
+    _, data = gz_trace(tmp_path, steps=5)
+    r = run("replay", "-", "--layers", "1", "--json", "-", input=data)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["trace"]["steps_replayed"] == 5
 
 
 def test_a_trace_without_a_header(tmp_path, no_gpu):
