@@ -8,7 +8,7 @@ strategies         the four strategies on the GPU, :mod:`kvaddr.strategies.gpu`
 cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 
-The contract is documented in README.md ("Semantics").
+The contract is stated in docs/spec.md (README.md's "Semantics" is the short version).
 """
 
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError
