@@ -1,15 +1,15 @@
 """docs/spec.md is the project's contract: its worked examples must be what the code computes,
 and nothing in the repository may point outside it for the contract.
 
-The worked examples are the fenced ``json kvaddr-example`` blocks of docs/spec.md; each is run
-through the NumPy reference (the oracle) and through the independent per-token loop of
-tests/support/step_cases.py, and every output, the error mask and the first bad record must
-equal what the page says.
+The worked examples are the fenced ``json kvaddr-example`` blocks of docs/spec.md
+(tests/support/spec_doc.py parses them); each is run through the NumPy reference (the oracle)
+and through the independent per-token loop of tests/support/step_cases.py, and every output,
+the error mask and the first bad record must equal what the page says. tests/gpu runs them
+through the GPU strategies.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -21,70 +21,59 @@ import pytest
 from kvaddr.errors import ERROR_REASONS, NO_ERROR_KEY, decode_error_key
 from kvaddr.outputs import OUTPUT_FIELDS, PAD_SLOT_ID
 from kvaddr.reference import step_addressing
+from tests.support.spec_doc import example_case, spec_examples, spec_text
 from tests.support.step_cases import naive_reference
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT / "docs" / "spec.md"
-EXAMPLE_BLOCK = re.compile(r"^```json kvaddr-example\n(.*?)^```$", re.S | re.M)
-
-
-def spec_text() -> str:
-    return SPEC.read_text(encoding="utf-8")
-
-
-def spec_examples() -> list[dict]:
-    return [json.loads(block) for block in EXAMPLE_BLOCK.findall(spec_text())]
+EXAMPLES = spec_examples()
 
 
 def test_spec_has_the_worked_examples():
-    examples = spec_examples()
-    assert len(examples) >= 3, "docs/spec.md lost its machine-readable worked examples"
-    names = [ex["name"] for ex in examples]
+    assert len(EXAMPLES) >= 3, "docs/spec.md lost its machine-readable worked examples"
+    names = [ex["name"] for ex in EXAMPLES]
     assert len(set(names)) == len(names), names
     # Between them, the examples show a clean step and every error bit.
-    assert any(ex["error_mask"] == 0 for ex in examples)
-    assert set().union(*({b for b in ERROR_REASONS if ex["error_mask"] & b} for ex in examples)) == set(ERROR_REASONS)
+    assert any(ex["error_mask"] == 0 for ex in EXAMPLES)
+    assert set().union(*({b for b in ERROR_REASONS if ex["error_mask"] & b} for ex in EXAMPLES)) == set(ERROR_REASONS)
+    for ex in EXAMPLES:
+        assert set(ex["outputs"]) == set(OUTPUT_FIELDS), f"{ex['name']} must state every output"
 
 
-def _inputs(ex: dict) -> tuple:
-    inp = ex["inputs"]
-    tables = inp["block_tables"]
-    if tables and tables[0] and isinstance(tables[0][0], list):  # one table per cache (widths may differ)
-        tables = [np.asarray(t, dtype=np.int32) for t in tables]
-    else:
-        tables = np.asarray(tables, dtype=np.int32)
-    return (
-        np.asarray(inp["seq_lens_decoder"], dtype=np.int32),
-        np.asarray(inp["seq_lens_this_time"], dtype=np.int32),
-        tables,
-        list(inp["block_sizes"]),
-        int(inp["capacity"]),
-    )
+def _first_bad(key: int):
+    return None if key == NO_ERROR_KEY else list(decode_error_key(key))
 
 
-@pytest.mark.parametrize("ex", spec_examples(), ids=lambda ex: ex["name"])
+@pytest.mark.parametrize("ex", EXAMPLES, ids=lambda ex: ex["name"])
 def test_worked_example_matches_the_reference(ex):
-    res = step_addressing(*_inputs(ex))
+    case = example_case(ex)
+    res = step_addressing(
+        case["seq_lens_decoder"],
+        case["seq_lens_this_time"],
+        case["block_tables"],
+        case["block_sizes"],
+        case["capacity"],
+    )
     got = res.outputs.as_dict()
-    assert set(ex["outputs"]) == set(OUTPUT_FIELDS), "an example must state every output"
     for name in OUTPUT_FIELDS:
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(ex["outputs"][name]), err_msg=name)
     assert res.error_mask == ex["error_mask"]
-    if ex["first_bad"] is None:
-        assert res.error_key == NO_ERROR_KEY
-    else:
-        assert list(decode_error_key(res.error_key)) == ex["first_bad"]
+    assert _first_bad(res.error_key) == ex["first_bad"]
 
 
-@pytest.mark.parametrize("ex", spec_examples(), ids=lambda ex: ex["name"])
+@pytest.mark.parametrize("ex", EXAMPLES, ids=lambda ex: ex["name"])
 def test_worked_example_matches_the_per_token_loop(ex):
-    dec, q, tables, sizes, capacity = _inputs(ex)
-    want = naive_reference(dec, q, tables, sizes, capacity)
+    case = example_case(ex)
+    want = naive_reference(
+        case["seq_lens_decoder"],
+        case["seq_lens_this_time"],
+        case["block_tables"],
+        case["block_sizes"],
+        case["capacity"],
+    )
     for name in OUTPUT_FIELDS:
         np.testing.assert_array_equal(np.asarray(want[name]), np.asarray(ex["outputs"][name]), err_msg=name)
     assert want["error_mask"] == ex["error_mask"]
-    want_first = None if want["error_key"] == NO_ERROR_KEY else list(decode_error_key(want["error_key"]))
-    assert want_first == ex["first_bad"]
+    assert _first_bad(want["error_key"]) == ex["first_bad"]
 
 
 def test_error_bit_table_matches_the_code():
