@@ -9,7 +9,7 @@ cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 NoCudaDevice       raised by StepPlanner and the GPU strategies without CuPy, a driver or a GPU
 
-The contract is documented in README.md ("Semantics").
+The contract is stated in docs/spec.md (README.md's "Semantics" is the short version).
 """
 
 from kvaddr.device import NoCudaDevice

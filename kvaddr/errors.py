@@ -1,4 +1,4 @@
-"""Exceptions and the device-side error bits of the spec (``../shared/SPEC.md``)."""
+"""Exceptions and the device-side error bits of the contract (``docs/spec.md``)."""
 
 from __future__ import annotations
 

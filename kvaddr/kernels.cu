@@ -9,7 +9,7 @@
 //       and batch ids (the per-layer, one-kernel baseline).
 //   kvaddr_empty                         an empty kernel (the launch floor).
 //
-// Semantics: ../shared/SPEC.md and kvaddr/reference.py (the oracle).
+// Semantics: docs/spec.md and kvaddr/reference.py (the oracle).
 //
 // How the fused step scales (no single block, no per-thread prefix over earlier
 // requests):

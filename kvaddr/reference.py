@@ -1,6 +1,6 @@
 """NumPy reference of step addressing: the oracle for every kernel and the CPU path.
 
-Semantics are those of ``../shared/SPEC.md``, with these choices where the spec is
+Semantics are those of ``docs/spec.md``, with these choices where the spec is
 silent (the kernels make the same ones):
 
 * A request with a negative ``seq_lens_decoder`` or ``seq_lens_this_time`` sets

@@ -6,7 +6,7 @@ A profile names a workload once, with where its numbers come from, so that
 (docs/profiles.md)::
 
     description = "DeepSeek-V3.2 decode with MTP (1 speculative token)"
-    source = "shared/SPEC.md (61 layers, 2 caches, B = 64); DeepSeek-V3 report ..."
+    source = "docs/spec.md (61 layers, 2 caches, B = 64); DeepSeek-V3 report ..."
 
     [profile]            # options of `kvaddr profile` (`sweep` and `replay` use the ones they have)
     model = "deepseek-v3.2"

@@ -79,7 +79,7 @@ PRESETS = {
         block_size=64,
         cache_names=("MLA latent cache (fp8_ds_mla, 656 B/token)", "DSA indexer key cache (132 B/token)"),
         source="DeepSeek-V3.2: 61 transformer layers (the MTP layer not counted), two caches per layer "
-        "sharing one block table with B = 64 (shared/SPEC.md)",
+        "sharing one block table with B = 64 (docs/spec.md)",
     ),
     # GLM-5 (glm_moe_dsa) runs the same DSA attention layers as DeepSeek-V3.2: an MLA
     # latent cache and an indexer key cache per layer, one shared block table, B = 64.

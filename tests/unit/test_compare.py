@@ -1,4 +1,4 @@
-"""The regression rule (kvaddr.gate.comparison) and baseline files (kvaddr.baseline), without the CLI."""
+"""The regression rule (kvaddr.gate.comparison) and baseline files (kvaddr.gate.baseline_file), without the CLI."""
 
 import json
 import math

@@ -88,7 +88,7 @@ def test_profiles_command_lists_name_description_source():
     assert r.exit_code == 0, r.output
     for name in BUNDLED:
         assert name in r.stdout
-    assert "shared/SPEC.md" in r.stdout
+    assert "docs/spec.md" in r.stdout
     doc = json.loads(run("profiles", "--json").stdout)
     assert {p["name"] for p in doc["profiles"]} >= set(BUNDLED) and doc["errors"] == []
     one = run("profiles", "glm-5")
