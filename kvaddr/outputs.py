@@ -8,6 +8,13 @@ from typing import Any
 #: Slot of a padding token or of a token whose address is bad.
 PAD_SLOT_ID = -1
 
+#: ``kv_indices`` entry past its used length (``kv_indptr[g, bsz]``) or for a bad block:
+#: "no block", the block tables' own marker of an unallocated block (docs/attention.md).
+PAD_PAGE_ID = -1
+
+#: The attention-metadata groups a planner may be asked for (docs/attention.md).
+ATTENTION_GROUPS = ("flashinfer", "varlen", "page_table")
+
 OUTPUT_FIELDS = (
     "cu_seqlens_q",
     "num_tokens",
@@ -16,6 +23,26 @@ OUTPUT_FIELDS = (
     "seq_lens_kv",
     "slot_mapping",
 )
+
+#: Fields of :class:`AttentionOutputs`, in order; those of a group not asked for are None.
+ATTENTION_FIELDS = (
+    "qo_indptr",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "cu_seqlens_k",
+    "seqused_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "page_table",
+)
+
+#: Which fields each group of :data:`ATTENTION_GROUPS` fills.
+ATTENTION_GROUP_FIELDS = {
+    "flashinfer": ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
+    "varlen": ("cu_seqlens_k", "seqused_k", "max_seqlen_q", "max_seqlen_k"),
+    "page_table": ("page_table",),
+}
 
 
 @dataclass
@@ -48,6 +75,57 @@ class StepOutputs:
     position_ids: Any
     seq_lens_kv: Any
     slot_mapping: Any
+    #: The attention metadata (:class:`AttentionOutputs`) when the step was asked for it, else None.
+    attention: Any = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in OUTPUT_FIELDS}
+
+
+@dataclass
+class AttentionOutputs:
+    """Attention-backend metadata of one step (docs/attention.md), NumPy or CuPy arrays.
+
+    ``L_b = seq_lens_kv[b]`` (the request's KV length after the step), ``B_g`` the
+    block size of cache g, ``n_bg = ceil(L_b / B_g)`` its pages, G caches, N the
+    ``kv_indices`` capacity. A group not asked for leaves its fields None.
+
+    Attributes
+    ----------
+    qo_indptr : int32 [bsz + 1]
+        ``cu_seqlens_q`` (flashinfer).
+    kv_indptr : int32 [G, bsz + 1]
+        Prefix sum of ``n_bg`` over requests, from 0, saturating at 2**31 - 1
+        (the true sums even when they pass N) (flashinfer).
+    kv_indices : int32 [G, N]
+        Request by request, the first ``n_bg`` block ids of its row;
+        ``PAD_PAGE_ID`` (-1) past ``kv_indptr[g, bsz]``, for an entry beyond the
+        row (bit 1) and for a negative block id (bit 2); entries at index >= N
+        are dropped (bit 16) (flashinfer).
+    kv_last_page_len : int32 [G, bsz]
+        ``(L_b - 1) % B_g + 1`` for ``L_b > 0``, 0 for ``L_b = 0`` (flashinfer).
+    cu_seqlens_k : int32 [bsz + 1]
+        Prefix sum of ``L_b``, from 0, saturating at 2**31 - 1 (varlen).
+    seqused_k : int32 [bsz]
+        ``L_b`` (``seq_lens_kv``; FlashMLA's ``cache_seqlens``) (varlen).
+    max_seqlen_q, max_seqlen_k : int32 scalars (0-d arrays)
+        Largest ``cu_seqlens_q[b + 1] - cu_seqlens_q[b]`` and largest ``L_b``;
+        0 for an empty batch (varlen).
+    page_table : tuple of G int32 arrays [bsz, max_blocks_g]
+        The batch-order rows of each cache's table: rows ``[0, bsz)`` of the
+        table itself (a view, no copy) (page_table).
+    """
+
+    qo_indptr: Any = None
+    kv_indptr: Any = None
+    kv_indices: Any = None
+    kv_last_page_len: Any = None
+    cu_seqlens_k: Any = None
+    seqused_k: Any = None
+    max_seqlen_q: Any = None
+    max_seqlen_k: Any = None
+    page_table: Any = None
+
+    def as_dict(self) -> dict:
+        """The fields that are not None."""
+        return {name: getattr(self, name) for name in ATTENTION_FIELDS if getattr(self, name) is not None}

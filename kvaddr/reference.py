@@ -13,6 +13,11 @@ silent (the kernels make the same ones):
 * The "first bad token" is the error with the smallest
   ``(token, request, cache, bit)``: for bit 8 the token is the request's
   ``cu_seqlens_q`` entry, for bit 4 it is token C (the first one dropped).
+* With ``attention=...`` the step also returns the attention-backend metadata
+  (:mod:`kvaddr.attention_reference`, docs/attention.md); its errors (bits 1 and
+  2 of a request's pages, bit 16) are keyed at the request's ``cu_seqlens_q``
+  entry, and the step's ``error_key`` uses the 3-bit bit field of
+  :func:`kvaddr.attention_reference.error_key` (``key_layout`` 2).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvaddr import attention_reference
 from kvaddr.errors import (
     ERR_BLOCK_INDEX,
     ERR_CAPACITY,
@@ -28,6 +34,7 @@ from kvaddr.errors import (
     ERR_NEGATIVE_LENGTH,
     NO_ERROR_KEY,
     AddressingError,
+    decode_error_key,
     error_key,
 )
 from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
@@ -43,10 +50,24 @@ class ReferenceResult:
     outputs: StepOutputs
     error_mask: int
     error_key: int
+    #: 1: ``error_key`` is :func:`kvaddr.errors.error_key`'s; 2: :func:`kvaddr.attention_reference.error_key`'s
+    #: (a step with attention outputs, whose bit 16 needs the wider bit field).
+    key_layout: int = 1
+
+    @property
+    def first_bad(self) -> tuple[int, int, int, int] | None:
+        """The first bad record ``(token, request, cache, bit)``, None without errors."""
+        if not self.error_mask:
+            return None
+        if self.key_layout == 2:
+            return attention_reference.decode_error_key(self.error_key)
+        return decode_error_key(self.error_key)
 
     def check(self) -> None:
         """Raise :class:`~kvaddr.errors.AddressingError` if the step had bad values."""
         if self.error_mask:
+            if self.key_layout == 2:
+                raise attention_reference.AttentionAddressingError(self.error_mask, self.error_key)
             raise AddressingError(self.error_mask, self.error_key)
 
 
@@ -73,6 +94,8 @@ def step_addressing(
     *,
     seq_lens_encoder=None,
     position_dtype=np.int64,
+    attention=None,
+    kv_indices_capacity=None,
 ) -> ReferenceResult:
     """Compute one step's addressing on the host.
 
@@ -93,11 +116,17 @@ def step_addressing(
         Checked for shape and dtype only; not needed for addressing.
     position_dtype : numpy dtype
         ``np.int64`` (default) or ``np.int32``.
+    attention : str or sequence of str, optional
+        Attention-metadata groups among ``("flashinfer", "varlen", "page_table")``
+        (docs/attention.md); None (default) asks for none and changes nothing.
+    kv_indices_capacity : int, optional
+        N, the entries of each cache's ``kv_indices``; required with "flashinfer".
 
     Returns
     -------
     ReferenceResult
-        ``outputs`` (a :class:`StepOutputs` of NumPy arrays), ``error_mask``
+        ``outputs`` (a :class:`StepOutputs` of NumPy arrays; ``outputs.attention``
+        the :class:`~kvaddr.outputs.AttentionOutputs` when asked for), ``error_mask``
         and ``error_key``; ``check()`` raises on errors.
     """
     dec = _as_int32("seq_lens_decoder", seq_lens_decoder)
@@ -120,6 +149,10 @@ def step_addressing(
     position_dtype = np.dtype(position_dtype)
     if position_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
         raise TypeError(f"position_dtype must be int64 or int32, got {position_dtype}")
+    groups = attention_reference.normalize_attention(attention)
+    kv_indices_capacity = attention_reference.check_kv_indices_capacity(groups, kv_indices_capacity)
+    if ("flashinfer" in groups or "page_table" in groups) and not sizes:
+        raise ValueError("attention 'flashinfer' and 'page_table' need at least one cache (block_sizes is empty)")
 
     d64 = dec.astype(np.int64)
     q64 = q.astype(np.int64)
@@ -173,4 +206,10 @@ def step_addressing(
         seq_lens_kv=kv,
         slot_mapping=slots,
     )
-    return ReferenceResult(outputs, mask, min(keys) if keys else NO_ERROR_KEY)
+    if not groups:
+        return ReferenceResult(outputs, mask, min(keys) if keys else NO_ERROR_KEY)
+    att = attention_reference.attention_metadata(outputs.cu_seqlens_q, kv, tables, sizes, groups, kv_indices_capacity)
+    outputs.attention = att.outputs
+    records = [decode_error_key(k) for k in keys] + att.records
+    key = attention_reference.error_key(*min(records)) if records else NO_ERROR_KEY
+    return ReferenceResult(outputs, mask | att.error_mask, key, key_layout=2)

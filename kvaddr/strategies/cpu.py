@@ -4,18 +4,91 @@ Same construction and ``step()`` as :mod:`kvaddr.strategies.gpu`, on NumPy array
 The fused strategy is the reference itself; the others run the position
 computation once and then NumPy versions of the per-layer work, so the CPU
 profile shows what repeating that work per layer costs on a host.
+
+With ``attention=...`` (docs/attention.md) the fused strategy returns the
+reference's attention metadata (one launch, like the fused kernel), and the
+baselines build it the way engines do today, in separate steps once per step
+(:func:`engine_attention_metadata`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
+from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
+from kvaddr.outputs import PAD_PAGE_ID, PAD_SLOT_ID, AttentionOutputs, StepOutputs
 from kvaddr.reference import step_addressing
 from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_name
 from kvaddr.validation import INT32_MAX, MAX_REQUESTS, check_block_sizes, check_host_array, check_int, normalize_tables
 
-__all__ = ["STRATEGY_NAMES", "make_strategy"]
+__all__ = ["ENGINE_ATTENTION_OPS", "STRATEGY_NAMES", "engine_attention_metadata", "make_strategy"]
+
+#: The separate operations (launches, on a GPU) engines run today to build each group's
+#: metadata, once per step: "flashinfer" once per cache, "varlen" once.
+ENGINE_ATTENTION_OPS = {
+    "flashinfer": (
+        "pages = (seq_lens + B - 1) // B",
+        "kv_indptr[1:] = cumsum(pages)",
+        "mask = arange(max_blocks) < pages[:, None]",
+        "kv_indices[:n] = block_table[:bsz][mask]",
+        "kv_indices[n:] = -1",
+        "last_page_len = where(seq_lens > 0, (seq_lens - 1) % B + 1, 0)",
+    ),
+    "varlen": (
+        "cu_seqlens_k[1:] = cumsum(seq_lens)",
+        "max_seqlen_q = max(diff(cu_seqlens_q))",
+        "max_seqlen_k = max(seq_lens)",
+    ),
+    "page_table": (),  # engines pass block_table[:bsz] itself
+}
+
+
+def engine_launches(groups, num_caches: int) -> int:
+    """Launches :func:`engine_attention_metadata`'s steps stand for."""
+    per_cache = len(ENGINE_ATTENTION_OPS["flashinfer"]) * num_caches if "flashinfer" in groups else 0
+    return per_cache + (len(ENGINE_ATTENTION_OPS["varlen"]) if "varlen" in groups else 0)
+
+
+def engine_attention_metadata(cu_seqlens_q, seq_lens_kv, tables, block_sizes, groups, kv_indices_capacity):
+    """Attention metadata built the way engines build it today: separate array ops, no checks.
+
+    vLLM's FlashInfer backend style: ``kv_indptr`` by a cumsum of the page counts,
+    ``kv_indices`` by a masked gather of the block table's rows (so it never reads
+    past a row: an overflowing request gets fewer entries), ``kv_last_page_len``
+    elementwise; varlen's ``cu_seqlens_k`` by a cumsum and the maxima by reductions.
+    Equal to :func:`kvaddr.attention_reference.attention_metadata` on valid inputs;
+    bad inputs set no error bits (negative block ids are copied as they are).
+    The GPU baselines mirror it op for op (:data:`ENGINE_ATTENTION_OPS`).
+    """
+    L = np.asarray(seq_lens_kv, dtype=np.int64)
+    cu = np.asarray(cu_seqlens_q)
+    bsz = L.shape[0]
+    out = AttentionOutputs()
+    if "varlen" in groups:
+        cuk = np.zeros(bsz + 1, dtype=np.int64)
+        cuk[1:] = np.cumsum(L)
+        out.cu_seqlens_k = np.minimum(cuk, INT32_MAX).astype(np.int32)
+        out.seqused_k = L.astype(np.int32)
+        out.max_seqlen_q = np.array(np.diff(cu.astype(np.int64)).max() if bsz else 0, dtype=np.int32)
+        out.max_seqlen_k = np.array(L.max() if bsz else 0, dtype=np.int32)
+    if "page_table" in groups:
+        out.page_table = tuple(t[:bsz] for t in tables)
+    if "flashinfer" in groups:
+        G, N = len(block_sizes), kv_indices_capacity
+        out.qo_indptr = np.asarray(cu, dtype=np.int32)
+        out.kv_indptr = np.zeros((G, bsz + 1), dtype=np.int32)
+        out.kv_indices = np.empty((G, N), dtype=np.int32)
+        out.kv_last_page_len = np.empty((G, bsz), dtype=np.int32)
+        for g, (t, B) in enumerate(zip(tables, block_sizes)):
+            pages = (L + B - 1) // B
+            out.kv_indptr[g, 1:] = np.minimum(np.cumsum(pages), INT32_MAX)
+            mask = np.arange(t.shape[1]) < pages[:, None]
+            gathered = t[:bsz][mask]
+            n = min(gathered.shape[0], N)
+            out.kv_indices[g, :n] = gathered[:n]
+            out.kv_indices[g, n:] = PAD_PAGE_ID
+            out.kv_last_page_len[g] = np.where(L > 0, (L - 1) % B + 1, 0)
+    return out
 
 
 class _CpuStrategy:
@@ -30,12 +103,18 @@ class _CpuStrategy:
         num_layers: int = 1,
         position_dtype=np.int64,
         device=None,
+        attention=None,
+        kv_indices_capacity=None,
     ):
         self.max_requests = check_int("max_requests", max_requests, lo=1, hi=MAX_REQUESTS - 1)
         self.capacity = check_int("capacity", capacity, lo=1, hi=INT32_MAX - 1)
         self.block_sizes = check_block_sizes(block_sizes, max_caches=4)
         self.num_layers = check_int("num_layers", num_layers, lo=1)
         self.position_dtype = position_dtype
+        self.attention = normalize_attention(attention)
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        if ("flashinfer" in self.attention or "page_table" in self.attention) and not self.block_sizes:
+            raise ValueError("attention 'flashinfer' and 'page_table' need at least one cache (block_sizes is empty)")
         self.launches_per_step = None
 
     def _positions(self, dec, q, enc, block_sizes=()):
@@ -80,7 +159,13 @@ class _PositionsThenSlots(_CpuStrategy):
         tables = self._tables(block_tables, o.seq_lens_kv.shape[0])
         slots = self._slots(o.position_ids.astype(np.int64), o.batch_id_per_token, tables)
         self._last = res
-        return StepOutputs(o.cu_seqlens_q, o.num_tokens, o.batch_id_per_token, o.position_ids, o.seq_lens_kv, slots)
+        out = StepOutputs(o.cu_seqlens_q, o.num_tokens, o.batch_id_per_token, o.position_ids, o.seq_lens_kv, slots)
+        if self.attention:
+            out.attention = engine_attention_metadata(
+                o.cu_seqlens_q, o.seq_lens_kv, tables, self.block_sizes, self.attention, self.kv_indices_capacity
+            )
+            self.launches_per_step += engine_launches(self.attention, len(self.block_sizes))
+        return out
 
     def check(self, stream=None):
         self._last.check()
@@ -144,6 +229,8 @@ class Fused(_CpuStrategy):
             self.capacity,
             seq_lens_encoder=seq_lens_encoder,
             position_dtype=self.position_dtype,
+            attention=self.attention or None,
+            kv_indices_capacity=self.kv_indices_capacity,
         )
         self.launches_per_step = 1
         return self._last.outputs
@@ -164,12 +251,20 @@ def make_strategy(
     num_layers: int = 1,
     position_dtype=np.int64,
     device=None,
+    attention=None,
+    kv_indices_capacity=None,
 ):
-    """Build a CPU strategy by name (one of :data:`STRATEGY_NAMES`)."""
+    """Build a CPU strategy by name (one of :data:`STRATEGY_NAMES`).
+
+    ``attention`` and ``kv_indices_capacity``: the attention metadata to add to
+    every step (docs/attention.md); off by default.
+    """
     return _CLASSES[check_name(name)](
         max_requests=max_requests,
         capacity=capacity,
         block_sizes=block_sizes,
         num_layers=num_layers,
         position_dtype=position_dtype,
+        attention=attention,
+        kv_indices_capacity=kv_indices_capacity,
     )
