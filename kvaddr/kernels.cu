@@ -648,9 +648,9 @@ __device__ __forceinline__ void kv_large_scan(KvShared& s, int tile, int num_til
 }
 
 // Wait until every scan ticket is done (they hold lower tickets: no deadlock).
-__device__ __forceinline__ void kv_wait_scan(const unsigned int* __restrict__ state, int num_tiles) {
+__device__ __forceinline__ void kv_wait_scan(unsigned int* __restrict__ state, int num_tiles) {
     if (threadIdx.x == 0) {
-        while (*(volatile const unsigned int*)&state[KV_STATE_SCAN_DONE] < (unsigned int)num_tiles) __nanosleep(64);
+        while (*(volatile unsigned int*)&state[KV_STATE_SCAN_DONE] < (unsigned int)num_tiles) __nanosleep(64);
         __threadfence();
     }
     __syncthreads();
@@ -660,7 +660,7 @@ __device__ __forceinline__ void kv_wait_scan(const unsigned int* __restrict__ st
 // first request b_lo (warp search over cu_seqlens_q in global memory) and how many
 // they span. If span <= KV_TILE, their cu_seqlens_q and seq_lens_decoder are staged in
 // s.cu (padded index, relative to b_lo) and s.dec.
-__device__ __forceinline__ void kv_chunk_requests(KvShared& s, const int* __restrict__ cu_out,
+__device__ __forceinline__ void kv_chunk_requests(KvShared& s, const int* cu_out,
                                                   const int* __restrict__ dec, int bsz, int c0, int end_tok,
                                                   int& b_lo, int& span) {
     if (threadIdx.x < 32) {
@@ -705,7 +705,7 @@ __device__ __forceinline__ void kv_large_tokens(KvShared& s, int chunk, int num_
                                                 const KvCaches& c, int* __restrict__ cu_out,
                                                 int* __restrict__ batch_out, PosT* __restrict__ pos_out,
                                                 i64* __restrict__ slot_out, u64* __restrict__ rec, int max_tiles,
-                                                const unsigned int* __restrict__ state, KvErr& err) {
+                                                unsigned int* __restrict__ state, KvErr& err) {
     kv_wait_scan(state, num_tiles);
     const int total = __ldcg(cu_out + bsz);
     const int end_tok = min(total, capacity);
