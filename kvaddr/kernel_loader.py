@@ -233,34 +233,23 @@ class Launcher:
         if self._fast is not None:
             self._fast(self._fptr, grid, 1, 1, block, 1, 1, 0, stream, self._params_ptr, 0)
         else:
-            self.fn((grid,), (block,), numpy_args(self.args, by_value=self.by_value), 0, raw_stream(stream))
+            self.fn((grid,), (block,), function_args(self.args, by_value=self.by_value), 0, raw_stream(stream))
 
 
-def struct_dtype(cls):
-    """A NumPy structured dtype with ``cls``'s (a ctypes.Structure) exact layout."""
-    import numpy as np
+def function_args(args, *, by_value: bool = False) -> tuple:
+    """A launcher's arguments for ``cupy.cuda.Function.__call__`` / ``RawKernel``.
 
-    names, formats, offsets = [], [], []
-    for name, ctype in cls._fields_:
-        names.append(name)
-        offsets.append(getattr(cls, name).offset)
-        if issubclass(ctype, ctypes.Array):
-            formats.append((np.dtype(ctype._type_), (ctype._length_,)))
-        else:
-            formats.append(np.dtype(ctype))
-    return np.dtype(
-        {"names": names, "formats": formats, "offsets": offsets, "itemsize": ctypes.sizeof(cls)}, align=True
-    )
-
-
-def numpy_args(args, *, by_value: bool = False) -> tuple:
-    """A launcher's arguments as NumPy scalars (for ``Function.__call__`` / RawKernel).
-
-    One scalar per field, or with ``by_value`` one structured scalar (the C struct).
+    One NumPy scalar of the field's exact type per field (positional kernels), or
+    with ``by_value`` a one-tuple of a ``cupy.cuda.function.CPointer`` to the struct
+    itself: CuPy passes that address to ``cuLaunchKernel`` as the parameter's value
+    pointer, so the driver copies the struct's bytes at launch (CuPy does no
+    conversion; valid while ``args`` lives, its contents read at each launch).
     """
+    if by_value:
+        from cupy.cuda.function import CPointer
+
+        return (CPointer(ctypes.addressof(args)),)
     import numpy as np
 
-    if by_value:
-        return (np.frombuffer(bytes(args), dtype=struct_dtype(type(args)))[0],)
     conv = {_U64: np.uint64, _I64: np.int64, _I32: np.int32}
     return tuple(conv[ctype](getattr(args, name)) for name, ctype in args._fields_)

@@ -197,11 +197,12 @@ class StepPlanner:
         return bsz
 
     def launch_args(self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None):
-        """Check the inputs; return ``(bsz, args)``, the kernel's one argument (the
-        KvStepParams struct) as a one-tuple of a NumPy structured scalar (for launching
-        the bare RawKernel, as the benchmark does)."""
+        """Check the inputs; return ``(bsz, args)``: the kernel's one argument, this
+        planner's KvStepParams struct, as RawKernel arguments (a one-tuple holding a
+        ``CPointer`` to the struct, for launching the bare RawKernel as the benchmark
+        does). The struct is the planner's own: the next call rewrites it."""
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
-        return bsz, kernel_loader.numpy_args(self._params, by_value=True)
+        return bsz, kernel_loader.function_args(self._params, by_value=True)
 
     def compute(
         self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None, stream=None
