@@ -71,9 +71,8 @@ def main():
                 dec, q, table, total = batches[label]
                 p = StepPlanner(bsz, total, [64] * G)
                 p._prepare(dec, q, table, None)
-                L = kernel_loader.Launcher(fn, [type(v) for v in p._launcher.values])
-                for a, b in zip(L.values, p._launcher.values):
-                    a.value = b.value
+                # The variant kernel takes the same KvStepParams struct: a copy of the planner's.
+                L = kernel_loader.Launcher(fn, type(p._params).from_buffer_copy(p._params), by_value=True)
                 t, _ = graph_time_per_copy(lambda: L(p.grid(bsz), 256, stream.ptr), stream, 200, 20)
                 row.append(t)
             rows.append(row)

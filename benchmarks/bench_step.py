@@ -9,7 +9,8 @@ tokens (64 each: a uniform batch, the fused kernel's no-scan path; and mixed len
 of the same mean: its scan path), and 1024 requests with one speculative token each,
 with one and with two caches (B = 64, one shared table).
 Eager: host time per call of StepPlanner.compute against a bare RawKernel launch of
-the same kernel with prebuilt arguments.
+the same kernel with its prebuilt argument (the KvStepParams struct, handed to CuPy as
+a CPointer: no conversion per call; before the struct, 31 arguments CuPy converted).
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def main(argv=None):
                     )
                 )
 
-        # Eager host overhead: planner.compute vs a bare RawKernel launch of the same kernel.
+        # Eager host overhead: planner.compute vs a bare RawKernel launch of the same kernel
+        # (its one argument, the planner's KvStepParams struct, prebuilt by launch_args).
         dec, q, table, total = make_batch(rng, 64, 1)
         planner = StepPlanner(64, total, [B, B])
         _, args = planner.launch_args(dec, q, table)

@@ -6,6 +6,7 @@ CuPy caches the compiled binary on disk (``CUPY_CACHE_DIR``, default
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import re
@@ -36,9 +37,10 @@ def source() -> str:
 
 @functools.cache
 def constants() -> dict:
-    """Integer ``#define KV_*`` constants of kernels.cu (one source of truth)."""
+    """Integer ``#define KV_*`` constants of kernels.cu (one source of truth), error bits
+    ``KV_ERR_*`` included (a trailing ``//`` comment is allowed)."""
     out = {}
-    for name, value in re.findall(r"^#define (KV_[A-Z_0-9]+) (\d+)\s*$", source(), flags=re.M):
+    for name, value in re.findall(r"^#define (KV_[A-Z_0-9]+) (\d+)\s*(?://.*)?$", source(), flags=re.M):
         out[name] = int(value)
     out["KV_TOKENS_PER_THREAD"] = out["KV_TOKENS"] // out["KV_THREADS"]
     out["KV_WARPS"] = out["KV_THREADS"] // 32
@@ -111,29 +113,108 @@ def raw_stream(handle: int) -> RawStream:
     return s
 
 
+# ---- kernel arguments by name: ctypes mirrors of kernels.cu ------------------------
+# Device pointers are c_uint64 (an int, 0 for null). tests/unit/test_kernel_params.py
+# checks these against the C source (field names, order, sizes, offsets: nvcc).
+
+_U64, _I64, _I32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+#: kernels.cu's KV_MAX_CACHES (the length of StepParams' per-cache arrays).
+MAX_CACHES = 4
+
+
+class StepParams(ctypes.Structure):
+    """kernels.cu's ``KvStepParams``: the fused step's one parameter, passed by value.
+
+    Filled by name (``params.bsz = 7``, ``params.block_tables[g] = ptr``); shapes and
+    dtypes of what each pointer addresses are in the comments (and in kernels.cu).
+    """
+
+    _fields_ = [
+        # -- inputs (read only) --
+        ("seq_lens_decoder", _U64),  # [bsz], int32: tokens already in each request's KV cache
+        ("seq_lens_this_time", _U64),  # [bsz], int32: tokens each request runs this step
+        ("block_tables", _U64 * MAX_CACHES),  # cache g: [rows >= bsz, max_blocks[g]], int32; 0 if unused
+        # -- outputs (written every launch) --
+        ("cu_seqlens_q", _U64),  # [bsz + 1], int32
+        ("num_tokens", _U64),  # [] (one value), int32
+        ("batch_id_per_token", _U64),  # [capacity], int32 (-1 padding)
+        ("position_ids", _U64),  # [capacity], int64 (kvaddr_step_i64) or int32 (kvaddr_step_i32)
+        ("seq_lens_kv", _U64),  # [bsz], int32
+        ("slot_mapping", _U64),  # [num_caches, capacity], int64 (-1 padding / bad)
+        # -- device state (owned by the planner) --
+        ("error_records", _U64),  # [(num_chunks + max_tiles) * KV_WARPS, 2], uint64: (mask, first-bad key)
+        ("tile_state", _U64),  # [4], uint32: KV_STATE_* words of the large-batch path
+        ("tile_status", _U64),  # [max(max_tiles, 1)], uint64: look-back word of each tile
+        # -- scalars --
+        ("table_stride", _I64 * MAX_CACHES),  # int64: row stride of block_tables[g], in elements
+        ("max_blocks", _I32 * MAX_CACHES),  # int32: row length of block_tables[g] (1 if unused)
+        ("block_size", _I32 * MAX_CACHES),  # int32: B of cache g (1 if unused)
+        ("bsz", _I32),  # int32: requests this step
+        ("capacity", _I32),  # int32: C, tokens of every per-token output
+        ("num_caches", _I32),  # int32: caches addressed, 0..MAX_CACHES
+        ("max_tiles", _I32),  # int32: ceil(max_requests / KV_TILE) if max_requests > KV_TILE else 0
+    ]
+
+
+class SlotsArgs(ctypes.Structure):
+    """The parameters of ``kvaddr_slots_i64`` / ``kvaddr_slots_i32``, in order (one per field)."""
+
+    _fields_ = [
+        ("position_ids", _U64),  # [capacity], int64 / int32
+        ("batch_id_per_token", _U64),  # [capacity], int32 (-1 padding)
+        ("block_table", _U64),  # [rows, max_blocks], int32, rows row_stride elements apart
+        ("row_stride", _I64),  # int64: the table's row stride, in elements
+        ("max_blocks", _I32),  # int32: the table's row length
+        ("block_size", _I32),  # int32: B
+        ("capacity", _I32),  # int32: C
+        ("slot_mapping", _U64),  # [capacity], int64: this cache's slot mapping (written)
+    ]
+
+
+class WhereArgs(ctypes.Structure):
+    """The parameters of ``kvaddr_where_pad``, in order (one per field)."""
+
+    _fields_ = [
+        ("batch_id_per_token", _U64),  # [capacity], int32
+        ("block_index", _U64),  # [capacity], int64: pos // B
+        ("block_id", _U64),  # [capacity], int32: the gathered block id
+        ("max_blocks", _I32),  # int32: the table's row length
+        ("capacity", _I32),  # int32: C
+        ("slot_mapping", _U64),  # [capacity], int64: fixed in place (-1 padding / bad)
+    ]
+
+
 class Launcher:
-    """One kernel's launch with a persistent, typed parameter block.
+    """One kernel's launch from a persistent ctypes.Structure of its arguments.
 
     ``cupy.cuda.Function.__call__`` converts every argument on every launch (about
-    0.7 us each on an H200 host with CuPy 14); a step kernel has 31. Here each
-    argument lives in a ctypes value of the kernel's exact C type (the explicit
-    cast RawKernel needs), callers update only what changed, and the launch goes
-    straight to ``cuLaunchKernel``, which copies the parameters, so the block can be
-    reused at once (also while a CUDA graph is being captured). Not thread-safe:
-    use one launcher (one planner) per thread.
+    0.7 us each on an H200 host with CuPy 14). Here the arguments live in one ctypes
+    Structure with the kernel's exact C types (the explicit cast RawKernel needs),
+    callers write only the fields that changed (by name), and the launch goes
+    straight to ``cuLaunchKernel`` with a prebuilt ``kernelParams`` array, which the
+    driver copies, so the structure can be reused at once (also while a CUDA graph
+    is being captured). Not thread-safe: use one launcher (one planner) per thread.
 
     Parameters
     ----------
     fn : cupy.cuda.Function
-    types : sequence of ctypes types, one per kernel parameter
+    args : ctypes.Structure instance
+        With ``by_value=True``, the kernel's one parameter (a C struct passed by
+        value, e.g. :class:`StepParams`); otherwise one field per kernel parameter,
+        in order (e.g. :class:`SlotsArgs`).
+    by_value : bool, default False
     """
 
-    def __init__(self, fn, types):
-        import ctypes
-
+    def __init__(self, fn, args, *, by_value: bool = False):
         self.fn = fn
-        self.values = [t() for t in types]
-        self._params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        self.args = args
+        self.by_value = by_value
+        base = ctypes.addressof(args)
+        if by_value:
+            addrs = [base]
+        else:
+            addrs = [base + getattr(type(args), name).offset for name, _ in args._fields_]
+        self._params = (ctypes.c_void_p * len(addrs))(*addrs)
         self._params_ptr = ctypes.addressof(self._params)
         self._fast = None
         try:
@@ -152,14 +233,23 @@ class Launcher:
         if self._fast is not None:
             self._fast(self._fptr, grid, 1, 1, block, 1, 1, 0, stream, self._params_ptr, 0)
         else:
-            self.fn((grid,), (block,), numpy_args(self.values), 0, raw_stream(stream))
+            self.fn((grid,), (block,), function_args(self.args, by_value=self.by_value), 0, raw_stream(stream))
 
 
-def numpy_args(values) -> tuple:
-    """The launcher's current parameters as NumPy scalars (for Function.__call__)."""
-    import ctypes
+def function_args(args, *, by_value: bool = False) -> tuple:
+    """A launcher's arguments for ``cupy.cuda.Function.__call__`` / ``RawKernel``.
 
+    One NumPy scalar of the field's exact type per field (positional kernels), or
+    with ``by_value`` a one-tuple of a ``cupy.cuda.function.CPointer`` to the struct
+    itself: CuPy passes that address to ``cuLaunchKernel`` as the parameter's value
+    pointer, so the driver copies the struct's bytes at launch (CuPy does no
+    conversion; valid while ``args`` lives, its contents read at each launch).
+    """
+    if by_value:
+        from cupy.cuda.function import CPointer
+
+        return (CPointer(ctypes.addressof(args)),)
     import numpy as np
 
-    conv = {ctypes.c_uint64: np.uint64, ctypes.c_int64: np.int64, ctypes.c_int32: np.int32}
-    return tuple(conv[type(v)](v.value) for v in values)
+    conv = {_U64: np.uint64, _I64: np.int64, _I32: np.int32}
+    return tuple(conv[ctype](getattr(args, name)) for name, ctype in args._fields_)

@@ -1,13 +1,18 @@
-// kvaddr: every CUDA kernel of the library (loaded with cupy.RawModule, see _kernels.py).
+// kvaddr: every CUDA kernel of the library (loaded with cupy.RawModule, see kvaddr/kernel_loader.py).
 //
-// Kernels (all extern "C", names fetched by _kernels.py):
-//   kvaddr_step_i64 / kvaddr_step_i32   the fused step: cu_seqlens_q, num_tokens,
-//       batch_id_per_token, position_ids (int64 / int32), seq_lens_kv and the slot
-//       mapping of up to KV_MAX_CACHES caches, padding and error records included,
-//       in ONE launch. With num_caches = 0 it is kvaddr's positions-only kernel.
-//   kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
-//       and batch ids (the per-layer, one-kernel baseline).
-//   kvaddr_empty                         an empty kernel (the launch floor).
+// The file has two sections:
+//   LIBRARY KERNELS (first): the fused step, what kvaddr ships.
+//     kvaddr_step_i64 / kvaddr_step_i32   the fused step: cu_seqlens_q, num_tokens,
+//         batch_id_per_token, position_ids (int64 / int32), seq_lens_kv and the slot
+//         mapping of up to KV_MAX_CACHES caches, padding and error records included,
+//         in ONE launch. With num_caches = 0 it is kvaddr's positions-only kernel.
+//         Its one parameter is a KvStepParams struct, passed by value (mirrored
+//         field by field by kvaddr/kernel_loader.py's StepParams, a ctypes.Structure).
+//   BASELINE (MEASUREMENT) KERNELS (at the end): what the fused step is measured against.
+//     kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
+//         and batch ids (the per-layer, one-kernel baseline).
+//     kvaddr_where_pad                     the padding "where" of the per-layer op chain.
+//     kvaddr_empty                         an empty kernel (the launch floor).
 //
 // Semantics: docs/spec.md and kvaddr/reference.py (the oracle).
 //
@@ -22,20 +27,27 @@
 //     are scanned in shared memory (thread-blocked sequential sums + a warp-shuffle
 //     block scan) and each token's request is checked against two guesses or
 //     binary-searched.
-//   * Large batches (bsz > KV_TILE): blocks take tickets in the order they start.
-//     The first ceil(bsz / KV_TILE) tickets scan one tile of requests each and chain
-//     their prefixes with a decoupled look-back (a tile only ever waits for tiles with
-//     lower tickets, which are running), write cu_seqlens_q and seq_lens_kv, and
-//     count themselves done. The other tickets each own KV_TOKENS tokens: they wait
-//     for the scan (lower tickets only: no deadlock), find their first and last
-//     request with a 32-way warp search over cu_seqlens_q, and search per token in
-//     shared memory. The last block to finish resets the tickets for the next launch
-//     and bumps an epoch that invalidates the tile flags, so the kernel is safe to
+//   * Large batches (bsz > KV_TILE, kv_step_large): blocks take tickets in the order
+//     they start (kv_take_ticket). The first ceil(bsz / KV_TILE) tickets scan one tile
+//     of requests each (kv_large_scan) and chain their prefixes with a decoupled
+//     look-back (kv_look_back: a tile only ever waits for tiles with lower tickets,
+//     which are running), write cu_seqlens_q and seq_lens_kv, and count themselves
+//     done. The other tickets each own KV_TOKENS tokens (kv_large_tokens): they wait
+//     for the scan (kv_wait_scan; lower tickets only: no deadlock), find their first
+//     and last request with a 32-way warp search over cu_seqlens_q and stage those
+//     requests in shared memory (kv_chunk_requests), and search per token there. The
+//     last block to finish resets the tickets for the next launch and bumps an epoch
+//     that invalidates the tile flags (kv_finish_launch), so the kernel is safe to
 //     replay in a CUDA graph with no memset.
 //   * Errors: every warp writes one record (mask, first-bad key) of its own every
-//     launch, so no reset is needed; check() reduces the records on the host.
+//     launch, so no reset is needed; check() reduces the records on the host. The
+//     mask's bits are the KV_ERR_* below (kvaddr/errors.py's ERR_*, checked by a test).
 //
 // Addresses are int64 throughout: block ids up to 2^31-1 times any block size.
+
+// ============================================================================
+// LIBRARY KERNELS: the fused step
+// ============================================================================
 
 #define KV_THREADS 256
 #define KV_WARPS (KV_THREADS / 32)
@@ -55,8 +67,57 @@
 #define KV_FLAG_AGGREGATE 1ULL
 #define KV_FLAG_PREFIX 2ULL
 
+// Error bits of a step's error mask (the spec's; kvaddr/errors.py ERR_* mirror them).
+#define KV_ERR_BLOCK_INDEX 1      // block index pos / B beyond the table's width
+#define KV_ERR_NEGATIVE_BLOCK 2   // negative (unallocated) block id for a real token
+#define KV_ERR_CAPACITY 4         // more tokens than the capacity C (the extra ones dropped)
+#define KV_ERR_NEGATIVE_LENGTH 8  // negative seq_lens_decoder or seq_lens_this_time
+// log2 of an error bit: the low two bits of the error key (a compile-time constant).
+#define KV_ERR_LOG2(bit) ((bit) == KV_ERR_BLOCK_INDEX ? 0 : (bit) == KV_ERR_NEGATIVE_BLOCK ? 1 : (bit) == KV_ERR_CAPACITY ? 2 : 3)
+
 typedef long long i64;
 typedef unsigned long long u64;
+
+static_assert(sizeof(int) == 4 && sizeof(i64) == 8 && sizeof(u64) == 8 && sizeof(void*) == 8,
+              "KvStepParams assumes 4-byte int and 8-byte int64 and pointers");
+
+// The fused step's one parameter, passed by value (kernel parameter space, read
+// through the constant cache). Mirrored by kvaddr/planner.py's StepParams
+// (ctypes.Structure, filled by name); tests/unit/test_kernel_params.py checks that
+// sizeof and every field offset agree. Pointers first, then 8-byte, then 4-byte
+// scalars: no padding anywhere. "Unused cache" means g >= num_caches.
+struct KvStepParams {
+    // -- inputs (read only) --
+    const int* seq_lens_decoder;             // [bsz], int32: tokens already in each request's KV cache
+    const int* seq_lens_this_time;           // [bsz], int32: tokens each request runs this step
+    const int* block_tables[KV_MAX_CACHES];  // cache g: [rows >= bsz, max_blocks[g]], int32, rows
+                                             // table_stride[g] elements apart; null for an unused cache
+    // -- outputs (written every launch) --
+    int* cu_seqlens_q;                       // [bsz + 1], int32: exclusive prefix of the tokens
+    int* num_tokens;                         // [] (one value), int32: min(total tokens, capacity)
+    int* batch_id_per_token;                 // [capacity], int32: request of each token, -1 for padding
+    void* position_ids;                      // [capacity], int64 (kvaddr_step_i64) or int32 (kvaddr_step_i32)
+    int* seq_lens_kv;                        // [bsz], int32: seq_lens_decoder + seq_lens_this_time
+    i64* slot_mapping;                       // [num_caches, capacity], int64: cache slot, -1 padding/bad
+    // -- device state (owned by the planner) --
+    u64* error_records;                      // [(num_chunks + max_tiles) * KV_WARPS, 2], uint64: per warp
+                                             // (error mask, first-bad key), rewritten every launch
+    unsigned int* tile_state;                // [4], uint32: KV_STATE_* words of the large-batch path
+    u64* tile_status;                        // [max(max_tiles, 1)], uint64: look-back word of each tile
+    // -- scalars --
+    i64 table_stride[KV_MAX_CACHES];         // row stride of block_tables[g], in elements (int64)
+    int max_blocks[KV_MAX_CACHES];           // row length of block_tables[g], int32 (1 for an unused cache)
+    int block_size[KV_MAX_CACHES];           // B of cache g, int32 >= 1 (1 for an unused cache)
+    int bsz;                                 // requests this step, int32 (<= max_requests)
+    int capacity;                            // C: tokens of every per-token output, int32 >= 1
+    int num_caches;                          // caches addressed, int32 in [0, KV_MAX_CACHES]
+    int max_tiles;                           // int32: ceil(max_requests / KV_TILE) if max_requests >
+                                             // KV_TILE else 0 (error records of the large path)
+};
+static_assert(sizeof(KvStepParams) == 15 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 4 * 4,
+              "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
+static_assert(alignof(KvStepParams) == 8, "KvStepParams is 8-byte aligned");
+static_assert(KV_MAX_CACHES == 4, "the struct, the ctypes mirror and the planner assume 4 caches");
 
 // Shared index with one pad word per 32: conflict-free thread-blocked access.
 #define KV_PAD(k) ((k) + ((k) >> 5))
@@ -77,6 +138,10 @@ struct KvErr {
     __device__ __forceinline__ void add(unsigned int bit, u64 key_) {
         mask |= bit;
         key = key_ < key ? key_ : key;
+    }
+    // Record error `bit` (a KV_ERR_* constant) at (token, request, cache).
+    __device__ __forceinline__ void flag(unsigned int bit, u64 token, u64 request, u64 cache) {
+        add(bit, kv_err_key(token, request, cache, KV_ERR_LOG2(bit)));
     }
 };
 
@@ -295,8 +360,8 @@ __device__ __forceinline__ void kv_store_token(int t, int b, i64 pos, const int 
         if (g < num_caches) {
             i64 idx, off, slot = -1;
             kv_divmod(pos, c.bs[g], idx, off);
-            if (idx >= c.width[g]) err.add(1u, kv_err_key(t, b, g, 0));
-            else if (blk[g] < 0) err.add(2u, kv_err_key(t, b, g, 1));
+            if (idx >= c.width[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
+            else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
             else slot = (i64)blk[g] * c.bs[g] + off;
             slot_out[(i64)g * capacity + t] = slot;
         }
@@ -327,8 +392,8 @@ __device__ __forceinline__ void kv_write_pad(int t, int num_caches, int capacity
 __device__ __forceinline__ void kv_write_request(int b, int start, int end, int dec_or_bad, int capacity,
                                                  int* __restrict__ cu_out, KvErr& err) {
     cu_out[b] = start;
-    if (dec_or_bad < 0) err.add(8u, kv_err_key(start, b, 0, 3));
-    if (start <= capacity && capacity < end) err.add(4u, kv_err_key(capacity, b, 0, 2));
+    if (dec_or_bad < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, start, b, 0);
+    if (start <= capacity && capacity < end) err.flag(KV_ERR_CAPACITY, capacity, b, 0);
 }
 
 // Largest b in [lo, hi) with s.cu[b] <= t (s.cu[lo] <= t).
@@ -511,148 +576,169 @@ __device__ __forceinline__ void kv_step_small(KvShared& s, const int* __restrict
     kv_store_errors(err, rec, chunk);
 }
 
-template <typename PosT>
-__device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
-                        int num_caches, const KvCaches& c, int* __restrict__ cu_out,
-                        int* __restrict__ num_tokens_out, int* __restrict__ batch_out,
-                        PosT* __restrict__ pos_out, int* __restrict__ kv_out, i64* __restrict__ slot_out,
-                        u64* __restrict__ rec, int max_tiles, unsigned int* __restrict__ state,
-                        u64* __restrict__ tile_status) {
-    __shared__ KvShared s;
-    KvErr err;
-    err.mask = 0u;
-    err.key = KV_NO_ERROR;
-    const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
+// ---- large batch (bsz > KV_TILE): ticketed tiles with a decoupled look-back ----
 
-    if (bsz <= KV_TILE) {
-        kv_step_small<PosT>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,
-                            kv_out, slot_out, rec, max_tiles);
-        return;
-    }
-
-    // ---- large batch: ticketed decoupled look-back scan, then token chunks ----
-    const int num_tiles = (bsz + KV_TILE - 1) / KV_TILE;
+// Draw this block's ticket (blocks are numbered in the order they start, so a block
+// only ever waits for lower tickets, which are running) and read the launch's epoch.
+__device__ __forceinline__ void kv_take_ticket(KvShared& s, unsigned int* __restrict__ state, int& ticket,
+                                               u64& epoch) {
     if (threadIdx.x == 0) {
         s.bcast[0] = (int)atomicAdd(&state[KV_STATE_TICKET], 1u);
         s.bcast[1] = (int)(*(volatile unsigned int*)&state[KV_STATE_EPOCH]);
     }
     __syncthreads();
-    const int ticket = s.bcast[0];
-    const u64 epoch = (u64)(unsigned int)s.bcast[1] & 0x3fffffffULL;
-    int rec_slot;
+    ticket = s.bcast[0];
+    epoch = (u64)(unsigned int)s.bcast[1] & 0x3fffffffULL;
+}
 
-    if (ticket < num_tiles) {
-        const int tile = ticket, base = tile * KV_TILE, count = min(KV_TILE, bsz - base);
-        rec_slot = num_chunks + tile;
-        int d[KV_ITEMS], n[KV_ITEMS];
-        kv_load_tile(dec, q, base, count, d, n);
-        kv_stage_tile(s, base, count, kv_out, 0, count, d, n);
-        __syncthreads();
-        const int agg = kv_scan_tile(s, count);
-        if (threadIdx.x == 0) {
-            volatile u64* st = tile_status;
-            int excl = 0;
-            if (tile == 0) {
-                st[0] = (epoch << 34) | (KV_FLAG_PREFIX << 32) | (u64)(unsigned int)agg;
-            } else {
-                st[tile] = (epoch << 34) | (KV_FLAG_AGGREGATE << 32) | (u64)(unsigned int)agg;
-                for (int p = tile - 1;;) {
-                    u64 v = st[p];
-                    u64 flag = (v >> 32) & 3ULL;
-                    if ((v >> 34) != epoch || flag == 0) continue;  // predecessor not published yet
-                    excl = kv_sat_add(excl, (int)(unsigned int)(v & 0xffffffffULL));
-                    if (flag == KV_FLAG_PREFIX) break;
-                    --p;
-                }
-                st[tile] = (epoch << 34) | (KV_FLAG_PREFIX << 32) | (u64)(unsigned int)kv_sat_add(excl, agg);
-            }
-            s.bcast[2] = excl;
-        }
-        __syncthreads();
-        const int excl = s.bcast[2];
-        for (int k = threadIdx.x; k < count; k += KV_THREADS)
-            kv_write_request(base + k, kv_sat_add(excl, s.cu[KV_PAD(k)]), kv_sat_add(excl, s.cu[KV_PAD(k + 1)]),
-                             s.dec[k], capacity, cu_out, err);
-        if (tile == num_tiles - 1 && threadIdx.x == 0) {
-            int total = kv_sat_add(excl, agg);
-            cu_out[bsz] = total;
-            *num_tokens_out = min(total, capacity);
-        }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(&state[KV_STATE_SCAN_DONE], 1u);
+// Decoupled look-back of tile `tile` whose own total is agg (thread 0 only): publish
+// the aggregate, add up predecessors back to the first published prefix, publish this
+// tile's inclusive prefix; returns the tile's exclusive prefix. A status word is
+// epoch << 34 | flag << 32 | value; a word of another epoch is stale (not published).
+__device__ __forceinline__ int kv_look_back(u64* __restrict__ tile_status, int tile, u64 epoch, int agg) {
+    volatile u64* st = tile_status;
+    int excl = 0;
+    if (tile == 0) {
+        st[0] = (epoch << 34) | (KV_FLAG_PREFIX << 32) | (u64)(unsigned int)agg;
     } else {
-        const int chunk = ticket - num_tiles;
-        rec_slot = chunk;
+        st[tile] = (epoch << 34) | (KV_FLAG_AGGREGATE << 32) | (u64)(unsigned int)agg;
+        for (int p = tile - 1;;) {
+            u64 v = st[p];
+            u64 flag = (v >> 32) & 3ULL;
+            if ((v >> 34) != epoch || flag == 0) continue;  // predecessor not published yet
+            excl = kv_sat_add(excl, (int)(unsigned int)(v & 0xffffffffULL));
+            if (flag == KV_FLAG_PREFIX) break;
+            --p;
+        }
+        st[tile] = (epoch << 34) | (KV_FLAG_PREFIX << 32) | (u64)(unsigned int)kv_sat_add(excl, agg);
+    }
+    return excl;
+}
+
+// A scan ticket: tile `tile` of the requests. Load and stage its lengths (writing
+// seq_lens_kv), scan them, chain the prefix with the look-back, write cu_seqlens_q and
+// the tile's request errors (the last tile also cu_seqlens_q[bsz] and num_tokens),
+// then count the tile done (kv_wait_scan waits for all of them).
+__device__ __forceinline__ void kv_large_scan(KvShared& s, int tile, int num_tiles, u64 epoch,
+                                              const int* __restrict__ dec, const int* __restrict__ q, int bsz,
+                                              int capacity, int* __restrict__ cu_out,
+                                              int* __restrict__ num_tokens_out, int* __restrict__ kv_out,
+                                              unsigned int* __restrict__ state, u64* __restrict__ tile_status,
+                                              KvErr& err) {
+    const int base = tile * KV_TILE, count = min(KV_TILE, bsz - base);
+    int d[KV_ITEMS], n[KV_ITEMS];
+    kv_load_tile(dec, q, base, count, d, n);
+    kv_stage_tile(s, base, count, kv_out, 0, count, d, n);
+    __syncthreads();
+    const int agg = kv_scan_tile(s, count);
+    if (threadIdx.x == 0) s.bcast[2] = kv_look_back(tile_status, tile, epoch, agg);
+    __syncthreads();
+    const int excl = s.bcast[2];
+    for (int k = threadIdx.x; k < count; k += KV_THREADS)
+        kv_write_request(base + k, kv_sat_add(excl, s.cu[KV_PAD(k)]), kv_sat_add(excl, s.cu[KV_PAD(k + 1)]),
+                         s.dec[k], capacity, cu_out, err);
+    if (tile == num_tiles - 1 && threadIdx.x == 0) {
+        int total = kv_sat_add(excl, agg);
+        cu_out[bsz] = total;
+        *num_tokens_out = min(total, capacity);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(&state[KV_STATE_SCAN_DONE], 1u);
+}
+
+// Wait until every scan ticket is done (they hold lower tickets: no deadlock).
+__device__ __forceinline__ void kv_wait_scan(unsigned int* __restrict__ state, int num_tiles) {
+    if (threadIdx.x == 0) {
+        while (*(volatile unsigned int*)&state[KV_STATE_SCAN_DONE] < (unsigned int)num_tiles) __nanosleep(64);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// The requests of the tokens [c0, min(c0 + KV_TOKENS, end_tok)) (c0 < end_tok): their
+// first request b_lo (warp search over cu_seqlens_q in global memory) and how many
+// they span. If span <= KV_TILE, their cu_seqlens_q and seq_lens_decoder are staged in
+// s.cu (padded index, relative to b_lo) and s.dec.
+__device__ __forceinline__ void kv_chunk_requests(KvShared& s, const int* cu_out,
+                                                  const int* __restrict__ dec, int bsz, int c0, int end_tok,
+                                                  int& b_lo, int& span) {
+    if (threadIdx.x < 32) {
+        int lo = kv_warp_search_global(cu_out, 0, bsz, c0);
+        int hi = kv_warp_search_global(cu_out, lo, bsz, min(c0 + KV_TOKENS, end_tok) - 1);
         if (threadIdx.x == 0) {
-            while (*(volatile unsigned int*)&state[KV_STATE_SCAN_DONE] < (unsigned int)num_tiles) __nanosleep(64);
-            __threadfence();
-        }
-        __syncthreads();
-        const int total = __ldcg(cu_out + bsz);
-        const int end_tok = min(total, capacity);
-        const int c0 = chunk * KV_TOKENS;
-        if (chunk == 0) kv_clear_records(rec, num_chunks + num_tiles, num_chunks + max_tiles);
-        int b_lo = 0, span = 0;
-        if (c0 < end_tok) {
-            if (threadIdx.x < 32) {
-                int lo = kv_warp_search_global(cu_out, 0, bsz, c0);
-                int hi = kv_warp_search_global(cu_out, lo, bsz, min(c0 + KV_TOKENS, end_tok) - 1);
-                if (threadIdx.x == 0) {
-                    s.bcast[0] = lo;
-                    s.bcast[1] = hi - lo + 1;
-                }
-            }
-            __syncthreads();
-            b_lo = s.bcast[0];
-            span = s.bcast[1];
-            if (span <= KV_TILE) {  // this chunk's requests fit: search them in shared memory
-                constexpr int kItems = KV_TILE / KV_THREADS;
-                int cu_k[kItems], d_k[kItems];
-#pragma unroll
-                for (int u = 0; u < kItems; ++u) {
-                    const int k = u * KV_THREADS + (int)threadIdx.x;
-                    if (k < span) {
-                        cu_k[u] = __ldcg(cu_out + b_lo + k);
-                        d_k[u] = dec[b_lo + k];
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < kItems; ++u) {
-                    const int k = u * KV_THREADS + (int)threadIdx.x;
-                    if (k < span) {
-                        s.cu[KV_PAD(k)] = cu_k[u];
-                        s.dec[k] = d_k[u];
-                    }
-                }
-                __syncthreads();
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
-            int t = c0 + j * KV_THREADS + (int)threadIdx.x;
-            if (t >= capacity) break;
-            if (t < end_tok) {
-                int b, start, d;
-                if (span <= KV_TILE) {
-                    int k = kv_search_shared(s, 0, span, t);
-                    b = b_lo + k;
-                    start = s.cu[KV_PAD(k)];
-                    d = s.dec[k];
-                } else {
-                    b = kv_search_global(cu_out, b_lo, b_lo + span, t);
-                    start = __ldcg(cu_out + b);
-                    d = dec[b];
-                }
-                kv_write_token<PosT>(t, b, (i64)d + (t - start), c, num_caches, capacity, batch_out, pos_out,
-                                     slot_out, err);
-            } else {
-                kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
-            }
+            s.bcast[0] = lo;
+            s.bcast[1] = hi - lo + 1;
         }
     }
-    kv_store_errors(err, rec, rec_slot);
-    // The last block out resets the tickets and moves the epoch on (graph replay safe).
+    __syncthreads();
+    b_lo = s.bcast[0];
+    span = s.bcast[1];
+    if (span <= KV_TILE) {  // this chunk's requests fit: search them in shared memory
+        int cu_k[KV_ITEMS], d_k[KV_ITEMS];
+#pragma unroll
+        for (int u = 0; u < KV_ITEMS; ++u) {
+            const int k = u * KV_THREADS + (int)threadIdx.x;
+            if (k < span) {
+                cu_k[u] = __ldcg(cu_out + b_lo + k);
+                d_k[u] = dec[b_lo + k];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KV_ITEMS; ++u) {
+            const int k = u * KV_THREADS + (int)threadIdx.x;
+            if (k < span) {
+                s.cu[KV_PAD(k)] = cu_k[u];
+                s.dec[k] = d_k[u];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// A token ticket: chunk `chunk` of the tokens, [chunk * KV_TOKENS, + KV_TOKENS). Waits
+// for the scan, finds its requests, writes its tokens (and padding); chunk 0 also
+// clears the error records of the blocks this launch does not run.
+template <typename PosT>
+__device__ __forceinline__ void kv_large_tokens(KvShared& s, int chunk, int num_tiles, int num_chunks,
+                                                const int* __restrict__ dec, int bsz, int capacity, int num_caches,
+                                                const KvCaches& c, int* __restrict__ cu_out,
+                                                int* __restrict__ batch_out, PosT* __restrict__ pos_out,
+                                                i64* __restrict__ slot_out, u64* __restrict__ rec, int max_tiles,
+                                                unsigned int* __restrict__ state, KvErr& err) {
+    kv_wait_scan(state, num_tiles);
+    const int total = __ldcg(cu_out + bsz);
+    const int end_tok = min(total, capacity);
+    const int c0 = chunk * KV_TOKENS;
+    if (chunk == 0) kv_clear_records(rec, num_chunks + num_tiles, num_chunks + max_tiles);
+    int b_lo = 0, span = 0;
+    if (c0 < end_tok) kv_chunk_requests(s, cu_out, dec, bsz, c0, end_tok, b_lo, span);
+#pragma unroll
+    for (int j = 0; j < KV_TOKENS_PER_THREAD; ++j) {
+        int t = c0 + j * KV_THREADS + (int)threadIdx.x;
+        if (t >= capacity) break;
+        if (t < end_tok) {
+            int b, start, d;
+            if (span <= KV_TILE) {
+                int k = kv_search_shared(s, 0, span, t);
+                b = b_lo + k;
+                start = s.cu[KV_PAD(k)];
+                d = s.dec[k];
+            } else {
+                b = kv_search_global(cu_out, b_lo, b_lo + span, t);
+                start = __ldcg(cu_out + b);
+                d = dec[b];
+            }
+            kv_write_token<PosT>(t, b, (i64)d + (t - start), c, num_caches, capacity, batch_out, pos_out,
+                                 slot_out, err);
+        } else {
+            kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+        }
+    }
+}
+
+// The last block out resets the tickets and moves the epoch on (graph replay safe).
+__device__ __forceinline__ void kv_finish_launch(unsigned int* __restrict__ state, u64 epoch) {
     if (threadIdx.x == 0) {
         __threadfence();
         if (atomicAdd(&state[KV_STATE_DONE], 1u) == gridDim.x - 1) {
@@ -665,30 +751,78 @@ __device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, 
     }
 }
 
-#define KV_STEP_PARAMS                                                                                   \
-    const int *__restrict__ dec, const int *__restrict__ q, int bsz, int capacity, int num_caches,       \
-        const int *t0, const int *t1, const int *t2, const int *t3, i64 rs0, i64 rs1, i64 rs2, i64 rs3, \
-        int w0, int w1, int w2, int w3, int bs0, int bs1, int bs2, int bs3, int *__restrict__ cu_out,   \
-        int *__restrict__ num_tokens_out, int *__restrict__ batch_out
+// The fused step: the small-batch path (kv_step_small) or the large-batch one: grid =
+// num_chunks + ceil(bsz / KV_TILE) blocks, tickets below num_tiles scan
+// (kv_large_scan), the others write tokens (kv_large_tokens). Error records: small path
+// and token chunk k in slot k, scan tile i in slot num_chunks + i.
+template <typename PosT>
+__device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
+                        int num_caches, const KvCaches& c, int* __restrict__ cu_out,
+                        int* __restrict__ num_tokens_out, int* __restrict__ batch_out,
+                        PosT* __restrict__ pos_out, int* __restrict__ kv_out, i64* __restrict__ slot_out,
+                        u64* __restrict__ rec, int max_tiles, unsigned int* __restrict__ state,
+                        u64* __restrict__ tile_status) {
+    __shared__ KvShared s;
+    // err and num_chunks before the branch (the large path's): declared after it, ptxas
+    // (CUDA 13) allocates one more register for sm_90 (80 instead of 79).
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
+    if (bsz <= KV_TILE) {
+        kv_step_small<PosT>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,
+                            kv_out, slot_out, rec, max_tiles);
+        return;
+    }
+    const int num_tiles = (bsz + KV_TILE - 1) / KV_TILE;
+    int ticket;
+    u64 epoch;
+    kv_take_ticket(s, state, ticket, epoch);
+    int rec_slot;
+    if (ticket < num_tiles) {
+        rec_slot = num_chunks + ticket;
+        kv_large_scan(s, ticket, num_tiles, epoch, dec, q, bsz, capacity, cu_out, num_tokens_out, kv_out, state,
+                      tile_status, err);
+    } else {
+        const int chunk = ticket - num_tiles;
+        rec_slot = chunk;
+        kv_large_tokens<PosT>(s, chunk, num_tiles, num_chunks, dec, bsz, capacity, num_caches, c, cu_out,
+                              batch_out, pos_out, slot_out, rec, max_tiles, state, err);
+    }
+    kv_store_errors(err, rec, rec_slot);
+    kv_finish_launch(state, epoch);
+}
 
-#define KV_STEP_PARAMS_TAIL                                                                             \
-    int *__restrict__ kv_out, i64 *__restrict__ slot_out, u64 *__restrict__ rec, int max_tiles,        \
-        unsigned int *__restrict__ state, u64 *__restrict__ tile_status
+// The fused step from its parameter struct: every field read by name, the caches
+// gathered into registers (KvCaches), position_ids typed PosT.
+template <typename PosT>
+__device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
+    KvCaches c;
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        c.table[g] = p.block_tables[g];
+        c.stride[g] = p.table_stride[g];
+        c.width[g] = p.max_blocks[g];
+        c.bs[g] = p.block_size[g];
+    }
+    kv_step<PosT>(p.seq_lens_decoder, p.seq_lens_this_time, p.bsz, p.capacity, p.num_caches, c, p.cu_seqlens_q,
+                  p.num_tokens, p.batch_id_per_token, static_cast<PosT*>(p.position_ids), p.seq_lens_kv,
+                  p.slot_mapping, p.error_records, p.max_tiles, p.tile_state, p.tile_status);
+}
 
-#define KV_STEP_BODY(PosT)                                                                              \
-    KvCaches c;                                                                                         \
-    c.table[0] = t0; c.table[1] = t1; c.table[2] = t2; c.table[3] = t3;                                 \
-    c.stride[0] = rs0; c.stride[1] = rs1; c.stride[2] = rs2; c.stride[3] = rs3;                         \
-    c.width[0] = w0; c.width[1] = w1; c.width[2] = w2; c.width[3] = w3;                                 \
-    c.bs[0] = bs0; c.bs[1] = bs1; c.bs[2] = bs2; c.bs[3] = bs3;                                         \
-    kv_step<PosT>(dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,     \
-                  kv_out, slot_out, rec, max_tiles, state, tile_status);
+// The fused step, position_ids int64 / int32: one parameter, the whole step by name.
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i64(const KvStepParams params) {
+    kv_step_params<i64>(params);
+}
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 2)
-kvaddr_step_i64(KV_STEP_PARAMS, i64* __restrict__ pos_out, KV_STEP_PARAMS_TAIL) { KV_STEP_BODY(i64) }
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(const KvStepParams params) {
+    kv_step_params<int>(params);
+}
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS, 2)
-kvaddr_step_i32(KV_STEP_PARAMS, int* __restrict__ pos_out, KV_STEP_PARAMS_TAIL) { KV_STEP_BODY(int) }
+// ============================================================================
+// BASELINE (MEASUREMENT) KERNELS: what the fused step is measured against. Not
+// part of the fused step; launched by kvaddr/strategies/gpu.py and the benchmarks.
+// ============================================================================
 
 // One cache's slot mapping from positions and batch ids (the per-layer, one-kernel
 // baseline). Padding (batch id < 0) and bad addresses give -1; nothing out of bounds.
@@ -714,6 +848,15 @@ __device__ __forceinline__ void kv_slots(const PosT* __restrict__ pos, const int
     out[t] = slot;
 }
 
+// Parameters, in order (kvaddr/strategies/gpu.py's SlotsArgs names them):
+//   pos       [capacity], int64 / int32: position_ids
+//   batch     [capacity], int32: batch_id_per_token (-1 padding)
+//   table     [rows, width], int32: one cache's block table, rows `stride` elements apart
+//   stride    int64: the table's row stride, in elements
+//   width     int32: the table's row length (max_blocks)
+//   B         int32: block size
+//   capacity  int32: C, tokens
+//   out       [capacity], int64: that cache's slot mapping
 extern "C" __global__ void __launch_bounds__(KV_THREADS)
 kvaddr_slots_i64(const i64* __restrict__ pos, const int* __restrict__ batch, const int* __restrict__ table,
                  i64 stride, int width, int B, int capacity, i64* __restrict__ out) {
@@ -726,10 +869,15 @@ kvaddr_slots_i32(const int* __restrict__ pos, const int* __restrict__ batch, con
     kv_slots<int>(pos, batch, table, stride, width, B, capacity, out);
 }
 
-extern "C" __global__ void kvaddr_empty() {}
-
 // The per-layer op chain's last step, the "where" a framework chain needs for padding
-// and bad addresses: slot = -1 where batch < 0, idx >= width or blk < 0.
+// and bad addresses: slot = -1 where batch < 0, idx >= width or blk < 0. Parameters
+// (kvaddr/strategies/gpu.py's WhereArgs names them):
+//   batch     [capacity], int32: batch_id_per_token
+//   idx       [capacity], int64: block index pos // B
+//   blk       [capacity], int32: gathered block id
+//   width     int32: the table's row length
+//   capacity  int32: C
+//   slot      [capacity], int64: the slot mapping, fixed in place
 extern "C" __global__ void __launch_bounds__(KV_THREADS)
 kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, const int* __restrict__ blk,
                  int width, int capacity, i64* __restrict__ slot) {
@@ -737,3 +885,10 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
     if (t >= capacity) return;
     if (batch[t] < 0 || idx[t] >= width || blk[t] < 0) slot[t] = -1;
 }
+
+// An empty kernel: the launch floor.
+extern "C" __global__ void kvaddr_empty() {}
+
+// ============================================================================
+// END OF BASELINE (MEASUREMENT) KERNELS
+// ============================================================================

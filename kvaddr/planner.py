@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from kvaddr import kernel_loader
@@ -99,30 +97,28 @@ class StepPlanner:
             # any other (a non-blocking or torch stream) with nothing ordering the two, so
             # finish initialising here (construction is off the hot path).
             cupy.cuda.get_current_stream().synchronize()
-        # The kernel's 31 parameters, typed; those that never change are set once.
-        u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
-        self._launcher = kernel_loader.Launcher(
-            self._fn, (u64, u64, i32, i32, i32) + (u64,) * 4 + (i64,) * 4 + (i32,) * 8 + (u64,) * 7 + (i32, u64, u64)
-        )
-        v = self._launcher.values
-        v[3].value, v[4].value = C, self.num_caches
-        for g in range(4):
-            v[13 + g].value = 1  # width of an unused cache
-            v[17 + g].value = self.block_sizes[g] if g < self.num_caches else 1
-        for i, buf in enumerate(
-            (
-                self.cu_seqlens_q,
-                self.num_tokens,
-                self.batch_id_per_token,
-                self.position_ids,
-                self.seq_lens_kv,
-                self.slot_mapping,
-                self._records,
-            )
-        ):
-            v[21 + i].value = buf.data.ptr
-        v[28].value = self._max_tiles
-        v[29].value, v[30].value = self._state.data.ptr, self._tile_status.data.ptr
+        # The kernel's one parameter, a KvStepParams struct filled by name: what never
+        # changes is set once here; _prepare writes the inputs (and bsz) per call.
+        P = self._params = kernel_loader.StepParams()
+        P.capacity = C  # int32
+        P.num_caches = self.num_caches  # int32
+        for g in range(kernel_loader.MAX_CACHES):
+            P.max_blocks[g] = 1  # int32: an unused cache's width (set per call for used ones)
+            P.block_size[g] = self.block_sizes[g] if g < self.num_caches else 1  # int32
+        P.cu_seqlens_q = self.cu_seqlens_q.data.ptr  # [max_requests + 1], int32
+        P.num_tokens = self.num_tokens.data.ptr  # [], int32
+        P.batch_id_per_token = self.batch_id_per_token.data.ptr  # [C], int32
+        P.position_ids = self.position_ids.data.ptr  # [C], int64 / int32 (position_dtype)
+        P.seq_lens_kv = self.seq_lens_kv.data.ptr  # [max_requests], int32
+        P.slot_mapping = self.slot_mapping.data.ptr  # [num_caches, C], int64
+        P.error_records = self._records.data.ptr  # [n_rec, 2], uint64
+        P.max_tiles = self._max_tiles  # int32
+        P.tile_state = self._state.data.ptr  # [4], uint32
+        P.tile_status = self._tile_status.data.ptr  # [max(max_tiles, 1)], uint64
+        # Views of the per-cache arrays (sharing P's memory): written per call without
+        # building a new ctypes array view each time.
+        self._p_tables, self._p_strides, self._p_widths = P.block_tables, P.table_stride, P.max_blocks
+        self._launcher = kernel_loader.Launcher(self._fn, P, by_value=True)
         self._views: dict = {}
 
     # -- launch geometry -------------------------------------------------
@@ -154,7 +150,7 @@ class StepPlanner:
             return
         tables = normalize_tables(block_tables, self.num_caches)
         many = self.num_caches > 1 and tables[0] is not tables[1]
-        v = self._launcher.values
+        tables_p, strides_p, widths_p = self._p_tables, self._p_strides, self._p_widths
         info, last = None, None
         for g, t in enumerate(tables):
             if t is not last:
@@ -168,9 +164,9 @@ class StepPlanner:
                 if info.shape[1] > INT32_MAX:
                     raise ValueError("block_tables must have fewer than 2**31 columns")
                 last = t
-            v[5 + g].value = info.ptr
-            v[9 + g].value = info.strides[0]
-            v[13 + g].value = info.shape[1]
+            tables_p[g] = info.ptr  # block_tables[g]: [rows >= bsz, max_blocks], int32
+            strides_p[g] = info.strides[0]  # table_stride[g]: int64, elements
+            widths_p[g] = info.shape[1]  # max_blocks[g]: int32
 
     def _prepare(self, seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder) -> int:
         """Check the inputs and write them into the parameter block; returns bsz."""
@@ -196,15 +192,19 @@ class StepPlanner:
                 f"seq_lens_decoder must have at most max_requests = {self.max_requests} entries, got {bsz}"
             )
         self._set_tables(block_tables, bsz)
-        v = self._launcher.values
-        v[0].value, v[1].value, v[2].value = dec.ptr, q.ptr, bsz
+        P = self._params
+        P.seq_lens_decoder = dec.ptr  # [bsz], int32
+        P.seq_lens_this_time = q.ptr  # [bsz], int32
+        P.bsz = bsz  # int32
         return bsz
 
     def launch_args(self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None):
-        """Check the inputs; return ``(bsz, args)``, the kernel's arguments as NumPy
-        scalars (for launching the bare RawKernel, as the benchmark does)."""
+        """Check the inputs; return ``(bsz, args)``: the kernel's one argument, this
+        planner's KvStepParams struct, as RawKernel arguments (a one-tuple holding a
+        ``CPointer`` to the struct, for launching the bare RawKernel as the benchmark
+        does). The struct is the planner's own: the next call rewrites it."""
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
-        return bsz, kernel_loader.numpy_args(self._launcher.values)
+        return bsz, kernel_loader.function_args(self._params, by_value=True)
 
     def compute(
         self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None, stream=None

@@ -25,8 +25,6 @@ error bits 1 and 2; the others record bits 4 and 8 through their position kernel
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from kvaddr import kernel_loader
@@ -164,20 +162,24 @@ class PerLayerKernel(_PositionsThenSlots):
         fn = kernel_loader.get_function(
             "kvaddr_slots_i64" if p.position_dtype == np.int64 else "kvaddr_slots_i32", self.device
         )
-        u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
         self._launchers = []
         for g in range(self.num_caches):
-            L = kernel_loader.Launcher(fn, (u64, u64, u64, i64, i32, i32, i32, u64))
-            v = L.values
-            v[0].value, v[1].value = p.position_ids.data.ptr, p.batch_id_per_token.data.ptr
-            v[5].value, v[6].value, v[7].value = self.block_sizes[g], self.capacity, self.slot_mapping[g].data.ptr
-            self._launchers.append(L)
+            args = kernel_loader.SlotsArgs(
+                position_ids=p.position_ids.data.ptr,  # [C], int64 / int32
+                batch_id_per_token=p.batch_id_per_token.data.ptr,  # [C], int32
+                block_size=self.block_sizes[g],  # int32
+                capacity=self.capacity,  # int32
+                slot_mapping=self.slot_mapping[g].data.ptr,  # [C], int64 (row g of [num_caches, C])
+            )  # block_table, row_stride, max_blocks: per call (_slots)
+            self._launchers.append(kernel_loader.Launcher(fn, args))
         self.launches_per_step = 1 + self.num_layers * self.num_caches
 
     def _slots(self, pos, infos, handle):
         for L, info in zip(self._launchers, infos):
-            v = L.values
-            v[2].value, v[3].value, v[4].value = info.ptr, info.strides[0], info.shape[1]
+            a = L.args
+            a.block_table = info.ptr  # [rows >= bsz, max_blocks], int32
+            a.row_stride = info.strides[0]  # int64, elements
+            a.max_blocks = info.shape[1]  # int32
         grid, block = self._grid, kernel_loader.constants()["KV_THREADS"]
         for _ in range(self.num_layers):
             for L in self._launchers:
@@ -215,18 +217,15 @@ class _OpChain(_PositionsThenSlots):
             self._scratch = [_ChainScratch(cupy, self.capacity) for _ in range(self.num_caches)]
             cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
         where = kernel_loader.get_function("kvaddr_where_pad", self.device)
-        u64, i32 = ctypes.c_uint64, ctypes.c_int32
         self._where = []
         for sc in self._scratch:
-            L = kernel_loader.Launcher(where, (u64, u64, u64, i32, i32, u64))
-            v = L.values
-            v[0].value, v[1].value, v[2].value = (
-                self.positions.batch_id_per_token.data.ptr,
-                sc.idx.data.ptr,
-                sc.blk.data.ptr,
-            )
-            v[4].value = self.capacity
-            self._where.append(L)
+            args = kernel_loader.WhereArgs(
+                batch_id_per_token=self.positions.batch_id_per_token.data.ptr,  # [C], int32
+                block_index=sc.idx.data.ptr,  # [C], int64
+                block_id=sc.blk.data.ptr,  # [C], int32
+                capacity=self.capacity,  # int32
+            )  # max_blocks, slot_mapping: per call (_chain)
+            self._where.append(kernel_loader.Launcher(where, args))
         self._flat_cache: dict = {}
 
     def _flat(self, info):
@@ -257,7 +256,8 @@ class _OpChain(_PositionsThenSlots):
         cp.multiply(s.blk, B64, out=out)  # block * B, as int64
         cp.add(out, s.off, out=out)  # + pos % B
         where = self._where[self._scratch.index(s)]  # padding / bad -> -1
-        where.values[3].value, where.values[5].value = info.shape[1], out.data.ptr
+        where.args.max_blocks = info.shape[1]  # int32
+        where.args.slot_mapping = out.data.ptr  # [C], int64
         where(self._grid, kernel_loader.constants()["KV_THREADS"], handle)
 
 
