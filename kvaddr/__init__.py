@@ -11,9 +11,9 @@ StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 The contract is documented in README.md ("Semantics").
 """
 
+from kvaddr.constants import STRATEGY_NAMES
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError
 from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
-from kvaddr.strategies.names import STRATEGY_NAMES
 
 __version__ = "0.1.0"
 

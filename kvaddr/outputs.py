@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: Slot of a padding token or of a token whose address is bad.
-PAD_SLOT_ID = -1
+from kvaddr.constants import PAD_SLOT_ID as PAD_SLOT_ID  # re-exported: part of the public API
 
 OUTPUT_FIELDS = (
     "cu_seqlens_q",

@@ -43,6 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvaddr.constants import FLOOR, SAVINGS_REFERENCE
+from kvaddr.constants import MEASURES as GATE_MEASURES
+
 DEFAULT_FACTOR = 1.10
 DEFAULT_ALPHA = 0.01
 #: Use the exact U distribution when both samples have at most this many values and there are no ties.
@@ -344,11 +347,6 @@ def decide(base, new, factor: float = DEFAULT_FACTOR, alpha: float = DEFAULT_ALP
 
 # ----------------------------------------------------------------------------- runs and baselines
 
-FLOOR = "floor"
-PER_LAYER = "per-layer"
-#: ``--gate`` words: which (mode, clock) measures can fail a comparison.
-GATE_MEASURES = (("graph", "gpu"), ("eager", "host"), ("eager", "gpu"))
-
 
 def parse_gate(text: str):
     """``auto``, ``all``, or a comma list of ``MODE:CLOCK`` (``graph:gpu,eager:host``).
@@ -491,7 +489,7 @@ def _quantities(section: dict, relative: bool) -> dict:
     for name, s in section.items():
         if name == FLOOR:
             continue
-        for den in (FLOOR, PER_LAYER):
+        for den in (FLOOR, SAVINGS_REFERENCE):
             if den in section and name != den:
                 ratios = pairwise_ratios(s, section[den])
                 if ratios.size:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvaddr.errors import CheckFailed as CheckFailed  # re-exported
 from kvaddr.outputs import OUTPUT_FIELDS
 
 #: Written into a strategy's output buffers before a checked call: an output
@@ -18,8 +19,6 @@ from kvaddr.outputs import OUTPUT_FIELDS
 SENTINEL = -7777
 
 
-class CheckFailed(Exception):
-    """A strategy disagreed with the reference (or its step raised); exit status 1."""
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kvaddr.constants import MODES
+from kvaddr.errors import EnvironmentProblem
 from kvaddr.measure.correctness import CheckFailed, compare, poison
 from kvaddr.measure.timing import FLOOR, Budget, Measurement, measure_cpu, measurement_stream
 from kvaddr.measure.workload import Batch, Workload, make_input_sets
 from kvaddr.reference import step_addressing
-
-MODES = ("eager", "graph")
-
-
-class EnvironmentProblem(Exception):
-    """The machine cannot run what was asked (no GPU, no CuPy, kernels do not compile); exit 3."""
 
 
 @dataclass

@@ -41,6 +41,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvaddr.errors import ProfileError
+
 #: The tables a profile may hold, and the keys each may hold.
 PROFILE_KEYS = (
     "model",
@@ -83,25 +85,6 @@ LIST_JOIN = {"batch": ",", "block_size": ",", "context": ":", "prefill": ":"}
 PATH_ENV = "KVADDR_PROFILE_PATH"
 
 
-class ProfileError(Exception):
-    """A profile cannot be found, parsed or applied.
-
-    Attributes
-    ----------
-    path : str or None
-        The file (None when no file was found).
-    line : int or None
-        1-based line of the offending key, when known.
-    key : str or None
-        The offending key, as ``table.key`` or a top-level key.
-    """
-
-    def __init__(self, message: str, path: str | None = None, line: int | None = None, key: str | None = None):
-        self.path, self.line, self.key = path, line, key
-        where = ""
-        if path is not None:
-            where = f"{path}, line {line}: " if line is not None else f"{path}: "
-        super().__init__(where + message)
 
 
 @dataclass

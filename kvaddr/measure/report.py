@@ -16,18 +16,16 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
+from kvaddr.constants import MEASURES, SAVINGS_REFERENCE
 from kvaddr.measure.timing import FLOOR, Measurement, Summary
 
 SCHEMA_VERSION = 1
-BASELINE = "per-layer"
 NOISE_RULE = (
     "a difference counts only when the interquartile ranges [q25, q75] of the two strategies do "
     "not overlap: saving if candidate q75 < baseline q25, slower if candidate q25 > baseline q75, "
     "otherwise within noise"
 )
 
-#: Section order of the table and the headlines.
-MEASURES = (("graph", "gpu"), ("eager", "host"), ("eager", "gpu"))
 
 #: What a headline calls each strategy.
 PHRASES = {
@@ -144,7 +142,7 @@ class Row:
 
 def rows(section: dict, step_ms: float | None) -> list:
     """Rows of one (mode, clock) section: the strategies in order, then the floor."""
-    base = section.get(BASELINE)
+    base = section.get(SAVINGS_REFERENCE)
     floor = section.get(FLOOR)
     base_s = base.summary if base else None
     floor_s = floor.summary if floor else None
@@ -153,7 +151,7 @@ def rows(section: dict, step_ms: float | None) -> list:
         s = m.summary
         comp = None
         if base_s is not None and name != FLOOR:
-            comp = compare_to_baseline(base_s, s, step_ms, is_baseline=(name == BASELINE))
+            comp = compare_to_baseline(base_s, s, step_ms, is_baseline=(name == SAVINGS_REFERENCE))
         ratio = s.median / floor_s.median if floor_s is not None and floor_s.median > 0 else None
         out.append(Row(m, s, comp, ratio))
     out.sort(key=lambda r: r.measurement.strategy == FLOOR)
@@ -164,7 +162,7 @@ def headline(
     section: dict, mode: str, clock: str, device: str, batch: int, step_word: str, step_ms: float | None
 ) -> str | None:
     """One sentence: what hoisting and the fused kernel save against per-layer."""
-    base = section.get(BASELINE)
+    base = section.get(SAVINGS_REFERENCE)
     if base is None:
         return None
     parts = []
@@ -338,7 +336,7 @@ def document(shapes, workload, environment: dict, settings: dict, options: dict)
     """The whole JSON report (schema: docs/json-schema.md)."""
     return {
         **envelope("kvaddr.profile", options, environment),
-        "settings": {**settings, "baseline": BASELINE, "noise_rule": NOISE_RULE},
+        "settings": {**settings, "baseline": SAVINGS_REFERENCE, "noise_rule": NOISE_RULE},
         "workload": workload.describe(),
         "shapes": [shape_json(s, workload, environment.get("device", "cpu"), settings.get("step_ms")) for s in shapes],
     }

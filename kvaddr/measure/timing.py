@@ -47,6 +47,8 @@ from typing import Callable
 
 import numpy as np
 
+from kvaddr.constants import FLOOR as FLOOR  # re-exported: the floor row's name
+
 #: Aim for sample blocks of about this many seconds.
 TARGET_BLOCK_S = 1e-3
 #: At most this many steps in one sample.
@@ -62,7 +64,6 @@ GRAPH_TARGET_US = 200.0
 #: ... but no more than this many steps per graph.
 GRAPH_MAX_COPIES = 256
 
-FLOOR = "floor"
 
 _STREAMS: dict = {}
 

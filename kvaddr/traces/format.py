@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvaddr.constants import INT32_MAX
+from kvaddr.errors import KvaddrError, TraceError
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvaddr.measure.workload import Batch
 
@@ -46,13 +49,10 @@ HEADER_KEY = "kvaddr_trace"
 MAX_REQUESTS = 1 << 20
 MAX_TOKENS = 1 << 24
 MAX_TABLE_ENTRIES = 1 << 26
-INT32_MAX = (1 << 31) - 1
 
 STEP_KEYS = ("seq_lens_decoder", "seq_lens_this_time", "seq_lens_encoder", "block_tables", "block_tables_per_cache")
 
 
-class TraceError(Exception):
-    """The trace cannot be read at all (missing file, unreadable header); exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class BadLine:
 # ----------------------------------------------------------------------------- parsing
 
 
-class _Bad(ValueError):
+class _Bad(KvaddrError, ValueError):
     pass
 
 
