@@ -30,3 +30,8 @@ FLOOR = "floor"
 MODES = ("eager", "graph")
 #: The (mode, clock) measures, in report order.
 MEASURES = (("graph", "gpu"), ("eager", "host"), ("eager", "gpu"))
+
+#: Limits that keep one profiled or replayed step within memory.
+MAX_CONTEXT = 1 << 30
+MAX_TOKENS_PER_STEP = 1 << 24
+MAX_TABLE_ENTRIES = 1 << 26

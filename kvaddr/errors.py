@@ -110,14 +110,14 @@ class ProfileConfigError(KvaddrError, ValueError):
 
     Attributes
     ----------
-    option : str or None
-        The setting at fault, as the ``kvaddr profile`` option(s) that set it
-        (``"'--prefill'"``, ``"'--context' / '--block-size'"``).
+    fields : tuple of str
+        The settings at fault (:class:`kvaddr.measure.profile_run.ProfileConfig`
+        field names, e.g. ``("context", "block_sizes")``).
     """
 
-    def __init__(self, message: str, option: str | None = None):
+    def __init__(self, message: str, fields: tuple = ()):
         super().__init__(message)
-        self.option = option
+        self.fields = tuple(fields)
 
 
 class ProfileError(KvaddrError):

@@ -51,8 +51,6 @@ NOTE_FIELDS = (
 WORKLOAD_IGNORED = ("model_source",)
 
 
-
-
 @dataclass(frozen=True)
 class Baseline:
     """A baseline file (or a profile report read as one).
@@ -106,7 +104,8 @@ def _check_run(run, where: str) -> dict:
         raise BaselineError(f"{where} is not a kvaddr profile report (kind {PROFILE_KIND!r})")
     version = run.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise BaselineError(f"{where} has profile schema_version {version!r}; this kvaddr reads version {SCHEMA_VERSION}"
+        raise BaselineError(
+            f"{where} has profile schema_version {version!r}; this kvaddr reads version {SCHEMA_VERSION}"
         )
     for key, kind in (("environment", dict), ("workload", dict), ("settings", dict), ("shapes", list)):
         if not isinstance(run.get(key), kind):
@@ -123,7 +122,8 @@ def _check_run(run, where: str) -> dict:
                     isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in samples
                 )
             ):
-                raise BaselineError(f"{where}, batch {s['batch']}: a result has no raw samples ('samples_us', finite numbers)",
+                raise BaselineError(
+                    f"{where}, batch {s['batch']}: a result has no raw samples ('samples_us', finite numbers)",
                 )
             for key in ("strategy", "mode", "clock"):
                 if not isinstance(r.get(key), str):
@@ -137,8 +137,7 @@ def from_document(doc, path: str) -> Baseline:
     if kind == BASELINE_KIND:
         fmt = doc.get("baseline_format")
         if fmt != BASELINE_FORMAT:
-            raise BaselineError(f"{path} has baseline_format {fmt!r}; this kvaddr reads format {BASELINE_FORMAT}"
-            )
+            raise BaselineError(f"{path} has baseline_format {fmt!r}; this kvaddr reads format {BASELINE_FORMAT}")
         runs = doc.get("runs")
         if not isinstance(runs, list) or not runs:
             raise BaselineError(f"{path} holds no runs")
@@ -146,7 +145,8 @@ def from_document(doc, path: str) -> Baseline:
     elif kind == PROFILE_KIND:
         runs = [_check_run(doc, path)]
     else:
-        raise BaselineError(f"{path} is neither a kvaddr baseline nor a kvaddr profile report "
+        raise BaselineError(
+            f"{path} is neither a kvaddr baseline nor a kvaddr profile report "
             f"(kind {kind!r}; expected {BASELINE_KIND!r} or {PROFILE_KIND!r})",
         )
     return Baseline(path, kind, runs, run_labels(runs))
@@ -349,7 +349,8 @@ def save_runs(path: str, runs: list) -> list:
             existing = list(from_document(old, path).runs)
             created = old.get("created_utc") or created
         except (BaselineError, OSError, ValueError, UnicodeDecodeError) as exc:
-            raise BaselineError(f"{path} exists and is not a kvaddr baseline ({exc}); it is left "
+            raise BaselineError(
+                f"{path} exists and is not a kvaddr baseline ({exc}); it is left "
                 f"as it is: remove it or choose another file",
             ) from None
     actions = []

@@ -387,7 +387,7 @@ def gated_measures(gate, run: dict) -> frozenset:
 
 
 @dataclass(frozen=True)
-class Row:
+class VerdictRow:
     """One verdict: a run's batch size, a strategy (or ratio), a mode and a clock.
 
     Attributes
@@ -514,7 +514,7 @@ def compare_runs(
     base_run, new_run : dict
         Profile documents (``shapes[].results[].samples_us``).
     label : str
-        Names the run in each :class:`Row`.
+        Names the run in each :class:`VerdictRow`.
     factor, alpha : float
         See :func:`decide`.
     relative : bool
@@ -525,7 +525,7 @@ def compare_runs(
 
     Returns
     -------
-    list of Row
+    list of VerdictRow
         In the baseline's order; batch sizes only in the new run are skipped
         (the workload check reports them).
     """
@@ -543,10 +543,12 @@ def compare_runs(
                 name, den = key
                 is_gated = measure in gated and (relative or name != FLOOR)
                 if key not in nq or key not in bq:
-                    rows.append(Row(label, batch, name, den, *measure, is_gated, "missing" if key not in nq else "new"))
+                    rows.append(
+                        VerdictRow(label, batch, name, den, *measure, is_gated, "missing" if key not in nq else "new")
+                    )
                     continue
                 d = decide(bq[key], nq[key], factor, alpha)
-                rows.append(Row(label, batch, name, den, *measure, is_gated, d.verdict, d))
+                rows.append(VerdictRow(label, batch, name, den, *measure, is_gated, d.verdict, d))
     return rows
 
 
@@ -556,7 +558,7 @@ class Outcome:
 
     Attributes
     ----------
-    rows : list of Row
+    rows : list of VerdictRow
         Empty when a mismatch stopped the comparison.
     mismatches : list of (str, Difference)
         Run label and what does not match (GPU, driver, workload).

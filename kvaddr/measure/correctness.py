@@ -19,8 +19,6 @@ from kvaddr.outputs import OUTPUT_FIELDS
 SENTINEL = -7777
 
 
-
-
 @dataclass(frozen=True)
 class Mismatch:
     """The first difference between a strategy's output and the reference's."""
@@ -66,7 +64,7 @@ def to_host(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def compare(strategy: str, context: str, got, expected) -> Mismatch | None:
+def compare_outputs(strategy: str, context: str, got, expected) -> Mismatch | None:
     """The first differing element of any output, or None if all are equal.
 
     Parameters

@@ -27,8 +27,6 @@ STYLE = {
 }
 
 
-
-
 def matplotlib_version() -> str | None:
     """matplotlib's version, or None when it cannot be imported."""
     try:

@@ -85,8 +85,6 @@ LIST_JOIN = {"batch": ",", "block_size": ",", "context": ":", "prefill": ":"}
 PATH_ENV = "KVADDR_PROFILE_PATH"
 
 
-
-
 @dataclass
 class Profile:
     """One loaded profile.

@@ -231,7 +231,8 @@ class GpuTimer:
         self.cupy = cupy
         self.stream = stream
 
-    def _event(self):
+    def event(self):
+        """A new CUDA event on the current device (timing enabled)."""
         return self.cupy.cuda.Event()
 
     def _elapsed_us(self, start, end) -> float:
@@ -264,7 +265,7 @@ class GpuTimer:
         """
         stream, clock = self.stream, time.perf_counter
         n_sets = len(inputs)
-        start, end = self._event(), self._event()
+        start, end = self.event(), self.event()
 
         def run_block(k: int, first: int) -> tuple:
             t0 = clock()
@@ -317,7 +318,7 @@ class GpuTimer:
 
     def copies_for(self, graph) -> int:
         """Steps to capture per timed graph: about GRAPH_TARGET_US of work, at most GRAPH_MAX_COPIES."""
-        start, end = self._event(), self._event()
+        start, end = self.event(), self.event()
         self.replay(graph)
         start.record(self.stream)
         graph.launch(self.stream)
@@ -367,7 +368,7 @@ class GpuTimer:
         stream, clock = self.stream, time.perf_counter
         n = len(graphs)
         rounds = GRAPH_SAMPLES_PER_ROUND
-        events = [self._event() for _ in range(rounds + 1)]
+        events = [self.event() for _ in range(rounds + 1)]
 
         for g in graphs:  # warm-up (uploads the graphs)
             g.launch(stream)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvaddr.constants import INT32_MAX
+from kvaddr.constants import INT32_MAX, MAX_TABLE_ENTRIES, MAX_TOKENS_PER_STEP
 from kvaddr.errors import KvaddrError, TraceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,12 +47,9 @@ FORMAT_VERSION = 1
 HEADER_KEY = "kvaddr_trace"
 #: Limits that keep one step within memory; a larger step is a bad line.
 MAX_REQUESTS = 1 << 20
-MAX_TOKENS = 1 << 24
-MAX_TABLE_ENTRIES = 1 << 26
+MAX_TOKENS = MAX_TOKENS_PER_STEP
 
 STEP_KEYS = ("seq_lens_decoder", "seq_lens_this_time", "seq_lens_encoder", "block_tables", "block_tables_per_cache")
-
-
 
 
 @dataclass(frozen=True)

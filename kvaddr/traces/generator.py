@@ -224,8 +224,6 @@ class GeneratorConfig:
 # ----------------------------------------------------------------------------- the block allocator
 
 
-
-
 class BlockAllocator:
     """A pool of block ids ``0 .. num_blocks - 1`` with a FIFO free list.
 

@@ -362,7 +362,7 @@ def render(console, stats: ReplayStats, info: dict) -> None:
 # ----------------------------------------------------------------------------- JSON
 
 
-def document(stats: ReplayStats, info: dict, environment: dict, settings: dict, options: dict) -> dict:
+def replay_document(stats: ReplayStats, info: dict, environment: dict, settings: dict, options: dict) -> dict:
     """The whole replay JSON report (schema: docs/trace-format.md, "The replay report")."""
     return {
         **envelope("kvaddr.replay", options, environment, SCHEMA_VERSION),

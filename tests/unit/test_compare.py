@@ -387,7 +387,9 @@ def test_save_load_replace_and_add(tmp_path):
     other = make_run(4, env={**ENV_H200, "gpu": {**ENV_H200["gpu"], "name": "NVIDIA A100"}})
     with pytest.raises(bl.BaselineMismatch) as err:
         bl.save_runs(path, [other])
-    assert isinstance(err.value, bl.BaselineError) and "NVIDIA H200" in str(err.value) and "NVIDIA A100" in str(err.value)
+    assert (
+        isinstance(err.value, bl.BaselineError) and "NVIDIA H200" in str(err.value) and "NVIDIA A100" in str(err.value)
+    )
 
 
 def test_a_profile_report_reads_as_a_one_run_baseline(tmp_path):
