@@ -393,15 +393,12 @@ def compare(base_path, new_path, factor, alpha, relative, gate_text, allow_env_m
 # ----------------------------------------------------------------------------- check
 
 
-def profile_command_line(config: ProfileConfig, budget_given: bool, order=()) -> str:
-    """The ``kvaddr profile`` command line that repeats ``config`` (what ``check`` says it runs); options
-    in ``order`` (the order a report recorded them) first."""
+def profile_command_line(config: ProfileConfig, budget_given: bool) -> str:
+    """The ``kvaddr profile`` command line that repeats ``config`` (what ``check`` says it runs)."""
     from kvaddr.commands.profile import flag
 
     words = []
-    options = config.recorded_options()
-    for name in sorted(options, key=lambda n: list(order).index(n) if n in order else len(order)):
-        value = options[name]
+    for name, value in config.recorded_options().items():
         if name in NOT_REPLAYED or value is None or (name == "budget" and budget_given):
             continue
         if name in ("context", "prefill"):
@@ -525,10 +522,9 @@ def check(baseline_path, budget, save_path, factor, alpha, relative, gate_text, 
                 f"{', '.join(unknown)}"
             )
         config = replay_config(run, budget)
-        recorded_order = list(run.get("options") or {})
         err.print(
             f"kvaddr check: run {i + 1}/{len(base.runs)} ({label}): kvaddr profile "
-            f"{profile_command_line(config, budget is not None, recorded_order)}"
+            f"{profile_command_line(config, budget is not None)}"
         )
         new_runs.append(run_profile(config, ConsoleProgress(err, show_bar=err.is_terminal)))
         err.print(f"kvaddr profile: done in {new_runs[-1]['wall_s']:.1f} s")

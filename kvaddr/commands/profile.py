@@ -274,10 +274,11 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     help="Distinct batches per batch size, rotated while timing.",
 )
 @profile_option("profile")
+@click.pass_context
 @guarded("profile")
-def profile(**options):
+def profile(ctx, **options):
     started = time.perf_counter()
-    config = validated(ProfileConfig(**options))
+    config = validated(ProfileConfig(**options, option_order=tuple(ctx.params)))
     check_output_path(config.json_path, "--json")
     check_save_path(config.save_path)
     profile_and_report(config, stdout_json=config.json_path == "-")

@@ -472,7 +472,7 @@ def _load_report(path: str) -> dict:
     return doc
 
 
-def _sweep(plot_path=None, sweep_json_path=None, from_path=None, chart=True, **options):
+def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, chart=True, **options):
     from kvaddr.measure.plot import matplotlib_version, plot_sweep
     from kvaddr.measure.sweep import render_chart, sweep_json
 
@@ -489,7 +489,7 @@ def _sweep(plot_path=None, sweep_json_path=None, from_path=None, chart=True, **o
     if from_path is not None:
         doc = _load_report(from_path)
     else:
-        config = profile_command.validated(ProfileConfig(**options))
+        config = profile_command.validated(ProfileConfig(**options, option_order=tuple(option_order)))
         profile_command.check_save_path(config.save_path)
         doc = profile_command.profile_and_report(config, stdout_json=False, tables=sweep_json_path != "-")
         err.print(f"kvaddr profile: done in {time.perf_counter() - started:.1f} s")
@@ -775,9 +775,10 @@ def replay(ctx, **options):
     _replay(ctx, **options)
 
 
+@click.pass_context
 @guarded("sweep")
-def _sweep_command(**options):
-    _sweep(**options)
+def _sweep_command(ctx, **options):
+    _sweep(list(ctx.params), **options)
 
 
 sweep = click.Command(

@@ -525,6 +525,9 @@ class ProfileConfig:
         Distinct batches per batch size, rotated while timing.
     json_path, save_path, workload_profile : str or None
         Recorded in the report's ``options`` only (:data:`RECORDED_ONLY`); :func:`run` writes nothing.
+    option_order : tuple of str
+        Settings to list first, in this order, in the report's ``options``
+        (the order they were given on the command line); not a setting.
 
     Adding a setting: add a field here (with the command's default), a rule
     to :data:`SETTING_RULES`, use it in :func:`run` (or :meth:`workload`), and
@@ -549,11 +552,12 @@ class ProfileConfig:
     budget: float = 1.0
     input_sets: int = 4
     workload_profile: str | None = None
+    option_order: tuple = field(default=(), compare=False, repr=False)
 
     @classmethod
     def field_names(cls) -> tuple:
-        """Every setting, in the order reports record them."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """Every setting, in the order reports record them (unless :attr:`option_order` says otherwise)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "option_order")
 
     @classmethod
     def from_recorded(cls, options: dict, **overrides) -> ProfileConfig:
@@ -562,7 +566,8 @@ class ProfileConfig:
         Null values and names this kvaddr does not know (see
         :meth:`unknown_options`) are left out, so they take the defaults;
         ``overrides`` (e.g. ``device=``, ``budget=``) replace recorded values.
-        Every value is checked (:meth:`validate`).
+        Every value is checked (:meth:`validate`). The new run records its
+        options in the order of ``options`` (then the overrides').
 
         Raises
         ------
@@ -571,11 +576,12 @@ class ProfileConfig:
         """
         names = set(cls.field_names())
         values = {k: v for k, v in (options or {}).items() if k in names and v is not None}
+        given = [k for k in values if k not in overrides] + list(overrides)
         values.update(overrides)
         for name in list(values):
             if name in SETTING_RULES and values[name] is not None:
                 values[name] = _checked_setting(name, values[name])
-        config = cls(**values)
+        config = cls(**values, option_order=("workload_profile", *given))
         config.validate()
         return config
 
@@ -586,8 +592,11 @@ class ProfileConfig:
         return [k for k in (options or {}) if k not in names]
 
     def recorded_options(self) -> dict:
-        """The report's ``options`` object: every setting, lists for tuples."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+        """The report's ``options`` object: every setting, lists for tuples (:attr:`option_order` first)."""
+        names = self.field_names()
+        order = [n for n in dict.fromkeys(self.option_order) if n in names]
+        order += [n for n in names if n not in order]
+        return {k: (list(v) if isinstance(v, tuple) else v) for k in order for v in [getattr(self, k)]}
 
     def num_caches(self) -> int:
         preset = PRESETS[self.model]
