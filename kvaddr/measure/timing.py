@@ -235,7 +235,8 @@ class GpuTimer:
         """A new CUDA event on the current device (timing enabled)."""
         return self.cupy.cuda.Event()
 
-    def _elapsed_us(self, start, end) -> float:
+    def elapsed_us(self, start, end) -> float:
+        """Microseconds between two recorded events."""
         return self.cupy.cuda.get_elapsed_time(start, end) * 1e3
 
     # -- eager ---------------------------------------------------------------
@@ -275,7 +276,7 @@ class GpuTimer:
             end.record(stream)
             end.synchronize()
             t1 = clock()
-            return (t1 - t0) * 1e6 / k, self._elapsed_us(start, end) / k
+            return (t1 - t0) * 1e6 / k, self.elapsed_us(start, end) / k
 
         run_block(n_sets, 0)  # warm-up
         host_us, _ = run_block(n_sets, 0)
@@ -324,7 +325,7 @@ class GpuTimer:
         graph.launch(self.stream)
         end.record(self.stream)
         end.synchronize()
-        us = max(self._elapsed_us(start, end), 1e-3)
+        us = max(self.elapsed_us(start, end), 1e-3)
         return int(max(1, min(GRAPH_MAX_COPIES, GRAPH_TARGET_US // us)))
 
     def capture(self, step: Callable, args: tuple):
@@ -389,5 +390,5 @@ class GpuTimer:
                     i += 1
                 events[j + 1].record(stream)
             events[want].synchronize()
-            m.samples_us.extend(self._elapsed_us(events[j], events[j + 1]) / (k * copies) for j in range(want))
+            m.samples_us.extend(self.elapsed_us(events[j], events[j + 1]) / (k * copies) for j in range(want))
         return m

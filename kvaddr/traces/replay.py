@@ -263,7 +263,7 @@ class CudaReplayer:
                     e1.record(stream)
                 self._events[-1][1].synchronize()
                 times[("graph", "gpu")] = {
-                    name: timer._elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, self.names)
+                    name: timer.elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, self.names)
                 }
                 if check:
                     for name in self.names:
@@ -283,7 +283,7 @@ class CudaReplayer:
                     e1.synchronize()
                     t1 = clock()
                     host[name] = (t1 - t0) * 1e6
-                    gpu[name] = timer._elapsed_us(e0, e1)
+                    gpu[name] = timer.elapsed_us(e0, e1)
                     shape.last_out[name] = out
                     if check:
                         check_outputs(name, f"{where}, eager", out, ref)
