@@ -9,6 +9,13 @@ cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 
 The contract is documented in README.md ("Semantics").
+
+Layers (imports flow one way; tests/unit/test_layering.py checks it): the library
+(the modules at the top of :mod:`kvaddr`: constants, errors, outputs, validation,
+reference, kernel_loader, planner) imports nothing of the subpackages; the
+library-level :mod:`kvaddr.engines` (engine adapters) and :mod:`kvaddr.torch`
+(PyTorch ops, may use engines) import only the library; then strategies <-
+measure <- traces, gate <- commands <- cli.
 """
 
 from kvaddr.constants import STRATEGY_NAMES

@@ -19,15 +19,20 @@ from kvaddr.commands.common import (
     IntList,
     IntRangeSpec,
     PrefillSpec,
+    block_size_option,
+    caches_option,
     check_output_path,
+    device_option,
     err_console,
     finite,
     guarded,
+    json_option,
+    layers_option,
+    mode_option,
     out_console,
     profile_option,
     write_json,
 )
-from kvaddr.constants import MAX_CACHES
 from kvaddr.errors import ProfileConfigError
 from kvaddr.measure.profile_run import ProfileConfig, Progress
 from kvaddr.measure.workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS
@@ -195,20 +200,9 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     default=None,
     help="N of the batch's requests are chunked-prefill requests of LEN tokens.",
 )
-@click.option(
-    "--block-size",
-    "block_sizes",
-    type=IntList(1, 1 << 20, "block size"),
-    default=None,
-    help="Tokens per block: one for every cache, or one per cache. [default: the model's, 64]",
-)
-@click.option("--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]")
-@click.option(
-    "--caches",
-    type=click.IntRange(1, MAX_CACHES),
-    default=None,
-    help="Paged caches per layer. [default: the model's, 2]",
-)
+@block_size_option()
+@layers_option()
+@caches_option()
 @click.option(
     "--model",
     type=click.Choice(sorted(PRESETS)),
@@ -216,12 +210,7 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     show_default=True,
     help="Model preset (layers, caches, block size).",
 )
-@click.option(
-    "--mode",
-    type=click.Choice(["eager", "graph", "both"]),
-    default=None,
-    help="GPU launch mode. [default: both on a GPU; the CPU path has eager only]",
-)
+@mode_option()
 @click.option(
     "--step-ms",
     type=click.FloatRange(0, min_open=True),
@@ -230,14 +219,7 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     callback=finite,
     help="Also express each saving as a share of a step of MS milliseconds.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    default=None,
-    metavar="PATH",
-    help="Write the JSON report to PATH ('-': stdout, and nothing else there).",
-)
+@json_option()
 @click.option(
     "--save",
     "save_path",
@@ -247,13 +229,7 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     help="Also save the run, every raw sample included, as a baseline for kvaddr compare / check; a run "
     "of the same workload in FILE is replaced, another added (docs/baseline-format.md).",
 )
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    show_default=True,
-    help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.",
-)
+@device_option()
 @click.option(
     "--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the generated batches."
 )

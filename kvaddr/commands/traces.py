@@ -28,9 +28,12 @@ from kvaddr.commands.common import (
     IntList,
     bar_progress,
     check_output_path,
+    device_option,
     err_console,
     finite,
     guarded,
+    json_option,
+    mode_option,
     out_console,
     profile_option,
     resolve_block_sizes,
@@ -728,19 +731,8 @@ def generate(**options):
     default=None,
     help="Tokens per block, one or one per cache. [default: the trace header's, else the model's]",
 )
-@click.option(
-    "--mode",
-    type=click.Choice(["eager", "graph", "both"]),
-    default=None,
-    help="GPU launch mode. [default: both on a GPU; the CPU path has eager only]",
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    show_default=True,
-    help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.",
-)
+@mode_option()
+@device_option()
 @click.option(
     "--check-every",
     type=click.IntRange(1, 1 << 30),
@@ -760,14 +752,7 @@ def generate(**options):
 @click.option(
     "--max-steps", type=click.IntRange(1, 1 << 40), default=None, metavar="N", help="Stop after N replayed steps."
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    default=None,
-    metavar="PATH",
-    help="Write the JSON report to PATH ('-': stdout, and nothing else there).",
-)
+@json_option()
 @profile_option("profile")
 @click.pass_context
 @guarded("replay")

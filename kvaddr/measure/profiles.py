@@ -30,7 +30,9 @@ separator is a file; any other reference is a name looked up as
 separated), then in the profiles kvaddr ships (:func:`bundled_dirs`).
 
 A malformed file, an unknown table or key, or a value the option rejects
-raises :class:`ProfileError` naming the file, the line and the key.
+raises :class:`ProfileError` naming the file, the line and the key. The
+``--profile`` click option that applies a profile to a command is
+:func:`kvaddr.commands.common.profile_option`.
 """
 
 from __future__ import annotations
