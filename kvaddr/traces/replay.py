@@ -34,9 +34,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from kvaddr.errors import AddressingError
+from kvaddr.errors import AddressingError, EnvironmentProblem
 from kvaddr.measure.correctness import CheckFailed, poison
-from kvaddr.measure.profile_run import EnvironmentProblem, call_checked, check_outputs, step_fn
+from kvaddr.measure.profile_run import call_checked, check_outputs, step_fn
 from kvaddr.reference import step_addressing
 from kvaddr.strategies.names import STRATEGY_NAMES
 from kvaddr.traces.format import BadLine, padded_inputs
