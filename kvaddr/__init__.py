@@ -10,12 +10,19 @@ StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 NoCudaDevice       raised by StepPlanner and the GPU strategies without CuPy, a driver or a GPU
 
 The contract is stated in docs/spec.md (README.md's "Semantics" is the short version).
+
+Layers (imports flow one way; tests/unit/test_layering.py checks it): the library
+(the modules at the top of :mod:`kvaddr`: constants, errors, outputs, validation,
+reference, kernel_loader, planner) imports nothing of the subpackages; the
+library-level :mod:`kvaddr.engines` (engine adapters) and :mod:`kvaddr.torch`
+(PyTorch ops, may use engines) import only the library; then strategies <-
+measure <- traces, gate <- commands <- cli.
 """
 
+from kvaddr.constants import STRATEGY_NAMES
 from kvaddr.device import NoCudaDevice
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError
 from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
-from kvaddr.strategies.names import STRATEGY_NAMES
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,27 @@
-"""Exceptions and the device-side error bits of the contract (``docs/spec.md``)."""
+"""kvaddr's exceptions, all under :class:`KvaddrError`, and the device-side error bits of
+the spec (docs/spec.md).
+
+The exception tree (each class is defined here; the modules that raise one also
+re-export it under its old home, e.g. ``kvaddr.traces.format.TraceError``)::
+
+    KvaddrError                       base of everything kvaddr raises on purpose
+    +-- KernelCompileError            kernels.cu failed to compile (the NVRTC log)
+    +-- AddressingError               a step's inputs held bad values (check())
+    +-- EnvironmentProblem            the machine cannot run what was asked (no GPU, no CuPy)
+    |   +-- PlotUnavailable           matplotlib is not installed
+    +-- CheckFailed                   a strategy disagreed with the reference
+    +-- ProfileConfigError (ValueError)   a profile run's settings are invalid (names the option)
+    +-- ProfileError                  a workload profile (TOML) cannot be found, parsed or applied
+    +-- TraceError                    a trace cannot be read at all
+    |   +-- NotATraceError            the file is not a kvaddr trace (empty, binary, another document)
+    +-- AllocatorError (RuntimeError) the trace generator's block allocator was misused (a bug)
+    +-- BaselineError                 a baseline file cannot be read or is not a baseline
+        +-- BaselineMismatch          a baseline file holds runs of another machine
+        +-- BaselineWriteError        a baseline file cannot be written
+
+No exception knows an exit status: the commands (:mod:`kvaddr.commands.common`)
+map these types to exit codes.
+"""
 
 from __future__ import annotations
 
@@ -69,3 +92,78 @@ class AddressingError(KvaddrError):
             f"bad step addressing: first bad value at {where}: {ERROR_REASONS[self.bit]}; "
             f"error bits {self.mask}: {reasons}"
         )
+
+
+class EnvironmentProblem(KvaddrError):
+    """The machine cannot run what was asked (no GPU, no CuPy, kernels do not compile)."""
+
+
+class PlotUnavailable(EnvironmentProblem):
+    """matplotlib is not installed; the message says how to install it."""
+
+
+class CheckFailed(KvaddrError):
+    """A strategy disagreed with the reference (or its step raised)."""
+
+
+class ProfileConfigError(KvaddrError, ValueError):
+    """A profile run's settings are invalid.
+
+    Attributes
+    ----------
+    fields : tuple of str
+        The settings at fault (:class:`kvaddr.measure.profile_run.ProfileConfig`
+        field names, e.g. ``("context", "block_sizes")``).
+    """
+
+    def __init__(self, message: str, fields: tuple = ()):
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+class ProfileError(KvaddrError):
+    """A workload profile (TOML) cannot be found, parsed or applied.
+
+    Attributes
+    ----------
+    path : str or None
+        The file (None when no file was found).
+    line : int or None
+        1-based line of the offending key, when known.
+    key : str or None
+        The offending key, as ``table.key`` or a top-level key.
+    """
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None, key: str | None = None):
+        self.path, self.line, self.key = path, line, key
+        where = ""
+        if path is not None:
+            where = f"{path}, line {line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+
+
+class TraceError(KvaddrError):
+    """The trace cannot be read at all (missing file, unreadable header)."""
+
+
+class NotATraceError(TraceError):
+    """The file is not a kvaddr trace at all (empty, binary, another JSON document).
+
+    Its message starts with ``not a kvaddr trace: ``.
+    """
+
+
+class AllocatorError(KvaddrError, RuntimeError):
+    """The allocator was misused (a block freed twice or never allocated): a simulator bug."""
+
+
+class BaselineError(KvaddrError):
+    """A baseline file cannot be read, or is not a kvaddr baseline (or profile report)."""
+
+
+class BaselineMismatch(BaselineError):
+    """A baseline file holds runs of another machine than the runs being saved to it."""
+
+
+class BaselineWriteError(BaselineError):
+    """A baseline file cannot be written."""

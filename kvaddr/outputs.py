@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: Slot of a padding token or of a token whose address is bad.
-PAD_SLOT_ID = -1
+from kvaddr.constants import PAD_SLOT_ID as PAD_SLOT_ID  # re-exported: part of the public API
 
 #: ``kv_indices`` entry past its used length (``kv_indptr[g, bsz]``) or for a bad block:
 #: "no block", the block tables' own marker of an unallocated block (docs/attention.md).

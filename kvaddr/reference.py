@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvaddr import attention_reference
+from kvaddr.constants import INT32_MAX
 from kvaddr.errors import (
     ERR_BLOCK_INDEX,
     ERR_CAPACITY,
@@ -39,8 +40,6 @@ from kvaddr.errors import (
 )
 from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
 from kvaddr.validation import check_host_array, check_int, check_lengths, normalize_caches
-
-INT32_MAX = np.iinfo(np.int32).max
 
 
 @dataclass

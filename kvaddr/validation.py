@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kvaddr.constants import INT32_MAX
+
 INT32 = np.dtype(np.int32)
-INT32_MAX = int(np.iinfo(np.int32).max)
 #: The most requests one step may carry (the error key holds 27 bits of request).
 MAX_REQUESTS = 1 << 27
 

@@ -9,25 +9,24 @@ workload does not match). The rule is :func:`kvaddr.gate.comparison.decide`.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import functools
-import io
 import json
-import shlex
 
 import click
 
-from kvaddr.gate.baseline_file import EXIT_ENV, EXIT_USAGE
+from kvaddr.commands.common import EXIT_ENV, EXIT_USAGE, Abort, err_console, finite, guarded, out_console, write_json
+from kvaddr.commands.profile import ConsoleProgress
+from kvaddr.errors import ProfileConfigError
 from kvaddr.gate.comparison import DEFAULT_ALPHA, DEFAULT_FACTOR, RULE, fmt_p
+from kvaddr.measure.profile_run import RECORDED_ONLY, ProfileConfig
 
 EXIT_SLOWER = 1
 COMPARISON_KIND = "kvaddr.comparison"
 COMPARISON_SCHEMA = 1
-#: Profile options a replay never passes on: outputs; the device (it comes from the run's environment); the
-#: workload profile (``--profile``: its values are recorded as the options they set, and its path may not
+#: Recorded profile options a replay never takes over: outputs; the device (it comes from the run's environment);
+#: the workload profile (``--profile``: its values are recorded as the options they set, and its path may not
 #: exist on this machine).
-NOT_REPLAYED = ("json_path", "save_path", "device", "workload_profile")
+NOT_REPLAYED = (*RECORDED_ONLY, "device")
 
 EXIT_HELP = """\b
 Exit status:
@@ -83,45 +82,6 @@ machine (see --relative and --allow-env-mismatch).
 {EXIT_HELP}"""
 
 
-# ----------------------------------------------------------------------------- kvaddr.cli, late
-
-
-def _cli():
-    """kvaddr.cli, imported when first needed: it imports this module at its end (and may run as __main__)."""
-    from kvaddr import cli
-
-    return cli
-
-
-def _abort(code: int, message: str) -> Exception:
-    return _cli()._Abort(code, message)
-
-
-def _finite(ctx, param, value):
-    return _cli()._finite(ctx, param, value)
-
-
-def _guarded(command_name: str):
-    """kvaddr.cli's error handling (messages on stderr, exit status, no traceback)."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run(*args, **kwargs):
-            return _cli()._guarded(command_name)(fn)(*args, **kwargs)
-
-        return run
-
-    return wrap
-
-
-def _err_console():
-    return _cli()._err_console()
-
-
-def _out_console():
-    return _cli()._out_console()
-
-
 # ----------------------------------------------------------------------------- options
 
 
@@ -132,7 +92,7 @@ def _compare_options(fn):
             type=click.FloatRange(1, min_open=True),
             default=DEFAULT_FACTOR,
             show_default=True,
-            callback=_finite,
+            callback=finite,
             help="Smallest median ratio that counts as slower (its inverse: faster).",
         ),
         click.option(
@@ -140,7 +100,7 @@ def _compare_options(fn):
             type=click.FloatRange(0, 1, min_open=True, max_open=True),
             default=DEFAULT_ALPHA,
             show_default=True,
-            callback=_finite,
+            callback=finite,
             help="Significance level of the Mann-Whitney test (and 1 - confidence of the intervals).",
         ),
         click.option(
@@ -196,12 +156,9 @@ def _check_json_path(json_path):
 
 
 def _load(path: str):
-    from kvaddr.gate.baseline_file import BaselineError, load
+    from kvaddr.gate.baseline_file import load
 
-    try:
-        return load(path)
-    except BaselineError as exc:
-        raise _abort(exc.code, str(exc)) from None
+    return load(path)  # BaselineError: exit 2
 
 
 # ----------------------------------------------------------------------------- output
@@ -346,7 +303,7 @@ def finish(
     json_path,
 ) -> None:
     """Print the environment check, the verdicts and the summary; exit with the outcome's status."""
-    err = _err_console()
+    err = err_console()
     name = f"kvaddr {command}"
     for label, d in outcome.notes:
         err.print(f"{name}: note ({label}): {d.describe()}")
@@ -379,9 +336,9 @@ def finish(
         click.echo(json.dumps(doc, indent=2))
     else:
         if outcome.rows:
-            render_table(_out_console(), outcome, base.path, new_name, factor, alpha, relative)
+            render_table(out_console(), outcome, base.path, new_name, factor, alpha, relative)
         if json_path is not None:
-            _cli().write_json(doc, json_path, name.split()[-1])
+            write_json(doc, json_path, name.split()[-1])
     if not outcome.stopped:
         gated, everything = outcome.counts(True), outcome.counts(False)
         parts = ", ".join(
@@ -411,7 +368,7 @@ def finish(
 @click.argument("base_path", metavar="BASE")
 @click.argument("new_path", metavar="NEW")
 @_compare_options
-@_guarded("compare")
+@guarded("compare")
 def compare(base_path, new_path, factor, alpha, relative, gate_text, allow_env_mismatch, json_path):
     from kvaddr.gate.comparison import compare_baselines
 
@@ -439,83 +396,56 @@ def compare(base_path, new_path, factor, alpha, relative, gate_text, allow_env_m
 # ----------------------------------------------------------------------------- check
 
 
-def _arg_texts(param, value) -> list:
-    """``value`` of a profile option as command-line words (without the option name)."""
-    t, m = param.type, _cli()
-    if isinstance(t, m.IntList):
-        return [",".join(str(int(v)) for v in value)]
-    if isinstance(t, (m.IntRangeSpec, m.PrefillSpec)):
-        return [f"{int(value[0])}:{int(value[1])}"]
-    if isinstance(value, (list, tuple)):
-        return [repr(v) if isinstance(v, float) else str(v) for v in value]
-    return [repr(value) if isinstance(value, float) else str(value)]
+def profile_command_line(config: ProfileConfig, budget_given: bool) -> str:
+    """The ``kvaddr profile`` command line that repeats ``config`` (what ``check`` says it runs)."""
+    from kvaddr.commands.profile import flag
+
+    words = []
+    for name, value in config.recorded_options().items():
+        if name in NOT_REPLAYED or value is None or (name == "budget" and budget_given):
+            continue
+        if name in ("context", "prefill"):
+            text = f"{value[0]}:{value[1]}"
+        elif isinstance(value, list):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = repr(value) if isinstance(value, float) else str(value)
+        words += [flag(name), text]
+    words += ["--device", config.device]
+    if budget_given:
+        words += ["--budget", repr(float(config.budget))]
+    return " ".join(words)
 
 
-def replay_args(run: dict, device: str, budget: float | None) -> tuple:
-    """The ``kvaddr profile`` arguments that repeat a run, and the recorded options this kvaddr lacks.
+def replay_config(run: dict, budget: float | None) -> ProfileConfig:
+    """The profile config that repeats a baseline run.
 
     Every recorded option (``options``: the values the run used, whether given
-    on its command line, taken from a ``--profile`` file or defaulted) is
-    given explicitly, except :data:`NOT_REPLAYED` and null values, so the
-    replay does not depend on a profile file or on defaults that may have
-    changed. The device is the one the run used; ``budget`` replaces the
-    run's when given.
+    on its command line, taken from a ``--profile`` file or defaulted) is taken
+    over, except :data:`NOT_REPLAYED` and null values, so the replay does not
+    depend on a profile file or on defaults that may have changed. The device
+    is the one the run used; ``budget`` replaces the run's when given.
     """
-    options = dict(run.get("options") or {})
-    names = [n for n in options if n not in NOT_REPLAYED]
-    params = {p.name: p for p in _cli().profile.params if isinstance(p, click.Option)}
-    args, unknown = [], []
-    for name in names:
-        if name == "budget" and budget is not None:
-            continue
-        param = params.get(name)
-        if param is None:
-            unknown.append(name)
-            continue
-        value = options.get(name)
-        if value is None:
-            continue
-        if param.is_flag:
-            if value:
-                args.append(param.opts[0])
-            elif param.secondary_opts:
-                args.append(param.secondary_opts[0])
-            continue
-        values = value if param.multiple else [value]
-        for v in values:
-            args += [param.opts[0], *_arg_texts(param, v)]
-    args += ["--device", device]
+    options = {k: v for k, v in (run.get("options") or {}).items() if k not in NOT_REPLAYED}
+    overrides = {"device": run["environment"].get("device", "auto")}
     if budget is not None:
-        args += ["--budget", repr(float(budget))]
-    return args, unknown
-
-
-def _profile_in_process(ctx, args: list) -> dict:
-    """Run ``kvaddr profile ARGS`` in this process, its table discarded; return its report."""
-    from kvaddr.gate.baseline_file import PROFILE_DOCUMENT_META
-
-    ctx.meta.pop(PROFILE_DOCUMENT_META, None)
-    profile_command = _cli().profile
+        overrides["budget"] = budget
     try:
-        sub = profile_command.make_context("profile", list(args), parent=ctx)
-        with sub, contextlib.redirect_stdout(io.StringIO()):
-            profile_command.invoke(sub)
-    except click.ClickException as exc:
-        raise _abort(
+        return ProfileConfig.from_recorded(options, **overrides)
+    except ProfileConfigError as exc:
+        from kvaddr.commands.profile import option_hint
+
+        hint = option_hint(exc.fields)
+        raise Abort(
             EXIT_USAGE,
-            f"the baseline's options do not replay on this kvaddr (kvaddr profile "
-            f"{shlex.join(args)}): {exc.format_message()}",
+            f"the baseline's options do not replay on this kvaddr: invalid value for {hint}: {exc}",
         ) from None
-    doc = ctx.meta.pop(PROFILE_DOCUMENT_META, None)
-    if doc is None:
-        raise RuntimeError("kvaddr profile returned no report")
-    return doc
 
 
 def _machine_precheck(base, relative: bool, allow: bool) -> list:
     """Mismatches between the baseline runs' machine and this one, before any profiling."""
     from kvaddr.gate.baseline_file import environment_differences
-    from kvaddr.measure.environment import describe, probe_cuda
+    from kvaddr.measure.environment import environment_record, probe_cuda
 
     out = []
     current = {}
@@ -524,13 +454,13 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
         if device == "cuda":
             probe = probe_cuda()
             if not probe.available:
-                raise _abort(
+                raise Abort(
                     EXIT_ENV,
                     f"the baseline ({label}) was measured on a GPU; this machine has no usable "
                     f"CUDA device: {probe.reason}",
                 )
         if device not in current:
-            current[device] = describe(device, 0 if device == "cuda" else None)
+            current[device] = environment_record(device, 0 if device == "cuda" else None)
         mismatches, _ = environment_differences(run["environment"], current[device], relative)
         out.extend((label, d) for d in mismatches)
     return out
@@ -549,7 +479,7 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     type=click.FloatRange(0, 600),
     default=None,
     metavar="SECONDS",
-    callback=_finite,
+    callback=finite,
     help="Sampling time per strategy and mode. [default: the baseline's]",
 )
 @click.option(
@@ -561,10 +491,9 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     help="Also save the new runs as a baseline to FILE (as kvaddr profile --save does).",
 )
 @_compare_options
-@click.pass_context
-@_guarded("check")
-def check(ctx, baseline_path, budget, save_path, factor, alpha, relative, gate_text, allow_env_mismatch, json_path):
-    from kvaddr.gate.baseline_file import Baseline, BaselineError, check_writable, run_labels, save_runs
+@guarded("check")
+def check(baseline_path, budget, save_path, factor, alpha, relative, gate_text, allow_env_mismatch, json_path):
+    from kvaddr.gate.baseline_file import Baseline, check_writable, run_labels, save_runs
     from kvaddr.gate.comparison import Outcome, compare_baselines
 
     gate = _gate(gate_text)
@@ -572,7 +501,7 @@ def check(ctx, baseline_path, budget, save_path, factor, alpha, relative, gate_t
     if save_path is not None and check_writable(save_path):
         raise click.BadParameter(check_writable(save_path), param_hint="'--save'")
     base = _load(baseline_path)
-    err = _err_console()
+    err = err_console()
     finish_kw = dict(
         factor=factor,
         alpha=alpha,
@@ -585,23 +514,27 @@ def check(ctx, baseline_path, budget, save_path, factor, alpha, relative, gate_t
     if mismatches and not allow_env_mismatch:
         finish("check", Outcome([], mismatches, [], [], True), base, None, "this machine", **finish_kw)
         return
+    from kvaddr.measure.profile_run import run as run_profile
+
     new_runs = []
     for i, (label, run) in enumerate(zip(base.labels, base.runs)):
-        args, unknown = replay_args(run, run["environment"].get("device", "auto"), budget)
+        unknown = [n for n in ProfileConfig.unknown_options(run.get("options")) if n not in NOT_REPLAYED]
         if unknown:
             err.print(
                 f"kvaddr check: run {label!r} records options this kvaddr does not have, not replayed: "
                 f"{', '.join(unknown)}"
             )
-        err.print(f"kvaddr check: run {i + 1}/{len(base.runs)} ({label}): kvaddr profile {shlex.join(args)}")
-        new_runs.append(_profile_in_process(ctx, args))
+        config = replay_config(run, budget)
+        err.print(
+            f"kvaddr check: run {i + 1}/{len(base.runs)} ({label}): kvaddr profile "
+            f"{profile_command_line(config, budget is not None)}"
+        )
+        new_runs.append(run_profile(config, ConsoleProgress(err, show_bar=err.is_terminal)))
+        err.print(f"kvaddr profile: done in {new_runs[-1]['wall_s']:.1f} s")
     new = Baseline("this machine", "kvaddr.baseline", new_runs, run_labels(new_runs))
     if save_path is not None:
-        try:
-            for action in save_runs(save_path, new_runs):
-                err.print(f"kvaddr check: {save_path}: {action}")
-        except BaselineError as exc:
-            raise _abort(exc.code, str(exc)) from None
+        for action in save_runs(save_path, new_runs):
+            err.print(f"kvaddr check: {save_path}: {action}")
     outcome = compare_baselines(
         base, new, factor=factor, alpha=alpha, relative=relative, gate=gate, allow_env_mismatch=allow_env_mismatch
     )

@@ -1,11 +1,10 @@
 """``kvaddr trace generate``, ``kvaddr replay``, ``kvaddr sweep`` and ``kvaddr profiles``.
 
-:func:`register` builds them on the ``kvaddr`` group with the helpers of the
-:mod:`kvaddr.cli` module that calls it (at its end), so nothing here imports
-``kvaddr.cli`` (which may run as ``__main__``). Same conventions as
-``kvaddr profile``: data on stdout, status and errors on stderr, a progress
-bar only on a terminal, exit status 0 ok, 1 a check failed, 2 usage, 3
-environment, and no traceback for a user's mistake.
+Same conventions as ``kvaddr profile`` (:mod:`kvaddr.commands.common`): data on
+stdout, status and errors on stderr, a progress bar only on a terminal, exit
+status 0 ok, 1 a check failed, 2 usage, 3 environment, and no traceback for a
+user's mistake. ``sweep`` takes every option of ``kvaddr profile`` and runs it
+through :func:`kvaddr.commands.profile.profile_and_report`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,32 @@ import time
 
 import click
 
-from kvaddr.measure.profiles import profile_option
+from kvaddr.commands import profile as profile_command
+from kvaddr.commands.common import (
+    CONTEXT_SETTINGS,
+    EXIT_CHECK,
+    EXIT_CODES_HELP,
+    EXIT_ENV,
+    EXIT_USAGE,
+    Abort,
+    IntList,
+    bar_progress,
+    check_output_path,
+    device_option,
+    err_console,
+    finite,
+    guarded,
+    json_option,
+    mode_option,
+    out_console,
+    profile_option,
+    resolve_block_sizes,
+    resolve_modes,
+    use_cuda_for,
+    write_json,
+)
+from kvaddr.constants import MAX_CACHES
+from kvaddr.measure.profile_run import ProfileConfig
 from kvaddr.measure.workload import DEFAULT_MODEL, PRESETS
 
 #: Batch sizes a sweep profiles unless told otherwise.
@@ -27,29 +51,6 @@ SWEEP_BATCHES = "1,4,16,64,256,1024"
 SWEEP_BUDGET = 0.5
 #: Bad lines printed on stderr as they are found (all are counted).
 BAD_LINES_SHOWN = 20
-
-
-def _check_output_path(path: str | None, option: str) -> None:
-    """Usage error unless PATH's folder exists and is writable ('-' and None pass)."""
-    if path in (None, "-"):
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise click.BadParameter(f"the folder {parent!r} does not exist", param_hint=f"'{option}'")
-    if not os.access(parent, os.W_OK):
-        raise click.BadParameter(f"the folder {parent!r} is not writable", param_hint=f"'{option}'")
-
-
-def _block_sizes(sizes, num_caches: int, option_hint: str = "'--block-size'") -> tuple:
-    """One B per cache: one size for all, or exactly one per cache."""
-    if len(sizes) == 1:
-        return tuple(sizes) * num_caches
-    if len(sizes) != num_caches:
-        raise click.BadParameter(
-            f"got {len(sizes)} block sizes for {num_caches} caches (give one size, or one per cache)",
-            param_hint=option_hint,
-        )
-    return tuple(sizes)
 
 
 class DistributionType(click.ParamType):
@@ -66,19 +67,6 @@ class DistributionType(click.ParamType):
             return Distribution.parse(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
-
-
-def _bar_progress(err, total):
-    """A rich progress bar on stderr (transient), or None when stderr is not a terminal."""
-    if not err.is_terminal:
-        return None
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    cols = [TextColumn("{task.description}"), BarColumn()]
-    if total:
-        cols.append(TaskProgressColumn())
-    cols.append(TimeElapsedColumn())
-    return Progress(*cols, console=err, transient=True)
 
 
 # ----------------------------------------------------------------------------- trace generate
@@ -113,7 +101,6 @@ summary of the run goes to stderr.
 
 
 def _generate(
-    m,
     steps,
     warmup_steps,
     arrival_rate,
@@ -134,14 +121,14 @@ def _generate(
 ):
     from kvaddr.traces.generator import GeneratorConfig, write_trace
 
-    err = m._err_console()
+    err = err_console()
     preset = PRESETS[model]
     num_caches = (
         caches
         if caches is not None
         else (len(block_sizes) if block_sizes and len(block_sizes) > 1 else preset.num_caches)
     )
-    sizes = _block_sizes(block_sizes or (preset.block_size,), num_caches)
+    sizes = resolve_block_sizes(block_sizes or (preset.block_size,), num_caches)
     if max_batched_tokens < 1 + spec_tokens:
         raise click.BadParameter(
             f"{max_batched_tokens} tokens per step cannot hold one decode request of 1 + {spec_tokens} tokens",
@@ -152,7 +139,7 @@ def _generate(
         raise click.BadParameter(
             f"{kv_tokens} tokens do not hold one block of {too_small[0]}", param_hint="'--kv-tokens'"
         )
-    _check_output_path(output, "--output")
+    check_output_path(output, "--output")
     config = GeneratorConfig(
         steps=steps,
         warmup_steps=warmup_steps,
@@ -170,7 +157,7 @@ def _generate(
         model=model,
     )
     started = time.perf_counter()
-    bar = _bar_progress(err, steps) if output != "-" else None
+    bar = bar_progress(err, steps) if output != "-" else None
     try:
         if bar is not None:
             with bar:
@@ -184,7 +171,7 @@ def _generate(
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(0) from None
     except OSError as exc:
-        raise m._Abort(m.EXIT_ENV, f"cannot write the trace {output!r}: {exc.strerror or exc}") from exc
+        raise Abort(EXIT_ENV, f"cannot write the trace {output!r}: {exc.strerror or exc}") from exc
     d = stats.as_dict()
     where = "stdout" if output == "-" else output
     frac = d["contiguous_block_fraction"]
@@ -240,7 +227,6 @@ header's model, else {DEFAULT_MODEL}.
 
 
 def _replay(
-    m,
     ctx,
     trace_path,
     model,
@@ -257,22 +243,19 @@ def _replay(
 ):
     from click.core import ParameterSource
 
-    from kvaddr.measure.environment import describe
-    from kvaddr.traces.format import TraceError, TraceReader
+    from kvaddr.measure.environment import environment_record
+    from kvaddr.traces.format import TraceReader
     from kvaddr.traces.replay import CpuReplayer, CudaReplayer, replay_trace
-    from kvaddr.traces.report import document, render
+    from kvaddr.traces.report import render, replay_document
 
     started = time.perf_counter()
-    err = m._err_console()
-    _check_output_path(json_path, "--json")
+    err = err_console()
+    check_output_path(json_path, "--json")
 
     def explicit(name):
         return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
-    try:
-        reader = TraceReader(trace_path)
-    except TraceError as exc:
-        raise m._Abort(m.EXIT_USAGE, str(exc)) from None
+    reader = TraceReader(trace_path)  # TraceError: exit 2
     with reader:
         # Precedence: the command line, then --profile, then the trace's header, then the defaults; but the
         # block sizes describe the trace's data, so the header's beat a profile's.
@@ -294,7 +277,7 @@ def _replay(
                     else preset.num_caches
                 )
             )
-            sizes = _block_sizes(block_sizes, n)
+            sizes = resolve_block_sizes(block_sizes, n)
         elif header_sizes is not None:
             sizes = header_sizes
             if caches is not None and caches != len(sizes) and explicit("caches"):
@@ -311,21 +294,15 @@ def _replay(
                 f"wrong"
             )
 
-        if len(sizes) > m._max_caches():
-            raise m._Abort(
-                m.EXIT_USAGE,
+        if len(sizes) > MAX_CACHES:
+            raise Abort(
+                EXIT_USAGE,
                 f"{trace_path}: {len(sizes)} caches (block_sizes {list(sizes)}); kvaddr "
-                f"addresses at most {m._max_caches()} per step",
+                f"addresses at most {MAX_CACHES} per step",
             )
-        use_cuda = m.use_cuda_for(device, "replay", "replaying")
-        if use_cuda:
-            modes = {"eager": ("eager",), "graph": ("graph",)}.get(mode, ("eager", "graph"))
-            replayer = CudaReplayer(num_layers, sizes, modes, 0)
-        else:
-            modes = ("eager",)
-            if mode in ("graph", "both"):
-                err.print("kvaddr replay: graph mode needs a CUDA device; the CPU path measures eager mode only")
-            replayer = CpuReplayer(num_layers, sizes)
+        use_cuda = use_cuda_for(device, "replay", "replaying")
+        modes = resolve_modes(mode, use_cuda, "replay")
+        replayer = CudaReplayer(num_layers, sizes, modes, 0) if use_cuda else CpuReplayer(num_layers, sizes)
 
         to_stdout_json = json_path == "-"
         shown = [0]
@@ -340,7 +317,7 @@ def _replay(
             f"kvaddr replay: {trace_path}: {model}, {num_layers} layers, block sizes {list(sizes)}, on the "
             f"{'GPU' if use_cuda else 'CPU'} ({', '.join(modes)}) ..."
         )
-        bar = _bar_progress(err, reader.size) if not to_stdout_json else None
+        bar = bar_progress(err, reader.size) if not to_stdout_json else None
         if bar is not None:
             with bar:
                 task = bar.add_task("replaying", total=reader.size or None)
@@ -377,11 +354,11 @@ def _replay(
             f"kvaddr replay: ... {stats.bad_lines - shown[0]} more bad lines (the JSON report lists the first 100)"
         )
     if stats.steps == 0:
-        raise m._Abort(
-            m.EXIT_CHECK,
+        raise Abort(
+            EXIT_CHECK,
             f"{trace_path}: no step to replay ({stats.lines} lines, {stats.bad_lines} bad, {stats.idle_steps} idle)",
         )
-    environment = describe("cuda" if use_cuda else "cpu", 0 if use_cuda else None)
+    environment = environment_record("cuda" if use_cuda else "cpu", 0 if use_cuda else None)
     info = {
         "device": environment["device"],
         "trace": trace_path,
@@ -407,18 +384,18 @@ def _replay(
         "shapes_kept": replayer.shapes(),
     }
     options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in ctx.params.items()}
-    doc = document(stats, info, environment, settings, options)
+    doc = replay_document(stats, info, environment, settings, options)
     doc["wall_s"] = round(wall, 3)
     if to_stdout_json:
         click.echo(json.dumps(doc, indent=2))
     else:
-        render(m._out_console(), stats, info)
+        render(out_console(), stats, info)
         if json_path is not None:
-            m.write_json(doc, json_path, "replay")
+            write_json(doc, json_path, "replay")
     err.print(f"kvaddr replay: {stats.steps} steps in {wall:.1f} s")
     if stats.bad_lines:
-        raise m._Abort(
-            m.EXIT_CHECK,
+        raise Abort(
+            EXIT_CHECK,
             f"{stats.bad_lines} bad line(s) in {trace_path} were skipped (first: line "
             f"{stats.bad_examples[0][0]}); every good line was replayed",
         )
@@ -498,54 +475,43 @@ def _load_report(path: str) -> dict:
     return doc
 
 
-def _sweep(m, profile_command, ctx, plot_path=None, sweep_json_path=None, from_path=None, chart=True, **options):
-    from kvaddr.measure.plot import PlotUnavailable, matplotlib_version, plot_sweep
+def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, chart=True, **options):
+    from kvaddr.measure.plot import matplotlib_version, plot_sweep
     from kvaddr.measure.sweep import render_chart, sweep_json
 
-    err = m._err_console()
-    _check_output_path(plot_path, "--plot")
-    _check_output_path(sweep_json_path, "--json")
+    started = time.perf_counter()
+    err = err_console()
+    check_output_path(plot_path, "--plot")
+    check_output_path(sweep_json_path, "--json")
     if plot_path is not None and matplotlib_version() is None:
-        raise m._Abort(
-            m.EXIT_ENV,
+        raise Abort(
+            EXIT_ENV,
             "--plot needs matplotlib, which is not installed; install it with: "
             "pip install 'kvaddr[plot]' (or leave --plot out for the terminal chart)",
         )
     if from_path is not None:
         doc = _load_report(from_path)
     else:
-        from kvaddr.gate.baseline_file import PROFILE_DOCUMENT_META
-
-        ctx.meta.pop(PROFILE_DOCUMENT_META, None)
-        if sweep_json_path == "-":
-            import contextlib
-            import io
-
-            with contextlib.redirect_stdout(io.StringIO()):
-                ctx.invoke(profile_command, **options)
-        else:
-            ctx.invoke(profile_command, **options)
-        doc = ctx.meta.pop(PROFILE_DOCUMENT_META, None)
-        if doc is None:
-            raise RuntimeError("kvaddr profile returned no report")
+        config = profile_command.validated(ProfileConfig(**options, option_order=tuple(option_order)))
+        profile_command.check_save_path(config.save_path)
+        doc = profile_command.profile_and_report(config, stdout_json=False, tables=sweep_json_path != "-")
+        err.print(f"kvaddr profile: done in {time.perf_counter() - started:.1f} s")
     doc = dict(doc)
     doc["sweep"] = sweep_json(doc)
     if sweep_json_path == "-":
         click.echo(json.dumps(doc, indent=2))
     else:
         if chart:
-            render_chart(m._out_console(), doc)
+            render_chart(out_console(), doc)
         if sweep_json_path is not None:
-            m.write_json(doc, sweep_json_path, "sweep")
+            write_json(doc, sweep_json_path, "sweep")
     if plot_path is not None:
         try:
             plot_sweep(doc, plot_path)
-        except PlotUnavailable as exc:
-            raise m._Abort(m.EXIT_ENV, str(exc)) from None
         except ValueError as exc:
-            raise m._Abort(m.EXIT_USAGE, str(exc)) from None
+            raise Abort(EXIT_USAGE, str(exc)) from None
         except OSError as exc:
-            raise m._Abort(m.EXIT_ENV, f"cannot write --plot {plot_path!r}: {exc.strerror or exc}") from exc
+            raise Abort(EXIT_ENV, f"cannot write --plot {plot_path!r}: {exc.strerror or exc}") from exc
         err.print(f"kvaddr sweep: plot written to {plot_path}")
 
 
@@ -565,19 +531,19 @@ stderr); 2 an unknown NAME or a malformed profile given by path.
 """
 
 
-def _profiles(m, name, as_json):
+def _profiles(name, as_json):
     from kvaddr.measure.profiles import ProfileError, available, load_profile
 
-    err = m._err_console()
+    err = err_console()
     if name is not None:
         try:
             prof = load_profile(name)
         except ProfileError as exc:
-            raise m._Abort(m.EXIT_USAGE, str(exc)) from None
+            raise Abort(EXIT_USAGE, str(exc)) from None
         if as_json:
             click.echo(json.dumps(prof.as_dict(), indent=2))
             return
-        out = m._out_console()
+        out = out_console()
         out.print(f"{prof.name} ({prof.path})", style="bold")
         out.print(f"description: {prof.description or '-'}", soft_wrap=True)
         out.print(f"source: {prof.source or '-'}", soft_wrap=True)
@@ -608,241 +574,210 @@ def _profiles(m, name, as_json):
         table.add_column("source", overflow="fold")
         for p in loaded:
             table.add_row(p.name, p.description or "-", p.source or "-")
-        m._out_console().print(table)
+        out_console().print(table)
         if not loaded and not failed:
             err.print("kvaddr profiles: no profile found (searched $KVADDR_PROFILE_PATH and kvaddr's own)")
     for _name, msg in failed:
         err.print(f"kvaddr profiles: {msg}")
     if failed:
-        raise SystemExit(m.EXIT_CHECK)
+        raise SystemExit(EXIT_CHECK)
 
 
-# ----------------------------------------------------------------------------- registration
+# ----------------------------------------------------------------------------- the commands
 
 
-def register(m) -> None:
-    """Add ``trace generate``, ``replay``, ``sweep`` and ``profiles`` to ``m.cli``.
+@click.group("trace", context_settings=CONTEXT_SETTINGS)
+def trace_group():
+    """Make serving traces (docs/trace-format.md) for `kvaddr replay`."""
 
-    Parameters
-    ----------
-    m : module
-        The :mod:`kvaddr.cli` module calling this (possibly running as
-        ``__main__``): its group, option types, error handling and consoles
-        are the ones the commands use.
-    """
-    group = m.cli
 
-    @group.group("trace", context_settings={"help_option_names": ["-h", "--help"]})
-    def trace_group():
-        """Make serving traces (docs/trace-format.md) for `kvaddr replay`."""
+@trace_group.command("generate", help=GENERATE_HELP + "\n" + EXIT_CODES_HELP)
+@click.option(
+    "--steps",
+    type=click.IntRange(1, 100_000_000),
+    default=1000,
+    show_default=True,
+    help="Steps to write (engine steps that run at least one token).",
+)
+@click.option(
+    "--warmup-steps",
+    type=click.IntRange(0, 100_000_000),
+    default=0,
+    show_default=True,
+    help="Steps simulated but not written first, so the trace starts on a busy, fragmented server.",
+)
+@click.option(
+    "--arrival-rate",
+    type=click.FloatRange(0, 1e6),
+    default=0.5,
+    show_default=True,
+    callback=finite,
+    metavar="R",
+    help="Mean new requests per engine step (Poisson).",
+)
+@click.option(
+    "--prompt-len",
+    type=DistributionType(),
+    default="lognormal:1024:1.0:32768",
+    show_default=True,
+    help="Prompt length distribution, in tokens.",
+)
+@click.option(
+    "--output-len",
+    type=DistributionType(),
+    default="lognormal:256:0.8:4096",
+    show_default=True,
+    help="Output length distribution, in tokens.",
+)
+@click.option(
+    "--max-running",
+    type=click.IntRange(1, 1 << 20),
+    default=256,
+    show_default=True,
+    help="Most requests running at once (vLLM's max_num_seqs).",
+)
+@click.option(
+    "--max-batched-tokens",
+    type=click.IntRange(1, 1 << 24),
+    default=8192,
+    show_default=True,
+    help="Token budget per step, shared by decodes and prefill chunks (vLLM's max_num_batched_tokens).",
+)
+@click.option(
+    "--spec-tokens",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    metavar="K",
+    help="Speculative (MTP) draft tokens per decode request: each runs 1 + K tokens.",
+)
+@click.option(
+    "--acceptance",
+    type=click.FloatRange(0, 1),
+    default=0.8,
+    show_default=True,
+    callback=finite,
+    help="Probability that each draft token is accepted (in order, until the first rejection).",
+)
+@click.option(
+    "--model",
+    type=click.Choice(sorted(PRESETS)),
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="Model preset: the default block size and cache count, and the trace header's model.",
+)
+@click.option(
+    "--block-size",
+    "block_sizes",
+    type=IntList(1, 1 << 20, "block size"),
+    default=None,
+    help="Tokens per block: one for every cache, or one per cache. [default: the model's, 64]",
+)
+@click.option(
+    "--caches",
+    type=click.IntRange(1, MAX_CACHES),
+    default=None,
+    help="Paged caches per layer. [default: the model's, 2]",
+)
+@click.option(
+    "--kv-tokens",
+    type=click.IntRange(1, 1 << 34),
+    default=1 << 19,
+    show_default=True,
+    help="KV-cache capacity per block table, in tokens (kv-tokens / B blocks).",
+)
+@click.option(
+    "--max-waiting",
+    type=click.IntRange(0, 1 << 24),
+    default=1024,
+    show_default=True,
+    help="Longest waiting queue; requests arriving beyond it are rejected.",
+)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the run.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="-",
+    show_default=True,
+    metavar="PATH",
+    help="Where to write the trace ('-': stdout; a .gz name compresses).",
+)
+@profile_option("trace")
+@guarded("trace generate")
+def generate(**options):
+    _generate(**options)
 
-    @trace_group.command("generate", help=GENERATE_HELP + "\n" + m.EXIT_CODES_HELP)
-    @click.option(
-        "--steps",
-        type=click.IntRange(1, 100_000_000),
-        default=1000,
-        show_default=True,
-        help="Steps to write (engine steps that run at least one token).",
-    )
-    @click.option(
-        "--warmup-steps",
-        type=click.IntRange(0, 100_000_000),
-        default=0,
-        show_default=True,
-        help="Steps simulated but not written first, so the trace starts on a busy, fragmented server.",
-    )
-    @click.option(
-        "--arrival-rate",
-        type=click.FloatRange(0, 1e6),
-        default=0.5,
-        show_default=True,
-        callback=m._finite,
-        metavar="R",
-        help="Mean new requests per engine step (Poisson).",
-    )
-    @click.option(
-        "--prompt-len",
-        type=DistributionType(),
-        default="lognormal:1024:1.0:32768",
-        show_default=True,
-        help="Prompt length distribution, in tokens.",
-    )
-    @click.option(
-        "--output-len",
-        type=DistributionType(),
-        default="lognormal:256:0.8:4096",
-        show_default=True,
-        help="Output length distribution, in tokens.",
-    )
-    @click.option(
-        "--max-running",
-        type=click.IntRange(1, 1 << 20),
-        default=256,
-        show_default=True,
-        help="Most requests running at once (vLLM's max_num_seqs).",
-    )
-    @click.option(
-        "--max-batched-tokens",
-        type=click.IntRange(1, 1 << 24),
-        default=8192,
-        show_default=True,
-        help="Token budget per step, shared by decodes and prefill chunks (vLLM's max_num_batched_tokens).",
-    )
-    @click.option(
-        "--spec-tokens",
-        type=click.IntRange(0, 64),
-        default=0,
-        show_default=True,
-        metavar="K",
-        help="Speculative (MTP) draft tokens per decode request: each runs 1 + K tokens.",
-    )
-    @click.option(
-        "--acceptance",
-        type=click.FloatRange(0, 1),
-        default=0.8,
-        show_default=True,
-        callback=m._finite,
-        help="Probability that each draft token is accepted (in order, until the first rejection).",
-    )
-    @click.option(
-        "--model",
-        type=click.Choice(sorted(PRESETS)),
-        default=DEFAULT_MODEL,
-        show_default=True,
-        help="Model preset: the default block size and cache count, and the trace header's model.",
-    )
-    @click.option(
-        "--block-size",
-        "block_sizes",
-        type=m.IntList(1, 1 << 20, "block size"),
-        default=None,
-        help="Tokens per block: one for every cache, or one per cache. [default: the model's, 64]",
-    )
-    @click.option(
-        "--caches",
-        type=click.IntRange(1, m._max_caches()),
-        default=None,
-        help="Paged caches per layer. [default: the model's, 2]",
-    )
-    @click.option(
-        "--kv-tokens",
-        type=click.IntRange(1, 1 << 34),
-        default=1 << 19,
-        show_default=True,
-        help="KV-cache capacity per block table, in tokens (kv-tokens / B blocks).",
-    )
-    @click.option(
-        "--max-waiting",
-        type=click.IntRange(0, 1 << 24),
-        default=1024,
-        show_default=True,
-        help="Longest waiting queue; requests arriving beyond it are rejected.",
-    )
-    @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the run.")
-    @click.option(
-        "-o",
-        "--output",
-        type=click.Path(dir_okay=False, allow_dash=True),
-        default="-",
-        show_default=True,
-        metavar="PATH",
-        help="Where to write the trace ('-': stdout; a .gz name compresses).",
-    )
-    @profile_option("trace")
-    @m._guarded("trace generate")
-    def generate(**options):
-        _generate(m, **options)
 
-    @group.command("replay", help=REPLAY_HELP + "\n" + m.EXIT_CODES_HELP)
-    @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, allow_dash=True))
-    @click.option(
-        "--model",
-        type=click.Choice(sorted(PRESETS)),
-        default=None,
-        help=f"Model preset (layers). [default: the trace header's, else {DEFAULT_MODEL}]",
-    )
-    @click.option(
-        "--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]"
-    )
-    @click.option(
-        "--caches",
-        type=click.IntRange(1, m._max_caches()),
-        default=None,
-        help="Paged caches per layer. [default: the trace header's, else the model's]",
-    )
-    @click.option(
-        "--block-size",
-        "block_sizes",
-        type=m.IntList(1, 1 << 20, "block size"),
-        default=None,
-        help="Tokens per block, one or one per cache. [default: the trace header's, else the model's]",
-    )
-    @click.option(
-        "--mode",
-        type=click.Choice(["eager", "graph", "both"]),
-        default=None,
-        help="GPU launch mode. [default: both on a GPU; the CPU path has eager only]",
-    )
-    @click.option(
-        "--device",
-        type=click.Choice(["auto", "cuda", "cpu"]),
-        default="auto",
-        show_default=True,
-        help="Where to run the strategies: auto = the GPU if CuPy finds one, else the CPU.",
-    )
-    @click.option(
-        "--check-every",
-        type=click.IntRange(1, 1 << 30),
-        default=1,
-        show_default=True,
-        metavar="N",
-        help="Compare the outputs with the reference on every N-th step.",
-    )
-    @click.option(
-        "--eager-every",
-        type=click.IntRange(1, 1 << 30),
-        default=1,
-        show_default=True,
-        metavar="N",
-        help="GPU, both modes: run and time eager mode on every N-th step only (graph mode runs every step).",
-    )
-    @click.option(
-        "--max-steps", type=click.IntRange(1, 1 << 40), default=None, metavar="N", help="Stop after N replayed steps."
-    )
-    @click.option(
-        "--json",
-        "json_path",
-        type=click.Path(dir_okay=False, allow_dash=True),
-        default=None,
-        metavar="PATH",
-        help="Write the JSON report to PATH ('-': stdout, and nothing else there).",
-    )
-    @profile_option("profile")
-    @click.pass_context
-    @m._guarded("replay")
-    def replay(ctx, **options):
-        _replay(m, ctx, **options)
+@click.command("replay", help=REPLAY_HELP + "\n" + EXIT_CODES_HELP)
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--model",
+    type=click.Choice(sorted(PRESETS)),
+    default=None,
+    help=f"Model preset (layers). [default: the trace header's, else {DEFAULT_MODEL}]",
+)
+@click.option("--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]")
+@click.option(
+    "--caches",
+    type=click.IntRange(1, MAX_CACHES),
+    default=None,
+    help="Paged caches per layer. [default: the trace header's, else the model's]",
+)
+@click.option(
+    "--block-size",
+    "block_sizes",
+    type=IntList(1, 1 << 20, "block size"),
+    default=None,
+    help="Tokens per block, one or one per cache. [default: the trace header's, else the model's]",
+)
+@mode_option()
+@device_option()
+@click.option(
+    "--check-every",
+    type=click.IntRange(1, 1 << 30),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Compare the outputs with the reference on every N-th step.",
+)
+@click.option(
+    "--eager-every",
+    type=click.IntRange(1, 1 << 30),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="GPU, both modes: run and time eager mode on every N-th step only (graph mode runs every step).",
+)
+@click.option(
+    "--max-steps", type=click.IntRange(1, 1 << 40), default=None, metavar="N", help="Stop after N replayed steps."
+)
+@json_option()
+@profile_option("profile")
+@click.pass_context
+@guarded("replay")
+def replay(ctx, **options):
+    _replay(ctx, **options)
 
-    profile_command = group.commands["profile"]
 
-    @click.pass_context
-    @m._guarded("sweep")
-    def sweep(ctx, **options):
-        _sweep(m, profile_command, ctx, **options)
+@click.pass_context
+@guarded("sweep")
+def _sweep_command(ctx, **options):
+    _sweep(list(ctx.params), **options)
 
-    group.add_command(
-        click.Command(
-            "sweep",
-            callback=sweep,
-            params=_sweep_params(profile_command),
-            help=SWEEP_HELP + "\n" + m.EXIT_CODES_HELP,
-            context_settings={"help_option_names": ["-h", "--help"]},
-        )
-    )
 
-    @group.command("profiles", help=PROFILES_HELP)
-    @click.argument("name", required=False, metavar="[NAME|PATH]")
-    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-    @m._guarded("profiles")
-    def profiles(**options):
-        _profiles(m, **options)
+sweep = click.Command(
+    "sweep",
+    callback=_sweep_command,
+    params=_sweep_params(profile_command.profile),
+    help=SWEEP_HELP + "\n" + EXIT_CODES_HELP,
+    context_settings=CONTEXT_SETTINGS,
+)
+
+
+@click.command("profiles", help=PROFILES_HELP)
+@click.argument("name", required=False, metavar="[NAME|PATH]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@guarded("profiles")
+def profiles(**options):
+    _profiles(**options)

@@ -22,14 +22,12 @@ import os
 import re
 from dataclasses import dataclass
 
+from kvaddr.errors import BaselineError, BaselineMismatch, BaselineWriteError
 from kvaddr.measure.report import SCHEMA_VERSION
 
 BASELINE_KIND = "kvaddr.baseline"
 BASELINE_FORMAT = 1
 PROFILE_KIND = "kvaddr.profile"
-#: Where the profile command leaves its document for an in-process caller (``kvaddr check``).
-PROFILE_DOCUMENT_META = "kvaddr.profile.document"
-EXIT_USAGE, EXIT_ENV = 2, 3
 
 #: Environment fields that identify the machine (dotted paths into ``environment``), per device kind.
 MACHINE_FIELDS = {
@@ -51,14 +49,6 @@ NOTE_FIELDS = (
 )
 #: Workload fields that do not change what is measured.
 WORKLOAD_IGNORED = ("model_source",)
-
-
-class BaselineError(Exception):
-    """A baseline cannot be read, written or matched; ``code`` is the exit status (2 or 3)."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -109,20 +99,20 @@ def _now() -> str:
 
 
 def _check_run(run, where: str) -> dict:
-    """Raise BaselineError (exit 2) unless ``run`` is a profile document with samples."""
+    """Raise BaselineError unless ``run`` is a profile document with samples."""
     if not isinstance(run, dict) or run.get("kind") != PROFILE_KIND:
-        raise BaselineError(EXIT_USAGE, f"{where} is not a kvaddr profile report (kind {PROFILE_KIND!r})")
+        raise BaselineError(f"{where} is not a kvaddr profile report (kind {PROFILE_KIND!r})")
     version = run.get("schema_version")
     if version != SCHEMA_VERSION:
         raise BaselineError(
-            EXIT_USAGE, f"{where} has profile schema_version {version!r}; this kvaddr reads version {SCHEMA_VERSION}"
+            f"{where} has profile schema_version {version!r}; this kvaddr reads version {SCHEMA_VERSION}"
         )
     for key, kind in (("environment", dict), ("workload", dict), ("settings", dict), ("shapes", list)):
         if not isinstance(run.get(key), kind):
-            raise BaselineError(EXIT_USAGE, f"{where} has no {key!r} {kind.__name__}")
+            raise BaselineError(f"{where} has no {key!r} {kind.__name__}")
     for s in run["shapes"]:
         if not isinstance(s, dict) or not isinstance(s.get("batch"), int) or not isinstance(s.get("results"), list):
-            raise BaselineError(EXIT_USAGE, f"{where} has a shape without 'batch' and 'results'")
+            raise BaselineError(f"{where} has a shape without 'batch' and 'results'")
         for r in s["results"]:
             samples = r.get("samples_us") if isinstance(r, dict) else None
             if (
@@ -133,12 +123,11 @@ def _check_run(run, where: str) -> dict:
                 )
             ):
                 raise BaselineError(
-                    EXIT_USAGE,
                     f"{where}, batch {s['batch']}: a result has no raw samples ('samples_us', finite numbers)",
                 )
             for key in ("strategy", "mode", "clock"):
                 if not isinstance(r.get(key), str):
-                    raise BaselineError(EXIT_USAGE, f"{where}, batch {s['batch']}: a result has no {key!r}")
+                    raise BaselineError(f"{where}, batch {s['batch']}: a result has no {key!r}")
     return run
 
 
@@ -148,18 +137,15 @@ def from_document(doc, path: str) -> Baseline:
     if kind == BASELINE_KIND:
         fmt = doc.get("baseline_format")
         if fmt != BASELINE_FORMAT:
-            raise BaselineError(
-                EXIT_USAGE, f"{path} has baseline_format {fmt!r}; this kvaddr reads format {BASELINE_FORMAT}"
-            )
+            raise BaselineError(f"{path} has baseline_format {fmt!r}; this kvaddr reads format {BASELINE_FORMAT}")
         runs = doc.get("runs")
         if not isinstance(runs, list) or not runs:
-            raise BaselineError(EXIT_USAGE, f"{path} holds no runs")
+            raise BaselineError(f"{path} holds no runs")
         runs = [_check_run(r, f"{path}, run {i + 1}") for i, r in enumerate(runs)]
     elif kind == PROFILE_KIND:
         runs = [_check_run(doc, path)]
     else:
         raise BaselineError(
-            EXIT_USAGE,
             f"{path} is neither a kvaddr baseline nor a kvaddr profile report "
             f"(kind {kind!r}; expected {BASELINE_KIND!r} or {PROFILE_KIND!r})",
         )
@@ -178,13 +164,13 @@ def load(path: str) -> Baseline:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
     except FileNotFoundError:
-        raise BaselineError(EXIT_USAGE, f"{path}: no such file") from None
+        raise BaselineError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise BaselineError(EXIT_USAGE, f"{path} is a folder, not a baseline file") from None
+        raise BaselineError(f"{path} is a folder, not a baseline file") from None
     except OSError as exc:
-        raise BaselineError(EXIT_USAGE, f"cannot read {path}: {exc.strerror or exc}") from None
+        raise BaselineError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BaselineError(EXIT_USAGE, f"{path} is not JSON ({exc})") from None
+        raise BaselineError(f"{path} is not JSON ({exc})") from None
     return from_document(doc, path)
 
 
@@ -345,9 +331,12 @@ def save_runs(path: str, runs: list) -> list:
     Raises
     ------
     BaselineError
-        Exit 2 when ``path`` exists but is not a kvaddr baseline (it is never
-        overwritten); exit 3 when the runs come from another machine, or the
-        file cannot be written.
+        When ``path`` exists but is not a kvaddr baseline (it is never
+        overwritten).
+    BaselineMismatch
+        When the runs come from another machine than the file's.
+    BaselineWriteError
+        When the file cannot be written.
     """
     existing: list = []
     created = _now()
@@ -356,12 +345,11 @@ def save_runs(path: str, runs: list) -> list:
             with open(path, encoding="utf-8") as fh:
                 old = json.load(fh)
             if not isinstance(old, dict) or old.get("kind") != BASELINE_KIND:
-                raise BaselineError(EXIT_USAGE, "not a kvaddr baseline")
+                raise BaselineError("not a kvaddr baseline")
             existing = list(from_document(old, path).runs)
             created = old.get("created_utc") or created
         except (BaselineError, OSError, ValueError, UnicodeDecodeError) as exc:
             raise BaselineError(
-                EXIT_USAGE,
                 f"{path} exists and is not a kvaddr baseline ({exc}); it is left "
                 f"as it is: remove it or choose another file",
             ) from None
@@ -370,8 +358,7 @@ def save_runs(path: str, runs: list) -> list:
         if existing:
             mismatches, _ = environment_differences(existing[0]["environment"], run["environment"])
             if mismatches:
-                raise BaselineError(
-                    EXIT_ENV,
+                raise BaselineMismatch(
                     f"{path} holds runs measured on "
                     f"{machine_summary(existing[0]['environment'])}; this run ran on "
                     f"{machine_summary(run['environment'])} "
@@ -404,5 +391,5 @@ def save_runs(path: str, runs: list) -> list:
             os.unlink(tmp)
         except OSError:
             pass
-        raise BaselineError(EXIT_ENV, f"cannot write {path}: {exc.strerror or exc}") from None
+        raise BaselineWriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     return actions

@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvaddr.constants import FLOOR, SAVINGS_REFERENCE
+from kvaddr.constants import MEASURES as GATE_MEASURES
+
 DEFAULT_FACTOR = 1.10
 DEFAULT_ALPHA = 0.01
 #: Use the exact U distribution when both samples have at most this many values and there are no ties.
@@ -354,11 +357,6 @@ def decide(base, new, factor: float = DEFAULT_FACTOR, alpha: float = DEFAULT_ALP
 
 # ----------------------------------------------------------------------------- runs and baselines
 
-FLOOR = "floor"
-PER_LAYER = "per-layer"
-#: ``--gate`` words: which (mode, clock) measures can fail a comparison.
-GATE_MEASURES = (("graph", "gpu"), ("eager", "host"), ("eager", "gpu"))
-
 
 def parse_gate(text: str):
     """``auto``, ``all``, or a comma list of ``MODE:CLOCK`` (``graph:gpu,eager:host``).
@@ -420,7 +418,7 @@ def auto_gate_note(gate, run: dict, label: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class Row:
+class VerdictRow:
     """One verdict: a run's batch size, a strategy (or ratio), a mode and a clock.
 
     Attributes
@@ -522,7 +520,7 @@ def _quantities(section: dict, relative: bool) -> dict:
     for name, s in section.items():
         if name == FLOOR:
             continue
-        for den in (FLOOR, PER_LAYER):
+        for den in (FLOOR, SAVINGS_REFERENCE):
             if den in section and name != den:
                 ratios = pairwise_ratios(s, section[den])
                 if ratios.size:
@@ -547,7 +545,7 @@ def compare_runs(
     base_run, new_run : dict
         Profile documents (``shapes[].results[].samples_us``).
     label : str
-        Names the run in each :class:`Row`.
+        Names the run in each :class:`VerdictRow`.
     factor, alpha : float
         See :func:`decide`.
     relative : bool
@@ -558,7 +556,7 @@ def compare_runs(
 
     Returns
     -------
-    list of Row
+    list of VerdictRow
         In the baseline's order; batch sizes only in the new run are skipped
         (the workload check reports them).
     """
@@ -576,10 +574,12 @@ def compare_runs(
                 name, den = key
                 is_gated = measure in gated and (relative or name != FLOOR)
                 if key not in nq or key not in bq:
-                    rows.append(Row(label, batch, name, den, *measure, is_gated, "missing" if key not in nq else "new"))
+                    rows.append(
+                        VerdictRow(label, batch, name, den, *measure, is_gated, "missing" if key not in nq else "new")
+                    )
                     continue
                 d = decide(bq[key], nq[key], factor, alpha)
-                rows.append(Row(label, batch, name, den, *measure, is_gated, d.verdict, d))
+                rows.append(VerdictRow(label, batch, name, den, *measure, is_gated, d.verdict, d))
     return rows
 
 
@@ -589,7 +589,7 @@ class Outcome:
 
     Attributes
     ----------
-    rows : list of Row
+    rows : list of VerdictRow
         Empty when a mismatch stopped the comparison.
     mismatches : list of (str, Difference)
         Run label and what does not match (GPU, driver, workload).

@@ -11,15 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvaddr.errors import CheckFailed as CheckFailed  # re-exported
 from kvaddr.outputs import OUTPUT_FIELDS
 
 #: Written into a strategy's output buffers before a checked call: an output
 #: element the call fails to write then shows up as a difference.
 SENTINEL = -7777
-
-
-class CheckFailed(Exception):
-    """A strategy disagreed with the reference (or its step raised); exit status 1."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ def to_host(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def compare(strategy: str, context: str, got, expected) -> Mismatch | None:
+def compare_outputs(strategy: str, context: str, got, expected) -> Mismatch | None:
     """The first differing element of any output, or None if all are equal.
 
     Parameters

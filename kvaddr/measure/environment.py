@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvaddr.errors import EnvironmentProblem
+
 
 @dataclass(frozen=True)
 class CudaProbe:
@@ -34,6 +36,28 @@ def probe_cuda() -> CudaProbe:
 
     status = cuda_status()
     return CudaProbe(status.available, status.device_count, status.explained())
+
+
+def use_gpu(device: str) -> tuple:
+    """Resolve a ``device`` setting (``auto``, ``cuda`` or ``cpu``).
+
+    Returns
+    -------
+    (bool, str or None)
+        True for the GPU; with ``auto`` and no usable GPU, False and why
+        (None otherwise).
+
+    Raises
+    ------
+    EnvironmentProblem
+        ``cuda`` without a usable GPU.
+    """
+    if device == "cpu":
+        return False, None
+    probe = probe_cuda()
+    if device == "cuda" and not probe.available:
+        raise EnvironmentProblem(f"--device cuda: no CUDA device found: {probe.reason}")
+    return probe.available, (None if probe.available else probe.reason)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -167,7 +191,7 @@ def nvidia_driver_version() -> str | None:
     return None
 
 
-def describe(device: str, device_id: int | None = None) -> dict:
+def environment_record(device: str, device_id: int | None = None) -> dict:
     """The ``environment`` object of the JSON report.
 
     Parameters

@@ -8,7 +8,8 @@ pyplot state is touched.
 
 from __future__ import annotations
 
-from kvaddr.measure.report import BASELINE
+from kvaddr.constants import SAVINGS_REFERENCE
+from kvaddr.errors import PlotUnavailable
 from kvaddr.measure.sweep import panels, title
 
 INSTALL_HINT = "pip install 'kvaddr[plot]'"
@@ -24,10 +25,6 @@ STYLE = {
     "hoisted": ("#ff7f0e", "^"),
     "fused": ("#2ca02c", "o"),
 }
-
-
-class PlotUnavailable(Exception):
-    """matplotlib is not installed; the message says how to install it."""
 
 
 def matplotlib_version() -> str | None:
@@ -97,7 +94,7 @@ def plot_sweep(doc: dict, path: str, dpi: int = 150) -> None:
                 [y for _, y in base],
                 linestyle="--",
                 color="0.5",
-                label=f"{BASELINE}'s own time per step (the most one can save)",
+                label=f"{SAVINGS_REFERENCE}'s own time per step (the most one can save)",
             )
             positive &= all(y > 0 for _, y in base)
         ax.set_xscale("log", base=2)
@@ -107,7 +104,7 @@ def plot_sweep(doc: dict, path: str, dpi: int = 150) -> None:
         if positive:
             ax.set_yscale("log")
         ax.set_xlabel("batch size (requests per step)")
-        ax.set_ylabel(f"saved per step vs {BASELINE} (us)")
+        ax.set_ylabel(f"saved per step vs {SAVINGS_REFERENCE} (us)")
         ax.set_title(p["label"], fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -117,5 +114,5 @@ def plot_sweep(doc: dict, path: str, dpi: int = 150) -> None:
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="0.3"))
         labels.append("hollow: within noise (IQRs overlap)")
     fig.legend(handles, labels, loc="outside lower center", ncols=2 if len(ps) > 1 else 1, fontsize=8, frameon=False)
-    fig.suptitle(f"kvaddr: KV-cache addressing time saved per step, vs {BASELINE}\n{title(doc)}", fontsize=10)
+    fig.suptitle(f"kvaddr: KV-cache addressing time saved per step, vs {SAVINGS_REFERENCE}\n{title(doc)}", fontsize=10)
     fig.savefig(path, dpi=dpi)

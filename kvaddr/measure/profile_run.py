@@ -11,26 +11,31 @@ Two backends share one flow per batch shape:
    compares again;
 3. only then time each strategy and the launch floor (:mod:`kvaddr.measure.timing`).
 
-Any difference raises :class:`~kvaddr.measure.correctness.CheckFailed` before a single
+Any difference raises :class:`~kvaddr.errors.CheckFailed` before a single
 time is reported.
+
+The API: a :class:`ProfileConfig` (every setting of ``kvaddr profile`` that
+affects the run) and :func:`run`, which returns the report document
+(docs/json-schema.md). ``kvaddr profile``, ``sweep`` and ``check`` all call
+:func:`run`; ``check`` builds its config with :meth:`ProfileConfig.from_recorded`
+from the options a report recorded.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvaddr.measure.correctness import CheckFailed, compare, poison
+from kvaddr.constants import MAX_CACHES, MAX_CONTEXT, MAX_TABLE_ENTRIES, MAX_TOKENS_PER_STEP, MODES, NUM_STRATEGIES
+from kvaddr.errors import EnvironmentProblem, ProfileConfigError
+from kvaddr.measure.correctness import CheckFailed, compare_outputs, poison
 from kvaddr.measure.timing import FLOOR, Budget, Measurement, measure_cpu, measurement_stream
-from kvaddr.measure.workload import Batch, Workload, make_input_sets
+from kvaddr.measure.workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS, Batch, Workload, make_input_sets
 from kvaddr.reference import step_addressing
-
-MODES = ("eager", "graph")
-
-
-class EnvironmentProblem(Exception):
-    """The machine cannot run what was asked (no GPU, no CuPy, kernels do not compile); exit 3."""
 
 
 @dataclass
@@ -61,12 +66,27 @@ class ShapeResult:
 
 
 class Progress:
-    """Progress callbacks; the default does nothing."""
+    """What a profile run tells its caller as it goes; the default says nothing.
+
+    :func:`run` calls :meth:`note` for each status line, :meth:`begin` once
+    with the number of work units (strategies and floors, times modes, times
+    batch sizes) before the first, :meth:`start` and :meth:`advance` around
+    each unit, and :meth:`end` when it stops (also on an error).
+    """
+
+    def note(self, message: str) -> None:  # pragma: no cover - trivial
+        pass
+
+    def begin(self, total: int) -> None:  # pragma: no cover - trivial
+        pass
 
     def start(self, label: str) -> None:  # pragma: no cover - trivial
         pass
 
     def advance(self) -> None:  # pragma: no cover - trivial
+        pass
+
+    def end(self) -> None:  # pragma: no cover - trivial
         pass
 
 
@@ -91,7 +111,8 @@ def references(batches: Sequence[Batch]) -> list:
     return refs
 
 
-def _call_checked(name: str, context: str, fn: Callable, *args):
+def call_checked(name: str, context: str, fn: Callable, *args):
+    """``fn(*args)``; any exception but CheckFailed becomes a CheckFailed naming the strategy and context."""
     try:
         return fn(*args)
     except CheckFailed:
@@ -100,8 +121,9 @@ def _call_checked(name: str, context: str, fn: Callable, *args):
         raise CheckFailed(f"strategy {name!r} ({context}) raised {type(exc).__name__}: {exc}") from exc
 
 
-def _check(name: str, context: str, got, expected) -> None:
-    mismatch = compare(name, context, got, expected)
+def check_outputs(name: str, context: str, got, expected) -> None:
+    """Raise CheckFailed, naming the first difference, unless ``got`` equals the reference ``expected``."""
+    mismatch = compare_outputs(name, context, got, expected)
     if mismatch is not None:
         raise CheckFailed(mismatch.message())
 
@@ -136,7 +158,7 @@ class CpuBackend:
         inputs = [(b.seq_lens_decoder, b.seq_lens_this_time, b.tables_arg, b.seq_lens_encoder) for b in batches]
         strategies = {}
         for name in names:
-            s = _call_checked(
+            s = call_checked(
                 name,
                 "construction",
                 lambda name=name: self.module.make_strategy(
@@ -149,11 +171,11 @@ class CpuBackend:
             )
             for i, (args, ref) in enumerate(zip(inputs, refs)):
                 context = f"CPU, batch {batch}, input set {i}"
-                out = _call_checked(name, context, _step_fn(s), *args)
+                out = call_checked(name, context, step_fn(s), *args)
                 poison(out)
-                out = _call_checked(name, context, _step_fn(s), *args)
-                _check(name, context, out, ref)
-            _call_checked(name, "error check", getattr(s, "check", _empty_step))
+                out = call_checked(name, context, step_fn(s), *args)
+                check_outputs(name, context, out, ref)
+            call_checked(name, "error check", getattr(s, "check", _empty_step))
             strategies[name] = s
         result.checks = {
             "status": "passed",
@@ -171,7 +193,7 @@ class CpuBackend:
         for name, s in prepared.strategies.items():
             progress.start(f"batch {result.batch}: {name} (CPU)")
             result.measurements.append(
-                measure_cpu(name, _step_fn(s), inputs, budget, getattr(s, "launches_per_step", None))
+                measure_cpu(name, step_fn(s), inputs, budget, getattr(s, "launches_per_step", None))
             )
             progress.advance()
         progress.start(f"batch {result.batch}: launch floor (CPU)")
@@ -180,7 +202,8 @@ class CpuBackend:
         return result
 
 
-def _step_fn(strategy, stream=None) -> Callable:
+def step_fn(strategy, stream=None) -> Callable:
+    """``strategy.step`` as ``step(dec, q, tables, enc)`` (on ``stream`` when given)."""
     if stream is None:
 
         def step(dec, q, tables, enc):
@@ -258,7 +281,7 @@ class CudaBackend:
             stream.synchronize()
             strategies = {}
             for name in names:
-                s = _call_checked(
+                s = call_checked(
                     name,
                     "construction",
                     lambda name=name: self.module.make_strategy(
@@ -270,17 +293,17 @@ class CudaBackend:
                         device=self.device_id,
                     ),
                 )
-                step = _step_fn(s, stream)
+                step = step_fn(s, stream)
                 for i, (args, ref) in enumerate(zip(inputs, refs)):
                     context = f"eager, batch {batch}, input set {i}"
-                    out = _call_checked(name, context, step, *args)
+                    out = call_checked(name, context, step, *args)
                     stream.synchronize()
                     poison(out)
-                    out = _call_checked(name, context, step, *args)
+                    out = call_checked(name, context, step, *args)
                     stream.synchronize()
-                    _check(name, context, out, ref)
+                    check_outputs(name, context, out, ref)
                 if hasattr(s, "check"):
-                    _call_checked(name, "device error record", s.check, stream)
+                    call_checked(name, "device error record", s.check, stream)
                 strategies[name] = s
         result.checks = {
             "status": "passed",
@@ -311,7 +334,7 @@ class CudaBackend:
                     if mode == "eager":
                         result.measurements.extend(
                             timer.measure_eager(
-                                name, _step_fn(s, stream), inputs, budget, lambda s=s: s.launches_per_step
+                                name, step_fn(s, stream), inputs, budget, lambda s=s: s.launches_per_step
                             )
                         )
                     else:
@@ -330,7 +353,7 @@ class CudaBackend:
         return result
 
     def _measure_graph(self, timer, name, strategy, inputs, refs, batch, budget) -> Measurement:
-        step = _step_fn(strategy, self.stream)
+        step = step_fn(strategy, self.stream)
         graphs, outs = [], []
         for i, args in enumerate(inputs):
             try:
@@ -345,8 +368,8 @@ class CudaBackend:
         for i, (graph, out, ref) in enumerate(zip(graphs, outs, refs)):
             poison(out)
             context = f"graph replay, batch {batch}, input set {i}"
-            _call_checked(name, context, timer.replay, graph)
-            _check(name, context, out, ref)
+            call_checked(name, context, timer.replay, graph)
+            check_outputs(name, context, out, ref)
         # Time graphs that hold many steps each, cycling through the input sets.
         copies = timer.copies_for(graphs[0])
         copies = max(len(inputs), copies - copies % len(inputs))
@@ -392,3 +415,329 @@ def run_profile(
     if on_checked is not None:
         on_checked()
     return [backend.measure(p, modes, budget, progress) for p in prepared]
+
+
+# ----------------------------------------------------------------------------- the profile-run API
+
+#: Launch-mode settings: ``both`` (or None: the default) runs every mode the device has.
+MODE_CHOICES = ("eager", "graph", "both")
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+
+#: ``kind, lo, hi`` of each setting, checked by :meth:`ProfileConfig.validate` (and when read back from a
+#: report by :meth:`ProfileConfig.from_recorded`). Kinds: ``ints`` (a non-empty list of int), ``range`` (``[lo,
+#: hi]`` with lo <= hi), ``prefill`` (``[N, LEN]``), ``int``, ``float``, ``choice`` (lo is the choices).
+SETTING_RULES = {
+    "batches": ("ints", 1, 1 << 20),
+    "context": ("range", 0, MAX_CONTEXT),
+    "spec_tokens": ("int", 0, 64),
+    "prefill": ("prefill", None, None),
+    "block_sizes": ("ints", 1, 1 << 20),
+    "layers": ("int", 1, 4096),
+    "caches": ("int", 1, MAX_CACHES),
+    "model": ("choice", tuple(sorted(PRESETS)), None),
+    "mode": ("choice", MODE_CHOICES, None),
+    "step_ms": ("float", 0.0, math.inf),
+    "device": ("choice", DEVICE_CHOICES, None),
+    "seed": ("int", 0, 2**63 - 1),
+    "budget": ("float", 0.0, 600.0),
+    "input_sets": ("int", 1, 64),
+}
+
+#: Settings recorded in the report's ``options`` that do not change the run: where the report was written
+#: and the workload profile the settings came from (its values are recorded as the settings they set).
+RECORDED_ONLY = ("json_path", "save_path", "workload_profile")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _checked_setting(name: str, value):
+    """``value`` of setting ``name`` in its canonical form (tuples for lists); ProfileConfigError if invalid."""
+    kind, lo, hi = SETTING_RULES[name]
+
+    def bad(what: str):
+        return ProfileConfigError(f"{name} {what}, got {value!r}", fields=(name,))
+
+    if kind == "ints":
+        if not isinstance(value, (list, tuple)) or not value or not all(_is_int(v) for v in value):
+            raise bad("must be a non-empty list of integers")
+        if not all(lo <= v <= hi for v in value):
+            raise bad(f"must hold integers in [{lo}, {hi}]")
+        return tuple(int(v) for v in value)
+    if kind in ("range", "prefill"):
+        if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_is_int(v) for v in value):
+            raise bad("must be a pair of integers")
+        a, b = int(value[0]), int(value[1])
+        if kind == "range" and not (0 <= a <= b <= hi):
+            raise bad(f"must be [LO, HI] with 0 <= LO <= HI <= {hi}")
+        if kind == "prefill" and not (0 <= a <= 1 << 20 and 1 <= b <= MAX_TOKENS_PER_STEP):
+            raise bad(f"must be [N, LEN] with 0 <= N <= {1 << 20} and 1 <= LEN <= {MAX_TOKENS_PER_STEP}")
+        return a, b
+    if kind == "int":
+        if not _is_int(value) or not lo <= value <= hi:
+            raise bad(f"must be an integer in [{lo}, {hi}]")
+        return int(value)
+    if kind == "float":
+        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+            raise bad("must be a finite number")
+        if not (lo < value <= hi if name == "step_ms" else lo <= value <= hi):
+            raise bad(f"must be in {'(' if name == 'step_ms' else '['}{lo:g}, {hi:g}]")
+        return float(value)
+    if value not in lo:
+        raise bad(f"must be one of {', '.join(lo)}")
+    return value
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Every setting of a profile run (the options of ``kvaddr profile`` that affect it).
+
+    The defaults are the command's. ``None`` means "the model's" for
+    ``block_sizes``, ``layers`` and ``caches``, and "every mode the device
+    has" for ``mode``.
+
+    Attributes
+    ----------
+    batches : tuple of int
+        Batch sizes (requests per step), each profiled in turn.
+    context : (int, int)
+        Context of decode requests, drawn log-uniformly from ``[lo, hi]``.
+    spec_tokens : int
+        Speculative tokens per decode request (each runs ``1 + K``).
+    prefill : (int, int) or None
+        ``(N, LEN)``: N of each batch's requests are chunked-prefill requests of LEN tokens.
+    block_sizes : tuple of int or None
+        One B for every cache, or one per cache.
+    layers, caches : int or None
+        Transformer layers; paged caches per layer.
+    model : str
+        Model preset (:data:`kvaddr.measure.workload.PRESETS`).
+    mode : {"eager", "graph", "both"} or None
+        GPU launch mode(s); the CPU path has eager only.
+    step_ms : float or None
+        Also express each saving as a share of a step of this many ms.
+    device : {"auto", "cuda", "cpu"}
+    seed : int
+    budget : float
+        Seconds of sampling per strategy and mode.
+    input_sets : int
+        Distinct batches per batch size, rotated while timing.
+    json_path, save_path, workload_profile : str or None
+        Recorded in the report's ``options`` only (:data:`RECORDED_ONLY`); :func:`run` writes nothing.
+    option_order : tuple of str
+        Settings to list first, in this order, in the report's ``options``
+        (the order they were given on the command line); not a setting.
+
+    Adding a setting: add a field here (with the command's default), a rule
+    to :data:`SETTING_RULES`, use it in :func:`run` (or :meth:`workload`), and
+    add the click option (same name) to ``kvaddr profile``; it is then
+    recorded in every report and replayed by ``kvaddr check``.
+    """
+
+    batches: tuple = (64,)
+    context: tuple = DEFAULT_CONTEXT
+    spec_tokens: int = 0
+    prefill: tuple | None = None
+    block_sizes: tuple | None = None
+    layers: int | None = None
+    caches: int | None = None
+    model: str = DEFAULT_MODEL
+    mode: str | None = None
+    step_ms: float | None = None
+    json_path: str | None = None
+    save_path: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    budget: float = 1.0
+    input_sets: int = 4
+    workload_profile: str | None = None
+    option_order: tuple = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def field_names(cls) -> tuple:
+        """Every setting, in the order reports record them (unless :attr:`option_order` says otherwise)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "option_order")
+
+    @classmethod
+    def from_recorded(cls, options: dict, **overrides) -> ProfileConfig:
+        """The config that repeats a run from the ``options`` its report recorded.
+
+        Null values and names this kvaddr does not know (see
+        :meth:`unknown_options`) are left out, so they take the defaults;
+        ``overrides`` (e.g. ``device=``, ``budget=``) replace recorded values.
+        Every value is checked (:meth:`validate`). The new run records its
+        options in the order of ``options`` (then the overrides').
+
+        Raises
+        ------
+        ProfileConfigError
+            A recorded value this kvaddr cannot run, naming the setting.
+        """
+        names = set(cls.field_names())
+        values = {k: v for k, v in (options or {}).items() if k in names and v is not None}
+        given = [k for k in values if k not in overrides] + list(overrides)
+        values.update(overrides)
+        for name in list(values):
+            if name in SETTING_RULES and values[name] is not None:
+                values[name] = _checked_setting(name, values[name])
+        config = cls(**values, option_order=("workload_profile", *given))
+        config.validate()
+        return config
+
+    @classmethod
+    def unknown_options(cls, options: dict) -> list:
+        """Names in recorded ``options`` that are no setting of this kvaddr."""
+        names = set(cls.field_names())
+        return [k for k in (options or {}) if k not in names]
+
+    def recorded_options(self) -> dict:
+        """The report's ``options`` object: every setting, lists for tuples (:attr:`option_order` first)."""
+        names = self.field_names()
+        order = [n for n in dict.fromkeys(self.option_order) if n in names]
+        order += [n for n in names if n not in order]
+        return {k: (list(v) if isinstance(v, tuple) else v) for k in order for v in [getattr(self, k)]}
+
+    def num_caches(self) -> int:
+        preset = PRESETS[self.model]
+        if self.caches is not None:
+            return self.caches
+        return len(self.block_sizes) if self.block_sizes and len(self.block_sizes) > 1 else preset.num_caches
+
+    def workload(self) -> Workload:
+        """The workload the settings describe (model defaults filled in)."""
+        preset = PRESETS[self.model]
+        num_caches = self.num_caches()
+        sizes = self.block_sizes if self.block_sizes else (preset.block_size,)
+        return Workload(
+            model=self.model,
+            num_layers=self.layers if self.layers is not None else preset.num_layers,
+            num_caches=num_caches,
+            block_sizes=tuple(sizes) if len(sizes) > 1 else tuple(sizes) * num_caches,
+            context=tuple(self.context),
+            spec_tokens=self.spec_tokens,
+            prefill=None if self.prefill is None else tuple(self.prefill),
+            seed=self.seed,
+            input_sets=self.input_sets,
+        )
+
+    def validate(self) -> None:
+        """Check every setting and the ones that depend on each other.
+
+        Raises
+        ------
+        ProfileConfigError
+            Naming the setting(s) at fault (``fields``).
+        """
+        for name in SETTING_RULES:
+            value = getattr(self, name)
+            if value is not None or name in ("batches", "context", "model", "device"):
+                _checked_setting(name, value)
+        batches, num_caches = self.batches, self.num_caches()
+        sizes = self.block_sizes if self.block_sizes else (PRESETS[self.model].block_size,)
+        if self.prefill is not None:
+            n, _ = self.prefill
+            too_small = [b for b in batches if n > b]
+            if too_small:
+                raise ProfileConfigError(
+                    f"N = {n} prefill requests do not fit in batch {too_small[0]} (N must be <= every --batch size)",
+                    fields=("prefill",),
+                )
+        if len(sizes) > 1 and len(sizes) != num_caches:
+            raise ProfileConfigError(
+                f"got {len(sizes)} block sizes for {num_caches} caches (give one size, or one per cache)",
+                fields=("block_sizes",),
+            )
+        probe = dataclasses.replace(self.workload(), model="", num_layers=1)
+        for b in batches:
+            if probe.capacity(b) > MAX_TOKENS_PER_STEP:
+                raise ProfileConfigError(
+                    f"batch {b} carries {probe.capacity(b)} tokens per step, more than the "
+                    f"{MAX_TOKENS_PER_STEP} kvaddr profile allows",
+                    fields=("prefill",) if self.prefill else ("batches", "spec_tokens"),
+                )
+            for B in set(probe.block_sizes):
+                entries = b * probe.max_blocks(B)
+                if entries > MAX_TABLE_ENTRIES:
+                    raise ProfileConfigError(
+                        f"a block table of batch {b} x {probe.max_blocks(B)} blocks (B = {B}, longest sequence "
+                        f"{probe.longest_sequence()} tokens) exceeds {MAX_TABLE_ENTRIES} entries; lower the context "
+                        f"or raise the block size",
+                        fields=("context", "block_sizes"),
+                    )
+
+
+def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
+    """Check every strategy against the reference, time it, and return the report.
+
+    Parameters
+    ----------
+    config : ProfileConfig
+    progress : Progress, optional
+        Told the status lines and each unit of work (:class:`Progress`).
+
+    Returns
+    -------
+    dict
+        The ``kvaddr.profile`` report document (docs/json-schema.md), with
+        ``wall_s``; its shapes carry every raw sample.
+
+    Raises
+    ------
+    ProfileConfigError
+        An invalid setting.
+    EnvironmentProblem
+        ``device="cuda"`` without a GPU, no CuPy, kernels.cu does not compile.
+    CheckFailed
+        A strategy's output differs from the reference (before any time is reported).
+    """
+    from kvaddr.measure.environment import environment_record, use_gpu
+    from kvaddr.measure.report import profile_document
+    from kvaddr.measure.timing import MAX_SAMPLES, MIN_SAMPLES, TARGET_BLOCK_S, Budget
+
+    started = time.perf_counter()
+    progress = progress or Progress()
+    config.validate()
+    workload = config.workload()
+    use_cuda, no_gpu_reason = use_gpu(config.device)
+    if no_gpu_reason is not None:
+        progress.note(f"no CUDA device found ({no_gpu_reason}); profiling the NumPy strategies on the CPU")
+    if use_cuda:
+        modes = {"eager": ("eager",), "graph": ("graph",)}.get(config.mode, MODES)
+    else:
+        modes = ("eager",)
+        if config.mode in ("graph", "both"):
+            progress.note("graph mode needs a CUDA device; the CPU path measures eager mode only")
+    backend = CudaBackend(0) if use_cuda else CpuBackend()
+    batches = list(config.batches)
+    progress.note(
+        f"checking {len(batches)} batch size(s) x {config.input_sets} input sets against the "
+        f"reference on the {'GPU' if use_cuda else 'CPU'} ..."
+    )
+
+    def checked():
+        progress.note(
+            f"all strategies match the reference ({time.perf_counter() - started:.1f} s); "
+            f"timing, {config.budget:g} s per strategy and mode ..."
+        )
+
+    progress.begin(len(batches) * backend.units(NUM_STRATEGIES, modes))
+    try:
+        shapes = run_profile(backend, workload, batches, modes, Budget(seconds=config.budget), progress, checked)
+    finally:
+        progress.end()
+    environment = environment_record("cuda" if use_cuda else "cpu", 0 if use_cuda else None)
+    settings = {
+        "device": environment["device"],
+        "modes": list(modes),
+        "budget_s": config.budget,
+        "min_samples": MIN_SAMPLES,
+        "max_samples": MAX_SAMPLES,
+        "target_block_s": TARGET_BLOCK_S,
+        "input_sets": config.input_sets,
+        "step_ms": config.step_ms,
+        "batches": batches,
+    }
+    doc = profile_document(shapes, workload, environment, settings, config.recorded_options())
+    doc["wall_s"] = round(time.perf_counter() - started, 3)
+    return doc

@@ -30,7 +30,9 @@ separator is a file; any other reference is a name looked up as
 separated), then in the profiles kvaddr ships (:func:`bundled_dirs`).
 
 A malformed file, an unknown table or key, or a value the option rejects
-raises :class:`ProfileError` naming the file, the line and the key.
+raises :class:`ProfileError` naming the file, the line and the key. The
+``--profile`` click option that applies a profile to a command is
+:func:`kvaddr.commands.common.profile_option`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kvaddr.errors import ProfileError
 
 #: The tables a profile may hold, and the keys each may hold.
 PROFILE_KEYS = (
@@ -81,27 +85,6 @@ TOP_KEYS = ("description", "source")
 LIST_JOIN = {"batch": ",", "block_size": ",", "context": ":", "prefill": ":"}
 #: Environment variable with extra folders of profiles.
 PATH_ENV = "KVADDR_PROFILE_PATH"
-
-
-class ProfileError(Exception):
-    """A profile cannot be found, parsed or applied.
-
-    Attributes
-    ----------
-    path : str or None
-        The file (None when no file was found).
-    line : int or None
-        1-based line of the offending key, when known.
-    key : str or None
-        The offending key, as ``table.key`` or a top-level key.
-    """
-
-    def __init__(self, message: str, path: str | None = None, line: int | None = None, key: str | None = None):
-        self.path, self.line, self.key = path, line, key
-        where = ""
-        if path is not None:
-            where = f"{path}, line {line}: " if line is not None else f"{path}: "
-        super().__init__(where + message)
 
 
 @dataclass
@@ -370,83 +353,3 @@ def option_text(key: str, value) -> str:
     if isinstance(value, dict):
         raise ValueError("takes a value, not a table")
     return str(value)
-
-
-def _param_for(command, key: str):
-    flag = "--" + key.replace("_", "-")
-    for p in command.params:
-        if flag in getattr(p, "opts", ()):
-            return p
-    return None
-
-
-def command_defaults(profile: Profile, section: str, ctx) -> dict:
-    """The profile's ``[section]`` values for ``ctx.command``, checked by each option.
-
-    Keys of the section that the command has no option for are left out (a
-    ``[profile]`` table serves ``profile``, ``sweep`` and ``replay``, which
-    take different subsets of it).
-
-    Returns
-    -------
-    dict
-        ``{param.name: converted value}``, ready for ``ctx.default_map``.
-
-    Raises
-    ------
-    ProfileError
-        A value the option rejects, naming the file, the line and the key.
-    """
-    import click
-
-    out = {}
-    for key, value in profile.tables.get(section, {}).items():
-        param = _param_for(ctx.command, key)
-        if param is None:
-            continue
-        where = dict(path=profile.path, line=profile.line_of(section, key), key=f"{section}.{key}")
-        try:
-            text = option_text(key, value)
-            converted = param.type_cast_value(ctx, text)
-            if param.callback is not None:
-                converted = param.callback(ctx, param, converted)
-        except ValueError as exc:  # option_text
-            raise ProfileError(f"[{section}] {key}: {exc}", **where) from None
-        except click.BadParameter as exc:
-            raise ProfileError(f"[{section}] {key} = {value!r}: {exc.message}", **where) from None
-        out[param.name] = converted
-    return out
-
-
-def profile_option(section: str):
-    """A ``--profile NAME|PATH`` click option that fills the command's other options.
-
-    The option is eager: it loads the profile before the other options are
-    processed and puts its ``[section]`` values into ``ctx.default_map``, so
-    an option given on the command line still wins. Its value (exposed as
-    ``workload_profile``) is the profile's path.
-    """
-    import click
-
-    def callback(ctx, param, value):
-        if value is None or ctx.resilient_parsing:
-            return value
-        try:
-            prof = load_profile(value)
-            defaults = command_defaults(prof, section, ctx)
-        except ProfileError as exc:
-            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-        ctx.default_map = {**(ctx.default_map or {}), **defaults}
-        ctx.meta["kvaddr.profile"] = prof
-        return prof.path
-
-    return click.option(
-        "--profile",
-        "workload_profile",
-        metavar="NAME|PATH",
-        default=None,
-        is_eager=True,
-        callback=callback,
-        help=f"Take the options this command has from a workload profile's [{section}] table (a name from "
-        f"`kvaddr profiles`, or a .toml file); options given on the command line win.",
-    )

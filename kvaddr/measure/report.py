@@ -16,18 +16,16 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
+from kvaddr.constants import MEASURES, SAVINGS_REFERENCE
 from kvaddr.measure.timing import FLOOR, Measurement, Summary
 
 SCHEMA_VERSION = 1
-BASELINE = "per-layer"
 NOISE_RULE = (
     "a difference counts only when the interquartile ranges [q25, q75] of the two strategies do "
     "not overlap: saving if candidate q75 < baseline q25, slower if candidate q25 > baseline q75, "
     "otherwise within noise"
 )
 
-#: Section order of the table and the headlines.
-MEASURES = (("graph", "gpu"), ("eager", "host"), ("eager", "gpu"))
 
 #: What a headline calls each strategy.
 PHRASES = {
@@ -76,13 +74,14 @@ def verdict(baseline: Summary, candidate: Summary) -> str:
     return "within noise"
 
 
-def compare_to_baseline(
-    baseline: Summary, candidate: Summary, step_ms: float | None = None, is_baseline: bool = False
+def compare_to_reference(
+    reference: Summary, candidate: Summary, step_ms: float | None = None, is_reference: bool = False
 ) -> Comparison:
-    saved = baseline.median - candidate.median
-    pct = 100.0 * saved / baseline.median if baseline.median > 0 else 0.0
+    """What ``candidate`` saves against the savings reference (:data:`~kvaddr.constants.SAVINGS_REFERENCE`)."""
+    saved = reference.median - candidate.median
+    pct = 100.0 * saved / reference.median if reference.median > 0 else 0.0
     step_pct = None if step_ms is None else 100.0 * saved / (step_ms * 1000.0)
-    return Comparison(saved, pct, "baseline" if is_baseline else verdict(baseline, candidate), step_pct)
+    return Comparison(saved, pct, "baseline" if is_reference else verdict(reference, candidate), step_pct)
 
 
 def format_us(us: float) -> str:
@@ -133,7 +132,7 @@ def ordered_measures(groups: dict) -> list:
 
 
 @dataclass(frozen=True)
-class Row:
+class MeasurementRow:
     """One line of a report table, with everything JSON needs too."""
 
     measurement: Measurement
@@ -144,7 +143,7 @@ class Row:
 
 def rows(section: dict, step_ms: float | None) -> list:
     """Rows of one (mode, clock) section: the strategies in order, then the floor."""
-    base = section.get(BASELINE)
+    base = section.get(SAVINGS_REFERENCE)
     floor = section.get(FLOOR)
     base_s = base.summary if base else None
     floor_s = floor.summary if floor else None
@@ -153,9 +152,9 @@ def rows(section: dict, step_ms: float | None) -> list:
         s = m.summary
         comp = None
         if base_s is not None and name != FLOOR:
-            comp = compare_to_baseline(base_s, s, step_ms, is_baseline=(name == BASELINE))
+            comp = compare_to_reference(base_s, s, step_ms, is_reference=(name == SAVINGS_REFERENCE))
         ratio = s.median / floor_s.median if floor_s is not None and floor_s.median > 0 else None
-        out.append(Row(m, s, comp, ratio))
+        out.append(MeasurementRow(m, s, comp, ratio))
     out.sort(key=lambda r: r.measurement.strategy == FLOOR)
     return out
 
@@ -164,7 +163,7 @@ def headline(
     section: dict, mode: str, clock: str, device: str, batch: int, step_word: str, step_ms: float | None
 ) -> str | None:
     """One sentence: what hoisting and the fused kernel save against per-layer."""
-    base = section.get(BASELINE)
+    base = section.get(SAVINGS_REFERENCE)
     if base is None:
         return None
     parts = []
@@ -172,7 +171,7 @@ def headline(
         m = section.get(name)
         if m is None:
             continue
-        c = compare_to_baseline(base.summary, m.summary, step_ms)
+        c = compare_to_reference(base.summary, m.summary, step_ms)
         who = PHRASES[name]
         first = not parts
         tail = f" per {step_word} at batch {batch}" if first else ""
@@ -209,19 +208,28 @@ def short_label(mode: str, clock: str, device: str) -> str:
     return f"{mode}: {'GPU' if clock == 'gpu' else clock}"
 
 
-def render_shape(console, shape, workload, device: str, step_ms: float | None) -> None:
+def render_report(console, doc: dict) -> None:
+    """Print every batch shape of a profile report (:func:`profile_document`) to ``console``."""
+    step_ms = doc["settings"].get("step_ms")
+    device = doc["environment"]["device"]
+    for shape in doc["shapes"]:
+        render_shape(console, shape, doc["workload"], device, step_ms)
+
+
+def render_shape(console, shape: dict, workload: dict, device: str, step_ms: float | None) -> None:
     """Print one batch shape's table and headlines to ``console`` (stdout).
 
-    One section per (mode, clock), headed by a bold row. Columns fold rather
-    than elide when the terminal is narrow, so no number is ever cut short.
+    ``shape`` and ``workload`` are the report's JSON objects (:func:`shape_json`,
+    ``Workload.describe()``). One section per (mode, clock), headed by a bold
+    row. Columns fold rather than elide when the terminal is narrow, so no
+    number is ever cut short.
     """
     from rich.table import Table
 
-    groups = group(shape.measurements)
-    sizes = ", ".join(map(str, dict.fromkeys(workload.block_sizes)))
+    sizes = ", ".join(map(str, dict.fromkeys(workload["block_sizes"])))
     title = (
-        f"batch {shape.batch}: {workload.model}, {workload.num_layers} layers x {workload.num_caches} caches "
-        f"(B = {sizes}), {shape.capacity} tokens/step; times in us per step"
+        f"batch {shape['batch']}: {workload['model']}, {workload['num_layers']} layers x "
+        f"{workload['num_caches']} caches (B = {sizes}), {shape['capacity']} tokens/step; times in us per step"
     )
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
     headers = ["strategy", "launches", "median", "IQR", "n", "saved", "saved %"]
@@ -230,38 +238,37 @@ def render_shape(console, shape, workload, device: str, step_ms: float | None) -
     headers.append("x floor")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-    keys = ordered_measures(groups)
-    for mode, clock in keys:
-        table.add_row(short_label(mode, clock, device), style="bold")
-        for r in rows(groups[(mode, clock)], step_ms):
-            m, s, c = r.measurement, r.summary, r.comparison
-            share = ""
-            if c is None:
-                saved, pct = "-", "-"
-            elif c.verdict == "baseline":
-                saved, pct = "baseline", ""
-            elif c.verdict == "within noise":
-                saved, pct = "within noise", ""
-            else:
-                saved, pct = _num(c.saved_us), f"{c.saved_pct:.1f}%"
-                share = f"{c.step_pct:.1f}%" if c.step_pct is not None else ""
-            cells = [
-                m.strategy,
-                "-" if m.launches_per_step is None else str(m.launches_per_step),
-                _num(s.median),
-                _num(s.iqr),
-                str(s.n),
-                saved,
-                pct,
-            ]
-            if step_ms is not None:
-                cells.append(share)
-            cells.append(
-                "-"
-                if r.floor_ratio is None
-                else (f"{r.floor_ratio:.1f}x" if r.floor_ratio < 100 else f"{r.floor_ratio:.0f}x")
-            )
-            table.add_row(*cells)
+    section = None
+    for r in shape["results"]:
+        if (r["mode"], r["clock"]) != section:
+            section = (r["mode"], r["clock"])
+            table.add_row(short_label(r["mode"], r["clock"], device), style="bold")
+        s, c, floor_ratio = r["summary"], r["vs_per_layer"], r["vs_floor"]
+        share = ""
+        if c is None:
+            saved, pct = "-", "-"
+        elif c["verdict"] == "baseline":
+            saved, pct = "baseline", ""
+        elif c["verdict"] == "within noise":
+            saved, pct = "within noise", ""
+        else:
+            saved, pct = _num(c["saved_us"]), f"{c['saved_pct']:.1f}%"
+            share = f"{c['share_of_step_pct']:.1f}%" if c["share_of_step_pct"] is not None else ""
+        cells = [
+            r["strategy"],
+            "-" if r["launches_per_step"] is None else str(r["launches_per_step"]),
+            _num(s["median"]),
+            _num(s["iqr"]),
+            str(s["n"]),
+            saved,
+            pct,
+        ]
+        if step_ms is not None:
+            cells.append(share)
+        cells.append(
+            "-" if floor_ratio is None else (f"{floor_ratio:.1f}x" if floor_ratio < 100 else f"{floor_ratio:.0f}x")
+        )
+        table.add_row(*cells)
     console.print(title, style="italic", soft_wrap=True)
     console.print(table)
     floor_what = "one empty Python call" if device == "cpu" else "one empty kernel launch"
@@ -276,17 +283,15 @@ def render_shape(console, shape, workload, device: str, step_ms: float | None) -
         f'(negative: slower; "within noise" when the IQRs overlap).',
         soft_wrap=True,
     )
-    for mode, clock in keys:
-        line = headline(groups[(mode, clock)], mode, clock, device, shape.batch, step_word(workload), step_ms)
-        if line:
-            console.print(line, soft_wrap=True)
+    for line in shape["headlines"]:
+        console.print(line, soft_wrap=True)
     console.print()
 
 
 # ----------------------------------------------------------------------------- JSON
 
 
-def measurement_json(r: Row, include_samples: bool = True) -> dict:
+def measurement_json(r: MeasurementRow, include_samples: bool = True) -> dict:
     m = r.measurement
     d = {
         "strategy": m.strategy,
@@ -334,11 +339,11 @@ def envelope(kind: str, options: dict, environment: dict, schema_version: int = 
     }
 
 
-def document(shapes, workload, environment: dict, settings: dict, options: dict) -> dict:
+def profile_document(shapes, workload, environment: dict, settings: dict, options: dict) -> dict:
     """The whole JSON report (schema: docs/json-schema.md)."""
     return {
         **envelope("kvaddr.profile", options, environment),
-        "settings": {**settings, "baseline": BASELINE, "noise_rule": NOISE_RULE},
+        "settings": {**settings, "baseline": SAVINGS_REFERENCE, "noise_rule": NOISE_RULE},
         "workload": workload.describe(),
         "shapes": [shape_json(s, workload, environment.get("device", "cpu"), settings.get("step_ms")) for s in shapes],
     }

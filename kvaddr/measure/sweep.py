@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 
-from kvaddr.measure.report import BASELINE, format_us, measure_label
+from kvaddr.constants import SAVINGS_REFERENCE
+from kvaddr.measure.report import format_us, measure_label
 
 #: Panels in drawing order: (mode, clock).
 PANELS = (("eager", "host"), ("graph", "gpu"))
@@ -48,13 +49,13 @@ def panels(doc: dict) -> list:
         names = []
         for r in rows.values():
             for name, x in r.items():
-                if name not in names and x.get("vs_per_layer") and name != BASELINE:
+                if name not in names and x.get("vs_per_layer") and name != SAVINGS_REFERENCE:
                     names.append(name)
         series = {n: [] for n in names}
         verdicts = {n: [] for n in names}
         baseline = []
         for b in batches:
-            base = rows[b].get(BASELINE)
+            base = rows[b].get(SAVINGS_REFERENCE)
             baseline.append(base["summary"]["median"] if base else None)
             for n in names:
                 v = (rows[b].get(n) or {}).get("vs_per_layer")
@@ -98,7 +99,7 @@ def title(doc: dict) -> str:
 
 def sweep_json(doc: dict) -> dict:
     """The ``sweep`` object added to the profile report by ``kvaddr sweep --json``."""
-    return {"title": title(doc), "baseline": BASELINE, "unit": "us_per_step_saved", "panels": panels(doc)}
+    return {"title": title(doc), "baseline": SAVINGS_REFERENCE, "unit": "us_per_step_saved", "panels": panels(doc)}
 
 
 def _bar(value: float, top: float) -> str:
@@ -114,7 +115,9 @@ def render_chart(console, doc: dict) -> None:
     """A terminal bar chart of each panel: saved us per step, per batch size and strategy."""
     from rich.table import Table
 
-    console.print(f"saved per step against batch size, vs {BASELINE}: {title(doc)}", style="bold", soft_wrap=True)
+    console.print(
+        f"saved per step against batch size, vs {SAVINGS_REFERENCE}: {title(doc)}", style="bold", soft_wrap=True
+    )
     for p in panels(doc):
         values = [v for s in p["series"].values() for v in s if v is not None]
         top = max(values + [0.0])
@@ -131,7 +134,7 @@ def render_chart(console, doc: dict) -> None:
         table.add_column("batch", justify="right")
         table.add_column("strategy", justify="left")
         table.add_column("saved", justify="right")
-        table.add_column(f"of {BASELINE}", justify="right")
+        table.add_column(f"of {SAVINGS_REFERENCE}", justify="right")
         table.add_column("", justify="left", no_wrap=True)
         for i, b in enumerate(p["batches"]):
             base = p["baseline_us"][i]

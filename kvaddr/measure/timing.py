@@ -47,6 +47,8 @@ from typing import Callable
 
 import numpy as np
 
+from kvaddr.constants import FLOOR as FLOOR  # re-exported: the floor row's name
+
 #: Aim for sample blocks of about this many seconds.
 TARGET_BLOCK_S = 1e-3
 #: At most this many steps in one sample.
@@ -62,7 +64,6 @@ GRAPH_TARGET_US = 200.0
 #: ... but no more than this many steps per graph.
 GRAPH_MAX_COPIES = 256
 
-FLOOR = "floor"
 
 _STREAMS: dict = {}
 
@@ -230,10 +231,12 @@ class GpuTimer:
         self.cupy = cupy
         self.stream = stream
 
-    def _event(self):
+    def event(self):
+        """A new CUDA event on the current device (timing enabled)."""
         return self.cupy.cuda.Event()
 
-    def _elapsed_us(self, start, end) -> float:
+    def elapsed_us(self, start, end) -> float:
+        """Microseconds between two recorded events."""
         return self.cupy.cuda.get_elapsed_time(start, end) * 1e3
 
     # -- eager ---------------------------------------------------------------
@@ -263,7 +266,7 @@ class GpuTimer:
         """
         stream, clock = self.stream, time.perf_counter
         n_sets = len(inputs)
-        start, end = self._event(), self._event()
+        start, end = self.event(), self.event()
 
         def run_block(k: int, first: int) -> tuple:
             t0 = clock()
@@ -273,7 +276,7 @@ class GpuTimer:
             end.record(stream)
             end.synchronize()
             t1 = clock()
-            return (t1 - t0) * 1e6 / k, self._elapsed_us(start, end) / k
+            return (t1 - t0) * 1e6 / k, self.elapsed_us(start, end) / k
 
         run_block(n_sets, 0)  # warm-up
         host_us, _ = run_block(n_sets, 0)
@@ -316,13 +319,13 @@ class GpuTimer:
 
     def copies_for(self, graph) -> int:
         """Steps to capture per timed graph: about GRAPH_TARGET_US of work, at most GRAPH_MAX_COPIES."""
-        start, end = self._event(), self._event()
+        start, end = self.event(), self.event()
         self.replay(graph)
         start.record(self.stream)
         graph.launch(self.stream)
         end.record(self.stream)
         end.synchronize()
-        us = max(self._elapsed_us(start, end), 1e-3)
+        us = max(self.elapsed_us(start, end), 1e-3)
         return int(max(1, min(GRAPH_MAX_COPIES, GRAPH_TARGET_US // us)))
 
     def capture(self, step: Callable, args: tuple):
@@ -366,7 +369,7 @@ class GpuTimer:
         stream, clock = self.stream, time.perf_counter
         n = len(graphs)
         rounds = GRAPH_SAMPLES_PER_ROUND
-        events = [self._event() for _ in range(rounds + 1)]
+        events = [self.event() for _ in range(rounds + 1)]
 
         for g in graphs:  # warm-up (uploads the graphs)
             g.launch(stream)
@@ -387,5 +390,5 @@ class GpuTimer:
                     i += 1
                 events[j + 1].record(stream)
             events[want].synchronize()
-            m.samples_us.extend(self._elapsed_us(events[j], events[j + 1]) / (k * copies) for j in range(want))
+            m.samples_us.extend(self.elapsed_us(events[j], events[j + 1]) / (k * copies) for j in range(want))
         return m

@@ -1,6 +1,8 @@
 """The four strategies of the spec: names, launches per step, where they come from."""
 
-STRATEGY_NAMES = ("per-layer", "per-layer-kernel", "hoisted", "fused")
+from kvaddr.constants import STRATEGY_NAMES
+
+__all__ = ["CHAIN_OPS", "DESCRIPTIONS", "STRATEGY_NAMES", "check_name"]
 
 #: Framework ops of the per-layer chain, one launch each (see strategies.py).
 CHAIN_OPS = (

@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvaddr.constants import INT32_MAX, MAX_TABLE_ENTRIES, MAX_TOKENS_PER_STEP
+from kvaddr.errors import KvaddrError, NotATraceError, TraceError
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvaddr.measure.workload import Batch
 
@@ -50,26 +53,13 @@ FORMAT_VERSION = 1
 HEADER_KEY = "kvaddr_trace"
 #: Limits that keep one step within memory; a larger step is a bad line.
 MAX_REQUESTS = 1 << 20
-MAX_TOKENS = 1 << 24
-MAX_TABLE_ENTRIES = 1 << 26
-INT32_MAX = (1 << 31) - 1
+MAX_TOKENS = MAX_TOKENS_PER_STEP
 
 STEP_KEYS = ("seq_lens_decoder", "seq_lens_this_time", "seq_lens_encoder", "block_tables", "block_tables_per_cache")
 #: Non-blank lines the reader looks at for a header or a step before it calls a file "not a kvaddr trace".
 SNIFF_LINES = 8
 #: Bytes at the start of the (decompressed) file that must look like text.
 SNIFF_BYTES = 4096
-
-
-class TraceError(Exception):
-    """The trace cannot be read at all (missing file, unreadable header); exit status 2."""
-
-
-class NotATraceError(TraceError):
-    """The file is not a kvaddr trace at all (empty, binary, another JSON document); exit status 2.
-
-    Its message starts with ``not a kvaddr trace: ``.
-    """
 
 
 @dataclass(frozen=True)
@@ -199,7 +189,7 @@ class DamagedTrace(BadLine):
 # ----------------------------------------------------------------------------- parsing
 
 
-class _Bad(ValueError):
+class _Bad(KvaddrError, ValueError):
     pass
 
 

@@ -39,6 +39,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from kvaddr.errors import AllocatorError
+
 #: Longest prompt or output a distribution may produce.
 MAX_LENGTH = 1 << 24
 #: Consecutive idle steps after which the simulation gives up (no work arrives).
@@ -220,10 +222,6 @@ class GeneratorConfig:
 
 
 # ----------------------------------------------------------------------------- the block allocator
-
-
-class AllocatorError(RuntimeError):
-    """The allocator was misused (a block freed twice or never allocated): a simulator bug."""
 
 
 class BlockAllocator:

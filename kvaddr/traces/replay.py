@@ -34,9 +34,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from kvaddr.errors import AddressingError
+from kvaddr.errors import AddressingError, EnvironmentProblem
 from kvaddr.measure.correctness import CheckFailed, poison
-from kvaddr.measure.profile_run import EnvironmentProblem, _call_checked, _check, _step_fn
+from kvaddr.measure.profile_run import call_checked, check_outputs, step_fn
 from kvaddr.reference import step_addressing
 from kvaddr.strategies.names import STRATEGY_NAMES
 from kvaddr.traces.format import BadLine, padded_inputs
@@ -86,7 +86,7 @@ class CpuReplayer:
             return got
         got = {}
         for name in self.names:
-            got[name] = _call_checked(
+            got[name] = call_checked(
                 name,
                 "construction",
                 lambda name=name: self.module.make_strategy(
@@ -105,13 +105,13 @@ class CpuReplayer:
         clock = time.perf_counter
         times = {}
         for name, s in strategies.items():
-            step = _step_fn(s)
+            step = step_fn(s)
             t0 = clock()
-            out = _call_checked(name, where, step, *args)
+            out = call_checked(name, where, step, *args)
             t1 = clock()
             times[name] = (t1 - t0) * 1e6
             if check:
-                _check(name, where, out, ref)
+                check_outputs(name, where, out, ref)
         return {("eager", "host"): times}
 
     def shapes(self) -> int:
@@ -166,7 +166,7 @@ class CudaReplayer:
                 kernel_loader.get_module(device_id)
                 self.stream = measurement_stream(device_id)
                 self.timer = GpuTimer(self.stream)
-                self._events = [(self.timer._event(), self.timer._event()) for _ in self.names]
+                self._events = [(self.timer.event(), self.timer.event()) for _ in self.names]
         except KernelCompileError as exc:
             raise EnvironmentProblem(str(exc)) from exc
         except Exception as exc:
@@ -193,7 +193,7 @@ class CudaReplayer:
         )
         self._upload(shape, batch)
         for name in self.names:
-            s = _call_checked(
+            s = call_checked(
                 name,
                 "construction",
                 lambda name=name: self.module.make_strategy(
@@ -205,13 +205,13 @@ class CudaReplayer:
                     device=self.device_id,
                 ),
             )
-            step = _step_fn(s, stream)
+            step = step_fn(s, stream)
             context = f"{where}, eager, new shape {rows} x {capacity}"
-            out = _call_checked(name, context, step, *shape.inputs)
+            out = call_checked(name, context, step, *shape.inputs)
             stream.synchronize()
-            _check(name, context, out, ref)
+            check_outputs(name, context, out, ref)
             if hasattr(s, "check"):
-                _call_checked(name, f"{where}, device error record", s.check, stream)
+                call_checked(name, f"{where}, device error record", s.check, stream)
             shape.strategies[name] = s
             shape.last_out[name] = out
             if "graph" in self.modes:
@@ -263,11 +263,11 @@ class CudaReplayer:
                     e1.record(stream)
                 self._events[-1][1].synchronize()
                 times[("graph", "gpu")] = {
-                    name: timer._elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, self.names)
+                    name: timer.elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, self.names)
                 }
                 if check:
                     for name in self.names:
-                        _check(name, f"{where}, graph replay", shape.graphs[name][1], ref)
+                        check_outputs(name, f"{where}, graph replay", shape.graphs[name][1], ref)
             if eager and "eager" in self.modes:
                 host, gpu = {}, {}
                 clock = time.perf_counter
@@ -275,18 +275,18 @@ class CudaReplayer:
                     s = shape.strategies[name]
                     if check:
                         poison(shape.last_out[name])
-                    step = _step_fn(s, stream)
+                    step = step_fn(s, stream)
                     t0 = clock()
                     e0.record(stream)
-                    out = _call_checked(name, f"{where}, eager", step, *shape.inputs)
+                    out = call_checked(name, f"{where}, eager", step, *shape.inputs)
                     e1.record(stream)
                     e1.synchronize()
                     t1 = clock()
                     host[name] = (t1 - t0) * 1e6
-                    gpu[name] = timer._elapsed_us(e0, e1)
+                    gpu[name] = timer.elapsed_us(e0, e1)
                     shape.last_out[name] = out
                     if check:
-                        _check(name, f"{where}, eager", out, ref)
+                        check_outputs(name, f"{where}, eager", out, ref)
                 times[("eager", "host")] = host
                 times[("eager", "gpu")] = gpu
         return times

@@ -20,7 +20,8 @@ import random
 
 import numpy as np
 
-from kvaddr.measure.report import BASELINE, PHRASES, envelope, format_us, measure_label
+from kvaddr.constants import SAVINGS_REFERENCE
+from kvaddr.measure.report import PHRASES, envelope, format_us, measure_label
 
 SCHEMA_VERSION = 1
 #: Values a statistic keeps for its quantiles (the whole trace's statistics).
@@ -127,13 +128,13 @@ class MeasureStats:
         self.mode, self.clock = mode, clock
         self.strategies = list(strategies)
         self.times = {s: StreamStats(seed=i) for i, s in enumerate(self.strategies)}
-        self.saved = {s: StreamStats(seed=100 + i) for i, s in enumerate(self.strategies) if s != BASELINE}
+        self.saved = {s: StreamStats(seed=100 + i) for i, s in enumerate(self.strategies) if s != SAVINGS_REFERENCE}
         self.bins: dict = {}
 
     def add(self, active: int, times: dict) -> None:
         for name, t in times.items():
             self.times[name].add(t)
-        base = times.get(BASELINE)
+        base = times.get(SAVINGS_REFERENCE)
         if base is None:
             return
         lo, hi = batch_bin(active)
@@ -164,7 +165,7 @@ class MeasureStats:
                 {
                     "strategy": name,
                     "time_us": self.times[name].summary(),
-                    "saved_us": None if name == BASELINE else self.saved[name].summary(),
+                    "saved_us": None if name == SAVINGS_REFERENCE else self.saved[name].summary(),
                 }
             )
         bins = []
@@ -310,7 +311,7 @@ def render(console, stats: ReplayStats, info: dict) -> None:
             table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
         for name in m.strategies:
             ts = m.times[name].summary()
-            if name == BASELINE:
+            if name == SAVINGS_REFERENCE:
                 saved = ["baseline", "", "", "", ""]
             else:
                 s = m.saved[name].summary()
@@ -335,7 +336,7 @@ def render(console, stats: ReplayStats, info: dict) -> None:
             )
             bt.add_column("batch", justify="left")
             bt.add_column("steps", justify="right")
-            bt.add_column(f"{BASELINE} p50", justify="right")
+            bt.add_column(f"{SAVINGS_REFERENCE} p50", justify="right")
             for name in m.saved:
                 bt.add_column(name, justify="right", overflow="fold")
             for lo in sorted(m.bins):
@@ -361,11 +362,11 @@ def render(console, stats: ReplayStats, info: dict) -> None:
 # ----------------------------------------------------------------------------- JSON
 
 
-def document(stats: ReplayStats, info: dict, environment: dict, settings: dict, options: dict) -> dict:
+def replay_document(stats: ReplayStats, info: dict, environment: dict, settings: dict, options: dict) -> dict:
     """The whole replay JSON report (schema: docs/trace-format.md, "The replay report")."""
     return {
         **envelope("kvaddr.replay", options, environment, SCHEMA_VERSION),
-        "settings": {**settings, "baseline": BASELINE, "reservoir": RESERVOIR, "bin_reservoir": BIN_RESERVOIR},
+        "settings": {**settings, "baseline": SAVINGS_REFERENCE, "reservoir": RESERVOIR, "bin_reservoir": BIN_RESERVOIR},
         "workload": info["workload"],
         "trace": {
             "path": info["trace"],

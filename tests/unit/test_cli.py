@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from kvaddr import cli as cli_module
 from kvaddr.measure import environment
-from kvaddr.measure.report import Comparison, compare_to_baseline, format_us, headline, verdict
+from kvaddr.measure.report import Comparison, compare_to_reference, format_us, headline, verdict
 from kvaddr.measure.timing import Budget, Measurement, block_size_for, summarize
 from kvaddr.strategies import cpu as cpu_strategies
 
@@ -319,7 +319,7 @@ def test_noise_rule():
     assert verdict(base, _summary(50, 51, 52, 53, 54)) == "saving"
     assert verdict(base, _summary(150, 151, 152, 153, 154)) == "slower"
     assert verdict(base, _summary(99, 100, 101, 102, 103)) == "within noise"
-    c = compare_to_baseline(base, _summary(50, 51, 52, 53, 54), step_ms=1.0)
+    c = compare_to_reference(base, _summary(50, 51, 52, 53, 54), step_ms=1.0)
     assert c == Comparison(50.0, 50.0 * 100 / 102, "saving", 5.0)
 
 
