@@ -176,3 +176,42 @@ def to_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):  # torch
         return x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+def planner_kwargs(cfg: VllmStepConfig) -> dict:
+    """VllmStepPlanner's arguments for a config."""
+    return dict(
+        max_num_reqs=cfg.max_num_reqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        block_sizes=list(cfg.block_sizes),
+        widths=list(cfg.widths),
+        slot_mapping_enabled=list(cfg.slot_mapping_enabled),
+        dcp_sharded=list(cfg.dcp_sharded),
+        sliding_window_reach=list(cfg.sliding_window_reach),
+        cp_size=cfg.cp_size,
+        cp_rank=cfg.cp_rank,
+        cp_interleave=cfg.cp_interleave,
+        slot_dtype=cfg.slot_dtype,
+    )
+
+
+def new_batch(rng: np.random.Generator, cfg: VllmStepConfig, state: dict, num_reqs: int, max_query: int = 1):
+    """Another step over the same request state (num_computed_tokens, tables, num_blocks):
+    a new permuted sparse idx_mapping with dummies and new query lengths that fit both the
+    token capacity and every request's allocated blocks."""
+    M, T = cfg.max_num_reqs, cfg.max_num_batched_tokens
+    ids = rng.permutation(M)[:num_reqs].astype(np.int64)
+    idx = np.where(rng.random(num_reqs) < 0.1, -1, ids)
+    nct = state["num_computed_tokens"].astype(np.int64)
+    room = np.full(num_reqs, max_query, np.int64)
+    for g in range(cfg.num_groups):
+        span = cfg.block_sizes[g] * (cfg.cp_size if cfg.sharded(g) else 1)
+        cap = state["num_blocks"][g].astype(np.int64) * span - nct  # tokens the allocated blocks still hold
+        room = np.minimum(room, np.where(idx >= 0, cap[np.maximum(idx, 0)], max_query))
+    q = np.minimum(rng.integers(1, max_query + 1, num_reqs), np.maximum(room, 0))
+    qsl = np.zeros(num_reqs + 1, np.int64)
+    np.cumsum(q, out=qsl[1:])
+    assert qsl[-1] <= T, "new_batch: more tokens than the capacity"
+    out = dict(state)
+    out.update(idx_mapping=idx.astype(state["idx_mapping"].dtype), query_start_loc=qsl.astype(I32))
+    return out
