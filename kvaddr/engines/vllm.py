@@ -41,6 +41,7 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _G = VLLM_MAX_GROUPS
+_IDX_DTYPES = (INT32, INT64)
 
 
 class VllmStepParams(ctypes.Structure):
@@ -220,6 +221,17 @@ class VllmStepPlanner:
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
+        # Per-call constants: the struct's array fields (views sharing its memory), the
+        # argument names and the shape texts of the messages.
+        self._f_block_table, self._f_table_stride, self._f_num_blocks = p.block_table, p.table_stride, p.num_blocks
+        self.forget_inputs()
+        self._texts = {
+            "rows": f"(rows >= max_num_reqs = {M},)",
+            "stacked": f"({G}, rows >= {M})",
+            "table_names": [f"block_tables[{g}]" if G > 1 else "block_tables" for g in range(G)],
+            "nb_names": [f"num_blocks[{g}]" if G > 1 else "num_blocks" for g in range(G)],
+            "tables": [f"(rows >= {M}, width = {cfg.widths[g]})" for g in range(G)],
+        }
 
     # -- construction helpers ---------------------------------------------------------
     def _load_functions(self) -> dict:
@@ -292,13 +304,13 @@ class VllmStepPlanner:
 
     # -- per call -------------------------------------------------------------------
     def _prepare(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded):
-        """Check the inputs and write them into the parameter block; returns num_reqs."""
-        cfg, dev, p = self.config, self.device, self._params
+        """Check the inputs and write them into the parameter block; returns (num_reqs, padded)."""
+        cfg, dev, p, tx = self.config, self.device, self._params, self._texts
         M, G = cfg.max_num_reqs, cfg.num_groups
         idx = check_vector(
             "idx_mapping",
             describe("idx_mapping", idx_mapping),
-            dtypes=(INT32, INT64),
+            dtypes=_IDX_DTYPES,
             shape_text="(num_reqs,)",
             device=dev,
         )
@@ -309,26 +321,57 @@ class VllmStepPlanner:
             "query_start_loc",
             describe("query_start_loc", query_start_loc),
             length=n + 1,
-            shape_text=f"(num_reqs + 1,) = ({n + 1},)",
+            shape_text=lambda: f"(num_reqs + 1,) = ({n + 1},)",
             device=dev,
         )
-        nct = check_vector(
-            "num_computed_tokens",
-            describe("num_computed_tokens", num_computed_tokens),
-            min_length=M,
-            shape_text=f"(rows >= max_num_reqs = {M},)",
-            device=dev,
-        )
-        tables = per_group("block_tables", block_tables, G, allow_stacked=False)
-        for g, t in enumerate(tables):
-            name = f"block_tables[{g}]" if G > 1 else "block_tables"
+        # The request state (num_computed_tokens, block tables, num_blocks) is the engine's
+        # persistent buffers: each object is checked the first time it is seen and then
+        # remembered by identity (a reference is held), so a step re-checks only
+        # idx_mapping and query_start_loc. (Changing a remembered array's shape in place,
+        # e.g. torch's resize_(), is not seen: pass a new object instead.)
+        if num_computed_tokens is not self._seen_nct:
+            p.num_computed_tokens = check_vector(
+                "num_computed_tokens",
+                describe("num_computed_tokens", num_computed_tokens),
+                min_length=M,
+                shape_text=tx["rows"],
+                device=dev,
+            ).ptr
+            self._seen_nct = num_computed_tokens
+        seen = self._seen_tables
+        tables = block_tables if type(block_tables) in (list, tuple) and len(block_tables) == G else None
+        if tables is None:
+            tables = per_group("block_tables", block_tables, G, allow_stacked=False)
+        for g in range(G):
+            t = tables[g]
+            if t is seen[g]:
+                continue
+            name = tx["table_names"][g]
             W = cfg.widths[g]
-            info = check_matrix(
-                name, describe(name, t), min_rows=M, cols=W, shape_text=f"(rows >= {M}, width = {W})", device=dev
-            )
-            p.block_table[g] = info.ptr
-            p.table_stride[g] = info.strides[0] if info.shape[0] > 1 else W
+            info = check_matrix(name, describe(name, t), min_rows=M, cols=W, shape_text=tx["tables"][g], device=dev)
+            self._f_block_table[g] = info.ptr
+            self._f_table_stride[g] = info.strides[0] if info.shape[0] > 1 else W
+            seen[g] = t
+        if num_blocks is not self._seen_nb_obj or (
+            type(num_blocks) in (list, tuple)  # the same list: its elements may have been replaced
+            and any(a is not b for a, b in zip(num_blocks, self._seen_nb_items))
+        ):
+            self._set_num_blocks(num_blocks)
+            self._seen_nb_obj = num_blocks
+        padded = n if num_reqs_padded is None else check_num_reqs_padded(num_reqs_padded, n, M)
+        p.idx_mapping = idx.ptr
+        p.idx_is_64 = idx.dtype == INT64
+        p.query_start_loc = qsl.ptr
+        p.num_reqs = n
+        p.num_reqs_padded = padded
+        return n, padded
+
+    def _set_num_blocks(self, num_blocks) -> None:
+        cfg, dev, tx = self.config, self.device, self._texts
+        M, G = cfg.max_num_reqs, cfg.num_groups
         nbs = per_group("num_blocks", num_blocks, G, allow_stacked=True)
+        nbp = self._f_num_blocks
+        self._seen_nb_obj = None  # until every check passed
         if len(nbs) == 1 and (G > 1 or len(getattr(nbs[0], "shape", ())) == 2):
             info = describe("num_blocks", nbs[0])
             if info.dtype != INT32 or len(info.shape) != 2 or info.shape[0] != G or info.shape[1] < M:
@@ -342,25 +385,24 @@ class VllmStepPlanner:
                 "num_blocks",
                 info._replace(shape=(info.shape[1],), strides=(1,)),
                 min_length=M,
-                shape_text=f"({G}, rows >= {M})",
+                shape_text=tx["stacked"],
                 device=dev,
             )
-            for g in range(G):
-                p.num_blocks[g] = info.ptr + 4 * g * info.strides[0]
+            ptrs = [info.ptr + 4 * g * info.strides[0] for g in range(G)]
         else:
+            ptrs = []
             for g, nb in enumerate(nbs):
-                name = f"num_blocks[{g}]" if G > 1 else "num_blocks"
-                p.num_blocks[g] = check_vector(
-                    name, describe(name, nb), min_length=M, shape_text=f"(rows >= max_num_reqs = {M},)", device=dev
-                ).ptr
-        padded = check_num_reqs_padded(num_reqs_padded, n, M)
-        p.idx_mapping = idx.ptr
-        p.idx_is_64 = int(idx.dtype == INT64)
-        p.query_start_loc = qsl.ptr
-        p.num_computed_tokens = nct.ptr
-        p.num_reqs = n
-        p.num_reqs_padded = padded
-        return n, padded
+                name = tx["nb_names"][g]
+                ptrs.append(check_vector(name, describe(name, nb), min_length=M, shape_text=tx["rows"], device=dev).ptr)
+        for g, ptr in enumerate(ptrs):
+            nbp[g] = ptr
+        self._seen_nb_items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
+
+    def forget_inputs(self) -> None:
+        """Drop the remembered request-state arrays (the next call checks them again)."""
+        self._seen_nct = self._seen_nb_obj = None
+        self._seen_tables = [None] * self.config.num_groups
+        self._seen_nb_items = ()
 
     def grid(self, num_reqs_padded: int) -> int:
         """Blocks of the one launch for a batch padded to ``num_reqs_padded`` rows."""

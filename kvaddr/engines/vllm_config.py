@@ -182,6 +182,10 @@ def _dtype_text(dtypes) -> str:
     return " or ".join(str(d) for d in dtypes)
 
 
+def _text(shape_text) -> str:
+    return shape_text() if callable(shape_text) else shape_text
+
+
 def check_vector(
     name: str,
     info: ArrayInfo,
@@ -189,20 +193,24 @@ def check_vector(
     dtypes=(INT32,),
     length: int | None = None,
     min_length: int | None = None,
-    shape_text: str,
+    shape_text,
     device: int | None = None,
 ) -> ArrayInfo:
-    """A 1-D contiguous array of one of ``dtypes``; exact or minimum length."""
-    what = f"{_dtype_text(dtypes)} with shape {shape_text}"
+    """A 1-D contiguous array of one of ``dtypes``; exact or minimum length.
+
+    ``shape_text`` (a str, or a callable returning one) is used only in the message,
+    which is built only on failure (this runs on every call of a planner).
+    """
     if info.dtype not in dtypes:
-        raise TypeError(f"{name} must be {what}, got dtype {info.dtype}")
-    if len(info.shape) != 1:
-        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
-    n = info.shape[0]
-    if length is not None and n != length:
-        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
-    if min_length is not None and n < min_length:
-        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
+        raise TypeError(f"{name} must be {_dtype_text(dtypes)} with shape {_text(shape_text)}, got dtype {info.dtype}")
+    shape = info.shape
+    if (
+        len(shape) != 1
+        or (length is not None and shape[0] != length)
+        or (min_length is not None and shape[0] < min_length)
+    ):
+        raise ValueError(f"{name} must be {_dtype_text(dtypes)} with shape {_text(shape_text)}, got shape {shape}")
+    n = shape[0]
     if n > 1 and info.strides[0] != 1:
         raise ValueError(f"{name} must be contiguous, got a strided view (stride {info.strides[0]} elements)")
     _check_device(name, info, device)
@@ -217,18 +225,16 @@ def check_matrix(
     min_rows: int,
     rows: int | None = None,
     cols: int,
-    shape_text: str,
+    shape_text,
     device: int | None = None,
 ) -> ArrayInfo:
     """A 2-D array with a contiguous last dim, non-overlapping rows, given columns."""
-    what = f"{_dtype_text(dtypes)} with shape {shape_text}"
     if info.dtype not in dtypes:
-        raise TypeError(f"{name} must be {what}, got dtype {info.dtype}")
-    if len(info.shape) != 2:
-        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
-    r, c = info.shape
-    if c != cols or r < min_rows or (rows is not None and r != rows):
-        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
+        raise TypeError(f"{name} must be {_dtype_text(dtypes)} with shape {_text(shape_text)}, got dtype {info.dtype}")
+    shape = info.shape
+    if len(shape) != 2 or shape[1] != cols or shape[0] < min_rows or (rows is not None and shape[0] != rows):
+        raise ValueError(f"{name} must be {_dtype_text(dtypes)} with shape {_text(shape_text)}, got shape {shape}")
+    r, c = shape
     if c > 1 and info.strides[1] != 1:
         raise ValueError(
             f"{name} must have a contiguous last dim, got a last-dim stride of {info.strides[1]} elements "

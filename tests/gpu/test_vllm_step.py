@@ -355,3 +355,42 @@ def test_a_million_tokens():
     )
     assert cfg.max_num_batched_tokens > 1_000_000 or int(inputs["query_start_loc"][-1]) > 900_000
     run_and_compare(make_planner(cfg), cfg, inputs, padded=320)
+
+
+def test_state_arrays_are_remembered_by_identity_and_replacements_are_seen():
+    import cupy
+
+    rng = np.random.default_rng(10)
+    cfg, state = random_case(rng, max_num_reqs=64, num_reqs=64, block_sizes=(16, 64), max_query=2, spare_tokens=200)
+    planner = make_planner(cfg)
+    d = on_device(state)
+    batch = new_batch(rng, cfg, state, 40, max_query=2)
+    b = on_device({k: batch[k] for k in ("idx_mapping", "query_start_loc")})
+
+    def step(host_state):
+        out = planner.compute(
+            b["idx_mapping"], b["query_start_loc"], d["num_computed_tokens"], d["block_tables"], d["num_blocks"], 48
+        )
+        cupy.cuda.get_current_stream().synchronize()
+        want = ref(
+            cfg, dict(host_state, idx_mapping=batch["idx_mapping"], query_start_loc=batch["query_start_loc"]), 48
+        )
+        assert_same(out, want.outputs.as_dict())
+
+    step(state)
+    # The same objects with new contents.
+    state["block_tables"][0][:] = rng.integers(0, 1000, state["block_tables"][0].shape).astype(np.int32)
+    d["block_tables"][0].set(state["block_tables"][0])
+    step(state)
+    # An element of the same list replaced by a new array (new pointer).
+    state["block_tables"][1] = state["block_tables"][1] + 7
+    d["block_tables"][1] = cupy.asarray(state["block_tables"][1])
+    state["num_blocks"][0] = np.maximum(state["num_blocks"][0] - 1, 0)
+    d["num_blocks"][0] = cupy.asarray(state["num_blocks"][0])
+    step(state)
+    # A new num_computed_tokens object.
+    state["num_computed_tokens"] = np.zeros_like(state["num_computed_tokens"])
+    d["num_computed_tokens"] = cupy.asarray(state["num_computed_tokens"])
+    step(state)
+    planner.forget_inputs()
+    step(state)
