@@ -233,12 +233,15 @@ def vllm_step_reference(
     mask = 0
 
     def record(bit, where, token, group=0):
+        # The smallest key over every request with the error (the kernel min-reduces
+        # keys; with a decreasing query_start_loc the first request need not hold it).
         nonlocal mask
         hit = np.flatnonzero(where)
         if hit.size:
             mask |= bit
-            b = int(hit[0])
-            keys.append(vllm_error_key(token if np.isscalar(token) else int(token[b]), b, group, bit))
+            toks = np.full(hit.size, token, dtype=np.int64) if np.isscalar(token) else token[hit]
+            first = int(np.lexsort((hit, toks))[0])
+            keys.append(vllm_error_key(int(toks[first]), int(hit[first]), group, bit))
 
     record(VERR_ROW_INDEX, row_bad, tok)
     record(VERR_QUERY_START_LOC, qsl_bad, tok)

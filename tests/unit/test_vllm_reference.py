@@ -306,3 +306,14 @@ def test_config_rejects_sliding_window_on_a_sharded_group():
     with pytest.raises(ValueError, match=r"sliding_window_reach\[0\] must be 0 for a DCP-sharded group"):
         VllmStepConfig(4, 8, [16], [4], cp_size=2, sliding_window_reach=[32])
     VllmStepConfig(4, 8, [16], [4], cp_size=2, dcp_sharded=[False], sliding_window_reach=[32])
+
+
+def test_request_error_key_is_the_smallest_not_the_first():
+    # Requests 1 and 2 are both bad rows; request 2 starts at token 0 (a decreasing
+    # query_start_loc), so its key (token 0) is smaller than request 1's (token 3).
+    cfg = VllmStepConfig(4, 8, [4], [4])
+    nct = np.zeros(4, I32)
+    t = np.zeros((4, 4), I32)
+    res = vllm_step_reference(cfg, np.array([0, 7, 9], I32), np.array([0, 3, 0, 2], I32), nct, t, np.ones(4, I32))
+    assert res.error_mask == E.VERR_ROW_INDEX | E.VERR_QUERY_START_LOC
+    assert E.decode_vllm_error_key(res.error_key) == (0, 2, 0, E.VERR_ROW_INDEX)
