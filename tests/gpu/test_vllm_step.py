@@ -394,3 +394,17 @@ def test_state_arrays_are_remembered_by_identity_and_replacements_are_seen():
     step(state)
     planner.forget_inputs()
     step(state)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("cp", [1, 2])
+def test_corrupted_inputs_match_the_reference_bits_and_keys(seed, cp):
+    from tests.support.vllm_cases import corrupt
+
+    rng = np.random.default_rng(100 + seed)
+    cfg, inputs = random_case(
+        rng, max_num_reqs=200, num_reqs=150, block_sizes=(4, 16), max_query=6, cp_size=cp,
+        slot_dtype=np.int32 if seed % 2 else np.int64,
+    )  # fmt: skip
+    bad = corrupt(rng, cfg, inputs, rate=0.05)
+    run_and_compare(make_planner(cfg), cfg, bad, padded=160, label=f"seed {seed}")

@@ -215,3 +215,26 @@ def new_batch(rng: np.random.Generator, cfg: VllmStepConfig, state: dict, num_re
     out = dict(state)
     out.update(idx_mapping=idx.astype(state["idx_mapping"].dtype), query_start_loc=qsl.astype(I32))
     return out
+
+
+def corrupt(rng: np.random.Generator, cfg: VllmStepConfig, inputs: dict, rate: float = 0.1) -> dict:
+    """Bad values everywhere the step checks: rows out of range, a decreasing or
+    too-large query_start_loc, negative num_computed_tokens, negative block ids,
+    num_blocks outside [0, width]. Shapes stay valid (those are host errors)."""
+    M, T = cfg.max_num_reqs, cfg.max_num_batched_tokens
+    out = {k: ([a.copy() for a in v] if isinstance(v, list) else v.copy()) for k, v in inputs.items()}
+    idx, qsl, nct = out["idx_mapping"], out["query_start_loc"], out["num_computed_tokens"]
+    n = idx.shape[0]
+    hit = rng.random(n) < rate
+    idx[hit] = rng.integers(-3, M + 3, int(hit.sum()))
+    hit = rng.random(n + 1) < rate
+    qsl[hit] = rng.integers(-2, T + 10, int(hit.sum()))
+    hit = rng.random(M) < rate
+    nct[hit] = rng.integers(-5, 0, int(hit.sum()))
+    for g in range(cfg.num_groups):
+        t, nb = out["block_tables"][g], out["num_blocks"][g]
+        hit = rng.random(t.shape) < rate
+        t[hit] = rng.integers(-3, 0, int(hit.sum()))
+        hit = rng.random(M) < rate
+        nb[hit] = rng.integers(-2, cfg.widths[g] + 3, int(hit.sum()))
+    return out

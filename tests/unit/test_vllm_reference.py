@@ -317,3 +317,23 @@ def test_request_error_key_is_the_smallest_not_the_first():
     res = vllm_step_reference(cfg, np.array([0, 7, 9], I32), np.array([0, 3, 0, 2], I32), nct, t, np.ones(4, I32))
     assert res.error_mask == E.VERR_ROW_INDEX | E.VERR_QUERY_START_LOC
     assert E.decode_vllm_error_key(res.error_key) == (0, 2, 0, E.VERR_ROW_INDEX)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 4]), st.sampled_from([np.int32, np.int64]))
+def test_corrupted_inputs_never_raise_and_stay_in_bounds(seed, cp, slot_dtype):
+    from tests.support.vllm_cases import corrupt
+
+    rng = np.random.default_rng(seed)
+    cfg, inputs = random_case(
+        rng, max_num_reqs=30, num_reqs=25, block_sizes=(4, 16), max_query=6, cp_size=cp, slot_dtype=slot_dtype
+    )
+    bad = corrupt(rng, cfg, inputs, rate=0.2)
+    res = run(cfg, bad)
+    o = res.outputs
+    T = cfg.max_num_batched_tokens
+    assert o.positions.shape == (T,) and o.slot_mappings.shape == (2, T)
+    assert ((o.slot_mappings == -1) | (o.slot_mappings >= 0)).all()
+    assert (o.seq_lens >= 0).all() and (o.dcp_local_seq_lens >= 0).all()
+    assert (o.input_block_tables[0].shape == (30, cfg.widths[0])) and (o.positions >= 0).all()
+    if res.error_mask == 0:
+        assert_same(o, loop_reference(cfg, bad))
