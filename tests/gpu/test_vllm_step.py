@@ -408,3 +408,36 @@ def test_corrupted_inputs_match_the_reference_bits_and_keys(seed, cp):
     )  # fmt: skip
     bad = corrupt(rng, cfg, inputs, rate=0.05)
     run_and_compare(make_planner(cfg), cfg, bad, padded=160, label=f"seed {seed}")
+
+
+def test_readme_snippet_on_torch_tensors():
+    """The README's vLLM example, verbatim apart from the asserts."""
+    torch = pytest.importorskip("torch")
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    dev = "cuda"
+    # vLLM's request state (rows r), persistent on the GPU
+    num_computed_tokens = torch.tensor([9, 0, 5, 0], dtype=torch.int32, device=dev)
+    block_table = torch.tensor(
+        [[1, 3, 8, -1], [0, 0, 0, 0], [7, 2, -1, -1], [0, 0, 0, 0]], dtype=torch.int32, device=dev
+    )
+    num_blocks = torch.tensor([[3, 0, 2, 0]], dtype=torch.int32, device=dev)  # [groups, rows]
+    # the engine's persistent output buffers (what its CUDA graphs read)
+    positions = torch.zeros(6, dtype=torch.int64, device=dev)
+    slot_mappings = torch.zeros((1, 6), dtype=torch.int64, device=dev)
+    planner = VllmStepPlanner(
+        max_num_reqs=4, max_num_batched_tokens=6, block_sizes=[4], widths=[4],
+        out={"positions": positions, "slot_mappings": slot_mappings},
+    )  # fmt: skip
+    # this step: batch entry 0 is row 2 (1 token), entry 1 is row 0 (2 tokens)
+    idx_mapping = torch.tensor([2, 0], dtype=torch.int32, device=dev)
+    query_start_loc = torch.tensor([0, 1, 3], dtype=torch.int32, device=dev)
+    out = planner.compute(
+        idx_mapping, query_start_loc, num_computed_tokens, [block_table], num_blocks,
+        num_reqs_padded=2, stream=torch.cuda.current_stream(),
+    )  # fmt: skip
+    planner.check()  # optional: synchronises; raises VllmAddressingError on bad values
+    assert positions.tolist() == [5, 9, 10, 0, 0, 0]
+    assert slot_mappings.tolist() == [[9, 33, 34, -1, -1, -1]]
+    assert out.seq_lens.tolist() == [6, 11, 0, 0]
+    assert out.input_block_tables[0][:2].tolist() == [[7, 2, 0, 0], [1, 3, 8, 0]]
