@@ -144,6 +144,18 @@ def test_dcp_every_rank(cp, interleave, two_groups):
             real[qsl[b] : qsl[b + 1]] = True
     assert ((slots >= 0).sum(axis=0)[real] == 1).all()
     assert ((slots >= 0).sum(axis=0)[~real] == 0).all()
+    # ... and the union equals the global mapping: token t's slot, on the rank that owns
+    # its run of I positions, is its virtual block's id times B plus its local offset.
+    pos = outs[0]["positions"]
+    table = inputs["block_tables"][0]
+    for b in range(len(idx)):
+        if idx[b] < 0:
+            continue
+        for t in range(qsl[b], qsl[b + 1]):
+            vb, vo = divmod(int(pos[t]), B * cp)
+            owner = (vo // il) % cp
+            lo = (vo // (il * cp)) * il + vo % il
+            assert slots[owner, t] == int(table[idx[b], vb]) * B + lo, (b, t)
     # Local lengths add up to seq_lens.
     total = np.sum([o["dcp_local_seq_lens"].astype(np.int64) for o in outs], axis=0)
     assert (total == outs[0]["seq_lens"]).all()
