@@ -4,107 +4,15 @@ pointer), the grids, the identity cache and the checks before any launch."""
 
 from __future__ import annotations
 
-import ctypes
-import sys
-import types
-
 import numpy as np
 import pytest
 
-from kvaddr import kernel_loader
-
-
-class _Mem:
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-
-class _Dev:
-    def __init__(self, i=0):
-        self.id = i
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class FakeArray:
-    """A NumPy array dressed as a CuPy one (its host address stands for the device pointer)."""
-
-    def __init__(self, a):
-        self.a = a
-
-    @property
-    def data(self):
-        return _Mem(self.a.ctypes.data)
-
-    shape = property(lambda self: self.a.shape)
-    strides = property(lambda self: self.a.strides)
-    itemsize = property(lambda self: self.a.itemsize)
-    dtype = property(lambda self: self.a.dtype)
-    device = property(lambda self: _Dev(0))
-    size = property(lambda self: self.a.size)
-
-    def fill(self, v):
-        self.a.fill(v)
-
-    def get(self, stream=None, out=None):
-        if out is not None:
-            out[...] = self.a
-            return out
-        return self.a.copy()
-
-    def __getitem__(self, k):
-        return FakeArray(self.a[k])
-
-
-FakeArray.__module__ = "cupy._core.core"
+from tests.support.vllm_fake_cupy import FakeArray, install
 
 
 @pytest.fixture
 def fake(monkeypatch):
-    launches = []
-
-    def launch(fptr, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
-        from kvaddr.engines.vllm import VllmStepParams
-
-        arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
-        p = VllmStepParams.from_address(arg0)
-        launches.append(dict(fn=fptr, grid=(gx, gy, gz), block=bx, stream=stream, params=_snapshot(p)))
-
-    stream = types.SimpleNamespace(ptr=1234, synchronize=lambda: None)
-    cupy = types.ModuleType("cupy")
-    cupy.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: 0),
-        Device=_Dev,
-        get_current_stream=lambda: stream,
-        driver=types.SimpleNamespace(launchKernel=launch),
-    )
-    cupy.zeros = lambda shape, dtype: FakeArray(np.zeros(shape, dtype))
-    cupy.full = lambda shape, v, dtype: FakeArray(np.full(shape, v, dtype))
-    cupy.asarray = lambda a: FakeArray(np.array(a))
-    driver_mod = types.ModuleType("cupy.cuda.driver")
-    driver_mod.launchKernel = launch
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
-    monkeypatch.setitem(sys.modules, "cupy.cuda.driver", driver_mod)
-    names = {}
-
-    def get_function(name, device_id=None):
-        return types.SimpleNamespace(ptr=names.setdefault(name, 1000 + len(names)))
-
-    monkeypatch.setattr(kernel_loader, "get_function", get_function)
-    return types.SimpleNamespace(launches=launches, names=names)
-
-
-def _snapshot(p) -> dict:
-    out = {}
-    for name, _ in type(p)._fields_:
-        v = getattr(p, name)
-        out[name] = list(v) if hasattr(v, "__len__") else v
-    return out
+    return install(monkeypatch)
 
 
 def _worked(G=1):
@@ -196,8 +104,7 @@ def test_three_launch_order_and_grids(fake):
     three = VllmThreeLaunch(4, 6, [4, 4], [4, 4])
     three.compute(*(d[k] for k in NAMES), num_reqs_padded=3)
     three.compute(*(d[k] for k in NAMES), num_reqs_padded=3)
-    order = {v: k for k, v in fake.names.items()}
-    got = [(order[L["fn"]], L["grid"][:2], L["block"]) for L in fake.launches]
+    got = [(L["name"], L["grid"][:2], L["block"]) for L in fake.launches]
     assert got[:3] == [
         ("kvaddr_vllm3_prepare", (3, 1), 128),  # num_reqs + 1 programs
         ("kvaddr_vllm3_gather", (4, 2), 128),  # rows = max(padded, previous rows = max_num_reqs at first), groups
