@@ -271,7 +271,7 @@ def vllm_step_reference(
     for g in range(G):
         B, W = config.block_sizes[g], config.widths[g]
         table, nb_all = c.block_tables[g], c.num_blocks[g].astype(np.int64)
-        if config.slot_mapping_enabled[g] and num_tokens:
+        if config.slot_mapping_enabled[g] and num_tokens and n:
             if config.sharded(g):
                 cp, il, rank = config.cp_size, config.cp_interleave, config.cp_rank
                 vbs = B * cp

@@ -170,6 +170,8 @@ def test_dummy_requests_only_and_empty_batch():
     run_and_compare(planner, cfg, inputs, padded=64)
     inputs.update(idx_mapping=inputs["idx_mapping"][:0], query_start_loc=inputs["query_start_loc"][:1])
     run_and_compare(planner, cfg, inputs, padded=0)
+    inputs.update(query_start_loc=np.array([3], np.int32))  # no request, yet 3 "tokens": all padding
+    run_and_compare(planner, cfg, inputs, padded=0)
 
 
 def test_int32_slots():

@@ -337,3 +337,11 @@ def test_corrupted_inputs_never_raise_and_stay_in_bounds(seed, cp, slot_dtype):
     assert (o.input_block_tables[0].shape == (30, cfg.widths[0])) and (o.positions >= 0).all()
     if res.error_mask == 0:
         assert_same(o, loop_reference(cfg, bad))
+
+
+def test_no_requests_but_tokens_are_all_padding():
+    cfg, inputs = worked_example()
+    inputs.update(idx_mapping=np.zeros(0, I32), query_start_loc=np.array([4], I32))
+    res = run(cfg, inputs)
+    assert res.num_tokens == 4 and res.error_mask == 0
+    assert (res.outputs.slot_mappings == -1).all() and (res.outputs.positions == 0).all()
