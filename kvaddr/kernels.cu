@@ -860,12 +860,10 @@ __device__ __forceinline__ long long vllm_row_of(const VllmStepParams& p, int b)
                        : (long long)reinterpret_cast<const int*>(p.idx_mapping)[b];
 }
 
-// The owner of token t (0 <= t, num_reqs >= 1): the guess min(t, n-1) if it holds t,
-// else the largest b in [0, n-1] with qsl[b] <= t (binary search). The reference
-// replicates this exactly (owner_search).
-__device__ __forceinline__ int vllm_owner(const int* __restrict__ qsl, int n, int t) {
-    const int g = t < n - 1 ? t : n - 1;
-    if (qsl[g] <= t && t < qsl[g + 1]) return g;
+// The owner of token t (0 <= t, num_reqs >= 1) when the guess min(t, n-1) does not
+// hold it: the largest b in [0, n-1] with qsl[b] <= t (binary search). The reference
+// replicates guess and search exactly (owner_search).
+__device__ __forceinline__ int vllm_owner_search(const int* __restrict__ qsl, int n, int t) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -885,17 +883,30 @@ __device__ __forceinline__ void vllm_store_slot(const VllmStepParams& p, int g, 
 __device__ __forceinline__ void vllm_token(const VllmStepParams& p, int t, VllmErr& err) {
     const int n = p.num_reqs;
     const int* __restrict__ qsl = p.query_start_loc;
-    int last = qsl[n];
-    const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
     bool valid = false;
     int b = 0;
     long long r = 0, pos = 0;
-    if (t < num_tokens && n > 0) {
-        b = vllm_owner(qsl, n, t);
-        const int q0 = qsl[b], q1 = qsl[b + 1];
-        if (q0 >= 0 && q0 <= t && t < q1) {
+    int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+    if (n > 0) {
+        // Issued together: the token count, and the guess b = min(t, n-1) (every token of
+        // a decode batch) with its range and its row.
+        const int last = qsl[n];
+        b = t < n - 1 ? t : n - 1;
+        int q0 = qsl[b], q1 = qsl[b + 1];
+        r = vllm_row_of(p, b);
+        const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+        if (t < num_tokens && !(q0 <= t && t < q1)) {
+            b = vllm_owner_search(qsl, n, t);
+            q0 = qsl[b];
+            q1 = qsl[b + 1];
             r = vllm_row_of(p, b);
+        }
+        if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
             if (r >= 0 && r < p.max_num_reqs) {
+                // The row's num_blocks are loaded with its num_computed_tokens (not after).
+#pragma unroll
+                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                    if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
                 const int nct = p.num_computed_tokens[r];
                 if (nct >= 0) {
                     valid = true;
@@ -928,7 +939,7 @@ __device__ __forceinline__ void vllm_token(const VllmStepParams& p, int t, VllmE
                 off = up - idx * B;
             }
             if (local) {
-                const int nb = p.num_blocks[g][r];
+                const int nb = nbs[g];
                 if ((long long)idx >= (long long)p.width[g]) {
                     err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
                 } else if ((long long)idx >= (long long)nb) {
@@ -1003,7 +1014,9 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
     p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
 }
 
-// One (group, batch row) pair, by one warp.
+// One (group, batch row) pair, by one warp. The row's validity is vllm_request's
+// (a real request with good inputs), written out so that num_blocks is loaded together
+// with num_computed_tokens rather than after it.
 __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, int g, int b, VllmErr& err) {
     const int lane = threadIdx.x & 31;
     const int W = vllm_pick(p.width, g);
@@ -1013,20 +1026,20 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, int g, 
     int nbc = 0, first = 0;
     const int* __restrict__ src = 0;
     if (b < p.num_reqs) {
-        long long r;
-        int nct, q0, q1;
-        VllmErr none;
-        none.mask = 0;
-        none.key = VLLM_NO_ERROR;
-        if (vllm_request(p, b, r, nct, q0, q1, false, none)) {
+        const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
+        const long long r = vllm_row_of(p, b);
+        if (r >= 0 && r < p.max_num_reqs) {
             const int nb = vllm_pick(p.num_blocks, g)[r];
-            if ((nb < 0 || nb > W) && lane == 0) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
-            nbc = nb < 0 ? 0 : (nb > W ? W : nb);
-            src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
-            const int reach = vllm_pick(p.sliding_window_reach, g);
-            if (reach > 0) {
-                const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
-                first = f < 0 ? 0 : (int)(f > W ? W : f);
+            const int nct = p.num_computed_tokens[r];
+            if (nct >= 0 && q0 >= 0 && q1 >= q0) {
+                if ((nb < 0 || nb > W) && lane == 0) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
+                nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+                src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
+                const int reach = vllm_pick(p.sliding_window_reach, g);
+                if (reach > 0) {
+                    const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+                    first = f < 0 ? 0 : (int)(f > W ? W : f);
+                }
             }
         }
     }
@@ -1112,6 +1125,21 @@ extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step(cons
 
 #define VLLM3_THREADS 128
 
+// vllm_request's test (a real request with good inputs) with group g's num_blocks of the
+// row loaded together with its num_computed_tokens; no error records.
+__device__ __forceinline__ bool vllm3_request(const VllmStepParams& p, int b, int g, long long& r, int& nct, int& q0,
+                                              int& q1, int& nb) {
+    q0 = p.query_start_loc[b];
+    q1 = p.query_start_loc[b + 1];
+    r = vllm_row_of(p, b);
+    nct = 0;
+    nb = 0;
+    if (r < 0 || r >= p.max_num_reqs) return false;
+    nb = vllm_pick(p.num_blocks, g)[r];
+    nct = p.num_computed_tokens[r];
+    return nct >= 0 && q0 >= 0 && q1 >= q0;
+}
+
 extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_prepare(const VllmStepParams p) {
     const int n = p.num_reqs, b = blockIdx.x;
     VllmErr none;
@@ -1152,14 +1180,10 @@ extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_gather(
     const int fill = *fill_at;
     int nbc = 0, first = 0;
     const int* __restrict__ src = 0;
-    VllmErr none;
-    none.mask = 0;
-    none.key = VLLM_NO_ERROR;
     if (b < p.num_reqs) {
         long long r;
-        int nct, q0, q1;
-        if (vllm_request(p, b, r, nct, q0, q1, false, none)) {
-            const int nb = vllm_pick(p.num_blocks, g)[r];
+        int nct, q0, q1, nb;
+        if (vllm3_request(p, b, g, r, nct, q0, q1, nb)) {
             nbc = nb < 0 ? 0 : (nb > W ? W : nb);
             src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
             const int reach = vllm_pick(p.sliding_window_reach, g);
@@ -1184,17 +1208,13 @@ extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_slots(c
             vllm_store_slot(p, g, t, -1);
         return;
     }
-    VllmErr none;
-    none.mask = 0;
-    none.key = VLLM_NO_ERROR;
     long long r;
-    int nct, q0, q1;
-    const bool good = vllm_request(p, b, r, nct, q0, q1, false, none);
+    int nct, q0, q1, nb;
+    const bool good = vllm3_request(p, b, g, r, nct, q0, q1, nb);
     const int flags = vllm_pick(p.group_flags, g);
     const unsigned int B = (unsigned int)vllm_pick(p.block_size, g);
     const int W = vllm_pick(p.width, g);
     const int* __restrict__ row = vllm_pick(p.block_table, g) + (good ? r : 0) * vllm_pick(p.table_stride, g);
-    const int nb = good ? vllm_pick(p.num_blocks, g)[r] : 0;
     const int end = q1 < p.max_tokens ? q1 : p.max_tokens;
     for (int t = (q0 < 0 ? 0 : q0) + (int)threadIdx.x; t < end; t += VLLM3_THREADS) {
         long long slot = -1;
