@@ -1043,8 +1043,21 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, int g, 
             }
         }
     }
+    // Entries [0, max(nbc, fill)): 4 loads in flight per lane before any store.
     const int end = nbc > fill ? nbc : fill;
-    for (int j = lane; j < end; j += 32) out[j] = (j < nbc && j >= first) ? src[j] : 0;
+    for (int j0 = 0; j0 < end; j0 += 4 * 32) {
+        int v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = j0 + 32 * k + lane;
+            v[k] = (j < nbc && j >= first) ? src[j] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = j0 + 32 * k + lane;
+            if (j < end) out[j] = v[k];
+        }
+    }
     __syncwarp();
     if (lane == 0) *fill_at = nbc;
 }
@@ -1193,8 +1206,21 @@ extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_gather(
             }
         }
     }
+    // As vLLM's gather: 1024 entries per iteration (8 loads in flight per thread).
     const int end = nbc > fill ? nbc : fill;
-    for (int j = (int)threadIdx.x; j < end; j += VLLM3_THREADS) out[j] = (j < nbc && j >= first) ? src[j] : 0;
+    for (int j0 = 0; j0 < end; j0 += 8 * VLLM3_THREADS) {
+        int v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int j = j0 + VLLM3_THREADS * k + (int)threadIdx.x;
+            v[k] = (j < nbc && j >= first) ? src[j] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int j = j0 + VLLM3_THREADS * k + (int)threadIdx.x;
+            if (j < end) out[j] = v[k];
+        }
+    }
     __syncthreads();
     if (threadIdx.x == 0) *fill_at = nbc;
 }
