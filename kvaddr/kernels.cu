@@ -761,7 +761,7 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
 //       over query_start_loc; positions and each group's slot; padding past num_tokens.
 //   [token_blocks, +request_blocks)         one request b < max_num_reqs per thread:
 //       seq_lens, dcp_local_seq_lens, the per-request checks.
-//   [.., gridDim.x)                         one warp per (group, batch row) pair,
+//   [.., gridDim.x)                         one half-warp per (group, batch row) pair,
 //       grid-stride over rows [0, max(num_reqs_padded, rows written by the previous
 //       launch)): copies the first num_blocks entries, zeroes what the row held
 //       before past them (row_fill, per row), zeroes padding rows.
@@ -773,6 +773,7 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
 
 #define VLLM_THREADS 256
 #define VLLM_WARPS (VLLM_THREADS / 32)
+#define VLLM_PAIR_LANES 16  // lanes per (group, row) pair of the gather role: two pairs per warp
 #define VLLM_MAX_GROUPS 4
 #define VLLM_INT_MAX 0x7fffffffLL
 #define VLLM_NO_ERROR 0xffffffffffffffffULL
@@ -1014,52 +1015,57 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
     p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
 }
 
-// One (group, batch row) pair, by one warp. The row's validity is vllm_request's
-// (a real request with good inputs), written out so that num_blocks is loaded together
-// with num_computed_tokens rather than after it.
-__device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, int g, int b, VllmErr& err) {
-    const int lane = threadIdx.x & 31;
-    const int W = vllm_pick(p.width, g);
-    int* __restrict__ out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
-    int* __restrict__ fill_at = vllm_pick(p.row_fill, g) + b;
-    const int fill = *fill_at;
-    int nbc = 0, first = 0;
+// One (group, batch row) pair, by the VLLM_PAIR_LANES lanes of a half-warp (sub = this
+// lane's index among them); an inactive half-warp (past the last pair) only reaches the
+// warp barrier. The row's validity is vllm_request's (a real request with good inputs),
+// written out so that num_blocks is loaded together with num_computed_tokens.
+__device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
+                                                VllmErr& err) {
+    int nbc = 0, first = 0, fill = 0;
+    int* __restrict__ out = 0;
+    int* __restrict__ fill_at = 0;
     const int* __restrict__ src = 0;
-    if (b < p.num_reqs) {
-        const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
-        const long long r = vllm_row_of(p, b);
-        if (r >= 0 && r < p.max_num_reqs) {
-            const int nb = vllm_pick(p.num_blocks, g)[r];
-            const int nct = p.num_computed_tokens[r];
-            if (nct >= 0 && q0 >= 0 && q1 >= q0) {
-                if ((nb < 0 || nb > W) && lane == 0) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
-                nbc = nb < 0 ? 0 : (nb > W ? W : nb);
-                src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
-                const int reach = vllm_pick(p.sliding_window_reach, g);
-                if (reach > 0) {
-                    const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
-                    first = f < 0 ? 0 : (int)(f > W ? W : f);
+    if (active) {
+        const int W = vllm_pick(p.width, g);
+        out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
+        fill_at = vllm_pick(p.row_fill, g) + b;
+        fill = *fill_at;
+        if (b < p.num_reqs) {
+            const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
+            const long long r = vllm_row_of(p, b);
+            if (r >= 0 && r < p.max_num_reqs) {
+                const int nb = vllm_pick(p.num_blocks, g)[r];
+                const int nct = p.num_computed_tokens[r];
+                if (nct >= 0 && q0 >= 0 && q1 >= q0) {
+                    if ((nb < 0 || nb > W) && sub == 0) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
+                    nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+                    src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
+                    const int reach = vllm_pick(p.sliding_window_reach, g);
+                    if (reach > 0) {
+                        const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+                        first = f < 0 ? 0 : (int)(f > W ? W : f);
+                    }
                 }
             }
         }
     }
     // Entries [0, max(nbc, fill)): 4 loads in flight per lane before any store.
     const int end = nbc > fill ? nbc : fill;
-    for (int j0 = 0; j0 < end; j0 += 4 * 32) {
+    for (int j0 = 0; j0 < end; j0 += 4 * VLLM_PAIR_LANES) {
         int v[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const int j = j0 + 32 * k + lane;
+            const int j = j0 + VLLM_PAIR_LANES * k + sub;
             v[k] = (j < nbc && j >= first) ? src[j] : 0;
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const int j = j0 + 32 * k + lane;
+            const int j = j0 + VLLM_PAIR_LANES * k + sub;
             if (j < end) out[j] = v[k];
         }
     }
-    __syncwarp();
-    if (lane == 0) *fill_at = nbc;
+    __syncwarp();  // every lane has read the row's fill before it is replaced
+    if (active && sub == 0) *fill_at = nbc;
 }
 
 __device__ __forceinline__ void vllm_flush_errors(const VllmStepParams& p, VllmErr& err) {
@@ -1093,12 +1099,18 @@ extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step(cons
         const unsigned int dirty = *(volatile unsigned int*)&p.state[0];
         int rows = p.num_reqs_padded > (int)dirty ? p.num_reqs_padded : (int)dirty;
         rows = rows > p.max_num_reqs ? p.max_num_reqs : rows;
+        // Two pairs per warp (one per half-warp); the loop runs the same number of times
+        // for both halves of a warp, so the barrier in vllm_gather_row is reached by all lanes.
         const long long pairs = (long long)p.num_groups * rows;
         const long long warps = (long long)(gridDim.x - p.token_blocks - p.request_blocks) * VLLM_WARPS;
-        for (long long k = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
-             k < pairs; k += warps) {
-            const int g = (int)(k / rows), b = (int)(k - (long long)g * rows);
-            vllm_gather_row(p, g, b, err);
+        const int half = (int)(threadIdx.x & 31) / VLLM_PAIR_LANES, sub = (int)(threadIdx.x % VLLM_PAIR_LANES);
+        for (long long w = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
+             w * 2 < pairs; w += warps) {
+            const long long k = w * 2 + half;
+            const bool active = k < pairs;
+            const int g = active ? (int)(k / rows) : 0;
+            const int b = active ? (int)(k - (long long)g * rows) : 0;
+            vllm_gather_row(p, active, g, b, sub, err);
         }
     }
     vllm_flush_errors(p, err);

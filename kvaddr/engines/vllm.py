@@ -408,7 +408,7 @@ class VllmStepPlanner:
         """Blocks of the one launch for a batch padded to ``num_reqs_padded`` rows."""
         p = self._params
         rows = max(num_reqs_padded, 1)
-        return p.token_blocks + p.request_blocks + -(-(self.config.num_groups * rows) // WARPS)
+        return p.token_blocks + p.request_blocks + -(-(self.config.num_groups * rows) // (2 * WARPS))
 
     @property
     def launches_per_step(self) -> int:

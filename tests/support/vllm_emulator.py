@@ -62,10 +62,10 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     rows = rows > p.max_num_reqs ? p.max_num_reqs : rows;
     for (int g = 0; g < p.num_groups; ++g)
         for (int b = 0; b < rows; ++b)
-            for (int lane = 31; lane >= 0; --lane) {  // lane 0 (which stores the row's fill) last
-                threadIdx.x = lane;
+            for (int sub = VLLM_PAIR_LANES - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
+                threadIdx.x = sub;
                 VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
-                vllm_gather_row(p, g, b, e);
+                vllm_gather_row(p, true, g, b, sub, e);
                 emu_merge(all, e);
             }
     p.errors[2] = all.mask;

@@ -39,7 +39,7 @@ def test_one_launch_struct_and_grid(fake):
     L = fake.launches[0]
     p = L["params"]
     assert L["fn"] == fake.names["kvaddr_vllm_step"] and L["stream"] == 77 and L["block"] == 256
-    # grid: ceil(6/256) token blocks + ceil(4/256) request blocks + ceil(2 groups * 3 rows / 8 warps)
+    # grid: ceil(6/256) token blocks + ceil(4/256) request blocks + ceil(2 groups * 3 rows / 16 half-warps)
     assert L["grid"] == (3, 1, 1) and p["token_blocks"] == 1 and p["request_blocks"] == 1
     assert p["idx_mapping"] == d["idx_mapping"].data.ptr and p["idx_is_64"] == 0
     assert p["query_start_loc"] == d["query_start_loc"].data.ptr
