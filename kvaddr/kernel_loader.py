@@ -22,6 +22,11 @@ KERNEL_NAMES = (
     "kvaddr_slots_i32",
     "kvaddr_where_pad",
     "kvaddr_empty",
+    # kvaddr/engines/vllm.py and its three-launch baseline (the vLLM section of kernels.cu)
+    "kvaddr_vllm_step",
+    "kvaddr_vllm3_prepare",
+    "kvaddr_vllm3_gather",
+    "kvaddr_vllm3_slots",
 )
 COMPILE_OPTIONS = ("-std=c++14",)
 

@@ -889,6 +889,551 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
 // An empty kernel: the launch floor.
 extern "C" __global__ void kvaddr_empty() {}
 
-// ============================================================================
+// =====================================================================
 // END OF BASELINE (MEASUREMENT) KERNELS
 // ============================================================================
+=======
+// =====================================================================================
+// ==== vLLM engine step (kvaddr/engines/vllm.py) =======================================
+// =====================================================================================
+//
+// kvaddr_vllm_step: vLLM Model Runner V2's input preparation in ONE launch:
+// positions, seq_lens (zero-padded to max_num_reqs), the slot mapping of every
+// KV-cache group (-1 from num_tokens to the end), the batch-order gathered block
+// tables (stale and padding rows zeroed, sliding-window nulling) and the DCP local
+// lengths. Semantics: docs/vllm.md and kvaddr/engines/vllm_reference.py (the oracle).
+// Self-contained: it uses nothing above this banner (helpers carry a vllm_ prefix).
+//
+// Parameters: ONE struct by value (VllmStepParams), mirrored field by field by
+// kvaddr/engines/vllm.py (ctypes, filled by name; tests/unit/test_vllm_struct.py
+// compares the layouts). Group-indexed fields are only ever indexed with
+// compile-time indices (unrolled loops, vllm_pick), so the struct stays in the
+// parameter space (no local copy, no stack frame).
+//
+// Grid (1-D, VLLM_THREADS threads a block), three roles by blockIdx.x:
+//   [0, token_blocks)                       one token per thread, every t < max_tokens:
+//       the owner request by a guess (b = t, the decode case) and a binary search
+//       over query_start_loc; positions and each group's slot; padding past num_tokens.
+//   [token_blocks, +request_blocks)         one request b < max_num_reqs per thread:
+//       seq_lens, dcp_local_seq_lens, the per-request checks.
+//   [.., gridDim.x)                         one half-warp per (group, batch row) pair,
+//       grid-stride over rows [0, max(num_reqs_padded, rows written by the previous
+//       launch)): copies the first num_blocks entries, zeroes what the row held
+//       before past them (row_fill, per row), zeroes padding rows.
+// Persistent device state makes it CUDA-graph safe with no memset: state[0] holds
+// the rows the previous launch left with data; the last block out (state[1], a
+// ticket) stores num_reqs there, publishes the error record and resets it.
+// Errors: each warp ORs its bits and min-reduces its key, then one lane updates
+// the live record with atomics (only when it saw an error).
+
+#define VLLM_THREADS 256
+#define VLLM_WARPS (VLLM_THREADS / 32)
+#define VLLM_PAIR_LANES 16  // lanes per (group, row) pair of the gather role: two pairs per warp
+#define VLLM_MAX_GROUPS 4
+#define VLLM_INT_MAX 0x7fffffffLL
+#define VLLM_NO_ERROR 0xffffffffffffffffULL
+
+// Group flags (VllmStepParams.group_flags[g]).
+#define VLLM_GROUP_SLOTS 1    // slot mapping enabled
+#define VLLM_GROUP_SHARDED 2  // DCP-sharded (cp_size > 1 and the group's dcp_sharded)
+
+// Error bits (kvaddr/engines/vllm_errors.py).
+#define VLLM_ERR_BLOCK_INDEX 1
+#define VLLM_ERR_NEGATIVE_BLOCK 2
+#define VLLM_ERR_CAPACITY 4
+#define VLLM_ERR_QUERY_START_LOC 8
+#define VLLM_ERR_PAST_NUM_BLOCKS 16
+#define VLLM_ERR_ROW_INDEX 32
+#define VLLM_ERR_NUM_BLOCKS 64
+#define VLLM_ERR_NEGATIVE_COMPUTED 128
+#define VLLM_ERR_SLOT_INT32 256
+
+struct VllmStepParams {
+    // -- inputs (8-byte fields first) --
+    const void* idx_mapping;           // [num_reqs], int32 (idx_is_64 = 0) or int64 (1): batch b -> row r; -1 = dummy
+    const int* query_start_loc;        // [num_reqs + 1], int32: request b's tokens are [qsl[b], qsl[b+1])
+    const int* num_computed_tokens;    // [>= max_num_reqs], int32, by row r
+    const int* block_table[4];         // group g: [>= max_num_reqs, width[g]], int32, row stride table_stride[g]
+    const int* num_blocks[4];          // group g: [>= max_num_reqs], int32 (num_blocks_stride apart if stacked)
+    long long table_stride[4];         // group g: elements between rows of block_table[g]
+    // -- outputs --
+    long long* positions;              // [max_tokens], int64
+    int* seq_lens;                     // [max_num_reqs], int32
+    void* slot_mappings;               // [num_groups rows, slot_stride apart][max_tokens], int64 or int32 (slot_is_32)
+    long long slot_stride;             // elements between two groups' rows of slot_mappings
+    int* gathered[4];                  // group g: [max_num_reqs, width[g]], int32, row stride gathered_stride[g]
+    long long gathered_stride[4];      // group g: elements between rows of gathered[g]
+    int* dcp_local_seq_lens;           // [max_num_reqs], int32
+    // -- persistent scratch (owned by the planner) --
+    int* row_fill[4];                  // group g: [max_num_reqs], int32: entries of gathered row b that may be non-zero
+    unsigned long long* errors;        // [4], uint64: live mask, live key, last step's mask, last step's key
+    unsigned int* state;               // [2], uint32: rows the previous launch left with data, block tickets
+    // -- sizes and settings (4-byte fields) --
+    int width[4];                      // group g: columns of block_table[g] and gathered[g] (>= 1)
+    int block_size[4];                 // group g: B (>= 1)
+    int group_flags[4];                // group g: VLLM_GROUP_SLOTS | VLLM_GROUP_SHARDED
+    int sliding_window_reach[4];       // group g: R (0: no sliding window)
+    int num_groups;                    // G, 1..4
+    int num_reqs;                      // entries of idx_mapping (<= max_num_reqs)
+    int num_reqs_padded;               // num_reqs <= . <= max_num_reqs
+    int max_num_reqs;                  // rows of the state and of every per-request output
+    int max_tokens;                    // max_num_batched_tokens, T
+    int idx_is_64;                     // idx_mapping is int64
+    int slot_is_32;                    // slot_mappings is int32 (a slot > 2^31-1: error bit, -1)
+    int cp_size;                       // DCP ranks (1: no DCP)
+    int cp_rank;                       // this rank, 0..cp_size-1
+    int cp_interleave;                 // I, divides every sharded group's B
+    int token_blocks;                  // blocks [0, token_blocks) address tokens
+    int request_blocks;                // the next request_blocks blocks write per-request outputs
+};
+
+// a[g] for a runtime g, with compile-time indices only.
+template <typename T>
+__device__ __forceinline__ T vllm_pick(const T (&a)[VLLM_MAX_GROUPS], int g) {
+    T v = a[0];
+#pragma unroll
+    for (int k = 1; k < VLLM_MAX_GROUPS; ++k) v = (g == k) ? a[k] : v;
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long vllm_key(long long token, int request, int group, int bit_index) {
+    return ((unsigned long long)token << 32) | ((unsigned long long)request << 8) |
+           ((unsigned long long)group << 5) | (unsigned long long)bit_index;
+}
+
+struct VllmErr {
+    unsigned int mask;
+    unsigned long long key;
+    __device__ __forceinline__ void add(unsigned int bit, int bit_index, long long token, int request, int group) {
+        mask |= bit;
+        const unsigned long long k = vllm_key(token, request, group, bit_index);
+        key = k < key ? k : key;
+    }
+};
+
+__device__ __forceinline__ long long vllm_row_of(const VllmStepParams& p, int b) {
+    return p.idx_is_64 ? reinterpret_cast<const long long*>(p.idx_mapping)[b]
+                       : (long long)reinterpret_cast<const int*>(p.idx_mapping)[b];
+}
+
+// The owner of token t (0 <= t, num_reqs >= 1) when the guess min(t, n-1) does not
+// hold it: the largest b in [0, n-1] with qsl[b] <= t (binary search). The reference
+// replicates guess and search exactly (owner_search).
+__device__ __forceinline__ int vllm_owner_search(const int* __restrict__ qsl, int n, int t) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (qsl[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ void vllm_store_slot(const VllmStepParams& p, int g, int t, long long slot) {
+    const long long at = (long long)g * p.slot_stride + t;
+    if (p.slot_is_32) reinterpret_cast<int*>(p.slot_mappings)[at] = (int)slot;
+    else reinterpret_cast<long long*>(p.slot_mappings)[at] = slot;
+}
+
+// One token: positions[t] and every group's slot.
+__device__ __forceinline__ void vllm_token(const VllmStepParams& p, int t, VllmErr& err) {
+    const int n = p.num_reqs;
+    const int* __restrict__ qsl = p.query_start_loc;
+    bool valid = false;
+    int b = 0;
+    long long r = 0, pos = 0;
+    int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+    if (n > 0) {
+        // Issued together: the token count, and the guess b = min(t, n-1) (every token of
+        // a decode batch) with its range and its row.
+        const int last = qsl[n];
+        b = t < n - 1 ? t : n - 1;
+        int q0 = qsl[b], q1 = qsl[b + 1];
+        r = vllm_row_of(p, b);
+        const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+        if (t < num_tokens && !(q0 <= t && t < q1)) {
+            b = vllm_owner_search(qsl, n, t);
+            q0 = qsl[b];
+            q1 = qsl[b + 1];
+            r = vllm_row_of(p, b);
+        }
+        if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
+            if (r >= 0 && r < p.max_num_reqs) {
+                // The row's num_blocks are loaded with its num_computed_tokens (not after).
+#pragma unroll
+                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                    if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
+                const int nct = p.num_computed_tokens[r];
+                if (nct >= 0) {
+                    valid = true;
+                    pos = (long long)nct + (t - q0);
+                }
+            }
+        }
+    }
+    p.positions[t] = pos;
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+        if (g >= p.num_groups) break;
+        long long slot = -1;
+        const int flags = p.group_flags[g];
+        if (valid && (flags & VLLM_GROUP_SLOTS)) {
+            // pos < 2^32 (num_computed_tokens and t are both < 2^31): 32-bit division.
+            const unsigned int up = (unsigned int)pos;
+            const unsigned int B = (unsigned int)p.block_size[g];
+            unsigned int idx, off;
+            bool local = true;
+            if (flags & VLLM_GROUP_SHARDED) {
+                const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
+                const unsigned int vbs = B * cp;  // < 2^31 (checked on the host)
+                idx = up / vbs;
+                const unsigned int vo = up - idx * vbs;
+                local = ((vo / il) % cp) == (unsigned int)p.cp_rank;
+                off = (vo / (il * cp)) * il + vo % il;
+            } else {
+                idx = up / B;
+                off = up - idx * B;
+            }
+            if (local) {
+                const int nb = nbs[g];
+                if ((long long)idx >= (long long)p.width[g]) {
+                    err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
+                } else if ((long long)idx >= (long long)nb) {
+                    err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
+                } else {
+                    const int blk = p.block_table[g][r * p.table_stride[g] + idx];
+                    if (blk < 0) {
+                        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
+                    } else {
+                        slot = (long long)blk * (long long)B + off;
+                        if (p.slot_is_32 && slot > VLLM_INT_MAX) {
+                            err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
+                            slot = -1;
+                        }
+                    }
+                }
+            }
+        }
+        vllm_store_slot(p, g, t, slot);
+    }
+}
+
+// Is batch entry b < num_reqs a real request with good inputs? Sets its row and
+// num_computed_tokens; with record, adds its per-request errors.
+__device__ __forceinline__ bool vllm_request(const VllmStepParams& p, int b, long long& r, int& nct, int& q0,
+                                             int& q1, bool record, VllmErr& err) {
+    q0 = p.query_start_loc[b];
+    q1 = p.query_start_loc[b + 1];
+    r = vllm_row_of(p, b);
+    nct = 0;
+    const long long tok = q0 < 0 ? 0 : q0;
+    bool good = true;
+    if (r == -1) good = false;
+    if (r < -1 || r >= p.max_num_reqs) {
+        good = false;
+        if (record) err.add(VLLM_ERR_ROW_INDEX, 5, tok, b, 0);
+    } else if (r >= 0) {
+        nct = p.num_computed_tokens[r];
+        if (nct < 0) {
+            good = false;
+            if (record) err.add(VLLM_ERR_NEGATIVE_COMPUTED, 7, tok, b, 0);
+        }
+    }
+    if (q0 < 0 || q1 < q0) {
+        good = false;
+        if (record) err.add(VLLM_ERR_QUERY_START_LOC, 3, tok, b, 0);
+    }
+    if (record && q1 > p.max_tokens) err.add(VLLM_ERR_CAPACITY, 2, p.max_tokens, b, 0);
+    return good;
+}
+
+__device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
+    if (p.cp_size == 1) return s;
+    const long long il = p.cp_interleave, span = il * p.cp_size;
+    long long rest = (long long)s % span - (long long)p.cp_rank * il;
+    rest = rest < 0 ? 0 : (rest > il ? il : rest);
+    return (int)(((long long)s / span) * il + rest);
+}
+
+// One batch row b < max_num_reqs: seq_lens, dcp_local_seq_lens, per-request checks.
+__device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b, VllmErr& err) {
+    int seq = 0;
+    if (b < p.num_reqs) {
+        long long r;
+        int nct, q0, q1;
+        if (vllm_request(p, b, r, nct, q0, q1, true, err)) {
+            const long long s = (long long)nct + ((long long)q1 - q0);
+            seq = (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
+        }
+    }
+    p.seq_lens[b] = seq;
+    p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
+}
+
+// One (group, batch row) pair, by the VLLM_PAIR_LANES lanes of a half-warp (sub = this
+// lane's index among them); an inactive half-warp (past the last pair) only reaches the
+// warp barrier. The row's validity is vllm_request's (a real request with good inputs),
+// written out so that num_blocks is loaded together with num_computed_tokens.
+__device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
+                                                VllmErr& err) {
+    int nbc = 0, first = 0, fill = 0;
+    int* __restrict__ out = 0;
+    int* __restrict__ fill_at = 0;
+    const int* __restrict__ src = 0;
+    if (active) {
+        const int W = vllm_pick(p.width, g);
+        out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
+        fill_at = vllm_pick(p.row_fill, g) + b;
+        fill = *fill_at;
+        if (b < p.num_reqs) {
+            const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
+            const long long r = vllm_row_of(p, b);
+            if (r >= 0 && r < p.max_num_reqs) {
+                const int nb = vllm_pick(p.num_blocks, g)[r];
+                const int nct = p.num_computed_tokens[r];
+                if (nct >= 0 && q0 >= 0 && q1 >= q0) {
+                    if ((nb < 0 || nb > W) && sub == 0) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
+                    nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+                    src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
+                    const int reach = vllm_pick(p.sliding_window_reach, g);
+                    if (reach > 0) {
+                        const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+                        first = f < 0 ? 0 : (int)(f > W ? W : f);
+                    }
+                }
+            }
+        }
+    }
+    // Entries [0, max(nbc, fill)): 4 loads in flight per lane before any store.
+    const int end = nbc > fill ? nbc : fill;
+    for (int j0 = 0; j0 < end; j0 += 4 * VLLM_PAIR_LANES) {
+        int v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = j0 + VLLM_PAIR_LANES * k + sub;
+            v[k] = (j < nbc && j >= first) ? src[j] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = j0 + VLLM_PAIR_LANES * k + sub;
+            if (j < end) out[j] = v[k];
+        }
+    }
+    __syncwarp();  // every lane has read the row's fill before it is replaced
+    if (active && sub == 0) *fill_at = nbc;
+}
+
+__device__ __forceinline__ void vllm_flush_errors(const VllmStepParams& p, VllmErr& err) {
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        err.mask |= __shfl_xor_sync(0xffffffffu, err.mask, s);
+        const unsigned long long k = __shfl_xor_sync(0xffffffffu, err.key, s);
+        err.key = k < err.key ? k : err.key;
+    }
+    if ((threadIdx.x & 31) == 0 && err.mask) {
+        atomicOr(&p.errors[0], (unsigned long long)err.mask);
+        atomicMin(&p.errors[1], err.key);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step(const VllmStepParams p) {
+    VllmErr err;
+    err.mask = 0;
+    err.key = VLLM_NO_ERROR;
+    const int blk = blockIdx.x;
+    if (blk < p.token_blocks) {
+        const int t = blk * VLLM_THREADS + (int)threadIdx.x;
+        if (t < p.max_tokens) vllm_token(p, t, err);
+    } else if (blk < p.token_blocks + p.request_blocks) {
+        const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;
+        if (b < p.max_num_reqs) vllm_request_row(p, b, err);
+    } else {
+        // Rows to visit: this step's padded batch and every row the previous launch
+        // left with data (read before this block takes its ticket; the last block
+        // writes the new count only after every block has taken one).
+        const unsigned int dirty = *(volatile unsigned int*)&p.state[0];
+        int rows = p.num_reqs_padded > (int)dirty ? p.num_reqs_padded : (int)dirty;
+        rows = rows > p.max_num_reqs ? p.max_num_reqs : rows;
+        // Two pairs per warp (one per half-warp); the loop runs the same number of times
+        // for both halves of a warp, so the barrier in vllm_gather_row is reached by all lanes.
+        const long long pairs = (long long)p.num_groups * rows;
+        const long long warps = (long long)(gridDim.x - p.token_blocks - p.request_blocks) * VLLM_WARPS;
+        const int half = (int)(threadIdx.x & 31) / VLLM_PAIR_LANES, sub = (int)(threadIdx.x % VLLM_PAIR_LANES);
+        for (long long w = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
+             w * 2 < pairs; w += warps) {
+            const long long k = w * 2 + half;
+            const bool active = k < pairs;
+            const int g = active ? (int)(k / rows) : 0;
+            const int b = active ? (int)(k - (long long)g * rows) : 0;
+            vllm_gather_row(p, active, g, b, sub, err);
+        }
+    }
+    vllm_flush_errors(p, err);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&p.state[1], 1u) == gridDim.x - 1) {
+            __threadfence();
+            const unsigned long long mask = atomicExch(&p.errors[0], 0ULL);
+            const unsigned long long key = atomicExch(&p.errors[1], VLLM_NO_ERROR);
+            p.errors[2] = mask;
+            p.errors[3] = key;
+            p.state[0] = (unsigned int)p.num_reqs;
+            p.state[1] = 0u;
+            __threadfence();
+        }
+    }
+}
+
+// =====================================================================================
+// ==== vLLM's three-launch design, re-implemented (kvaddr/strategies/vllm_three_launch.py)
+// =====================================================================================
+//
+// The baseline kvaddr_vllm_step is measured against: vLLM Model Runner V2 prepares
+// the same outputs in three launches, in this order and with these grids (kvaddr's
+// own code, written from the design, not vLLM's):
+//   1. kvaddr_vllm3_prepare   grid (num_reqs + 1): a program per request writes its
+//      positions, seq_lens and DCP local length; the last program pads seq_lens (and,
+//      for kvaddr's contract, positions past num_tokens and the DCP lengths).
+//   2. kvaddr_vllm3_gather    grid (rows, G): a program per batch row and group copies
+//      the row's first num_blocks entries (with kvaddr's stale-tail and padding-row
+//      zeroing, through the same per-row fill counts, so both designs do the same work).
+//   3. kvaddr_vllm3_slots     grid (num_reqs + 1, G): a program per request and group
+//      reads the positions launch 1 wrote and writes the slots; the last one pads -1.
+// A program is a block of VLLM3_THREADS threads. They take the same VllmStepParams;
+// no error checks (vLLM makes none), only the guards that keep reads in bounds.
+
+#define VLLM3_THREADS 128
+
+// vllm_request's test (a real request with good inputs) with group g's num_blocks of the
+// row loaded together with its num_computed_tokens; no error records.
+__device__ __forceinline__ bool vllm3_request(const VllmStepParams& p, int b, int g, long long& r, int& nct, int& q0,
+                                              int& q1, int& nb) {
+    q0 = p.query_start_loc[b];
+    q1 = p.query_start_loc[b + 1];
+    r = vllm_row_of(p, b);
+    nct = 0;
+    nb = 0;
+    if (r < 0 || r >= p.max_num_reqs) return false;
+    nb = vllm_pick(p.num_blocks, g)[r];
+    nct = p.num_computed_tokens[r];
+    return nct >= 0 && q0 >= 0 && q1 >= q0;
+}
+
+extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_prepare(const VllmStepParams p) {
+    const int n = p.num_reqs, b = blockIdx.x;
+    VllmErr none;
+    none.mask = 0;
+    none.key = VLLM_NO_ERROR;
+    if (b < n) {
+        long long r;
+        int nct, q0, q1;
+        const bool good = vllm_request(p, b, r, nct, q0, q1, false, none);
+        const int end = q1 < p.max_tokens ? q1 : p.max_tokens;
+        for (int t = (q0 < 0 ? 0 : q0) + (int)threadIdx.x; t < end; t += VLLM3_THREADS)
+            p.positions[t] = good ? (long long)nct + (t - q0) : 0;
+        if (threadIdx.x == 0) {
+            int seq = 0;
+            if (good) {
+                const long long s = (long long)nct + ((long long)q1 - q0);
+                seq = (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
+            }
+            p.seq_lens[b] = seq;
+            p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
+        }
+        return;
+    }
+    for (int k = n + (int)threadIdx.x; k < p.max_num_reqs; k += VLLM3_THREADS) {
+        p.seq_lens[k] = 0;
+        p.dcp_local_seq_lens[k] = 0;
+    }
+    const int last = p.query_start_loc[n];
+    const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+    for (int t = num_tokens + (int)threadIdx.x; t < p.max_tokens; t += VLLM3_THREADS) p.positions[t] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_gather(const VllmStepParams p) {
+    const int b = blockIdx.x, g = blockIdx.y;
+    const int W = vllm_pick(p.width, g);
+    int* __restrict__ out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
+    int* __restrict__ fill_at = vllm_pick(p.row_fill, g) + b;
+    const int fill = *fill_at;
+    int nbc = 0, first = 0;
+    const int* __restrict__ src = 0;
+    if (b < p.num_reqs) {
+        long long r;
+        int nct, q0, q1, nb;
+        if (vllm3_request(p, b, g, r, nct, q0, q1, nb)) {
+            nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+            src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
+            const int reach = vllm_pick(p.sliding_window_reach, g);
+            if (reach > 0) {
+                const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+                first = f < 0 ? 0 : (int)(f > W ? W : f);
+            }
+        }
+    }
+    // As vLLM's gather: 1024 entries per iteration (8 loads in flight per thread).
+    const int end = nbc > fill ? nbc : fill;
+    for (int j0 = 0; j0 < end; j0 += 8 * VLLM3_THREADS) {
+        int v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int j = j0 + VLLM3_THREADS * k + (int)threadIdx.x;
+            v[k] = (j < nbc && j >= first) ? src[j] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int j = j0 + VLLM3_THREADS * k + (int)threadIdx.x;
+            if (j < end) out[j] = v[k];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *fill_at = nbc;
+}
+
+extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_slots(const VllmStepParams p) {
+    const int n = p.num_reqs, b = blockIdx.x, g = blockIdx.y;
+    if (b == n) {  // the padding program
+        const int last = p.query_start_loc[n];
+        const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+        for (int t = num_tokens + (int)threadIdx.x; t < p.max_tokens; t += VLLM3_THREADS)
+            vllm_store_slot(p, g, t, -1);
+        return;
+    }
+    long long r;
+    int nct, q0, q1, nb;
+    const bool good = vllm3_request(p, b, g, r, nct, q0, q1, nb);
+    const int flags = vllm_pick(p.group_flags, g);
+    const unsigned int B = (unsigned int)vllm_pick(p.block_size, g);
+    const int W = vllm_pick(p.width, g);
+    const int* __restrict__ row = vllm_pick(p.block_table, g) + (good ? r : 0) * vllm_pick(p.table_stride, g);
+    const int end = q1 < p.max_tokens ? q1 : p.max_tokens;
+    for (int t = (q0 < 0 ? 0 : q0) + (int)threadIdx.x; t < end; t += VLLM3_THREADS) {
+        long long slot = -1;
+        if (good && (flags & VLLM_GROUP_SLOTS)) {
+            const unsigned int up = (unsigned int)p.positions[t];
+            unsigned int idx, off;
+            bool local = true;
+            if (flags & VLLM_GROUP_SHARDED) {
+                const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
+                const unsigned int vbs = B * cp;
+                idx = up / vbs;
+                const unsigned int vo = up - idx * vbs;
+                local = ((vo / il) % cp) == (unsigned int)p.cp_rank;
+                off = (vo / (il * cp)) * il + vo % il;
+            } else {
+                idx = up / B;
+                off = up - idx * B;
+            }
+            if (local && (long long)idx < (long long)W && (long long)idx < (long long)nb) {
+                const int blk = row[idx];
+                if (blk >= 0) {
+                    slot = (long long)blk * (long long)B + off;
+                    if (p.slot_is_32 && slot > VLLM_INT_MAX) slot = -1;
+                }
+            }
+        }
+        vllm_store_slot(p, g, t, slot);
+    }
+}

@@ -1,0 +1,173 @@
+"""Benchmark of the one-launch vLLM step against the core fused step and vLLM's three-launch design.
+
+Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_vllm.py [--json out.json]
+
+Graph mode (as benchmarks/bench_step.py): N copies of one call captured in one CUDA
+graph; time per copy = replay time (CUDA events, median of R replays) / N, for
+  * vllm-one    VllmStepPlanner.compute (one launch),
+  * core        StepPlanner.compute on the same batch (dec = num_computed_tokens of
+                each request's row, q = its query length, the batch-order block rows),
+  * vllm-three  VllmThreeLaunch.compute (vLLM's three launches).
+Shapes: decode batches of 64, 1024 and 4096 requests and 256 requests carrying 16k
+tokens (kvaddr.measure.vllm_workload), each with 1 group (B = 16) and 2 groups
+(B = 16 and 64). Targets (issue 13): vllm-one <= 1.3x core; vllm-three / vllm-one >= 4.
+Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
+against StepPlanner.compute on the same batch; target <= 1.2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import cupy
+import numpy as np
+
+from kvaddr import StepPlanner
+from kvaddr.engines.vllm import VllmStepPlanner
+from kvaddr.engines.vllm_reference import vllm_step_reference
+from kvaddr.measure.vllm_workload import VllmWorkload, make_batch_set, parse_shape
+from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
+
+SHAPES = ("decode:64", "decode:1024", "decode:4096", "mixed:256:16384")
+GROUPS = ((16,), (16, 64))
+NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
+
+
+def graph_time_per_copy(launch, stream, copies, replays):
+    launch()  # warm up outside capture
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(copies):
+        launch()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for _ in range(replays):
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
+    return statistics.median(samples)
+
+
+def host_time_per_call(call, stream, calls):
+    call()
+    stream.synchronize()
+    best = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        t1 = time.perf_counter()
+        stream.synchronize()
+        best.append((t1 - t0) * 1e6 / calls)
+    return statistics.median(best)
+
+
+def core_inputs(bs, x, ref):
+    """The same batch in the core step's terms (batch order)."""
+    idx, qsl = x["idx_mapping"], x["query_start_loc"]
+    n = idx.shape[0]
+    dec = np.where(idx >= 0, x["num_computed_tokens"][np.maximum(idx, 0)], 0).astype(np.int32)
+    q = np.diff(qsl).astype(np.int32)
+    tables = [cupy.asarray(np.ascontiguousarray(t[:n])) for t in ref.input_block_tables]
+    return cupy.asarray(dec), cupy.asarray(q), tables
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--copies", type=int, default=200)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--calls", type=int, default=2000, help="eager calls per host-time sample")
+    ap.add_argument("--shape", action="append", help="decode:N or mixed:N:T (repeatable)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    a = ap.parse_args(argv)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows = []
+    with stream:
+        for shape_text in a.shape or SHAPES:
+            for groups in GROUPS:
+                bs = make_batch_set(VllmWorkload(block_sizes=groups, input_sets=1), parse_shape(shape_text))
+                x = bs.inputs[0]
+                ref = vllm_step_reference(bs.config, **x, num_reqs_padded=bs.num_reqs_padded).outputs
+                d = {
+                    k: ([cupy.asarray(t) for t in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()
+                }
+                args = tuple(d[k] for k in NAMES) + (bs.num_reqs_padded,)
+                kw = dict(
+                    max_num_reqs=bs.config.max_num_reqs,
+                    max_num_batched_tokens=bs.config.max_num_batched_tokens,
+                    block_sizes=list(groups),
+                    widths=list(bs.config.widths),
+                )
+                one, three = VllmStepPlanner(**kw), VllmThreeLaunch(**kw)
+                dec, q, tables = core_inputs(bs, x, ref)
+                core = StepPlanner(
+                    max_requests=bs.num_reqs, capacity=bs.config.max_num_batched_tokens, block_sizes=list(groups)
+                )
+                stream.synchronize()
+                # correctness first: both vLLM implementations against the reference
+                for impl in (one, three):
+                    out = impl.compute(*args, stream=stream)
+                    stream.synchronize()
+                    for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+                        assert np.array_equal(getattr(out, f).get(), getattr(ref, f)), (type(impl).__name__, f)
+                    for g, t in enumerate(out.input_block_tables):
+                        assert np.array_equal(t.get(), ref.input_block_tables[g]), (type(impl).__name__, g)
+
+                def run_one():
+                    one.compute(*args, stream=stream)
+
+                def run_three():
+                    three.compute(*args, stream=stream)
+
+                def run_core():
+                    core.compute(dec, q, tables, stream=stream)
+
+                t_one = graph_time_per_copy(run_one, stream, a.copies, a.replays)
+                t_core = graph_time_per_copy(run_core, stream, a.copies, a.replays)
+                t_three = graph_time_per_copy(run_three, stream, a.copies, a.replays)
+                h_one = host_time_per_call(run_one, stream, a.calls)
+                h_core = host_time_per_call(run_core, stream, a.calls)
+                row = dict(
+                    shape=shape_text,
+                    groups=list(groups),
+                    num_reqs=bs.num_reqs,
+                    num_tokens=int(x["query_start_loc"][-1]),
+                    max_num_reqs=bs.config.max_num_reqs,
+                    widths=list(bs.config.widths),
+                    graph_us=dict(vllm_one=t_one, core=t_core, vllm_three=t_three),
+                    eager_host_us=dict(vllm_one=h_one, core=h_core),
+                    one_vs_core=t_one / t_core,
+                    three_vs_one=t_three / t_one,
+                    host_one_vs_core=h_one / h_core,
+                    targets_met=dict(
+                        one_vs_core=t_one / t_core <= 1.3,
+                        three_vs_one=t_three / t_one >= 4.0,
+                        host=h_one / h_core <= 1.2,
+                    ),
+                )
+                rows.append(row)
+                print(
+                    f"{shape_text:>16} G={len(groups)}  graph us: one {t_one:7.2f}  core {t_core:7.2f}  "
+                    f"three {t_three:7.2f}  | one/core {t_one / t_core:5.2f} (<=1.3)  three/one "
+                    f"{t_three / t_one:5.2f} (>=4)  | eager host us: one {h_one:6.2f} core {h_core:6.2f} "
+                    f"ratio {h_one / h_core:5.2f} (<=1.2)",
+                    flush=True,
+                )
+    if a.json:
+        dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        with open(a.json, "w") as fh:
+            json.dump({"device": dev.decode() if isinstance(dev, bytes) else dev, "rows": rows}, fh, indent=2)
+    return 0 if all(all(r["targets_met"].values()) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

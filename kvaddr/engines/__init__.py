@@ -1,0 +1,15 @@
+"""Engine adapters: kvaddr's one-launch step speaking another engine's contract.
+
+Library layer: modules here may import only the top-level library modules
+(``kvaddr/*.py``), never ``strategies``, ``measure``, ``traces``, ``gate``,
+``commands`` or ``cli``.
+
+Modules
+-------
+vllm            :class:`~kvaddr.engines.vllm.VllmStepPlanner`, vLLM Model Runner V2's
+                input preparation (positions, seq_lens, slot mappings, gathered
+                block tables, DCP local lengths) in one launch
+vllm_config     its configuration, output dataclass and host-side input checks
+vllm_reference  the NumPy reference of the same contract (the oracle and the CPU path)
+vllm_errors     its device error bits and :class:`VllmAddressingError`
+"""

@@ -1,0 +1,473 @@
+"""VllmStepPlanner: vLLM Model Runner V2's input preparation in one launch.
+
+One call writes ``positions``, ``seq_lens``, every group's slot mapping, the
+batch-order gathered block tables and the DCP local lengths, where vLLM launches
+three kernels (docs/vllm.md). Every output is a persistent buffer, the planner's
+or the caller's (``out=``), so an engine's captured CUDA graphs keep reading the
+same addresses; a call allocates nothing and never synchronises, and is safe
+inside ``torch.cuda.graph`` / CuPy stream capture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from kvaddr import kernel_loader
+from kvaddr.engines.vllm_config import (
+    INT32,
+    INT64,
+    VLLM_MAX_GROUPS,
+    VllmStepConfig,
+    VllmStepOutputs,
+    check_matrix,
+    check_num_reqs_padded,
+    check_vector,
+    per_group,
+)
+from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
+from kvaddr.validation import cupy_stream, describe, stream_handle
+
+__all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
+
+#: Threads per block of kvaddr_vllm_step (VLLM_THREADS in kernels.cu).
+THREADS = 256
+WARPS = THREADS // 32
+#: Threads per program of the three-launch baseline (VLLM3_THREADS).
+THREADS_3 = 128
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
+_G = VLLM_MAX_GROUPS
+_IDX_DTYPES = (INT32, INT64)
+
+
+class VllmStepParams(ctypes.Structure):
+    """Mirror of ``struct VllmStepParams`` in kernels.cu (same order, same types).
+
+    Filled by field name, never by position; ``tests/unit/test_vllm_struct.py``
+    compiles the C struct and compares every offset and the size.
+    """
+
+    _fields_ = [
+        ("idx_mapping", _P),
+        ("query_start_loc", _P),
+        ("num_computed_tokens", _P),
+        ("block_table", _P * _G),
+        ("num_blocks", _P * _G),
+        ("table_stride", _I64 * _G),
+        ("positions", _P),
+        ("seq_lens", _P),
+        ("slot_mappings", _P),
+        ("slot_stride", _I64),
+        ("gathered", _P * _G),
+        ("gathered_stride", _I64 * _G),
+        ("dcp_local_seq_lens", _P),
+        ("row_fill", _P * _G),
+        ("errors", _P),
+        ("state", _P),
+        ("width", _I32 * _G),
+        ("block_size", _I32 * _G),
+        ("group_flags", _I32 * _G),
+        ("sliding_window_reach", _I32 * _G),
+        ("num_groups", _I32),
+        ("num_reqs", _I32),
+        ("num_reqs_padded", _I32),
+        ("max_num_reqs", _I32),
+        ("max_tokens", _I32),
+        ("idx_is_64", _I32),
+        ("slot_is_32", _I32),
+        ("cp_size", _I32),
+        ("cp_rank", _I32),
+        ("cp_interleave", _I32),
+        ("token_blocks", _I32),
+        ("request_blocks", _I32),
+    ]
+
+
+GROUP_SLOTS = 1
+GROUP_SHARDED = 2
+
+
+class _Launch:
+    """A kernel launched with one struct parameter straight through ``cuLaunchKernel``."""
+
+    def __init__(self, fn, params: VllmStepParams):
+        from cupy.cuda import driver
+
+        self._launch = driver.launchKernel
+        self._fptr = int(fn.ptr)
+        self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        self._args_ptr = ctypes.addressof(self._args)
+
+    def __call__(self, gx: int, gy: int, block: int, stream: int) -> None:
+        # The driver copies the parameter block at the launch (also while capturing).
+        self._launch(self._fptr, gx, gy, 1, block, 1, 1, 0, stream, self._args_ptr, 0)
+
+
+class VllmStepPlanner:
+    """vLLM's step inputs (positions, seq_lens, slot mappings, gathered block tables,
+    DCP local lengths) in one kernel launch.
+
+    Parameters
+    ----------
+    max_num_reqs : int
+        Rows of the request state and the largest batch (``1 <= . < 2**24``).
+    max_num_batched_tokens : int
+        T, the token capacity (the length of ``positions`` and of each slot-mapping row).
+    block_sizes : sequence of int
+        B of each KV-cache group (1 to 4 groups).
+    widths : int or sequence of int
+        Columns (``max_blocks_g``) of each group's block table.
+    slot_mapping_enabled, dcp_sharded : bool or sequence of bool, default all True
+    sliding_window_reach : int or sequence of int, default all 0
+    cp_size, cp_rank, cp_interleave : int, default 1, 0, 1
+        Decode context parallelism (``cp_size = 1``: off).
+    slot_dtype : numpy dtype, default int64
+        ``np.int32`` makes int32 slot mappings (a slot that does not fit: error bit, -1).
+    out : VllmStepOutputs or dict, optional
+        Caller-owned persistent output tensors (CuPy, PyTorch or any CUDA array), any
+        subset of the fields; the planner allocates the others. Shapes and dtypes as
+        in :class:`VllmStepOutputs` (``input_block_tables``: one array per group).
+    device : int, optional
+        CUDA device ordinal (the current device by default).
+
+    Examples
+    --------
+    >>> planner = VllmStepPlanner(max_num_reqs=256, max_num_batched_tokens=8192,
+    ...                           block_sizes=[16], widths=[512])
+    >>> out = planner.compute(idx_mapping, query_start_loc, num_computed_tokens,
+    ...                       [block_table], [num_blocks], num_reqs_padded=256, stream=s)
+    >>> planner.check()  # optional: synchronises, raises VllmAddressingError on bad values
+    """
+
+    kernel_name = "kvaddr_vllm_step"
+
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_num_batched_tokens: int,
+        block_sizes,
+        widths,
+        *,
+        slot_mapping_enabled=None,
+        dcp_sharded=None,
+        sliding_window_reach=None,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        cp_interleave: int = 1,
+        slot_dtype=np.int64,
+        out=None,
+        device: int | None = None,
+    ):
+        import cupy
+
+        self.config = cfg = VllmStepConfig(
+            max_num_reqs,
+            max_num_batched_tokens,
+            block_sizes,
+            widths,
+            slot_mapping_enabled=slot_mapping_enabled,
+            dcp_sharded=dcp_sharded,
+            sliding_window_reach=sliding_window_reach,
+            cp_size=cp_size,
+            cp_rank=cp_rank,
+            cp_interleave=cp_interleave,
+            slot_dtype=slot_dtype,
+        )
+        self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
+        M, T, G = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.num_groups
+        given = self._out_fields(out)
+        p = self._params = VllmStepParams()
+        with cupy.cuda.Device(self.device):
+            self._fns = self._load_functions()
+            self.outputs = self._make_outputs(given)
+            fill = np.zeros((G, M), dtype=np.int32)
+            fill[:] = np.asarray(cfg.widths, dtype=np.int32)[:, None]  # the first call zeroes every row once
+            self._row_fill = cupy.asarray(fill)
+            self._errors = cupy.asarray(np.array([0, VLLM_NO_ERROR_KEY, 0, VLLM_NO_ERROR_KEY], dtype=np.uint64))
+            self._state = cupy.asarray(np.array([M, 0], dtype=np.uint32))
+            # Initialised on CuPy's current stream; compute() may run on any other.
+            cupy.cuda.get_current_stream().synchronize()
+        o = self._out_info
+        p.positions = o["positions"].ptr
+        p.seq_lens = o["seq_lens"].ptr
+        p.slot_mappings = o["slot_mappings"].ptr
+        p.slot_stride = o["slot_mappings"].strides[0] if G > 1 else T
+        p.dcp_local_seq_lens = o["dcp_local_seq_lens"].ptr
+        for g in range(G):
+            info = o["input_block_tables"][g]
+            p.gathered[g] = info.ptr
+            p.gathered_stride[g] = info.strides[0] if M > 1 else cfg.widths[g]
+            p.row_fill[g] = self._row_fill.data.ptr + 4 * M * g
+            p.width[g] = cfg.widths[g]
+            p.block_size[g] = cfg.block_sizes[g]
+            p.group_flags[g] = (GROUP_SLOTS if cfg.slot_mapping_enabled[g] else 0) | (
+                GROUP_SHARDED if cfg.sharded(g) else 0
+            )
+            p.sliding_window_reach[g] = cfg.sliding_window_reach[g]
+        for g in range(G, _G):
+            p.width[g] = 1
+            p.block_size[g] = 1
+        p.errors = self._errors.data.ptr
+        p.state = self._state.data.ptr
+        p.num_groups = G
+        p.max_num_reqs = M
+        p.max_tokens = T
+        p.slot_is_32 = int(cfg.slot_dtype == INT32)
+        p.cp_size, p.cp_rank, p.cp_interleave = cfg.cp_size, cfg.cp_rank, cfg.cp_interleave
+        p.token_blocks = -(-T // THREADS)
+        p.request_blocks = -(-M // THREADS)
+        self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
+        # Per-call constants: the struct's array fields (views sharing its memory), the
+        # argument names and the shape texts of the messages.
+        self._f_block_table, self._f_table_stride, self._f_num_blocks = p.block_table, p.table_stride, p.num_blocks
+        self.forget_inputs()
+        self._texts = {
+            "rows": f"(rows >= max_num_reqs = {M},)",
+            "stacked": f"({G}, rows >= {M})",
+            "table_names": [f"block_tables[{g}]" if G > 1 else "block_tables" for g in range(G)],
+            "nb_names": [f"num_blocks[{g}]" if G > 1 else "num_blocks" for g in range(G)],
+            "tables": [f"(rows >= {M}, width = {cfg.widths[g]})" for g in range(G)],
+        }
+
+    # -- construction helpers ---------------------------------------------------------
+    def _load_functions(self) -> dict:
+        fn = kernel_loader.get_function(self.kernel_name, self.device)
+        return {"step": _Launch(fn, self._params)}
+
+    @staticmethod
+    def _out_fields(out) -> dict:
+        if out is None:
+            return {}
+        if isinstance(out, VllmStepOutputs):
+            out = out.as_dict()
+        if not isinstance(out, dict):
+            raise TypeError(f"out must be a VllmStepOutputs or a dict of output arrays, got {type(out).__name__}")
+        unknown = set(out) - set(VllmStepOutputs.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"out has unknown fields {sorted(unknown)}")
+        return {k: v for k, v in out.items() if v is not None}
+
+    def _make_outputs(self, given: dict) -> VllmStepOutputs:
+        import cupy
+
+        cfg, dev = self.config, self.device
+        M, T, G = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.num_groups
+        sd = cfg.slot_dtype
+        info: dict = {}
+
+        def vec(name, dtype, n, fillv):
+            x = given.get(name)
+            if x is None:
+                x = cupy.full(n, fillv, dtype=dtype)
+            info[name] = check_vector(
+                f"out.{name}", describe(f"out.{name}", x), dtypes=(dtype,), length=n, shape_text=f"({n},)", device=dev
+            )
+            return x
+
+        positions = vec("positions", INT64, T, 0)
+        seq_lens = vec("seq_lens", INT32, M, 0)
+        dcp = vec("dcp_local_seq_lens", INT32, M, 0)
+        slots = given.get("slot_mappings")
+        if slots is None:
+            slots = cupy.full((G, T), -1, dtype=sd)
+        info["slot_mappings"] = check_matrix(
+            "out.slot_mappings",
+            describe("out.slot_mappings", slots),
+            dtypes=(sd,),
+            min_rows=G,
+            rows=G,
+            cols=T,
+            shape_text=f"({G}, {T})",
+            device=dev,
+        )
+        tables = given.get("input_block_tables")
+        if tables is None:
+            tables = [None] * G
+        tables = per_group("out.input_block_tables", tables, G, allow_stacked=False)
+        made, infos = [], []
+        for g, t in enumerate(tables):
+            W = cfg.widths[g]
+            if t is None:
+                t = cupy.zeros((M, W), dtype=np.int32)
+            name = f"out.input_block_tables[{g}]"
+            infos.append(
+                check_matrix(name, describe(name, t), min_rows=M, rows=M, cols=W, shape_text=f"({M}, {W})", device=dev)
+            )
+            made.append(t)
+        info["input_block_tables"] = infos
+        self._out_info = info
+        return VllmStepOutputs(positions, seq_lens, slots, tuple(made), dcp)
+
+    # -- per call -------------------------------------------------------------------
+    def _prepare(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded):
+        """Check the inputs and write them into the parameter block; returns (num_reqs, padded)."""
+        cfg, dev, p, tx = self.config, self.device, self._params, self._texts
+        M, G = cfg.max_num_reqs, cfg.num_groups
+        idx = check_vector(
+            "idx_mapping",
+            describe("idx_mapping", idx_mapping),
+            dtypes=_IDX_DTYPES,
+            shape_text="(num_reqs,)",
+            device=dev,
+        )
+        n = idx.shape[0]
+        if n > M:
+            raise ValueError(f"idx_mapping must have at most max_num_reqs = {M} entries, got {n}")
+        qsl = check_vector(
+            "query_start_loc",
+            describe("query_start_loc", query_start_loc),
+            length=n + 1,
+            shape_text=lambda: f"(num_reqs + 1,) = ({n + 1},)",
+            device=dev,
+        )
+        # The request state (num_computed_tokens, block tables, num_blocks) is the engine's
+        # persistent buffers: each object is checked the first time it is seen and then
+        # remembered by identity (a reference is held), so a step re-checks only
+        # idx_mapping and query_start_loc. (Changing a remembered array's shape in place,
+        # e.g. torch's resize_(), is not seen: pass a new object instead.)
+        if num_computed_tokens is not self._seen_nct:
+            p.num_computed_tokens = check_vector(
+                "num_computed_tokens",
+                describe("num_computed_tokens", num_computed_tokens),
+                min_length=M,
+                shape_text=tx["rows"],
+                device=dev,
+            ).ptr
+            self._seen_nct = num_computed_tokens
+        seen = self._seen_tables
+        tables = block_tables if type(block_tables) in (list, tuple) and len(block_tables) == G else None
+        if tables is None:
+            tables = per_group("block_tables", block_tables, G, allow_stacked=False)
+        for g in range(G):
+            t = tables[g]
+            if t is seen[g]:
+                continue
+            name = tx["table_names"][g]
+            W = cfg.widths[g]
+            info = check_matrix(name, describe(name, t), min_rows=M, cols=W, shape_text=tx["tables"][g], device=dev)
+            self._f_block_table[g] = info.ptr
+            self._f_table_stride[g] = info.strides[0] if info.shape[0] > 1 else W
+            seen[g] = t
+        if num_blocks is not self._seen_nb_obj or (
+            type(num_blocks) in (list, tuple)  # the same list: its elements may have been replaced
+            and any(a is not b for a, b in zip(num_blocks, self._seen_nb_items))
+        ):
+            self._set_num_blocks(num_blocks)
+            self._seen_nb_obj = num_blocks
+        padded = n if num_reqs_padded is None else check_num_reqs_padded(num_reqs_padded, n, M)
+        p.idx_mapping = idx.ptr
+        p.idx_is_64 = idx.dtype == INT64
+        p.query_start_loc = qsl.ptr
+        p.num_reqs = n
+        p.num_reqs_padded = padded
+        return n, padded
+
+    def _set_num_blocks(self, num_blocks) -> None:
+        cfg, dev, tx = self.config, self.device, self._texts
+        M, G = cfg.max_num_reqs, cfg.num_groups
+        nbs = per_group("num_blocks", num_blocks, G, allow_stacked=True)
+        nbp = self._f_num_blocks
+        self._seen_nb_obj = None  # until every check passed
+        if len(nbs) == 1 and (G > 1 or len(getattr(nbs[0], "shape", ())) == 2):
+            info = describe("num_blocks", nbs[0])
+            if info.dtype != INT32 or len(info.shape) != 2 or info.shape[0] != G or info.shape[1] < M:
+                raise ValueError(
+                    f"num_blocks must be int32 with shape ({G}, rows >= {M}) or a sequence of {G} arrays, "
+                    f"got dtype {info.dtype} shape {info.shape}"
+                )
+            if info.shape[1] > 1 and info.strides[1] != 1:
+                raise ValueError(f"num_blocks must have a contiguous last dim, got stride {info.strides[1]}")
+            check_vector(
+                "num_blocks",
+                info._replace(shape=(info.shape[1],), strides=(1,)),
+                min_length=M,
+                shape_text=tx["stacked"],
+                device=dev,
+            )
+            ptrs = [info.ptr + 4 * g * info.strides[0] for g in range(G)]
+        else:
+            ptrs = []
+            for g, nb in enumerate(nbs):
+                name = tx["nb_names"][g]
+                ptrs.append(check_vector(name, describe(name, nb), min_length=M, shape_text=tx["rows"], device=dev).ptr)
+        for g, ptr in enumerate(ptrs):
+            nbp[g] = ptr
+        self._seen_nb_items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
+
+    def forget_inputs(self) -> None:
+        """Drop the remembered request-state arrays (the next call checks them again)."""
+        self._seen_nct = self._seen_nb_obj = None
+        self._seen_tables = [None] * self.config.num_groups
+        self._seen_nb_items = ()
+
+    def grid(self, num_reqs_padded: int) -> int:
+        """Blocks of the one launch for a batch padded to ``num_reqs_padded`` rows."""
+        p = self._params
+        rows = max(num_reqs_padded, 1)
+        return p.token_blocks + p.request_blocks + -(-(self.config.num_groups * rows) // (2 * WARPS))
+
+    @property
+    def launches_per_step(self) -> int:
+        return 1
+
+    def compute(
+        self,
+        idx_mapping,
+        query_start_loc,
+        num_computed_tokens,
+        block_tables,
+        num_blocks,
+        num_reqs_padded: int | None = None,
+        *,
+        stream=None,
+    ) -> VllmStepOutputs:
+        """One step's inputs for vLLM in one kernel launch.
+
+        Parameters
+        ----------
+        idx_mapping : int32 or int64 [num_reqs], device array
+            Batch index b -> request-state row r; -1 marks a dummy (padding) request.
+        query_start_loc : int32 [num_reqs + 1], device array
+            Request b's tokens are ``[qsl[b], qsl[b+1])``.
+        num_computed_tokens : int32 [rows >= max_num_reqs], device array, by row
+        block_tables : sequence of G int32 [rows >= max_num_reqs, width_g] device arrays
+            (one array for one group); the last dim contiguous.
+        num_blocks : sequence of G int32 [rows >= max_num_reqs], or one int32 [G, rows]
+        num_reqs_padded : int, optional
+            The batch's graph size, ``num_reqs <= . <= max_num_reqs`` (default num_reqs):
+            gathered rows up to it (and those the previous call filled) are zeroed.
+        stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
+            Where to launch (CuPy's current stream by default).
+
+        Returns
+        -------
+        VllmStepOutputs
+            The persistent output buffers (``out=`` tensors where given).
+        """
+        _, padded = self._prepare(
+            idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
+        )
+        self._fns["step"](self.grid(padded), 1, THREADS, stream_handle(stream))
+        return self.outputs
+
+    def errors(self, stream=None) -> tuple[int, int]:
+        """Synchronise; the last step's ``(error_mask, first_bad_key)``."""
+        import cupy
+
+        handle = stream_handle(stream)
+        rec = np.empty(4, dtype=np.uint64)
+        with cupy.cuda.Device(self.device):
+            s = cupy_stream(handle)
+            self._errors.get(stream=s, out=rec)
+            s.synchronize()
+        return int(rec[2]), int(rec[3])
+
+    def check(self, stream=None) -> None:
+        """Synchronise; raise VllmAddressingError naming the first bad value."""
+        mask, key = self.errors(stream)
+        if mask:
+            raise VllmAddressingError(mask, key)

@@ -1,0 +1,435 @@
+"""``kvaddr profile --engine vllm``: the one-launch vLLM step against vLLM's three-launch design.
+
+For each batch shape (:mod:`kvaddr.measure.vllm_workload`) the run
+
+1. draws the input sets and computes each one's reference
+   (:func:`kvaddr.engines.vllm_reference.vllm_step_reference`);
+2. builds :class:`~kvaddr.engines.vllm.VllmStepPlanner` ("vllm-one-launch") and
+   :class:`~kvaddr.strategies.vllm_three_launch.VllmThreeLaunch` ("vllm-three-launch")
+   with the same configuration, runs each on every input set twice (the second time
+   after filling the outputs it must rewrite with a sentinel) and compares every
+   output element with the reference; graph mode replays each captured graph once
+   and compares again; the one-launch step's device error record must be clean;
+3. only then times both and the launch floor with the profiler's timers
+   (:class:`~kvaddr.measure.timing.GpuTimer`: graph replays of many steps per graph
+   on the GPU clock; eager launches on the host and GPU clocks).
+
+The saving per step is the three-launch median minus the one-launch median, with
+the profiler's noise rule (:func:`kvaddr.measure.report.compare_to_baseline`).
+
+GPU only: on the CPU there are no launches to save, so :func:`run_vllm_profile`
+raises :class:`VllmProfileUnavailable` (the CLI's exit 3) with a one-line reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvaddr.measure.correctness import CheckFailed
+from kvaddr.measure.report import Row, compare_to_baseline, format_us, group, ordered_measures, short_label
+from kvaddr.measure.timing import FLOOR, Budget, GpuTimer, Measurement, measurement_stream
+from kvaddr.measure.vllm_workload import DEFAULT_SHAPES, VllmBatchSet, VllmWorkload, make_batch_set, parse_shape
+
+ONE = "vllm-one-launch"
+THREE = "vllm-three-launch"
+STRATEGIES = (THREE, ONE)
+SENTINEL = 0x5A5A5A5A
+INPUT_NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
+
+
+class VllmProfileUnavailable(Exception):
+    """The engine profile cannot run here (CPU device, no CuPy, kernels do not compile): exit 3."""
+
+
+CPU_REASON = (
+    "kvaddr profile --engine vllm times GPU launches (one against three); it has no CPU path: "
+    "run it with --device cuda on a machine with a GPU"
+)
+
+
+@dataclass(frozen=True)
+class VllmProfileOptions:
+    """The engine profile's options (the CLI's ``--engine vllm`` flags).
+
+    Parameters
+    ----------
+    shapes : sequence of str
+        ``decode:N``, ``mixed:N:T`` or ``N`` (``--shape``, repeatable).
+    block_sizes : sequence of int
+        One KV-cache group per entry (``--groups 16,64``).
+    cp_size, cp_rank, cp_interleave : int
+        DCP (``--dcp SIZE[:RANK[:INTERLEAVE]]``); the first group is sharded.
+    dummy_fraction : float
+        Dummy requests added per real one (``--dummy-fraction``).
+    context : (int, int)
+        ``num_computed_tokens`` range (``--context LO:HI``).
+    sliding_window_reach : int
+        R of the last group when there are 2+ groups (``--sliding-window``).
+    input_sets, seed : int
+    """
+
+    shapes: tuple = DEFAULT_SHAPES
+    block_sizes: tuple = (16,)
+    cp_size: int = 1
+    cp_rank: int = 0
+    cp_interleave: int = 1
+    dummy_fraction: float = 0.0
+    context: tuple = (128, 2048)
+    sliding_window_reach: int = 0
+    input_sets: int = 4
+    seed: int = 0
+
+    def workload(self) -> VllmWorkload:
+        return VllmWorkload(
+            block_sizes=tuple(self.block_sizes),
+            context=tuple(self.context),
+            dummy_fraction=self.dummy_fraction,
+            cp_size=self.cp_size,
+            cp_rank=self.cp_rank,
+            cp_interleave=self.cp_interleave,
+            sliding_window_reach=self.sliding_window_reach,
+            input_sets=self.input_sets,
+            seed=self.seed,
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "engine": "vllm",
+            "shapes": list(self.shapes),
+            "block_sizes": list(self.block_sizes),
+            "cp_size": self.cp_size,
+            "cp_rank": self.cp_rank,
+            "cp_interleave": self.cp_interleave,
+            "dummy_fraction": self.dummy_fraction,
+            "context": list(self.context),
+            "sliding_window_reach": self.sliding_window_reach,
+            "input_sets": self.input_sets,
+            "seed": self.seed,
+        }
+
+
+@dataclass
+class VllmShapeResult:
+    """One shape's checks and measurements (field names as the core report's ShapeResult)."""
+
+    shape: str
+    batch: int  # idx_mapping entries
+    capacity: int  # max_num_batched_tokens
+    batch_set: VllmBatchSet
+    strategies: list = field(default_factory=lambda: list(STRATEGIES))
+    measurements: list = field(default_factory=list)
+    checks: dict = field(default_factory=dict)
+
+
+def _outputs_equal(name: str, context: str, got, want) -> None:
+    from kvaddr.engines.vllm_config import OUTPUT_FIELDS
+
+    for f in OUTPUT_FIELDS:
+        g, w = getattr(got, f), getattr(want, f)
+        pairs = (
+            [(f"{f}[{k}]", a, b) for k, (a, b) in enumerate(zip(g, w))] if f == "input_block_tables" else [(f, g, w)]
+        )
+        for what, a, b in pairs:
+            a = a.get() if hasattr(a, "get") else np.asarray(a)
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise CheckFailed(f"{name} ({context}): {what} is {a.dtype}{a.shape}, want {b.dtype}{b.shape}")
+            bad = np.argwhere(a != b)
+            if len(bad):
+                at = tuple(int(i) for i in bad[0])
+                raise CheckFailed(
+                    f"{name} ({context}) differs from the reference: {what}{list(at)} = {a[at]}, expected {b[at]}"
+                )
+
+
+def _poison(outputs) -> None:
+    # Every output a call must rewrite in full; the gathered tables are rewritten only
+    # where they may hold data (their zero rows are an invariant), so they are not poisoned.
+    for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+        getattr(outputs, f).fill(SENTINEL)
+
+
+def run_vllm_profile(
+    options: VllmProfileOptions,
+    *,
+    device: str = "cuda",
+    device_id: int = 0,
+    modes: Sequence[str] = ("graph", "eager"),
+    budget: Budget | None = None,
+    stream=None,
+    progress=None,
+) -> list:
+    """Check, then time, every shape; one :class:`VllmShapeResult` per shape.
+
+    Parameters
+    ----------
+    options : VllmProfileOptions
+    device : str
+        ``"cuda"``; ``"cpu"`` raises :class:`VllmProfileUnavailable`.
+    device_id : int
+    modes : sequence of str
+        ``"graph"`` and/or ``"eager"``.
+    budget : Budget, optional
+        Per measurement (the profiler's ``--seconds``).
+    stream : cupy Stream, optional
+        The measuring stream (default :func:`~kvaddr.measure.timing.measurement_stream`).
+    progress : object with start(label) and advance(), optional
+
+    Raises
+    ------
+    VllmProfileUnavailable
+        On the CPU, without CuPy, or when kernels.cu does not compile.
+    CheckFailed
+        When either implementation differs from the reference (before any timing).
+    """
+    if device != "cuda":
+        raise VllmProfileUnavailable(CPU_REASON)
+    try:
+        import cupy
+
+        from kvaddr import kernel_loader
+        from kvaddr.engines.vllm import VllmStepPlanner
+        from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
+
+        with cupy.cuda.Device(device_id):
+            kernel_loader.get_module(device_id)
+            empty = kernel_loader.get_function("kvaddr_empty", device_id)
+    except Exception as exc:
+        raise VllmProfileUnavailable(f"cannot run the vLLM engine profile ({type(exc).__name__}: {exc})") from exc
+    budget = budget or Budget()
+    workload = options.workload()
+    shapes = [parse_shape(s) for s in options.shapes]
+    stream = stream or measurement_stream(device_id)
+    from kvaddr.engines.vllm_reference import vllm_step_reference
+
+    prepared = []
+    with cupy.cuda.Device(device_id), stream:
+        for shape in shapes:
+            bs = make_batch_set(workload, shape)
+            refs = [vllm_step_reference(bs.config, **x, num_reqs_padded=bs.num_reqs_padded).outputs for x in bs.inputs]
+            inputs = []
+            for x in bs.inputs:
+                d = {
+                    k: ([cupy.asarray(a) for a in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()
+                }
+                inputs.append(tuple(d[k] for k in INPUT_NAMES) + (bs.num_reqs_padded,))
+            stream.synchronize()
+            kw = dict(
+                max_num_reqs=bs.config.max_num_reqs,
+                max_num_batched_tokens=bs.config.max_num_batched_tokens,
+                block_sizes=list(bs.config.block_sizes),
+                widths=list(bs.config.widths),
+                dcp_sharded=list(bs.config.dcp_sharded),
+                sliding_window_reach=list(bs.config.sliding_window_reach),
+                cp_size=bs.config.cp_size,
+                cp_rank=bs.config.cp_rank,
+                cp_interleave=bs.config.cp_interleave,
+                device=device_id,
+            )
+            impls = {THREE: VllmThreeLaunch(**kw), ONE: VllmStepPlanner(**kw)}
+            for name, impl in impls.items():
+                for i, (args, ref) in enumerate(zip(inputs, refs)):
+                    context = f"eager, {shape.name}, input set {i}"
+                    impl.compute(*args, stream=stream)
+                    stream.synchronize()
+                    _poison(impl.outputs)
+                    out = impl.compute(*args, stream=stream)
+                    stream.synchronize()
+                    _outputs_equal(name, context, out, ref)
+                mask, _ = impl.errors(stream)
+                if mask:
+                    raise CheckFailed(f"{name} ({shape.name}): the device error record is not clean (bits {mask})")
+            result = VllmShapeResult(shape.name, bs.num_reqs, bs.config.max_num_batched_tokens, bs)
+            result.checks = {
+                "status": "passed",
+                "input_sets": len(inputs),
+                "strategies": list(STRATEGIES),
+                "modes": list(modes),
+                "sentinel_refill": True,
+                "graph_replays": "graph" in modes,
+            }
+            prepared.append((result, impls, inputs, refs))
+
+        timer = GpuTimer(stream)
+
+        def floor_step(*_args):
+            empty((1,), (1,), (), 0, stream)
+
+        for result, impls, inputs, refs in prepared:
+            for mode in modes:
+                for name, impl in impls.items():
+                    if progress is not None:
+                        progress.start(f"{result.shape}: {name} ({mode})")
+
+                    def step(*args, impl=impl):
+                        return impl.compute(*args, stream=stream)
+
+                    if mode == "eager":
+                        result.measurements.extend(
+                            timer.measure_eager(name, step, inputs, budget, lambda impl=impl: impl.launches_per_step)
+                        )
+                    else:
+                        result.measurements.append(
+                            _measure_graph(timer, name, impl, step, inputs, refs, result.shape, budget)
+                        )
+                    if progress is not None:
+                        progress.advance()
+                if mode == "eager":
+                    result.measurements.extend(timer.measure_eager(FLOOR, floor_step, inputs, budget, lambda: 1))
+                else:
+                    graph, _ = timer.capture(floor_step, ())
+                    copies = timer.copies_for(graph)
+                    multi = timer.capture_copies(floor_step, [()], copies)
+                    result.measurements.append(timer.measure_graph(FLOOR, [multi], budget, 1, copies))
+                    del graph, multi
+    return [p[0] for p in prepared]
+
+
+def _measure_graph(timer, name, impl, step, inputs, refs, shape, budget) -> Measurement:
+    for i, (args, ref) in enumerate(zip(inputs, refs)):
+        graph, out = timer.capture(step, args)
+        _poison(out)
+        timer.replay(graph)
+        _outputs_equal(name, f"graph replay, {shape}, input set {i}", out, ref)
+        del graph
+    copies = timer.copies_for(timer.capture(step, inputs[0])[0])
+    copies = max(len(inputs), copies - copies % len(inputs))
+    multi = timer.capture_copies(step, inputs, copies)
+    m = timer.measure_graph(name, [multi], budget, impl.launches_per_step, copies)
+    del multi
+    return m
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def vllm_rows(section: dict) -> list:
+    """Rows of one (mode, clock) section, compared with the three-launch design."""
+    base = section.get(THREE)
+    floor = section.get(FLOOR)
+    out = []
+    for name in (THREE, ONE, FLOOR):
+        m = section.get(name)
+        if m is None:
+            continue
+        s = m.summary
+        comp = None
+        if base is not None and name != FLOOR:
+            comp = compare_to_baseline(base.summary, s, None, is_baseline=(name == THREE))
+        ratio = s.median / floor.summary.median if floor is not None and floor.summary.median > 0 else None
+        out.append(Row(m, s, comp, ratio))
+    return out
+
+
+def savings(result: VllmShapeResult) -> list:
+    """Per (mode, clock): both medians, the saving per step and the ratio three / one."""
+    out = []
+    groups = group(result.measurements)
+    for mode, clock in ordered_measures(groups):
+        sec = groups[(mode, clock)]
+        if ONE not in sec or THREE not in sec:
+            continue
+        one, three = sec[ONE].summary, sec[THREE].summary
+        c = compare_to_baseline(three, one, None)
+        out.append(
+            {
+                "mode": mode,
+                "clock": clock,
+                "three_launch_us": round(three.median, 4),
+                "one_launch_us": round(one.median, 4),
+                "saved_us": round(c.saved_us, 4),
+                "ratio": round(three.median / one.median, 4) if one.median > 0 else None,
+                "verdict": c.verdict,
+            }
+        )
+    return out
+
+
+def render_vllm(console, results: Sequence[VllmShapeResult], options: VllmProfileOptions) -> None:
+    """One table per shape (the profiler's layout), then one line of savings per section."""
+    from rich.table import Table
+
+    for r in results:
+        cfg = r.batch_set.config
+        dcp = (
+            f", DCP {cfg.cp_size} ranks (rank {cfg.cp_rank}, interleave {cfg.cp_interleave})" if cfg.cp_size > 1 else ""
+        )
+        print_title = (
+            f"vLLM {r.shape}: {r.batch} requests ({r.batch_set.num_reqs_padded} padded), {cfg.num_groups} "
+            f"group(s) (B = {', '.join(map(str, cfg.block_sizes))}){dcp}, {cfg.max_num_batched_tokens} "
+            f"tokens max; times in us per step"
+        )
+        table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
+        for i, h in enumerate(["implementation", "launches", "median", "IQR", "n", "saved", "saved %", "x floor"]):
+            table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        groups = group(r.measurements)
+        for mode, clock in ordered_measures(groups):
+            table.add_row(short_label(mode, clock, "cuda"), style="bold")
+            for row in vllm_rows(groups[(mode, clock)]):
+                m, s, c = row.measurement, row.summary, row.comparison
+                if c is None:
+                    saved, pct = "-", "-"
+                elif c.verdict == "baseline":
+                    saved, pct = "baseline", ""
+                elif c.verdict == "within noise":
+                    saved, pct = "within noise", ""
+                else:
+                    saved, pct = f"{c.saved_us:.2f}", f"{c.saved_pct:.1f}%"
+                table.add_row(
+                    m.strategy,
+                    "-" if m.launches_per_step is None else str(m.launches_per_step),
+                    f"{s.median:.2f}",
+                    f"{s.iqr:.2f}",
+                    str(s.n),
+                    saved,
+                    pct,
+                    "-" if row.floor_ratio is None else f"{row.floor_ratio:.1f}x",
+                )
+        console.print(print_title, style="italic", soft_wrap=True)
+        console.print(table)
+        for sv in savings(r):
+            verdict = {
+                "saving": f"saves {format_us(sv['saved_us'])} per step ({sv['ratio']:.2f}x less)",
+                "slower": f"costs {format_us(-sv['saved_us'])} more per step",
+            }.get(sv["verdict"], "is within noise of three launches")
+            console.print(
+                f"{short_label(sv['mode'], sv['clock'], 'cuda')}: one launch {verdict} at {r.shape}.", soft_wrap=True
+            )
+        console.print()
+
+
+def vllm_document(results: Sequence[VllmShapeResult], options: VllmProfileOptions, environment: dict) -> dict:
+    """The JSON report (the profile envelope, kind ``kvaddr.profile.vllm``)."""
+    from kvaddr.measure.report import envelope, measurement_json
+
+    shapes = []
+    for r in results:
+        groups = group(r.measurements)
+        rows = []
+        for key in ordered_measures(groups):
+            for row in vllm_rows(groups[key]):
+                d = measurement_json(row)
+                d["vs_three_launch"] = d.pop("vs_per_layer")
+                rows.append(d)
+        cfg = r.batch_set.config
+        shapes.append(
+            {
+                "shape": r.shape,
+                "batch": r.batch,
+                "num_reqs_padded": r.batch_set.num_reqs_padded,
+                "max_num_reqs": cfg.max_num_reqs,
+                "capacity": r.capacity,
+                "widths": list(cfg.widths),
+                "input_sets": [r.batch_set.stats(i) for i in range(len(r.batch_set.inputs))],
+                "correctness": r.checks,
+                "results": rows,
+                "savings": savings(r),
+            }
+        )
+    return {
+        **envelope("kvaddr.profile.vllm", options.as_dict(), environment),
+        "workload": options.workload().describe(),
+        "shapes": shapes,
+    }

@@ -1,0 +1,141 @@
+"""Run the vLLM section of kernels.cu on the CPU: its device code compiled by the host
+C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
+
+What is emulated: the device helpers of ``kvaddr_vllm_step`` (one token, one request
+row, one (group, row) pair; the source text of kernels.cu, unchanged) driven by a
+few lines of C++ that stand for the kernel's entry (roles, rows to visit, the error
+record, the last block's bookkeeping), and the three-launch kernels whole (their
+threads run in reverse order, so thread 0's end-of-block write comes last, as after
+their barrier). Not emulated: warp shuffles, atomics, memory ordering — the GPU
+tests and compute-sanitizer cover those.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from kvaddr import kernel_loader
+
+CXX = shutil.which("g++") or shutil.which("c++")
+
+PRELUDE = r"""
+#include <cstdint>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+struct EmuIdx { unsigned int x, y, z; };
+static EmuIdx threadIdx, blockIdx, gridDim;
+static inline void __syncwarp() {}
+static inline void __syncthreads() {}
+"""
+
+DRIVER = r"""
+static inline void emu_merge(VllmErr& all, const VllmErr& e) {
+    all.mask |= e.mask;
+    if (e.key < all.key) all.key = e.key;
+}
+
+extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
+    const VllmStepParams& p = *pp;
+    VllmErr all; all.mask = 0; all.key = VLLM_NO_ERROR;
+    for (int t = 0; t < p.max_tokens; ++t) {
+        threadIdx.x = t % VLLM_THREADS;
+        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
+        vllm_token(p, t, e);
+        emu_merge(all, e);
+    }
+    for (int b = 0; b < p.max_num_reqs; ++b) {
+        threadIdx.x = b % VLLM_THREADS;
+        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
+        vllm_request_row(p, b, e);
+        emu_merge(all, e);
+    }
+    const unsigned int dirty = p.state[0];
+    int rows = p.num_reqs_padded > (int)dirty ? p.num_reqs_padded : (int)dirty;
+    rows = rows > p.max_num_reqs ? p.max_num_reqs : rows;
+    for (int g = 0; g < p.num_groups; ++g)
+        for (int b = 0; b < rows; ++b)
+            for (int sub = VLLM_PAIR_LANES - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
+                threadIdx.x = sub;
+                VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
+                vllm_gather_row(p, true, g, b, sub, e);
+                emu_merge(all, e);
+            }
+    p.errors[2] = all.mask;
+    p.errors[3] = all.key;
+    p.state[0] = (unsigned int)p.num_reqs;
+    p.state[1] = 0u;
+    (void)grid;
+}
+
+typedef void (*emu_kernel)(const VllmStepParams);
+
+static void emu_grid(emu_kernel k, const VllmStepParams* pp, unsigned int gx, unsigned int gy) {
+    gridDim.x = gx; gridDim.y = gy; gridDim.z = 1;
+    for (unsigned int y = 0; y < gy; ++y)
+        for (unsigned int x = 0; x < gx; ++x) {
+            blockIdx.x = x; blockIdx.y = y; blockIdx.z = 0;
+            for (int t = VLLM3_THREADS - 1; t >= 0; --t) {
+                threadIdx.x = (unsigned int)t;
+                k(*pp);
+            }
+        }
+}
+
+extern "C" void emu_vllm3(int which, const VllmStepParams* pp, unsigned int gx, unsigned int gy) {
+    emu_grid(which == 0 ? kvaddr_vllm3_prepare : which == 1 ? kvaddr_vllm3_gather : kvaddr_vllm3_slots, pp, gx, gy);
+}
+"""
+
+
+def emulated_source() -> str:
+    """kernels.cu's vLLM sections, less the one-launch kernel's entry and its warp-level flush."""
+    src = kernel_loader.source()
+    start = src.index("// ==== vLLM engine step")
+    start = src.rindex("\n", 0, start)
+    cut0 = src.index("__device__ __forceinline__ void vllm_flush_errors")
+    three = src.index("// ==== vLLM's three-launch design")
+    cut1 = src.rindex("// =====", 0, three)
+    body = src[start:cut0] + src[cut1:]
+    # return inside a void kernel called once per emulated thread is fine as is
+    return PRELUDE + body + DRIVER
+
+
+@functools.cache
+def library():
+    """The compiled emulator (ctypes.CDLL), or None without a C++ compiler."""
+    if CXX is None:
+        return None
+    tmp = Path(tempfile.mkdtemp(prefix="kvaddr_vllm_emu_"))
+    cpp = tmp / "emu.cpp"
+    cpp.write_text(emulated_source())
+    so = tmp / "emu.so"
+    proc = subprocess.run(
+        [CXX, "-std=c++14", "-O1", "-shared", "-fPIC", "-w", "-o", str(so), str(cpp)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
+    lib = ctypes.CDLL(str(so))
+    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    return lib
+
+
+def run(name: str, params_address: int, gx: int, gy: int) -> None:
+    """Emulate one launch of kernel ``name`` with its parameter struct at ``params_address``."""
+    lib = library()
+    if name == "kvaddr_vllm_step":
+        lib.emu_vllm_step(params_address, gx)
+    else:
+        which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]
+        lib.emu_vllm3(which, params_address, gx, gy)

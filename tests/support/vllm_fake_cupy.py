@@ -1,0 +1,130 @@
+"""A minimal fake CuPy for the vLLM planner's host side on the CPU.
+
+Arrays are NumPy arrays dressed as CuPy ones (their host address stands for the
+device pointer); launches are recorded with the parameter struct they received
+and, optionally, handed to a callback (the kernel emulator)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+
+import numpy as np
+
+from kvaddr import kernel_loader
+
+
+class _Mem:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Dev:
+    def __init__(self, i=0):
+        self.id = i
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FakeArray:
+    """A NumPy array dressed as a CuPy one."""
+
+    def __init__(self, a):
+        self.a = a
+
+    @property
+    def data(self):
+        return _Mem(self.a.ctypes.data)
+
+    shape = property(lambda self: self.a.shape)
+    strides = property(lambda self: self.a.strides)
+    itemsize = property(lambda self: self.a.itemsize)
+    dtype = property(lambda self: self.a.dtype)
+    device = property(lambda self: _Dev(0))
+    size = property(lambda self: self.a.size)
+    ndim = property(lambda self: self.a.ndim)
+
+    def fill(self, v):
+        self.a.fill(v)
+
+    def get(self, stream=None, out=None):
+        if out is not None:
+            out[...] = self.a
+            return out
+        return self.a.copy()
+
+    def __getitem__(self, k):
+        return FakeArray(self.a[k])
+
+
+FakeArray.__module__ = "cupy._core.core"
+
+
+def snapshot(p) -> dict:
+    out = {}
+    for name, _ in type(p)._fields_:
+        v = getattr(p, name)
+        out[name] = list(v) if hasattr(v, "__len__") else v
+    return out
+
+
+class _Stream:
+    ptr = 1234
+
+    def synchronize(self):
+        pass
+
+    @staticmethod
+    def from_external(obj):
+        return _Stream()
+
+
+def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
+    """Install the fake; returns a namespace with ``launches`` and ``names`` (kernel name -> fake pointer)."""
+    launches = []
+    names: dict = {}
+    by_ptr: dict = {}
+
+    def launch(fptr, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        from kvaddr.engines.vllm import VllmStepParams
+
+        arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
+        p = VllmStepParams.from_address(arg0)
+        launches.append(
+            dict(fn=fptr, name=by_ptr[fptr], grid=(gx, gy, gz), block=bx, stream=stream, params=snapshot(p))
+        )
+        if on_launch is not None:
+            on_launch(by_ptr[fptr], arg0, gx, gy)
+
+    stream = _Stream()
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        Device=_Dev,
+        Stream=_Stream,
+        get_current_stream=lambda: stream,
+        driver=types.SimpleNamespace(launchKernel=launch),
+    )
+    cupy.zeros = lambda shape, dtype: FakeArray(np.zeros(shape, dtype))
+    cupy.full = lambda shape, v, dtype: FakeArray(np.full(shape, v, dtype))
+    cupy.asarray = lambda a: FakeArray(np.array(a))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
+
+    def get_function(name, device_id=None):
+        ptr = names.setdefault(name, 1000 + len(names))
+        by_ptr[ptr] = name
+        return types.SimpleNamespace(ptr=ptr)
+
+    monkeypatch.setattr(kernel_loader, "get_function", get_function)
+    return types.SimpleNamespace(launches=launches, names=names)
+
+
+def on_fake(x):
+    """Inputs (dict of NumPy arrays / lists of them) as fake device arrays."""
+    return {k: ([FakeArray(a) for a in v] if isinstance(v, list) else FakeArray(v)) for k, v in x.items()}
