@@ -1,6 +1,6 @@
 """Engine adapters: kvaddr's one-launch step speaking another engine's contract.
 
-Library layer: modules here may import only the top-level library modules
+Layer: library (engine adapters). Modules here may import only the top-level library modules
 (``kvaddr/*.py``), never ``strategies``, ``measure``, ``traces``, ``gate``,
 ``commands`` or ``cli``.
 

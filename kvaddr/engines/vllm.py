@@ -91,7 +91,7 @@ GROUP_SLOTS = 1
 GROUP_SHARDED = 2
 
 
-class _Launch:
+class StructLaunch:
     """A kernel launched with one struct parameter straight through ``cuLaunchKernel``."""
 
     def __init__(self, fn, params: VllmStepParams):
@@ -236,7 +236,7 @@ class VllmStepPlanner:
     # -- construction helpers ---------------------------------------------------------
     def _load_functions(self) -> dict:
         fn = kernel_loader.get_function(self.kernel_name, self.device)
-        return {"step": _Launch(fn, self._params)}
+        return {"step": StructLaunch(fn, self._params)}
 
     @staticmethod
     def _out_fields(out) -> dict:

@@ -15,7 +15,7 @@ For each batch shape (:mod:`kvaddr.measure.vllm_workload`) the run
    on the GPU clock; eager launches on the host and GPU clocks).
 
 The saving per step is the three-launch median minus the one-launch median, with
-the profiler's noise rule (:func:`kvaddr.measure.report.compare_to_baseline`).
+the profiler's noise rule (:func:`kvaddr.measure.report.compare_to_reference`).
 
 GPU only: on the CPU there are no launches to save, so :func:`run_vllm_profile`
 raises :class:`VllmProfileUnavailable` (the CLI's exit 3) with a one-line reason.
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvaddr.errors import EnvironmentProblem
 from kvaddr.measure.correctness import CheckFailed
-from kvaddr.measure.report import Row, compare_to_baseline, format_us, group, ordered_measures, short_label
+from kvaddr.measure.report import MeasurementRow, compare_to_reference, format_us, group, ordered_measures, short_label
 from kvaddr.measure.timing import FLOOR, Budget, GpuTimer, Measurement, measurement_stream
 from kvaddr.measure.vllm_workload import DEFAULT_SHAPES, VllmBatchSet, VllmWorkload, make_batch_set, parse_shape
 
@@ -40,7 +41,7 @@ SENTINEL = 0x5A5A5A5A
 INPUT_NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
 
 
-class VllmProfileUnavailable(Exception):
+class VllmProfileUnavailable(EnvironmentProblem):
     """The engine profile cannot run here (CPU device, no CuPy, kernels do not compile): exit 3."""
 
 
@@ -317,9 +318,9 @@ def vllm_rows(section: dict) -> list:
         s = m.summary
         comp = None
         if base is not None and name != FLOOR:
-            comp = compare_to_baseline(base.summary, s, None, is_baseline=(name == THREE))
+            comp = compare_to_reference(base.summary, s, None, is_reference=(name == THREE))
         ratio = s.median / floor.summary.median if floor is not None and floor.summary.median > 0 else None
-        out.append(Row(m, s, comp, ratio))
+        out.append(MeasurementRow(m, s, comp, ratio))
     return out
 
 
@@ -332,7 +333,7 @@ def savings(result: VllmShapeResult) -> list:
         if ONE not in sec or THREE not in sec:
             continue
         one, three = sec[ONE].summary, sec[THREE].summary
-        c = compare_to_baseline(three, one, None)
+        c = compare_to_reference(three, one, None)
         out.append(
             {
                 "mode": mode,

@@ -19,7 +19,7 @@ checks nothing (vLLM makes no checks): give it good inputs.
 from __future__ import annotations
 
 from kvaddr import kernel_loader
-from kvaddr.engines.vllm import THREADS_3, VllmStepOutputs, VllmStepPlanner, _Launch
+from kvaddr.engines.vllm import THREADS_3, StructLaunch, VllmStepOutputs, VllmStepPlanner
 from kvaddr.validation import stream_handle
 
 
@@ -30,7 +30,7 @@ class VllmThreeLaunch(VllmStepPlanner):
 
     def _load_functions(self) -> dict:
         return {
-            name: _Launch(kernel_loader.get_function(f"kvaddr_vllm3_{name}", self.device), self._params)
+            name: StructLaunch(kernel_loader.get_function(f"kvaddr_vllm3_{name}", self.device), self._params)
             for name in ("prepare", "gather", "slots")
         }
 

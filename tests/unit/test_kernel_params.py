@@ -206,7 +206,9 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
         "kvaddr_slots_i32",
         "kvaddr_where_pad",
         "kvaddr_empty",
-    }
+    } | {name for name in kernel_loader.KERNEL_NAMES if name.startswith(("kvaddr_vllm_", "kvaddr_vllm3_"))}
+    for name in ("kvaddr_vllm_step", "kvaddr_vllm3_prepare", "kvaddr_vllm3_gather", "kvaddr_vllm3_slots"):
+        assert end < where(name)  # the vLLM sections come after the core baseline section
 
 
 def test_ablate_step_source_patches_still_apply():
