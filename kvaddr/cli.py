@@ -3,9 +3,11 @@
 The commands live in :mod:`kvaddr.commands` (one module each, sharing
 :mod:`kvaddr.commands.common`); this module only builds the group and adds them.
 Data (tables, JSON) goes to stdout, status and errors to stderr. Exit status:
-0 ok, 1 a check failed (or kvaddr hit an internal error), 2 usage error,
+0 ok, 1 a check failed (or kvaddr hit an internal error), 2 usage error (an
+output path that cannot be written included, found before any work),
 3 environment problem (no GPU for ``--device cuda``, no CuPy, kernels.cu does
-not compile). User errors never print a Python traceback; set
+not compile, an output write that fails at the end), 141 stdout closed early
+(``| head``; quiet). User errors never print a Python traceback; set
 ``KVADDR_DEBUG=1`` to get one for internal errors.
 """
 

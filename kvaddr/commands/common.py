@@ -5,7 +5,9 @@ resolution, output-path checks and the progress display.
 Conventions of every command: data (tables, JSON) on stdout, status and errors on
 stderr, a progress bar only on a terminal, no Python traceback for a user's mistake
 (``KVADDR_DEBUG=1`` shows one for internal errors). Exit status (:data:`EXIT_CODES_HELP`):
-0 ok, 1 a check failed (or an internal error), 2 usage, 3 environment.
+0 ok, 1 a check failed (or an internal error), 2 usage, 3 environment, 141 a closed stdout.
+Every command's help ends with examples (:func:`examples`) and names option values by
+kind (:data:`METAVARS`); output paths are checked before the work (:func:`check_output_path`).
 
 The library and the measurement, traces and gate layers raise typed exceptions
 (:mod:`kvaddr.errors`); only :func:`guarded` turns them into exit codes.

@@ -343,18 +343,16 @@ def test_a_closed_stdout_exits_141_quietly(args):
     assert "done in" not in err  # it stopped at the first write
 
 
-def test_profile_piped_to_head_in_a_shell():
+def test_profile_piped_to_head_in_a_shell(tmp_path):
     """The issue's own pipeline. head may read everything before it exits (then no write fails and the
     status is 0), but never 1 and never a word on stderr about the pipe."""
+    err_path = tmp_path / "err.txt"
     cmd = (
-        f"{sys.executable} -m kvaddr.cli profile {' '.join(FAST_PROFILE)} 2>err.txt | head -1 >/dev/null; "
+        f"{sys.executable} -m kvaddr.cli profile {' '.join(FAST_PROFILE)} 2>'{err_path}' | head -1 >/dev/null; "
         'echo "${PIPESTATUS[0]}"'
     )
     out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=_env(), cwd=ROOT, check=False)
-    try:
-        err = (ROOT / "err.txt").read_text()
-    finally:
-        (ROOT / "err.txt").unlink(missing_ok=True)
+    err = err_path.read_text()
     assert out.stdout.strip() in ("0", "141"), (out.stdout, err)
     assert "Traceback" not in err and "Broken" not in err and "Exception ignored" not in err
 
