@@ -3,9 +3,11 @@
 The commands live in :mod:`kvaddr.commands` (one module each, sharing
 :mod:`kvaddr.commands.common`); this module only builds the group and adds them.
 Data (tables, JSON) goes to stdout, status and errors to stderr. Exit status:
-0 ok, 1 a check failed (or kvaddr hit an internal error), 2 usage error,
+0 ok, 1 a check failed (or kvaddr hit an internal error), 2 usage error (an
+output path that cannot be written included, found before any work),
 3 environment problem (no GPU for ``--device cuda``, no CuPy, kernels.cu does
-not compile). User errors never print a Python traceback; set
+not compile, an output write that fails at the end), 141 stdout closed early
+(``| head``; quiet). User errors never print a Python traceback; set
 ``KVADDR_DEBUG=1`` to get one for internal errors.
 """
 
@@ -14,7 +16,13 @@ from __future__ import annotations
 import click
 
 from kvaddr.commands import gate, profile, traces
-from kvaddr.commands.common import CONTEXT_SETTINGS, EXIT_CODES_HELP
+from kvaddr.commands.common import (
+    CONTEXT_SETTINGS,
+    EXIT_CODES_HELP,
+    examples,
+    exit_quietly_on_closed_pipe,
+    is_broken_pipe,
+)
 
 # ----------------------------------------------------------------------------- the group
 
@@ -28,7 +36,17 @@ def _print_version(ctx, _param, value):
     ctx.exit(0)
 
 
-@click.group(name="kvaddr", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@click.group(
+    name="kvaddr",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=EXIT_CODES_HELP
+    + "\n"
+    + examples(
+        "kvaddr profile --batch 64",
+        "kvaddr info",
+        "kvaddr sweep --batch 1,16,256,1024 --plot sweep.png",
+    ),
+)
 @click.option(
     "--version",
     is_flag=True,
@@ -64,9 +82,31 @@ cli.add_command(traces.profiles)
 kvaddr = cli
 
 
-def main() -> None:
-    """Console entry point (``kvaddr = kvaddr.cli:main``)."""
-    cli(prog_name="kvaddr")
+def main(args=None) -> None:
+    """Console entry point (``kvaddr = kvaddr.cli:main``).
+
+    Runs the group as click's standalone mode does (usage errors shown, exit 2;
+    Ctrl-C "Aborted!", exit 1), except for a closed stdout (``kvaddr profile |
+    head -1``): click exits 1 there, which means "a check failed"; kvaddr stops
+    quietly with 141 (128 + SIGPIPE, what a shell reports for ``yes | head``),
+    nothing on stderr (:func:`kvaddr.commands.common.exit_quietly_on_closed_pipe`).
+    """
+    import sys
+
+    try:
+        rv = cli.main(args=args, prog_name="kvaddr", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        if not is_broken_pipe(exc):
+            raise
+        exit_quietly_on_closed_pipe()
+    # Without standalone mode click returns an Exit's code (``ctx.exit(n)``, --help, --version) as rv.
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,9 @@ resolution, output-path checks and the progress display.
 Conventions of every command: data (tables, JSON) on stdout, status and errors on
 stderr, a progress bar only on a terminal, no Python traceback for a user's mistake
 (``KVADDR_DEBUG=1`` shows one for internal errors). Exit status (:data:`EXIT_CODES_HELP`):
-0 ok, 1 a check failed (or an internal error), 2 usage, 3 environment.
+0 ok, 1 a check failed (or an internal error), 2 usage, 3 environment, 141 a closed stdout.
+Every command's help ends with examples (:func:`examples`) and names option values by
+kind (:data:`METAVARS`); output paths are checked before the work (:func:`check_output_path`).
 
 The library and the measurement, traces and gate layers raise typed exceptions
 (:mod:`kvaddr.errors`); only :func:`guarded` turns them into exit codes.
@@ -13,10 +15,12 @@ The library and the measurement, traces and gate layers raise typed exceptions
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
 import os
+import stat
 import sys
 
 import click
@@ -36,16 +40,69 @@ from kvaddr.errors import (
 )
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+#: A closed stdout (``kvaddr profile | head -1``): 128 + SIGPIPE, what a shell reports for a process the
+#: signal ended; kvaddr stops quietly, printing nothing on stderr.
+EXIT_PIPE = 141
 
-EXIT_CODES_HELP = """\b
+#: The closed-pipe line every command's exit-status text ends with.
+EXIT_PIPE_HELP = "  141  stdout was closed early (| head): kvaddr stops quietly"
+
+EXIT_CODES_HELP = f"""\b
 Exit status:
-  0  ok
-  1  a check failed: a strategy's output differs from the reference
-     (or kvaddr hit an internal error)
-  2  usage error (a bad option value)
-  3  environment problem: --device cuda without a CUDA device, CuPy
-     missing, kernels.cu does not compile for this GPU
+    0  ok
+    1  a check failed: a strategy's output differs from the reference
+       (or kvaddr hit an internal error)
+    2  usage error: a bad option value, or an output PATH (--json,
+       --save, --plot) that cannot be written, found before any work
+    3  environment problem: --device cuda without a CUDA device, CuPy
+       missing, kernels.cu does not compile for this GPU, or an output
+       file whose write fails at the end (a full disk)
+{EXIT_PIPE_HELP}
 """
+
+# ----------------------------------------------------------------------------- help conventions
+
+#: Metavars of option values, by kind (tests/unit/test_help.py holds every command to them): an integer
+#: ``N``; a list of integers ``N[,N...]``; a range ``N|LO:HI``; a number with a unit its unit (``SECONDS``,
+#: ``MS``), any other number ``X``; a file ``PATH``; a choice click's ``[a|b]``.
+METAVARS = {
+    "int": "N",
+    "int_list": "N[,N...]",
+    "range": "N|LO:HI",
+    "float": ("X", "SECONDS", "MS"),
+    "path": "PATH",
+}
+
+
+def examples(*lines: str) -> str:
+    """A command's epilog: ``Examples:`` and 2-3 command lines, kept from rewrapping (``\\b``)."""
+    if not 2 <= len(lines) <= 3:
+        raise ValueError("a command's help ends with two or three examples")
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+class IntBounds(click.IntRange):
+    """``click.IntRange`` with metavar ``N``, whose help shows ``x>=LO`` instead of an upper bound that is
+    only a machine limit (``0<=x<=9223372036854775807``)."""
+
+    #: Upper bounds at or above this are not shown.
+    SHOWN_BELOW = 1 << 31
+
+    def _describe_range(self) -> str:
+        if self.max is not None and self.max >= self.SHOWN_BELOW:
+            return f"x>={self.min}" if self.min is not None else ""
+        return super()._describe_range()
+
+    def get_metavar(self, param, ctx=None):
+        return METAVARS["int"]
+
+
+class FloatBounds(click.FloatRange):
+    """``click.FloatRange`` with metavar ``X`` (an option with a unit names it instead: ``SECONDS``)."""
+
+    def get_metavar(self, param, ctx=None):
+        return METAVARS["float"][0]
+
 
 #: Exception types and the exit status each means (the first match wins; CheckFailed is handled apart).
 EXIT_FOR = (
@@ -73,11 +130,17 @@ def err_console():
 
 
 def out_console():
-    """A rich console on stdout, 240 columns wide when stdout is not a terminal."""
+    """A rich console on stdout, 240 columns wide when stdout is not a terminal; a closed stdout
+    (``| head``) ends the command quietly with :data:`EXIT_PIPE` (rich's own handler exits 1)."""
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            exit_quietly_on_closed_pipe()
+
     wide = None if sys.stdout.isatty() else 240
-    return Console(markup=False, highlight=False, width=wide)
+    return _Console(markup=False, highlight=False, width=wide)
 
 
 # ----------------------------------------------------------------------------- exits
@@ -121,6 +184,8 @@ def guarded(command_name: str):
                 err.print(f"kvaddr {command_name}: interrupted")
                 code = 130
             except Exception as exc:
+                if is_broken_pipe(exc):
+                    exit_quietly_on_closed_pipe()
                 code = exit_code_for(exc)
                 if code is not None:
                     err.print(f"kvaddr {command_name}: {exc}")
@@ -150,15 +215,101 @@ def write_json(doc: dict, json_path: str, command: str) -> None:
     err_console().print(f"kvaddr {command}: JSON report written to {json_path}")
 
 
-def check_output_path(path: str | None, option: str) -> None:
-    """Usage error unless PATH's folder exists and is writable ('-' and None pass)."""
+#: Formats ``sweep --plot`` draws, by file extension (matplotlib's own writers, no extra package needed).
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff")
+
+
+def output_path_problem(path: str, *, regular: bool = False) -> str | None:
+    """Why ``path`` cannot be written, found without changing it; None when it can.
+
+    * a new file: its folder must exist and be writable;
+    * an existing regular file: it is opened for appending and closed at once
+      (no byte written, not truncated: a run that fails later leaves it as it was);
+    * an existing character device (``/dev/null``, ``/dev/full``, a terminal): one
+      write of zero bytes, which the device answers as it would a real write
+      (``/dev/full``: "No space left on device");
+    * a FIFO (``/dev/stdout`` on a pipe): writable by permission; not opened, as
+      opening a FIFO waits for its reader.
+
+    ``regular``: only a regular file (new or existing) will do (``--save``, which reads it back).
+    """
+    if os.path.isdir(path):
+        return f"{path!r} is a folder"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return f"cannot write {path!r}: {exc.strerror or exc}"
+    if st is None:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            return f"the folder {parent!r} does not exist"
+        if not os.access(parent, os.W_OK):
+            return f"the folder {parent!r} is not writable"
+        return None
+    try:
+        if stat.S_ISREG(st.st_mode):
+            with open(path, "ab"):
+                pass
+        elif regular:
+            return f"{path!r} is not a regular file"
+        elif stat.S_ISCHR(st.st_mode):
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"")
+            finally:
+                os.close(fd)
+        elif not os.access(path, os.W_OK):
+            return f"cannot write {path!r}: permission denied"
+    except OSError as exc:
+        return f"cannot write {path!r}: {exc.strerror or exc}"
+    return None
+
+
+def check_output_path(path: str | None, option: str, *, extensions: tuple | None = None, regular: bool = False) -> None:
+    """Usage error (exit 2) naming ``option`` unless ``path`` can be written (:func:`output_path_problem`);
+    ``'-'`` and None pass. Called before any work, so a bad path costs nothing.
+
+    ``extensions``: the file name must end in one of them (``--plot``: :data:`PLOT_FORMATS`).
+    """
     if path in (None, "-"):
         return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise click.BadParameter(f"the folder {parent!r} does not exist", param_hint=f"'{option}'")
-    if not os.access(parent, os.W_OK):
-        raise click.BadParameter(f"the folder {parent!r} is not writable", param_hint=f"'{option}'")
+    hint = " / ".join(f"'{o}'" for o in option.split(" / "))
+    if extensions is not None:
+        ext = os.path.splitext(path)[1].lower().lstrip(".")
+        if ext not in extensions:
+            raise click.BadParameter(
+                f"{path!r}: the file name must end in one of {', '.join('.' + e for e in extensions)}"
+                + (f" (not .{ext})" if ext else ""),
+                param_hint=hint,
+            )
+    why = output_path_problem(path, regular=regular)
+    if why:
+        raise click.BadParameter(why, param_hint=hint)
+
+
+# ----------------------------------------------------------------------------- a closed stdout
+
+
+def is_broken_pipe(exc: BaseException) -> bool:
+    """``exc`` is a write to a pipe whose reader went away (EPIPE)."""
+    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EPIPE)
+
+
+def exit_quietly_on_closed_pipe() -> None:
+    """The reader of stdout went away (``| head``): stop now, quietly, with :data:`EXIT_PIPE`.
+
+    stdout is pointed at /dev/null first, so that Python's final flush of what is
+    still buffered neither fails nor prints "Exception ignored ... BrokenPipeError"
+    (the recipe of Python's docs, "Note on SIGPIPE").
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(EXIT_PIPE)
 
 
 # ----------------------------------------------------------------------------- device, modes, block sizes
@@ -318,12 +469,12 @@ def mode_option():
 
 def layers_option():
     return click.option(
-        "--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]"
+        "--layers", type=IntBounds(1, 4096), default=None, help="Transformer layers. [default: the model's]"
     )
 
 
 def caches_option(help_text: str = "Paged caches per layer. [default: the model's, 2]"):
-    return click.option("--caches", type=click.IntRange(1, MAX_CACHES), default=None, help=help_text)
+    return click.option("--caches", type=IntBounds(1, MAX_CACHES), default=None, help=help_text)
 
 
 def block_size_option(

@@ -14,7 +14,20 @@ import json
 
 import click
 
-from kvaddr.commands.common import EXIT_ENV, EXIT_USAGE, Abort, err_console, finite, guarded, out_console, write_json
+from kvaddr.commands.common import (
+    EXIT_ENV,
+    EXIT_PIPE_HELP,
+    EXIT_USAGE,
+    Abort,
+    FloatBounds,
+    check_output_path,
+    err_console,
+    examples,
+    finite,
+    guarded,
+    out_console,
+    write_json,
+)
 from kvaddr.commands.profile import ConsoleProgress
 from kvaddr.errors import ProfileConfigError
 from kvaddr.gate.comparison import DEFAULT_ALPHA, DEFAULT_FACTOR, RULE, fmt_p
@@ -28,15 +41,18 @@ COMPARISON_SCHEMA = 1
 #: exist on this machine).
 NOT_REPLAYED = (*RECORDED_ONLY, "device")
 
-EXIT_HELP = """\b
+EXIT_HELP = f"""\b
 Exit status:
-  0  nothing gated is slower (faster, same and ambiguous all pass)
-  1  something gated is slower (each named on stderr: run, batch size,
-     strategy, mode, clock); check: also a failed correctness check
-  2  usage error (a bad option value, a missing or invalid baseline file)
-  3  the baseline's GPU, driver or workload does not match the new run
-     (the GPU and driver may differ with --relative; any mismatch passes
-     with --allow-env-mismatch)
+    0  nothing gated is slower (faster, same and ambiguous all pass)
+    1  something gated is slower (each named on stderr: run, batch size,
+       strategy, mode, clock); check: also a failed correctness check
+    2  usage error: a bad option value, a missing or invalid baseline
+       file, an output PATH (--json, --save) that cannot be written
+    3  the baseline's GPU, driver or workload does not match the new run
+       (the GPU and driver may differ with --relative; any mismatch
+       passes with --allow-env-mismatch), or an output file whose write
+       fails at the end (a full disk)
+{EXIT_PIPE_HELP}
 """
 
 RULE_HELP = """Per run, batch size, strategy, mode (eager, graph) and clock (host,
@@ -89,7 +105,7 @@ def _compare_options(fn):
     decorators = [
         click.option(
             "--factor",
-            type=click.FloatRange(1, min_open=True),
+            type=FloatBounds(1, min_open=True),
             default=DEFAULT_FACTOR,
             show_default=True,
             callback=finite,
@@ -97,7 +113,7 @@ def _compare_options(fn):
         ),
         click.option(
             "--alpha",
-            type=click.FloatRange(0, 1, min_open=True, max_open=True),
+            type=FloatBounds(0, 1, min_open=True, max_open=True),
             default=DEFAULT_ALPHA,
             show_default=True,
             callback=finite,
@@ -116,7 +132,7 @@ def _compare_options(fn):
             show_default=True,
             metavar="auto|all|MODE:CLOCK,...",
             help="Measures whose slower verdict fails the command: auto (graph:gpu when measured, else "
-            "all), all, or a list of graph:gpu, eager:host, eager:gpu.",
+            "nothing), all, or a list of graph:gpu, eager:host, eager:gpu.",
         ),
         click.option(
             "--allow-env-mismatch",
@@ -147,12 +163,7 @@ def _gate(text: str):
 
 
 def _check_json_path(json_path):
-    from kvaddr.gate.baseline_file import check_writable
-
-    if json_path not in (None, "-"):
-        why = check_writable(json_path)
-        if why:
-            raise click.BadParameter(why, param_hint="'--json'")
+    check_output_path(json_path, "--json")
 
 
 def _load(path: str):
@@ -364,7 +375,14 @@ def finish(
 # ----------------------------------------------------------------------------- compare
 
 
-@click.command("compare", help=COMPARE_HELP)
+@click.command(
+    "compare",
+    help=COMPARE_HELP,
+    epilog=examples(
+        "kvaddr compare base.json new.json",
+        "kvaddr compare base.json new.json --relative --gate all --json -",
+    ),
+)
 @click.argument("base_path", metavar="BASE")
 @click.argument("new_path", metavar="NEW")
 @_compare_options
@@ -466,17 +484,24 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     return out
 
 
-@click.command("check", help=CHECK_HELP)
+@click.command(
+    "check",
+    help=CHECK_HELP,
+    epilog=examples(
+        "kvaddr check --baseline profiles/baselines/h200.json",
+        "kvaddr check --baseline base.json --budget 0.5 --save new.json --json verdicts.json",
+    ),
+)
 @click.option(
     "--baseline",
     "baseline_path",
     required=True,
-    metavar="FILE",
+    metavar="PATH",
     help="A baseline file (kvaddr profile --save) or a kvaddr profile --json report.",
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(0, 600),
+    type=FloatBounds(0, 600),
     default=None,
     metavar="SECONDS",
     callback=finite,
@@ -487,19 +512,18 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     "save_path",
     type=click.Path(dir_okay=False),
     default=None,
-    metavar="FILE",
-    help="Also save the new runs as a baseline to FILE (as kvaddr profile --save does).",
+    metavar="PATH",
+    help="Also save the new runs as a baseline to PATH (as kvaddr profile --save does).",
 )
 @_compare_options
 @guarded("check")
 def check(baseline_path, budget, save_path, factor, alpha, relative, gate_text, allow_env_mismatch, json_path):
-    from kvaddr.gate.baseline_file import Baseline, check_writable, run_labels, save_runs
+    from kvaddr.gate.baseline_file import Baseline, run_labels, save_runs
     from kvaddr.gate.comparison import Outcome, compare_baselines
 
     gate = _gate(gate_text)
     _check_json_path(json_path)
-    if save_path is not None and check_writable(save_path):
-        raise click.BadParameter(check_writable(save_path), param_hint="'--save'")
+    check_output_path(save_path, "--save", regular=True)
     base = _load(baseline_path)
     err = err_console()
     finish_kw = dict(

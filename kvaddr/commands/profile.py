@@ -16,6 +16,8 @@ import click
 from kvaddr.commands.common import (
     EXIT_CODES_HELP,
     EXIT_ENV,
+    FloatBounds,
+    IntBounds,
     IntList,
     IntRangeSpec,
     PrefillSpec,
@@ -24,6 +26,7 @@ from kvaddr.commands.common import (
     check_output_path,
     device_option,
     err_console,
+    examples,
     finite,
     guarded,
     json_option,
@@ -165,12 +168,22 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     if save_path is not None:
         from kvaddr.gate.baseline_file import save_target_problem
 
+        check_output_path(save_path, option, regular=True)
+
         problem = save_target_problem(save_path)
         if problem:
             raise click.BadParameter(problem, param_hint=f"'{option}'")
 
 
-@click.command("profile", help=PROFILE_HELP, epilog=None)
+@click.command(
+    "profile",
+    help=PROFILE_HELP,
+    epilog=examples(
+        "kvaddr profile --batch 64",
+        "kvaddr profile --batch 1,8,64,256 --spec-tokens 1 --step-ms 12",
+        "kvaddr profile --model glm-5 --prefill 2:512 --json report.json --save base.json",
+    ),
+)
 @click.option(
     "--batch",
     "batches",
@@ -188,11 +201,10 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
 )
 @click.option(
     "--spec-tokens",
-    type=click.IntRange(0, 64),
+    type=IntBounds(0, 64),
     default=0,
     show_default=True,
-    metavar="K",
-    help="Speculative (MTP) tokens per decode request: each runs 1 + K tokens.",
+    help="Speculative (MTP) tokens per decode request: each runs 1 + N tokens.",
 )
 @click.option(
     "--prefill",
@@ -213,7 +225,7 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
 @mode_option()
 @click.option(
     "--step-ms",
-    type=click.FloatRange(0, min_open=True),
+    type=FloatBounds(0, min_open=True),
     default=None,
     metavar="MS",
     callback=finite,
@@ -225,17 +237,17 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     "save_path",
     type=click.Path(dir_okay=False),
     default=None,
-    metavar="FILE",
+    metavar="PATH",
     help="Also save the run, every raw sample included, as a baseline for kvaddr compare / check; a run "
-    "of the same workload in FILE is replaced, another added (docs/baseline-format.md).",
+    "of the same workload in PATH is replaced, another added (docs/baseline-format.md).",
 )
 @device_option()
 @click.option(
-    "--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the generated batches."
+    "--seed", type=IntBounds(0, 2**63 - 1), default=0, show_default=True, help="Seed of the generated batches."
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(0, 600),
+    type=FloatBounds(0, 600),
     default=1.0,
     show_default=True,
     metavar="SECONDS",
@@ -244,7 +256,7 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
 )
 @click.option(
     "--input-sets",
-    type=click.IntRange(1, 64),
+    type=IntBounds(1, 64),
     default=4,
     show_default=True,
     help="Distinct batches per batch size, rotated while timing.",
@@ -270,11 +282,12 @@ this GPU, and CuPy's kernel cache folder.
 \b
 Exit status: 0 when the report was printed, with or without CuPy or a GPU
 (it is informational); 3 when a GPU is present but kernels.cu does not
-compile for it (the NVRTC log goes to stderr).
+compile for it (the NVRTC log goes to stderr); 141 stdout was closed early
+(| head): kvaddr stops quietly.
 """
 
 
-@click.command("info", help=INFO_HELP)
+@click.command("info", help=INFO_HELP, epilog=examples("kvaddr info", "kvaddr info --json"))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")
 @guarded("info")
 def info(as_json):

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import sys
 import time
 
 import click
@@ -23,15 +21,22 @@ from kvaddr.commands.common import (
     EXIT_CHECK,
     EXIT_CODES_HELP,
     EXIT_ENV,
+    EXIT_PIPE_HELP,
     EXIT_USAGE,
+    PLOT_FORMATS,
     Abort,
+    FloatBounds,
+    IntBounds,
     IntList,
     bar_progress,
     check_output_path,
     device_option,
     err_console,
+    examples,
+    exit_quietly_on_closed_pipe,
     finite,
     guarded,
+    is_broken_pipe,
     json_option,
     mode_option,
     out_console,
@@ -42,6 +47,7 @@ from kvaddr.commands.common import (
     write_json,
 )
 from kvaddr.constants import MAX_CACHES
+from kvaddr.errors import BaselineError
 from kvaddr.measure.profile_run import ProfileConfig
 from kvaddr.measure.workload import DEFAULT_MODEL, PRESETS
 
@@ -72,7 +78,7 @@ class DistributionType(click.ParamType):
 # ----------------------------------------------------------------------------- trace generate
 
 
-GENERATE_HELP = """Simulate a serving run and write it as a trace (JSON Lines, one line per step).
+GENERATE_HELP = f"""Simulate a serving run and write it as a trace (JSON Lines, one line per step).
 
 Reproducible by --seed: the same options give the same file, byte for byte.
 Each engine step, a Poisson number of requests arrive (mean --arrival-rate
@@ -97,6 +103,15 @@ Length distributions (DIST):
 
 The trace goes to stdout unless -o names a file (.gz: gzip-compressed); a
 summary of the run goes to stderr.
+
+\b
+Exit status:
+    0  the trace was written
+    1  kvaddr hit an internal error
+    2  usage error: a bad option value, or an -o PATH that cannot be
+       written (found before the run)
+    3  the trace could not be written to its end (a full disk)
+{EXIT_PIPE_HELP}
 """
 
 
@@ -139,7 +154,7 @@ def _generate(
         raise click.BadParameter(
             f"{kv_tokens} tokens do not hold one block of {too_small[0]}", param_hint="'--kv-tokens'"
         )
-    check_output_path(output, "--output")
+    check_output_path(output, "-o / --output")
     config = GeneratorConfig(
         steps=steps,
         warmup_steps=warmup_steps,
@@ -165,12 +180,9 @@ def _generate(
                 stats = write_trace(config, output, lambda n: bar.update(task, completed=n))
         else:
             stats = write_trace(config, output)
-    except BrokenPipeError:
-        # The reader of stdout went away (e.g. `| head`): not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise SystemExit(0) from None
     except OSError as exc:
+        if is_broken_pipe(exc):  # the reader of stdout went away (`| head`): quietly, 141
+            exit_quietly_on_closed_pipe()
         raise Abort(EXIT_ENV, f"cannot write the trace {output!r}: {exc.strerror or exc}") from exc
     d = stats.as_dict()
     where = "stdout" if output == "-" else output
@@ -404,6 +416,8 @@ def _replay(
 # ----------------------------------------------------------------------------- sweep
 
 
+_PLOT_EXTENSIONS = ", ".join("." + e for e in PLOT_FORMATS)
+
 SWEEP_HELP = f"""Profile a list of batch sizes and chart what each strategy saves per step.
 
 Runs `kvaddr profile` over --batch (default {SWEEP_BATCHES}; every option of
@@ -411,9 +425,18 @@ Runs `kvaddr profile` over --batch (default {SWEEP_BATCHES}; every option of
 terminal chart of the time saved per step against the per-layer baseline
 (difference of medians), against batch size, one bar per strategy: eager
 mode (host wall time) and graph mode (GPU time). --plot also draws it as an
-image with matplotlib (an optional extra: pip install 'kvaddr[plot]').
---from REPORT.json charts an existing `kvaddr profile --json` report
-instead of profiling.
+image with matplotlib (an optional extra: pip install 'kvaddr[plot]'; without
+it --plot exits 3 before profiling; the format follows the file's extension:
+{_PLOT_EXTENSIONS}).
+
+--from PATH charts a recorded run instead of profiling: a `kvaddr profile
+--json` report, or a baseline file (`kvaddr profile --save`, as `kvaddr
+compare` and `check` read). A baseline holding several runs needs --run LABEL
+(the labels `kvaddr compare` prints: the --profile name or the model).
+
+Output paths (--json, --plot, --save) are checked before profiling: a
+file that cannot be written, or a --plot name without a known extension,
+exits 2 naming the option.
 """
 
 #: Options of `kvaddr profile` that sweep does not take (it has its own --json).
@@ -438,8 +461,9 @@ def _sweep_params(profile_command) -> list:
             ["--plot", "plot_path"],
             type=click.Path(dir_okay=False),
             default=None,
-            metavar="FILE.png",
-            help="Also draw the chart to FILE (PNG; needs matplotlib: pip install 'kvaddr[plot]').",
+            metavar="PATH",
+            help="Also draw the chart to PATH, a .png, .pdf or .svg file (or another extension listed above; "
+            "needs matplotlib: pip install 'kvaddr[plot]').",
         ),
         click.Option(
             ["--json", "sweep_json_path"],
@@ -452,8 +476,16 @@ def _sweep_params(profile_command) -> list:
             ["--from", "from_path"],
             type=click.Path(dir_okay=False, exists=True),
             default=None,
-            metavar="REPORT.json",
-            help="Chart an existing kvaddr profile JSON report; profile nothing.",
+            metavar="PATH",
+            help="Chart a recorded run, from a kvaddr profile --json report or a baseline file "
+            "(kvaddr profile --save); profile nothing.",
+        ),
+        click.Option(
+            ["--run", "run_label"],
+            default=None,
+            metavar="LABEL",
+            help="With --from: the run of a baseline holding several (its --profile name or model, as "
+            "kvaddr compare labels it). [default: the only run]",
         ),
         click.Option(
             ["--chart/--no-chart", "chart"], default=True, show_default=True, help="Print the terminal chart."
@@ -462,26 +494,41 @@ def _sweep_params(profile_command) -> list:
     return params
 
 
-def _load_report(path: str) -> dict:
+def _load_run(path: str, run_label: str | None) -> dict:
+    """The profile report ``sweep --from PATH`` charts: the report itself, or one run of a baseline file.
+
+    A baseline of one run gives that run; of several, the one ``--run`` names (its label as
+    ``kvaddr compare`` prints it), else a usage error listing the labels.
+    """
+    from kvaddr.gate.baseline_file import load
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise click.BadParameter(f"cannot read a JSON report from {path!r}: {exc}", param_hint="'--from'") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "kvaddr.profile" or not isinstance(doc.get("shapes"), list):
+        baseline = load(path)
+    except BaselineError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--from'") from None
+    labels = list(baseline.labels)
+    if run_label is not None:
+        if run_label not in labels:
+            raise click.BadParameter(
+                f"{path!r} holds no run {run_label!r} (its runs: {', '.join(labels)})", param_hint="'--run'"
+            )
+        return baseline.runs[labels.index(run_label)]
+    if len(labels) > 1:
         raise click.BadParameter(
-            f"{path!r} is not a kvaddr profile JSON report (kind 'kvaddr.profile')", param_hint="'--from'"
+            f"{path!r} holds {len(labels)} runs; name one with --run: {', '.join(labels)}", param_hint="'--from'"
         )
-    return doc
+    return baseline.runs[0]
 
 
-def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, chart=True, **options):
+def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, run_label=None, chart=True, **options):
     from kvaddr.measure.plot import matplotlib_version, plot_sweep
     from kvaddr.measure.sweep import render_chart, sweep_json
 
     started = time.perf_counter()
     err = err_console()
-    check_output_path(plot_path, "--plot")
+    if run_label is not None and from_path is None:
+        raise click.BadParameter("--run picks a run of --from's baseline; give --from PATH", param_hint="'--run'")
+    check_output_path(plot_path, "--plot", extensions=PLOT_FORMATS)
     check_output_path(sweep_json_path, "--json")
     if plot_path is not None and matplotlib_version() is None:
         raise Abort(
@@ -490,7 +537,7 @@ def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, c
             "pip install 'kvaddr[plot]' (or leave --plot out for the terminal chart)",
         )
     if from_path is not None:
-        doc = _load_report(from_path)
+        doc = _load_run(from_path, run_label)
     else:
         config = profile_command.validated(ProfileConfig(**options, option_order=tuple(option_order)))
         profile_command.check_save_path(config.save_path)
@@ -527,7 +574,8 @@ folders, then among the profiles kvaddr ships. Use one with
 
 \b
 Exit status: 0 ok; 1 a profile on the search path does not load (named on
-stderr); 2 an unknown NAME or a malformed profile given by path.
+stderr); 2 an unknown NAME or a malformed profile given by path; 141 stdout
+was closed early (| head): kvaddr stops quietly.
 """
 
 
@@ -586,33 +634,47 @@ def _profiles(name, as_json):
 # ----------------------------------------------------------------------------- the commands
 
 
-@click.group("trace", context_settings=CONTEXT_SETTINGS)
+@click.group(
+    "trace",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "kvaddr trace generate --steps 10000 -o run.jsonl.gz",
+        "kvaddr trace generate --help",
+    ),
+)
 def trace_group():
     """Make serving traces (docs/trace-format.md) for `kvaddr replay`."""
 
 
-@trace_group.command("generate", help=GENERATE_HELP + "\n" + EXIT_CODES_HELP)
+@trace_group.command(
+    "generate",
+    help=GENERATE_HELP,
+    epilog=examples(
+        "kvaddr trace generate --steps 10000 --seed 0 -o run.jsonl.gz",
+        "kvaddr trace generate --profile deepseek-v3.2-mtp --warmup-steps 500 -o mtp.jsonl",
+        "kvaddr trace generate --arrival-rate 2 --prompt-len loguniform:128:8192 | kvaddr replay -",
+    ),
+)
 @click.option(
     "--steps",
-    type=click.IntRange(1, 100_000_000),
+    type=IntBounds(1, 100_000_000),
     default=1000,
     show_default=True,
     help="Steps to write (engine steps that run at least one token).",
 )
 @click.option(
     "--warmup-steps",
-    type=click.IntRange(0, 100_000_000),
+    type=IntBounds(0, 100_000_000),
     default=0,
     show_default=True,
     help="Steps simulated but not written first, so the trace starts on a busy, fragmented server.",
 )
 @click.option(
     "--arrival-rate",
-    type=click.FloatRange(0, 1e6),
+    type=FloatBounds(0, 1e6),
     default=0.5,
     show_default=True,
     callback=finite,
-    metavar="R",
     help="Mean new requests per engine step (Poisson).",
 )
 @click.option(
@@ -631,29 +693,28 @@ def trace_group():
 )
 @click.option(
     "--max-running",
-    type=click.IntRange(1, 1 << 20),
+    type=IntBounds(1, 1 << 20),
     default=256,
     show_default=True,
     help="Most requests running at once (vLLM's max_num_seqs).",
 )
 @click.option(
     "--max-batched-tokens",
-    type=click.IntRange(1, 1 << 24),
+    type=IntBounds(1, 1 << 24),
     default=8192,
     show_default=True,
     help="Token budget per step, shared by decodes and prefill chunks (vLLM's max_num_batched_tokens).",
 )
 @click.option(
     "--spec-tokens",
-    type=click.IntRange(0, 64),
+    type=IntBounds(0, 64),
     default=0,
     show_default=True,
-    metavar="K",
-    help="Speculative (MTP) draft tokens per decode request: each runs 1 + K tokens.",
+    help="Speculative (MTP) draft tokens per decode request: each runs 1 + N tokens.",
 )
 @click.option(
     "--acceptance",
-    type=click.FloatRange(0, 1),
+    type=FloatBounds(0, 1),
     default=0.8,
     show_default=True,
     callback=finite,
@@ -675,25 +736,25 @@ def trace_group():
 )
 @click.option(
     "--caches",
-    type=click.IntRange(1, MAX_CACHES),
+    type=IntBounds(1, MAX_CACHES),
     default=None,
     help="Paged caches per layer. [default: the model's, 2]",
 )
 @click.option(
     "--kv-tokens",
-    type=click.IntRange(1, 1 << 34),
+    type=IntBounds(1, 1 << 34),
     default=1 << 19,
     show_default=True,
     help="KV-cache capacity per block table, in tokens (kv-tokens / B blocks).",
 )
 @click.option(
     "--max-waiting",
-    type=click.IntRange(0, 1 << 24),
+    type=IntBounds(0, 1 << 24),
     default=1024,
     show_default=True,
     help="Longest waiting queue; requests arriving beyond it are rejected.",
 )
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Seed of the run.")
+@click.option("--seed", type=IntBounds(0, 2**63 - 1), default=0, show_default=True, help="Seed of the run.")
 @click.option(
     "-o",
     "--output",
@@ -709,7 +770,15 @@ def generate(**options):
     _generate(**options)
 
 
-@click.command("replay", help=REPLAY_HELP + "\n" + EXIT_CODES_HELP)
+@click.command(
+    "replay",
+    help=REPLAY_HELP + "\n" + EXIT_CODES_HELP,
+    epilog=examples(
+        "kvaddr replay run.jsonl.gz",
+        "kvaddr replay run.jsonl.gz --mode graph --eager-every 10 --json replay.json",
+        "kvaddr trace generate --steps 500 | kvaddr replay - --device cpu",
+    ),
+)
 @click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "--model",
@@ -717,10 +786,10 @@ def generate(**options):
     default=None,
     help=f"Model preset (layers). [default: the trace header's, else {DEFAULT_MODEL}]",
 )
-@click.option("--layers", type=click.IntRange(1, 4096), default=None, help="Transformer layers. [default: the model's]")
+@click.option("--layers", type=IntBounds(1, 4096), default=None, help="Transformer layers. [default: the model's]")
 @click.option(
     "--caches",
-    type=click.IntRange(1, MAX_CACHES),
+    type=IntBounds(1, MAX_CACHES),
     default=None,
     help="Paged caches per layer. [default: the trace header's, else the model's]",
 )
@@ -735,7 +804,7 @@ def generate(**options):
 @device_option()
 @click.option(
     "--check-every",
-    type=click.IntRange(1, 1 << 30),
+    type=IntBounds(1, 1 << 30),
     default=1,
     show_default=True,
     metavar="N",
@@ -743,15 +812,13 @@ def generate(**options):
 )
 @click.option(
     "--eager-every",
-    type=click.IntRange(1, 1 << 30),
+    type=IntBounds(1, 1 << 30),
     default=1,
     show_default=True,
     metavar="N",
     help="GPU, both modes: run and time eager mode on every N-th step only (graph mode runs every step).",
 )
-@click.option(
-    "--max-steps", type=click.IntRange(1, 1 << 40), default=None, metavar="N", help="Stop after N replayed steps."
-)
+@click.option("--max-steps", type=IntBounds(1, 1 << 40), default=None, metavar="N", help="Stop after N replayed steps.")
 @json_option()
 @profile_option("profile")
 @click.pass_context
@@ -771,11 +838,20 @@ sweep = click.Command(
     callback=_sweep_command,
     params=_sweep_params(profile_command.profile),
     help=SWEEP_HELP + "\n" + EXIT_CODES_HELP,
+    epilog=examples(
+        "kvaddr sweep --plot sweep.png",
+        "kvaddr sweep --batch 1,16,256 --mode graph --budget 1 --json sweep.json",
+        "kvaddr sweep --from base.json --run glm-5 --plot sweep.svg",
+    ),
     context_settings=CONTEXT_SETTINGS,
 )
 
 
-@click.command("profiles", help=PROFILES_HELP)
+@click.command(
+    "profiles",
+    help=PROFILES_HELP,
+    epilog=examples("kvaddr profiles", "kvaddr profiles deepseek-v3.2-mtp", "kvaddr profiles --json"),
+)
 @click.argument("name", required=False, metavar="[NAME|PATH]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @guarded("profiles")

@@ -1,4 +1,4 @@
-"""The sweep plot (``kvaddr sweep --plot FILE.png``), drawn with matplotlib.
+"""The sweep plot (``kvaddr sweep --plot PATH``), drawn with matplotlib.
 
 matplotlib is an optional dependency (``pip install 'kvaddr[plot]'``); without
 it :func:`plot_sweep` raises :class:`PlotUnavailable`. The figure is built
@@ -36,13 +36,18 @@ def matplotlib_version() -> str | None:
     return str(getattr(matplotlib, "__version__", "unknown"))
 
 
-def plot_sweep(doc: dict, path: str, dpi: int = 150) -> None:
+def plot_sweep(doc: dict, path: str, dpi: int = 150):
     """Write the sweep plot of a ``kvaddr profile`` report to ``path`` (PNG, or any format matplotlib knows).
 
     One panel per mode (eager: host wall time; graph: GPU time), saved
     microseconds per step against batch size (log2 axis), one line per
     strategy; the per-layer time itself is drawn dashed (the most any
     strategy can save). Differences within noise are drawn as hollow markers.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure written (for tests: its axes, labels and lines).
 
     Raises
     ------
@@ -103,8 +108,10 @@ def plot_sweep(doc: dict, path: str, dpi: int = 150) -> None:
         ax.xaxis.set_minor_locator(NullLocator())
         if positive:
             ax.set_yscale("log")
+        else:  # a saving below zero (slower than per-layer): draw where zero is
+            ax.axhline(0, color="0.2", linewidth=0.8, zorder=1)
         ax.set_xlabel("batch size (requests per step)")
-        ax.set_ylabel(f"saved per step vs {SAVINGS_REFERENCE} (us)")
+        ax.set_ylabel(f"saved per step vs {SAVINGS_REFERENCE} (µs)")
         ax.set_title(p["label"], fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -116,3 +123,4 @@ def plot_sweep(doc: dict, path: str, dpi: int = 150) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncols=2 if len(ps) > 1 else 1, fontsize=8, frameon=False)
     fig.suptitle(f"kvaddr: KV-cache addressing time saved per step, vs {SAVINGS_REFERENCE}\n{title(doc)}", fontsize=10)
     fig.savefig(path, dpi=dpi)
+    return fig

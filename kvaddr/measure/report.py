@@ -84,6 +84,11 @@ def compare_to_reference(
     return Comparison(saved, pct, "baseline" if is_reference else verdict(reference, candidate), step_pct)
 
 
+def count(n, noun: str, plural: str | None = None) -> str:
+    """``count(1, "cache")`` -> ``"1 cache"``, ``count(2, "cache")`` -> ``"2 caches"`` (``n`` may be ``"?"``)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def format_us(us: float) -> str:
     """A duration for people: '0.84 us', '12.3 us', '415 us', '1.4 ms', '152 ms', '2.35 s'."""
     a = abs(us)
@@ -228,8 +233,9 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
 
     sizes = ", ".join(map(str, dict.fromkeys(workload["block_sizes"])))
     title = (
-        f"batch {shape['batch']}: {workload['model']}, {workload['num_layers']} layers x "
-        f"{workload['num_caches']} caches (B = {sizes}), {shape['capacity']} tokens/step; times in us per step"
+        f"batch {shape['batch']}: {workload['model']}, {count(workload['num_layers'], 'layer')} x "
+        f"{count(workload['num_caches'], 'cache')} (B = {sizes}), {count(shape['capacity'], 'token')}/step; "
+        f"times in us per step"
     )
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
     headers = ["strategy", "launches", "median", "IQR", "n", "saved", "saved %"]

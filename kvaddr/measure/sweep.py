@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from kvaddr.constants import SAVINGS_REFERENCE
-from kvaddr.measure.report import format_us, measure_label
+from kvaddr.measure.report import count, format_us, measure_label
 
 #: Panels in drawing order: (mode, clock).
 PANELS = (("eager", "host"), ("graph", "gpu"))
@@ -92,8 +92,8 @@ def title(doc: dict) -> str:
     if w.get("prefill"):
         extra += f", {w['prefill']['requests']} prefill chunk(s) of {w['prefill']['tokens']}"
     return (
-        f"{where}: {w.get('model', '?')}, {w.get('num_layers', '?')} layers x {w.get('num_caches', '?')} "
-        f"caches (B = {sizes}){extra}"
+        f"{where}: {w.get('model', '?')}, {count(w.get('num_layers', '?'), 'layer')} x "
+        f"{count(w.get('num_caches', '?'), 'cache')} (B = {sizes}){extra}"
     )
 
 

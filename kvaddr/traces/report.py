@@ -21,7 +21,7 @@ import random
 import numpy as np
 
 from kvaddr.constants import SAVINGS_REFERENCE
-from kvaddr.measure.report import PHRASES, envelope, format_us, measure_label
+from kvaddr.measure.report import PHRASES, count, envelope, format_us, measure_label
 
 SCHEMA_VERSION = 1
 #: Values a statistic keeps for its quantiles (the whole trace's statistics).
@@ -284,7 +284,7 @@ def render(console, stats: ReplayStats, info: dict) -> None:
     console.print(
         f"replay of {info['trace']}: {stats.steps} steps replayed ({stats.checked_steps} checked against the "
         f"reference), {stats.bad_lines} bad lines, {stats.idle_steps} idle steps; {w['model']}, "
-        f"{w['num_layers']} layers x {w['num_caches']} caches (B = {sizes}); times in us per step",
+        f"{count(w['num_layers'], 'layer')} x {count(w['num_caches'], 'cache')} (B = {sizes}); times in us per step",
         style="italic",
         soft_wrap=True,
     )
@@ -331,14 +331,14 @@ def render(console, stats: ReplayStats, info: dict) -> None:
                 pad_edge=False,
                 show_edge=False,
                 header_style="bold",
-                title="saved per step against batch size (p50 of each bin; requests running a token)",
+                title="by batch size (requests running a token), p50 of each bin",
                 title_justify="left",
             )
             bt.add_column("batch", justify="left")
             bt.add_column("steps", justify="right")
-            bt.add_column(f"{SAVINGS_REFERENCE} p50", justify="right")
+            bt.add_column(f"{SAVINGS_REFERENCE} time", justify="right")
             for name in m.saved:
-                bt.add_column(name, justify="right", overflow="fold")
+                bt.add_column(f"{name} saved", justify="right", overflow="fold")
             for lo in sorted(m.bins):
                 bb = m.bins[lo]
                 bt.add_row(

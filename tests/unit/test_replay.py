@@ -77,7 +77,9 @@ def test_replay_reports_the_distribution_and_the_saving_against_batch_size(tmp_p
         "saved mean",
         "p99",
         "total",
-        "saved per step against batch size",
+        "by batch size (requests running a token), p50 of each bin",
+        "per-layer time",
+        "fused saved",
         "CPU (NumPy), host wall time:",
     ):
         assert word in out, word

@@ -71,7 +71,7 @@ def test_sweep_from_something_else(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"kind": "kvaddr.replay"}')
     r = run("sweep", "--from", str(bad))
-    assert r.exit_code == 2 and "not a kvaddr profile JSON report" in r.stderr
+    assert r.exit_code == 2 and "--from" in r.stderr and "nor a kvaddr profile report" in r.stderr
 
 
 def test_sweep_takes_profile_options_and_profiles():
@@ -113,7 +113,50 @@ def test_two_panels_and_the_gpu_in_the_title(report, tmp_path):
         s["results"] += [dict(copy.deepcopy(x), mode="graph", clock="gpu") for x in s["results"]]
     ps = panels(doc)
     assert [(p["mode"], p["clock"]) for p in ps] == [("eager", "host"), ("graph", "gpu")]
-    assert title(doc).startswith("NVIDIA H200: deepseek-v3.2, 1 layers x 2 caches")
+    assert title(doc).startswith("NVIDIA H200: deepseek-v3.2, 1 layer x 2 caches")
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
     plot.plot_sweep(doc, str(tmp_path / "two.png"))
     assert (tmp_path / "two.png").stat().st_size > 10_000
+
+
+def _with_a_negative_saving(report):
+    doc = json.loads(open(report).read())
+    for s in doc["shapes"]:
+        for r in s["results"]:
+            if r["strategy"] == "fused" and r.get("vs_per_layer"):
+                r["vs_per_layer"] = dict(r["vs_per_layer"], saved_us=-3.0)
+    return doc
+
+
+def test_the_plot_says_microseconds_and_draws_zero_when_a_saving_is_negative(report, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
+    fig = plot.plot_sweep(_with_a_negative_saving(report), str(tmp_path / "neg.png"))
+    (ax,) = fig.axes
+    assert ax.get_ylabel().endswith("(µs)") and "(us)" not in ax.get_ylabel()
+    assert ax.get_yscale() == "linear"
+    zero_lines = [ln for ln in ax.get_lines() if list(ln.get_ydata()) == [0, 0]]
+    assert len(zero_lines) == 1
+
+
+def test_no_zero_line_on_a_log_axis_when_every_saving_is_positive(report, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
+    doc = json.loads(open(report).read())
+    for s in doc["shapes"]:
+        for r in s["results"]:
+            if r.get("vs_per_layer"):
+                r["vs_per_layer"] = dict(r["vs_per_layer"], saved_us=5.0)
+    fig = plot.plot_sweep(doc, str(tmp_path / "pos.png"))
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log" and ax.get_ylabel().endswith("(µs)")
+    assert not [ln for ln in ax.get_lines() if list(ln.get_ydata()) == [0, 0]]
+
+
+def test_counts_are_singular_for_one():
+    from kvaddr.measure.report import count
+
+    assert count(1, "cache") == "1 cache" and count(2, "cache") == "2 caches" and count(0, "layer") == "0 layers"
+    assert count("?", "layer") == "? layers"
+    r = run("profile", "--device", "cpu", "--batch", "1", "--layers", "1", "--caches", "1", "--budget", "0")
+    assert r.exit_code == 0, r.output
+    assert "1 layer x 1 cache (B = 64), 1 token/step" in r.stdout
+    assert "1 caches" not in r.stdout and "1 layers" not in r.stdout and "1 tokens" not in r.stdout
