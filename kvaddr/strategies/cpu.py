@@ -21,7 +21,7 @@ import numpy as np
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.errors import ERR_CAPACITY, ERR_NEGATIVE_LENGTH, NO_ERROR_KEY, AddressingError, error_key
 from kvaddr.outputs import PAD_PAGE_ID, PAD_SLOT_ID, AttentionOutputs, StepOutputs
-from kvaddr.reference import _as_int32, step_addressing
+from kvaddr.reference import as_int32, step_addressing
 from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_bsz, check_name
 from kvaddr.validation import (
     INT32_MAX,
@@ -235,10 +235,10 @@ class OneBlock(_CpuStrategy):
     name = "one-block"
 
     def step(self, seq_lens_decoder, seq_lens_this_time, block_tables, *, seq_lens_encoder=None, stream=None):
-        d = _as_int32("seq_lens_decoder", seq_lens_decoder)
-        n = _as_int32("seq_lens_this_time", seq_lens_this_time)
+        d = as_int32("seq_lens_decoder", seq_lens_decoder)
+        n = as_int32("seq_lens_this_time", seq_lens_this_time)
         bsz = d.shape[0]
-        enc = None if seq_lens_encoder is None else _as_int32("seq_lens_encoder", seq_lens_encoder).shape[0]
+        enc = None if seq_lens_encoder is None else as_int32("seq_lens_encoder", seq_lens_encoder).shape[0]
         check_lengths(bsz, q=n.shape[0], enc=enc)
         if bsz > self.max_requests:
             raise ValueError(

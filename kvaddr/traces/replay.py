@@ -38,7 +38,7 @@ from kvaddr.errors import AddressingError, EnvironmentProblem
 from kvaddr.measure.correctness import CheckFailed, poison
 from kvaddr.measure.profile_run import call_checked, check_outputs, step_fn
 from kvaddr.reference import step_addressing
-from kvaddr.strategies.names import STRATEGY_NAMES
+from kvaddr.strategies.names import STRATEGY_NAMES, not_run_reason
 from kvaddr.traces.format import BadLine, padded_inputs
 from kvaddr.traces.report import ReplayStats
 
@@ -86,6 +86,8 @@ class CpuReplayer:
             return got
         got = {}
         for name in self.names:
+            if not_run_reason(name, rows) is not None:
+                continue  # one-block beyond 1024 requests: counted by replay_trace
             got[name] = call_checked(
                 name,
                 "construction",
@@ -127,6 +129,7 @@ class _Shape:
         self.strategies = {}
         self.graphs = {}
         self.last_out = {}
+        self.names = []  # the strategies this shape runs (one-block not beyond 1024 rows)
 
 
 class CudaReplayer:
@@ -192,7 +195,8 @@ class CudaReplayer:
             cp.empty(rows, dtype=batch.seq_lens_encoder.dtype),
         )
         self._upload(shape, batch)
-        for name in self.names:
+        shape.names = [n for n in self.names if not_run_reason(n, rows) is None]
+        for name in shape.names:
             s = call_checked(
                 name,
                 "construction",
@@ -255,23 +259,23 @@ class CudaReplayer:
             shape, _new = self._get(batch, ref, where)
             if "graph" in self.modes:
                 if check:
-                    for name in self.names:
+                    for name in shape.names:
                         poison(shape.graphs[name][1])
-                for (e0, e1), name in zip(self._events, self.names):
+                for (e0, e1), name in zip(self._events, shape.names):
                     e0.record(stream)
                     shape.graphs[name][0].launch(stream)
                     e1.record(stream)
-                self._events[-1][1].synchronize()
+                self._events[len(shape.names) - 1][1].synchronize()  # the last pair recorded
                 times[("graph", "gpu")] = {
-                    name: timer.elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, self.names)
+                    name: timer.elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, shape.names)
                 }
                 if check:
-                    for name in self.names:
+                    for name in shape.names:
                         check_outputs(name, f"{where}, graph replay", shape.graphs[name][1], ref)
             if eager and "eager" in self.modes:
                 host, gpu = {}, {}
                 clock = time.perf_counter
-                for (e0, e1), name in zip(self._events, self.names):
+                for (e0, e1), name in zip(self._events, shape.names):
                     s = shape.strategies[name]
                     if check:
                         poison(shape.last_out[name])
@@ -374,6 +378,10 @@ def replay_trace(
         check = n % check_every == 0
         where = f"trace line {item.line}" + (f" (step {item.step})" if item.step is not None else "")
         times = replayer.run(batch, ref.outputs, check, not thin_eager or n % eager_every == 0, where)
+        for name in stats.strategies:
+            reason = not_run_reason(name, rows)
+            if reason is not None:  # the replayer did not run it (one-block beyond 1024 requests)
+                stats.not_run_step(name, reason)
         stats.add(item.active, item.tokens, item.prefill_requests > 0, (rows, capacity, width), times, check)
         if progress is not None:
             progress(stats)

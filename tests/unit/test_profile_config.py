@@ -45,8 +45,8 @@ def test_run_returns_the_report_and_prints_nothing(capsys):
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""
     kinds = [e[0] for e in progress.events]
-    # 2 batch sizes x (4 strategies + the floor) units on the CPU
-    assert ("begin", 10) in progress.events and kinds.count("advance") == 10 and kinds[-1] == "end"
+    # 2 batch sizes x (5 strategies + the floor) units on the CPU
+    assert ("begin", 12) in progress.events and kinds.count("advance") == 12 and kinds[-1] == "end"
     assert any("checking 2 batch size(s)" in e[1] for e in progress.events if e[0] == "note")
 
 
