@@ -121,6 +121,11 @@ class OneBlock:
         )
         self.device, self.capacity, self.num_caches = pl.device, pl.capacity, pl.num_caches
         self.position_dtype = pl.position_dtype
+        # The output buffers (what step() returns views of): [max_requests + 1], [], [C], [C], [max_requests],
+        # [num_caches, C]; int32 but position_ids (position_dtype) and slot_mapping (int64).
+        self.cu_seqlens_q, self.num_tokens = pl.cu_seqlens_q, pl.num_tokens
+        self.batch_id_per_token, self.position_ids = pl.batch_id_per_token, pl.position_ids
+        self.seq_lens_kv, self.slot_mapping = pl.seq_lens_kv, pl.slot_mapping
         with cupy.cuda.Device(self.device):
             self._record = cupy.asarray(np.array([0, NO_ERROR_KEY], dtype=np.uint64))  # [2], uint64
             cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
