@@ -22,8 +22,9 @@ step at a time:
    (eager mode, every ``eager_every``-th step, since a per-layer eager step
    costs milliseconds of host time).
 
-A GPU replayer keeps, per captured shape, static input buffers, the four
-strategies and their graphs (captured once, after an eager run that is
+A GPU replayer keeps, per captured shape, static input buffers, the
+strategies and their graphs (one-block only on shapes of at most 1024 rows;
+:func:`replay_trace` counts the steps it left out) (captured once, after an eager run that is
 checked; replays then read the new step's inputs from the same buffers).
 Shapes are kept in a least-recently-used cache of :data:`MAX_SHAPES`, so
 memory stays bounded.
