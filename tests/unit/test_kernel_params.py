@@ -103,22 +103,19 @@ def test_one_block_kernels_take_one_struct_by_value():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: C struct layout check skipped")
-@pytest.mark.parametrize("cname, S", STRUCTS, ids=[c for c, _ in STRUCTS])
-def test_params_layout_matches_nvcc(tmp_path, cname, S):
-    """sizeof, alignof and every field's offset and size, as nvcc's host compiler lays
-    the struct out, equal ctypes' (the same compiler family lays out the device side)."""
-    lines = [
-        "#include <cstddef>",
-        "#include <cstdio>",
-        f'#include "{kernel_loader.SOURCE_PATH}"',
-        "int main() {",
-        f'    std::printf("sizeof %zu\\n", sizeof({cname}));',
-        f'    std::printf("alignof %zu\\n", alignof({cname}));',
-    ]
-    for name, _ in S._fields_:
-        lines.append(
-            f'    std::printf("{name} %zu %zu\\n", offsetof({cname}, {name}), sizeof((({cname}*)nullptr)->{name}));'
-        )
+def test_params_layout_matches_nvcc(tmp_path):
+    """sizeof, alignof and every field's offset and size of each by-value parameter struct
+    (KvStepParams, KvOneBlockParams), as nvcc's host compiler lays them out, equal ctypes'
+    (the same compiler family lays out the device side). One host program for all."""
+    lines = ["#include <cstddef>", "#include <cstdio>", f'#include "{kernel_loader.SOURCE_PATH}"', "int main() {"]
+    for cname, S in STRUCTS:
+        lines.append(f'    std::printf("{cname} sizeof %zu\\n", sizeof({cname}));')
+        lines.append(f'    std::printf("{cname} alignof %zu\\n", alignof({cname}));')
+        for name, _ in S._fields_:
+            lines.append(
+                f'    std::printf("{cname} {name} %zu %zu\\n", offsetof({cname}, {name}), '
+                f"sizeof((({cname}*)nullptr)->{name}));"
+            )
     lines += ["    return 0;", "}"]
     src = tmp_path / "layout.cu"
     src.write_text("\n".join(lines) + "\n")
@@ -129,14 +126,17 @@ def test_params_layout_matches_nvcc(tmp_path, cname, S):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    got = {}
+    got: dict = {}
     for line in run.stdout.splitlines():
-        key, *vals = line.split()
-        got[key] = tuple(int(v) for v in vals)
-    assert got.pop("sizeof") == (ctypes.sizeof(S),)
-    assert got.pop("alignof") == (ctypes.alignment(S),)
-    want = {name: (getattr(S, name).offset, ctypes.sizeof(ctype)) for name, ctype in S._fields_}
-    assert got == want
+        cname, key, *vals = line.split()
+        got.setdefault(cname, {})[key] = tuple(int(v) for v in vals)
+    assert set(got) == {c for c, _ in STRUCTS}
+    for cname, S in STRUCTS:
+        g = got[cname]
+        assert g.pop("sizeof") == (ctypes.sizeof(S),), cname
+        assert g.pop("alignof") == (ctypes.alignment(S),), cname
+        want = {name: (getattr(S, name).offset, ctypes.sizeof(ctype)) for name, ctype in S._fields_}
+        assert g == want, cname
 
 
 def _kernel_params(name: str) -> list[str]:
