@@ -6,10 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvaddr.constants import ONE_BLOCK_MAX_REQUESTS
-from kvaddr.errors import AddressingError, StrategyLimitExceeded
+from kvaddr.errors import ERR_CAPACITY, ERR_NEGATIVE_LENGTH, AddressingError, StrategyLimitExceeded
 from kvaddr.outputs import OUTPUT_FIELDS
 from kvaddr.reference import step_addressing
 from kvaddr.strategies import cpu as cpu_strategies
+from tests.support.spec_doc import example_case, spec_examples
 from tests.support.step_cases import edge_cases, random_step
 
 
@@ -119,3 +120,20 @@ def test_unknown_strategy_is_named():
         ValueError, match="strategy must be one of per-layer, per-layer-kernel, hoisted, one-block, fused"
     ):
         cpu_strategies.make_strategy("magic", max_requests=1, capacity=1, block_sizes=[16])
+
+
+@pytest.mark.parametrize("ex", spec_examples(), ids=lambda ex: ex["name"])
+def test_one_block_gives_the_spec_pages_worked_examples(ex):
+    """docs/spec.md's worked examples through the CPU one-block: the page's outputs; its error
+    record holds the page's bits 4 and 8 only."""
+    case = example_case(ex)
+    s = cpu_strategies.make_strategy(
+        "one-block",
+        max_requests=max(1, len(case["seq_lens_decoder"])),
+        capacity=case["capacity"],
+        block_sizes=case["block_sizes"],
+    )
+    out = s.step(case["seq_lens_decoder"], case["seq_lens_this_time"], case["block_tables"])
+    for f in OUTPUT_FIELDS:
+        np.testing.assert_array_equal(getattr(out, f), np.asarray(ex["outputs"][f]), err_msg=f)
+    assert s.errors()[0] == ex["error_mask"] & (ERR_CAPACITY | ERR_NEGATIVE_LENGTH)
