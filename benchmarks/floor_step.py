@@ -2,7 +2,8 @@
 
 Issue 2 asks the fused step to cost at most 1.25x one per-layer slot call and at
 most 3x an empty kernel, in a CUDA graph, for decode batches of 64, 1024 and 4096
-requests (and a 256-request 16k-token batch), with one and with two caches. This
+requests (and a 256-request 16k-token batch), with one and with two caches (issue 16
+adds a decode batch of 1 request and the one-block row). This
 times, side by side and the same way as ``bench_step.py`` (N copies of one call in
 one graph, median of R replays, time per copy), kernels that do strictly less than
 the spec's step, so the bound can be compared with what no fused step can beat:
@@ -25,6 +26,15 @@ the spec's step, so the bound can be compared with what no fused step can beat:
     One per-layer slot-kernel call (``kvaddr_slots_i64``; the bound's reference).
 ``fused``
     ``StepPlanner.compute`` (the shipped fused step: every output, every check).
+``one-block``
+    FastDeploy's one-block step as kvaddr's ``one-block`` strategy
+    (``kvaddr_one_block_i64``: ``<<<1, bsz>>>``, a thread per request adding up the
+    earlier lengths, then looping over its tokens; every output, padding included).
+    It runs at most 1024 requests: "not run" for larger batches.
+
+A second table puts the fused step beside its floor (decode-out for decode
+batches, mixed-min for the mixed one) and beside one-block, with the ratios
+fused/floor, one-block/floor and fused/one-block.
 
 The minimal kernels' CUDA source lives here, not in ``kvaddr/kernels.cu``: it is a
 measuring instrument, not library code, and its outputs are compared with the
@@ -50,7 +60,9 @@ from kvaddr import (
     StepPlanner,
     kernel_loader,
 )
-from kvaddr.strategies.gpu import PerLayerKernel
+from kvaddr.constants import ONE_BLOCK_MAX_REQUESTS
+from kvaddr.outputs import OUTPUT_FIELDS
+from kvaddr.strategies.gpu import OneBlock, PerLayerKernel
 
 SOURCE = r"""
 typedef long long i64;
@@ -192,6 +204,7 @@ def main(argv=None) -> int:
     with stream:
         t_empty = timed(lambda: empty((1,), (1,), (), 0, s_obj))
         shapes = [
+            ("decode 1", 1, 1, False),
             ("decode 64", 64, 1, False),
             ("decode 1024", 1024, 1, False),
             ("decode 4096", 4096, 1, False),
@@ -273,6 +286,17 @@ def main(argv=None) -> int:
                 launcher = slot._launchers[0]
                 t_slot = timed(lambda: launcher(grid[0], 256, stream.ptr))
                 t_fused = timed(lambda: planner.compute(dec, q, table, stream=stream))
+                t_one_block = None
+                if bsz <= ONE_BLOCK_MAX_REQUESTS:
+                    one_block = OneBlock(max_requests=bsz, capacity=cap, block_sizes=[B] * G, num_layers=1)
+                    got = one_block.step(dec, q, table, stream=stream)
+                    stream.synchronize()
+                    # one-block writes every output of the fused step, element for element.
+                    for f in OUTPUT_FIELDS:
+                        assert (getattr(got, f) == getattr(ref, f)).all(), f"{label} one-block: {f} differs"
+                    t_one_block = timed(lambda: one_block.step(dec, q, table, stream=stream))
+                floor_kind = "mixed-min" if mixed else "decode-out"
+                t_floor = times["min"] if mixed else times["out"]
                 rows.append(
                     dict(
                         batch=label,
@@ -284,6 +308,15 @@ def main(argv=None) -> int:
                         slot_call_us=t_slot,
                         fused_us=t_fused,
                         bound_us=min(1.25 * t_slot, 3.0 * t_empty),
+                        floor_kind=floor_kind,
+                        floor_us=t_floor,
+                        one_block_us=t_one_block,
+                        one_block_not_run=None
+                        if t_one_block is not None
+                        else f"not run: one-block runs at most {ONE_BLOCK_MAX_REQUESTS} requests",
+                        fused_over_floor=t_fused / t_floor,
+                        one_block_over_floor=None if t_one_block is None else t_one_block / t_floor,
+                        fused_over_one_block=None if t_one_block is None else t_fused / t_one_block,
                     )
                 )
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
@@ -301,6 +334,26 @@ def main(argv=None) -> int:
     print(
         "bound = min(1.25 x slot call, 3 x empty). min: decode-min (decode) or mixed-min (mixed); outputs:"
         " decode-out. None of them checks anything the spec requires checked."
+    )
+    print()
+    print(
+        f"{'batch':<23}{'caches':>7}{'floor':>8}{'fused':>8}{'fused/floor':>13}{'one-block':>11}"
+        f"{'1b/floor':>10}{'fused/1b':>10}"
+    )
+    for r in rows:
+        if r["one_block_us"] is None:
+            ob, ob_floor, fused_ob = "not run", "-", "-"
+        else:
+            ob = f"{r['one_block_us']:.3f}"
+            ob_floor, fused_ob = f"{r['one_block_over_floor']:.2f}x", f"{r['fused_over_one_block']:.2f}x"
+        print(
+            f"{r['batch']:<23}{r['caches']:>7}{r['floor_us']:>8.3f}{r['fused_us']:>8.3f}"
+            f"{r['fused_over_floor']:>12.2f}x{ob:>11}{ob_floor:>10}{fused_ob:>10}"
+        )
+    print(
+        "floor: decode-out (decode batches) or mixed-min (the mixed one). one-block (1b): FastDeploy's one-block"
+        f" step (one block, a thread per request), every output; not run: it runs at most {ONE_BLOCK_MAX_REQUESTS}"
+        " requests. fused/1b below 1: kvaddr's step is faster."
     )
     if a.json:
         with open(a.json, "w") as fh:

@@ -4,10 +4,11 @@ Public API
 ----------
 StepPlanner        the fused step (one launch, CUDA-graph safe), :mod:`kvaddr.planner`
 reference          the NumPy reference (the oracle), :mod:`kvaddr.reference`
-strategies         the four strategies on the GPU, :mod:`kvaddr.strategies.gpu`
+strategies         the strategies on the GPU, :mod:`kvaddr.strategies.gpu`
 cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
 NoCudaDevice       raised by StepPlanner and the GPU strategies without CuPy, a driver or a GPU
+StrategyLimitExceeded  a step larger than a strategy runs (one-block: at most 1024 requests)
 
 The contract is stated in docs/spec.md (README.md's "Semantics" is the short version).
 
@@ -21,7 +22,7 @@ measure <- traces, gate <- commands <- cli.
 
 from kvaddr.constants import STRATEGY_NAMES
 from kvaddr.device import NoCudaDevice
-from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError
+from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError, StrategyLimitExceeded
 from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ __all__ = [
     "NoCudaDevice",
     "StepOutputs",
     "StepPlanner",
+    "StrategyLimitExceeded",
     "__version__",
 ]
 

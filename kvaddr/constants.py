@@ -17,10 +17,15 @@ PAD_SLOT_ID = -1
 #: Paged caches one step may address (``KV_MAX_CACHES`` in kernels.cu).
 MAX_CACHES = 4
 
-#: The four strategies of the spec, in report order.
-STRATEGY_NAMES = ("per-layer", "per-layer-kernel", "hoisted", "fused")
+#: The strategies of the spec, in report order.
+STRATEGY_NAMES = ("per-layer", "per-layer-kernel", "hoisted", "one-block", "fused")
 #: How many strategies a profile run measures.
 NUM_STRATEGIES = len(STRATEGY_NAMES)
+#: The most requests the one-block strategy runs (one block of one thread per request;
+#: ``KV_ONE_BLOCK_MAX_REQUESTS`` in kernels.cu).
+ONE_BLOCK_MAX_REQUESTS = 1024
+#: Strategies that cannot run every batch: the most requests each runs in one step.
+REQUEST_LIMITS = {"one-block": ONE_BLOCK_MAX_REQUESTS}
 #: The strategy every saving is measured against (the per-layer chain).
 SAVINGS_REFERENCE = "per-layer"
 #: Name of the launch floor's row (one empty launch per step in the same mode).

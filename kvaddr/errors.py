@@ -10,6 +10,7 @@ re-export it under its old home, e.g. ``kvaddr.traces.format.TraceError``)::
     +-- EnvironmentProblem            the machine cannot run what was asked (no GPU, no CuPy)
     |   +-- PlotUnavailable           matplotlib is not installed
     +-- CheckFailed                   a strategy disagreed with the reference
+    +-- StrategyLimitExceeded (ValueError)  a step larger than a strategy can run (one-block: 1024 requests)
     +-- ProfileConfigError (ValueError)   a profile run's settings are invalid (names the option)
     +-- ProfileError                  a workload profile (TOML) cannot be found, parsed or applied
     +-- TraceError                    a trace cannot be read at all
@@ -104,6 +105,25 @@ class PlotUnavailable(EnvironmentProblem):
 
 class CheckFailed(KvaddrError):
     """A strategy disagreed with the reference (or its step raised)."""
+
+
+class StrategyLimitExceeded(KvaddrError, ValueError):
+    """A step larger than a strategy can run (the one-block strategy: at most 1024 requests).
+
+    Attributes
+    ----------
+    strategy : str
+    limit : int
+        The most requests the strategy runs in one step.
+    bsz : int
+        The requests of the step asked for.
+    """
+
+    def __init__(self, strategy: str, limit: int, bsz: int, why: str = ""):
+        self.strategy, self.limit, self.bsz = strategy, int(limit), int(bsz)
+        super().__init__(
+            f"{strategy} runs at most {self.limit} requests{f' ({why})' if why else ''}, got bsz={self.bsz}"
+        )
 
 
 class ProfileConfigError(KvaddrError, ValueError):

@@ -22,6 +22,8 @@ KERNEL_NAMES = (
     "kvaddr_slots_i32",
     "kvaddr_where_pad",
     "kvaddr_empty",
+    "kvaddr_one_block_i64",
+    "kvaddr_one_block_i32",
     # kvaddr/engines/vllm.py and its three-launch baseline (the vLLM section of kernels.cu)
     "kvaddr_vllm_step",
     "kvaddr_vllm3_prepare",
@@ -186,6 +188,36 @@ class WhereArgs(ctypes.Structure):
         ("max_blocks", _I32),  # int32: the table's row length
         ("capacity", _I32),  # int32: C
         ("slot_mapping", _U64),  # [capacity], int64: fixed in place (-1 padding / bad)
+    ]
+
+
+class OneBlockParams(ctypes.Structure):
+    """kernels.cu's ``KvOneBlockParams``: the one-block step's one parameter, passed by value.
+
+    ``kvaddr_one_block_i64`` / ``_i32`` run ``<<<1, max(bsz, 1)>>>`` (bsz <= 1024).
+    """
+
+    _fields_ = [
+        # -- inputs (read only) --
+        ("seq_lens_decoder", _U64),  # [bsz], int32
+        ("seq_lens_this_time", _U64),  # [bsz], int32
+        ("block_tables", _U64 * MAX_CACHES),  # cache g: [rows >= bsz, max_blocks[g]], int32; 0 if unused
+        # -- outputs (written every launch) --
+        ("cu_seqlens_q", _U64),  # [bsz + 1], int32
+        ("num_tokens", _U64),  # [] (one value), int32
+        ("batch_id_per_token", _U64),  # [capacity], int32 (-1 padding)
+        ("position_ids", _U64),  # [capacity], int64 (kvaddr_one_block_i64) or int32 (_i32)
+        ("seq_lens_kv", _U64),  # [bsz], int32
+        ("slot_mapping", _U64),  # [num_caches, capacity], int64 (-1 padding / bad)
+        ("error_record", _U64),  # [2], uint64: (error mask, first-bad key), rewritten every launch
+        # -- scalars --
+        ("table_stride", _I64 * MAX_CACHES),  # int64: row stride of block_tables[g], in elements
+        ("max_blocks", _I32 * MAX_CACHES),  # int32: row length of block_tables[g] (1 if unused)
+        ("block_size", _I32 * MAX_CACHES),  # int32: B of cache g (1 if unused)
+        ("bsz", _I32),  # int32: requests this step, 0..1024
+        ("capacity", _I32),  # int32: C
+        ("num_caches", _I32),  # int32: caches addressed, 0..MAX_CACHES
+        ("reserved", _I32),  # int32, unused (no tail padding)
     ]
 
 

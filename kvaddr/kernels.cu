@@ -13,6 +13,8 @@
 //         and batch ids (the per-layer, one-kernel baseline).
 //     kvaddr_where_pad                     the padding "where" of the per-layer op chain.
 //     kvaddr_empty                         an empty kernel (the launch floor).
+//     kvaddr_one_block_i64 / _i32          FastDeploy's one-block step (<<<1, bsz>>>, a thread per
+//         request, serial prefix; bsz <= 1024): the one-block strategy.
 //
 // Semantics: docs/spec.md and kvaddr/reference.py (the oracle).
 //
@@ -888,6 +890,155 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
 
 // An empty kernel: the launch floor.
 extern "C" __global__ void kvaddr_empty() {}
+
+// FastDeploy's one-block step (the design it shipped after #7367), written here from
+// its description: ONE block of one thread per request (<<<1, bsz>>>, so bsz <= 1024);
+// thread b adds up the earlier requests' lengths serially (its cu_seqlens_q start),
+// then loops over its own tokens writing batch id, position and every cache's slot.
+// What kvaddr's contract adds to FastDeploy's op, so the outputs equal the reference's
+// for every input: bad lengths (either negative) run no tokens; tokens past the capacity
+// are dropped; bad addresses give slot -1 and nothing is read outside the tables; after
+// one barrier the block strides over the padding tokens [num_tokens, capacity). Error
+// record: bits 4 and 8 (those of the other baselines' position kernel; bits 1 and 2 are
+// not recorded), as (mask, first-bad key), rewritten every launch (graph-replay safe).
+// Launched by kvaddr/strategies/gpu.py (OneBlock) and benchmarks/floor_step.py with
+// blockDim = max(bsz, 1). Its one parameter is a KvOneBlockParams, passed by value
+// (kvaddr/kernel_loader.py's OneBlockParams mirrors it; tests/unit/test_kernel_params.py
+// checks the layout with nvcc).
+#define KV_ONE_BLOCK_MAX_REQUESTS 1024
+
+struct KvOneBlockParams {
+    // -- inputs (read only) --
+    const int* seq_lens_decoder;             // [bsz], int32: tokens already in each request's KV cache
+    const int* seq_lens_this_time;           // [bsz], int32: tokens each request runs this step
+    const int* block_tables[KV_MAX_CACHES];  // cache g: [rows >= bsz, max_blocks[g]], int32, rows
+                                             // table_stride[g] elements apart; null for an unused cache
+    // -- outputs (written every launch) --
+    int* cu_seqlens_q;                       // [bsz + 1], int32: exclusive prefix of the tokens
+    int* num_tokens;                         // [] (one value), int32: min(total tokens, capacity)
+    int* batch_id_per_token;                 // [capacity], int32: request of each token, -1 for padding
+    void* position_ids;                      // [capacity], int64 (kvaddr_one_block_i64) or int32 (_i32)
+    int* seq_lens_kv;                        // [bsz], int32: seq_lens_decoder + seq_lens_this_time
+    i64* slot_mapping;                       // [num_caches, capacity], int64: cache slot, -1 padding/bad
+    u64* error_record;                       // [2], uint64: (error mask, first-bad key), rewritten every launch
+    // -- scalars --
+    i64 table_stride[KV_MAX_CACHES];         // row stride of block_tables[g], in elements (int64)
+    int max_blocks[KV_MAX_CACHES];           // row length of block_tables[g], int32 (1 for an unused cache)
+    int block_size[KV_MAX_CACHES];           // B of cache g, int32 >= 1 (1 for an unused cache)
+    int bsz;                                 // requests this step, int32 in [0, KV_ONE_BLOCK_MAX_REQUESTS]
+    int capacity;                            // C: tokens of every per-token output, int32 >= 1
+    int num_caches;                          // caches addressed, int32 in [0, KV_MAX_CACHES]
+    int reserved;                            // int32, unused (keeps the struct free of tail padding)
+};
+static_assert(sizeof(KvOneBlockParams) == 13 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 4 * 4,
+              "KvOneBlockParams has no padding (the ctypes mirror assumes the C layout)");
+
+template <typename PosT>
+__device__ __forceinline__ void kv_one_block(const KvOneBlockParams& p) {
+    __shared__ unsigned int s_mask;
+    __shared__ u64 s_key;
+    __shared__ int s_num_tokens;
+    const int b = threadIdx.x, bsz = p.bsz, capacity = p.capacity;
+    if (b == 0) {
+        s_mask = 0u;
+        s_key = KV_NO_ERROR;
+        p.cu_seqlens_q[0] = 0;
+        if (bsz == 0) {
+            s_num_tokens = 0;
+            *p.num_tokens = 0;
+        }
+    }
+    __syncthreads();
+    if (b < bsz) {
+        const int* __restrict__ dec = p.seq_lens_decoder;
+        const int* __restrict__ q = p.seq_lens_this_time;
+        i64 start = 0;  // the serial prefix: every earlier good request's tokens
+        for (int j = 0; j < b; ++j) {
+            const int dj = dec[j], nj = q[j];
+            if ((dj | nj) >= 0) start += nj;
+        }
+        const int d = dec[b];
+        int n = q[b];
+        const bool bad = (d | n) < 0;
+        if (bad) n = 0;
+        const i64 end = start + n;
+        p.cu_seqlens_q[b + 1] = (int)(end < KV_INT_MAX ? end : KV_INT_MAX);
+        p.seq_lens_kv[b] = bad ? 0 : (d > KV_INT_MAX - n ? KV_INT_MAX : d + n);
+        if (b == bsz - 1) {
+            const int nt = (int)(end < capacity ? end : capacity);
+            s_num_tokens = nt;
+            *p.num_tokens = nt;
+        }
+        unsigned int mask = 0u;
+        u64 key = KV_NO_ERROR;
+        if (bad) {
+            mask = KV_ERR_NEGATIVE_LENGTH;
+            key = kv_err_key((u64)(start < KV_INT_MAX ? start : KV_INT_MAX), (u64)b, 0ULL,
+                             KV_ERR_LOG2(KV_ERR_NEGATIVE_LENGTH));
+        } else if (start <= capacity && capacity < end) {  // this request owns token C, the first dropped
+            mask = KV_ERR_CAPACITY;
+            key = kv_err_key((u64)capacity, (u64)b, 0ULL, KV_ERR_LOG2(KV_ERR_CAPACITY));
+        }
+        if (mask) {
+            atomicOr(&s_mask, mask);
+            atomicMin(&s_key, key);
+        }
+        PosT* __restrict__ pos_out = static_cast<PosT*>(p.position_ids);
+        const int stop = (int)(end < capacity ? end : capacity);
+        for (int t = (int)(start < capacity ? start : capacity); t < stop; ++t) {
+            const i64 pos = (i64)d + (t - start);
+            p.batch_id_per_token[t] = b;
+            pos_out[t] = (PosT)pos;
+#pragma unroll
+            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                if (g < p.num_caches) {
+                    const int B = p.block_size[g];
+                    i64 idx, off;
+                    if (pos <= KV_INT_MAX) {  // 32-bit division when it fits
+                        const unsigned int qd = (unsigned int)pos / (unsigned int)B;
+                        idx = qd;
+                        off = (unsigned int)pos - qd * (unsigned int)B;
+                    } else {
+                        idx = pos / B;
+                        off = pos - idx * B;
+                    }
+                    i64 slot = -1;
+                    if (idx < p.max_blocks[g]) {
+                        const int blk = p.block_tables[g][(i64)b * p.table_stride[g] + idx];
+                        if (blk >= 0) slot = (i64)blk * B + off;
+                    }
+                    p.slot_mapping[(i64)g * capacity + t] = slot;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (b == 0) {
+        p.error_record[0] = s_mask;
+        p.error_record[1] = s_key;
+    }
+    // Padding [num_tokens, capacity): the whole block strides over it.
+    PosT* __restrict__ pos_out = static_cast<PosT*>(p.position_ids);
+    for (int t = s_num_tokens + b; t < capacity; t += blockDim.x) {
+        p.batch_id_per_token[t] = -1;
+        pos_out[t] = 0;
+#pragma unroll
+        for (int g = 0; g < KV_MAX_CACHES; ++g) {
+            if (g < p.num_caches) p.slot_mapping[(i64)g * capacity + t] = -1;
+        }
+    }
+}
+
+// The one-block step, position_ids int64 / int32: <<<1, max(bsz, 1)>>>, one parameter.
+extern "C" __global__ void __launch_bounds__(KV_ONE_BLOCK_MAX_REQUESTS)
+kvaddr_one_block_i64(const KvOneBlockParams params) {
+    kv_one_block<i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_ONE_BLOCK_MAX_REQUESTS)
+kvaddr_one_block_i32(const KvOneBlockParams params) {
+    kv_one_block<int>(params);
+}
 
 // ============================================================================
 // END OF BASELINE (MEASUREMENT) KERNELS

@@ -84,6 +84,10 @@ def _as_int32(name, value):
     return arr.astype(np.int32)
 
 
+#: The lengths' check and conversion of :func:`step_addressing` (lists or int32 arrays of shape (bsz,)).
+as_int32 = _as_int32
+
+
 def step_addressing(
     seq_lens_decoder,
     seq_lens_this_time,

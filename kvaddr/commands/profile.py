@@ -46,6 +46,8 @@ Correctness first: every strategy runs on every input set (and every
 captured CUDA graph is replayed once) and each output is compared element
 for element with the NumPy reference; on any difference the command names
 the strategy, output, token and both values, exits 1 and reports no time.
+one-block (FastDeploy's one-block kernel, one thread per request) runs at
+most 1024 requests: for a larger BATCH its row says "not run".
 
 Workload (default: the DeepSeek-V3.2 decode preset, 61 layers, 2 caches per
 layer sharing one block table, B = 64): BATCH requests per step, each a

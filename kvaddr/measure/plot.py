@@ -17,12 +17,14 @@ INSTALL_HINT = "pip install 'kvaddr[plot]'"
 LABELS = {
     "per-layer-kernel": "per-layer-kernel (one slot kernel per layer and cache)",
     "hoisted": "hoisted (FastDeploy #7367)",
+    "one-block": "one-block (FastDeploy after #7367, <= 1024 requests)",
     "fused": "fused (kvaddr, one launch)",
 }
 #: Strategy colours and markers (stable across plots).
 STYLE = {
     "per-layer-kernel": ("#1f77b4", "s"),
     "hoisted": ("#ff7f0e", "^"),
+    "one-block": ("#9467bd", "D"),
     "fused": ("#2ca02c", "o"),
 }
 

@@ -30,12 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvaddr.constants import MAX_CACHES, MAX_CONTEXT, MAX_TABLE_ENTRIES, MAX_TOKENS_PER_STEP, MODES, NUM_STRATEGIES
+from kvaddr.constants import MAX_CACHES, MAX_CONTEXT, MAX_TABLE_ENTRIES, MAX_TOKENS_PER_STEP, MODES, STRATEGY_NAMES
 from kvaddr.errors import EnvironmentProblem, ProfileConfigError
 from kvaddr.measure.correctness import CheckFailed, compare_outputs, poison
 from kvaddr.measure.timing import FLOOR, Budget, Measurement, measure_cpu, measurement_stream
 from kvaddr.measure.workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS, Batch, Workload, make_input_sets
 from kvaddr.reference import step_addressing
+from kvaddr.strategies.names import not_run_reason
 
 
 @dataclass
@@ -51,10 +52,13 @@ class ShapeResult:
     batches : list of Batch
         The input sets.
     strategies : list of str
-        Strategy names in report order.
+        Strategy names in report order (those run).
     measurements : list of Measurement
     checks : dict
         What the correctness check covered (JSON-ready).
+    skipped : dict
+        ``{strategy: reason}`` of the strategies that cannot run this batch
+        (one-block beyond 1024 requests: "not run: one-block runs at most 1024 requests").
     """
 
     batch: int
@@ -63,6 +67,13 @@ class ShapeResult:
     strategies: list
     measurements: list = field(default_factory=list)
     checks: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+
+
+def strategies_for(names: Sequence[str], batch: int) -> tuple[list, dict]:
+    """``(names to run, {name: reason not run})`` for a batch of ``batch`` requests."""
+    skipped = {n: r for n in names for r in [not_run_reason(n, batch)] if r is not None}
+    return [n for n in names if n not in skipped], skipped
 
 
 class Progress:
@@ -153,8 +164,8 @@ class CpuBackend:
         """Draw the input sets, build every strategy and check it against the reference."""
         batches = make_input_sets(workload, batch)
         refs = references(batches)
-        names = list(self.module.STRATEGY_NAMES)
-        result = ShapeResult(batch, batches[0].capacity, batches, names)
+        names, skipped = strategies_for(self.module.STRATEGY_NAMES, batch)
+        result = ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
         inputs = [(b.seq_lens_decoder, b.seq_lens_this_time, b.tables_arg, b.seq_lens_encoder) for b in batches]
         strategies = {}
         for name in names:
@@ -275,8 +286,8 @@ class CudaBackend:
         with cp.cuda.Device(self.device_id), stream:
             batches = make_input_sets(workload, batch)
             refs = references(batches)
-            names = list(self.module.STRATEGY_NAMES)
-            result = ShapeResult(batch, batches[0].capacity, batches, names)
+            names, skipped = strategies_for(self.module.STRATEGY_NAMES, batch)
+            result = ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
             inputs = self._to_device(batches)
             stream.synchronize()
             strategies = {}
@@ -721,7 +732,7 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
             f"timing, {config.budget:g} s per strategy and mode ..."
         )
 
-    progress.begin(len(batches) * backend.units(NUM_STRATEGIES, modes))
+    progress.begin(sum(backend.units(len(strategies_for(STRATEGY_NAMES, b)[0]), modes) for b in batches))
     try:
         shapes = run_profile(backend, workload, batches, modes, Budget(seconds=config.budget), progress, checked)
     finally:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
-from kvaddr.constants import MEASURES, SAVINGS_REFERENCE
+from kvaddr.constants import MEASURES, SAVINGS_REFERENCE, STRATEGY_NAMES
 from kvaddr.measure.timing import FLOOR, Measurement, Summary
 
 SCHEMA_VERSION = 1
@@ -244,11 +244,25 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
     headers.append("x floor")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    skipped = shape.get("skipped") or {}
+    order = {n: i for i, n in enumerate(STRATEGY_NAMES)}
+    pending: list = []
+
+    def not_run_rows(before: str | None) -> None:
+        # Rows of strategies this batch did not run, in strategy order, before `before` (None: all left).
+        while pending and (before is None or order.get(pending[0], -1) < order.get(before, len(order))):
+            name = pending.pop(0)
+            cells = [name, "-", "not run", "", "", "-", ""] + ([""] if step_ms is not None else []) + ["-"]
+            table.add_row(*cells, style="dim")
+
     section = None
     for r in shape["results"]:
         if (r["mode"], r["clock"]) != section:
+            not_run_rows(None)
             section = (r["mode"], r["clock"])
             table.add_row(short_label(r["mode"], r["clock"], device), style="bold")
+            pending = [n for n in STRATEGY_NAMES if n in skipped] + [n for n in skipped if n not in order]
+        not_run_rows(r["strategy"])
         s, c, floor_ratio = r["summary"], r["vs_per_layer"], r["vs_floor"]
         share = ""
         if c is None:
@@ -275,8 +289,11 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
             "-" if floor_ratio is None else (f"{floor_ratio:.1f}x" if floor_ratio < 100 else f"{floor_ratio:.0f}x")
         )
         table.add_row(*cells)
+    not_run_rows(None)
     console.print(title, style="italic", soft_wrap=True)
     console.print(table)
+    for name, reason in skipped.items():
+        console.print(f"{name}: {reason} (batch {shape['batch']}).", soft_wrap=True)
     floor_what = "one empty Python call" if device == "cpu" else "one empty kernel launch"
     clocks = (
         "host = wall time per step as the Python loop sees it"
@@ -323,7 +340,7 @@ def shape_json(shape, workload, device: str, step_ms: float | None) -> dict:
         line = headline(groups[(mode, clock)], mode, clock, device, shape.batch, step_word(workload), step_ms)
         if line:
             headlines.append(line)
-    return {
+    out = {
         "batch": shape.batch,
         "capacity": shape.capacity,
         "num_tokens": shape.capacity,
@@ -332,6 +349,10 @@ def shape_json(shape, workload, device: str, step_ms: float | None) -> dict:
         "results": results,
         "headlines": headlines,
     }
+    skipped = getattr(shape, "skipped", None)
+    if skipped:
+        out["skipped"] = dict(skipped)  # {strategy: "not run: ..."}; only when a strategy was not run
+    return out
 
 
 def envelope(kind: str, options: dict, environment: dict, schema_version: int = SCHEMA_VERSION) -> dict:

@@ -1,7 +1,7 @@
-"""The strategies kvaddr compares: per-layer, per-layer-kernel, hoisted and fused.
+"""The strategies kvaddr compares: per-layer, per-layer-kernel, hoisted, one-block and fused.
 
-Holds :mod:`~kvaddr.strategies.names` (names, descriptions, launch counts),
-:mod:`~kvaddr.strategies.gpu` (the four on the GPU, CuPy) and
+Holds :mod:`~kvaddr.strategies.names` (names, descriptions, launch counts, limits),
+:mod:`~kvaddr.strategies.gpu` (all on the GPU, CuPy) and
 :mod:`~kvaddr.strategies.cpu` (the same in NumPy, the CPU path).
 
 Layer: strategies. May import the library (the top of :mod:`kvaddr`) and the

@@ -1,9 +1,12 @@
-"""The four strategies on the CPU, in NumPy: the profiler's path without a GPU.
+"""The strategies on the CPU, in NumPy: the profiler's path without a GPU.
 
 Same construction and ``step()`` as :mod:`kvaddr.strategies.gpu`, on NumPy arrays.
 The fused strategy is the reference itself; the others run the position
 computation once and then NumPy versions of the per-layer work, so the CPU
-profile shows what repeating that work per layer costs on a host.
+profile shows what repeating that work per layer costs on a host. ``one-block``
+emulates FastDeploy's one-block kernel: every request's serial prefix (a
+quadratic sum, as its threads do it), then a loop over the requests writing
+each one's tokens; at most 1024 requests, like the kernel.
 
 With ``attention=...`` (docs/attention.md) the fused strategy returns the
 reference's attention metadata (one launch, like the fused kernel), and the
@@ -16,10 +19,19 @@ from __future__ import annotations
 import numpy as np
 
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
+from kvaddr.errors import ERR_CAPACITY, ERR_NEGATIVE_LENGTH, NO_ERROR_KEY, AddressingError, error_key
 from kvaddr.outputs import PAD_PAGE_ID, PAD_SLOT_ID, AttentionOutputs, StepOutputs
-from kvaddr.reference import step_addressing
-from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_name
-from kvaddr.validation import INT32_MAX, MAX_REQUESTS, check_block_sizes, check_host_array, check_int, normalize_tables
+from kvaddr.reference import as_int32, step_addressing
+from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_bsz, check_name
+from kvaddr.validation import (
+    INT32_MAX,
+    MAX_REQUESTS,
+    check_block_sizes,
+    check_host_array,
+    check_int,
+    check_lengths,
+    normalize_tables,
+)
 
 __all__ = ["ENGINE_ATTENTION_OPS", "STRATEGY_NAMES", "engine_attention_metadata", "make_strategy"]
 
@@ -212,6 +224,88 @@ class Hoisted(_PositionsThenSlots):
         return out
 
 
+class OneBlock(_CpuStrategy):
+    """FastDeploy's one-block kernel in NumPy: per request a serial prefix, then its tokens.
+
+    Same outputs as the reference for every input; records error bits 4 and 8
+    (like the GPU kernel); at most 1024 requests per step
+    (:class:`~kvaddr.errors.StrategyLimitExceeded` beyond that).
+    """
+
+    name = "one-block"
+
+    def step(self, seq_lens_decoder, seq_lens_this_time, block_tables, *, seq_lens_encoder=None, stream=None):
+        d = as_int32("seq_lens_decoder", seq_lens_decoder)
+        n = as_int32("seq_lens_this_time", seq_lens_this_time)
+        bsz = d.shape[0]
+        enc = None if seq_lens_encoder is None else as_int32("seq_lens_encoder", seq_lens_encoder).shape[0]
+        check_lengths(bsz, q=n.shape[0], enc=enc)
+        if bsz > self.max_requests:
+            raise ValueError(
+                f"seq_lens_decoder must have at most max_requests = {self.max_requests} entries, got {bsz}"
+            )
+        check_bsz(self.name, bsz)
+        tables = self._tables(block_tables, bsz)
+        C, G = self.capacity, len(self.block_sizes)
+        d64, n64 = d.astype(np.int64), n.astype(np.int64)
+        bad = (d64 < 0) | (n64 < 0)
+        n64[bad] = 0
+        # Thread b's serial prefix: n[0] + ... + n[b-1], every thread on its own (quadratic, as in the kernel).
+        earlier = np.arange(bsz)[None, :] < np.arange(bsz)[:, None]
+        start = (earlier * n64[None, :]).sum(axis=1) if bsz else np.zeros(0, dtype=np.int64)
+        end = start + n64
+        cu = np.zeros(bsz + 1, dtype=np.int32)
+        cu[1:] = np.minimum(end, INT32_MAX)
+        kv = np.where(bad, 0, np.minimum(d64 + n64, INT32_MAX)).astype(np.int32)
+        total = int(end[-1]) if bsz else 0
+        num_tokens = min(total, C)
+        batch = np.empty(C, dtype=np.int32)
+        pos = np.empty(C, dtype=self.position_dtype)
+        slots = np.empty((G, C), dtype=np.int64)
+        for b in range(bsz):  # thread b's token loop
+            lo, hi = min(int(start[b]), C), min(int(end[b]), C)
+            if lo >= hi:
+                continue
+            p = d64[b] + np.arange(hi - lo, dtype=np.int64)
+            batch[lo:hi] = b
+            pos[lo:hi] = p.astype(self.position_dtype)
+            for g, (t, B) in enumerate(zip(tables, self.block_sizes)):
+                idx, off = np.divmod(p, B)
+                ok = idx < t.shape[1]
+                blk = np.full(hi - lo, -1, dtype=np.int64)
+                blk[ok] = t[b, idx[ok]]
+                slots[g, lo:hi] = np.where(ok & (blk >= 0), blk * B + off, PAD_SLOT_ID)
+        # After the barrier: the padding tokens.
+        batch[num_tokens:] = -1
+        pos[num_tokens:] = 0
+        slots[:, num_tokens:] = PAD_SLOT_ID
+        mask, key = 0, NO_ERROR_KEY
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            mask, key = ERR_NEGATIVE_LENGTH, error_key(min(int(start[first]), INT32_MAX), first, 0, ERR_NEGATIVE_LENGTH)
+        if total > C:
+            owner = int(np.flatnonzero((start <= C) & (end > C))[0])
+            mask, key = mask | ERR_CAPACITY, min(key, error_key(C, owner, 0, ERR_CAPACITY))
+        self._errors = (mask, key)
+        out = StepOutputs(cu, np.array(num_tokens, dtype=np.int32), batch, pos, kv, slots)
+        self.launches_per_step = 1
+        if self.attention:
+            out.attention = engine_attention_metadata(
+                cu, kv, tables, self.block_sizes, self.attention, self.kv_indices_capacity
+            )
+            self.launches_per_step += engine_launches(self.attention, G)
+        return out
+
+    def errors(self) -> tuple[int, int]:
+        """The last step's ``(error_mask, first_bad_key)``: bits 4 and 8 only."""
+        return self._errors
+
+    def check(self, stream=None):
+        mask, key = self._errors
+        if mask:
+            raise AddressingError(mask, key)
+
+
 class Fused(_CpuStrategy):
     name = "fused"
 
@@ -239,7 +333,13 @@ class Fused(_CpuStrategy):
         self._last.check()
 
 
-_CLASSES = {"per-layer": PerLayer, "per-layer-kernel": PerLayerKernel, "hoisted": Hoisted, "fused": Fused}
+_CLASSES = {
+    "per-layer": PerLayer,
+    "per-layer-kernel": PerLayerKernel,
+    "hoisted": Hoisted,
+    "one-block": OneBlock,
+    "fused": Fused,
+}
 
 
 def make_strategy(

@@ -1,4 +1,4 @@
-"""The four step-addressing strategies of the spec, on the GPU (CuPy).
+"""The step-addressing strategies of the spec, on the GPU (CuPy).
 
 Each is built with the planner's sizes plus the model's layer count and has the
 same ``step()``; all return identical :class:`~kvaddr.outputs.StepOutputs`.
@@ -9,6 +9,7 @@ strategy          what one decode step runs (L layers, G caches)          launch
 per-layer         position kernel, then per layer and cache the op chain  1 + 9 L G
 per-layer-kernel  position kernel, then one slot kernel per layer, cache  1 + L G
 hoisted           position kernel, one op chain per distinct (table, B)   1 + 9 D (+ copies)
+one-block         one block, a thread per request: serial prefix, tokens  1 (bsz <= 1024)
 fused             one launch for every output (:class:`StepPlanner`)      1
 ================  ======================================================  ==================
 
@@ -19,8 +20,14 @@ plus what makes it safe for any input: the gather's flat index is built and
 clipped to the table, and a final ``where`` gives padding and bad tokens -1
 (kvaddr_where_pad): 9 launches a call (:data:`~kvaddr.strategies.names.CHAIN_OPS`).
 The position kernel is kvaddr's fused kernel with no caches (it scales past 1024
-requests, unlike FastDeploy's one-block kernel). Only the fused strategy records
-error bits 1 and 2; the others record bits 4 and 8 through their position kernel.
+requests, unlike FastDeploy's one-block kernel). ``one-block`` is that kernel
+(``kvaddr_one_block_i64`` / ``_i32``: ``<<<1, bsz>>>``, thread b adds up the
+earlier requests' lengths serially, then loops over its tokens), written from
+FastDeploy's description plus the padding and bad-value handling the spec asks
+for; a step of more than 1024 requests raises
+:class:`~kvaddr.errors.StrategyLimitExceeded`. Only the fused strategy records
+error bits 1 and 2; the others record bits 4 and 8 (through their position
+kernel; one-block in its own kernel).
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ import numpy as np
 
 from kvaddr import kernel_loader
 from kvaddr.device import require_cuda
+from kvaddr.errors import NO_ERROR_KEY, AddressingError
 from kvaddr.outputs import StepOutputs
 from kvaddr.planner import StepPlanner
-from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_name
+from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_bsz, check_name
 from kvaddr.validation import (
     check_block_sizes,
     check_info,
@@ -42,7 +50,7 @@ from kvaddr.validation import (
     stream_handle,
 )
 
-__all__ = ["STRATEGY_NAMES", "Fused", "Hoisted", "PerLayer", "PerLayerKernel", "make_strategy"]
+__all__ = ["STRATEGY_NAMES", "Fused", "Hoisted", "OneBlock", "PerLayer", "PerLayerKernel", "make_strategy"]
 
 _i64 = np.int64
 
@@ -77,6 +85,103 @@ class Fused:
 
     def check(self, stream=None) -> None:
         self.planner.check(stream)
+
+
+class OneBlock:
+    """FastDeploy's one-block step (after #7367): one launch of one block, a thread per request.
+
+    Thread b adds up ``seq_lens_this_time[0..b)`` serially (its ``cu_seqlens_q``
+    start), then loops over its own tokens writing batch id, position and every
+    cache's slot; after one barrier the block writes the padding tokens. Outputs
+    equal the reference's for every input; error bits 4 and 8 are recorded (not
+    1 and 2, like the other baselines). At most 1024 requests per step (one block
+    of 1024 threads); :meth:`step` raises :class:`~kvaddr.errors.StrategyLimitExceeded`
+    beyond that. The output buffers, their views and the input checks are a
+    :class:`StepPlanner`'s (never launched).
+    """
+
+    name = "one-block"
+
+    def __init__(
+        self,
+        *,
+        max_requests: int,
+        capacity: int,
+        block_sizes,
+        num_layers: int = 1,
+        position_dtype=np.int64,
+        device: int | None = None,
+    ):
+        require_cuda(device)
+        import cupy
+
+        self.num_layers = check_int("num_layers", num_layers, lo=1)
+        pl = self._buffers = StepPlanner(
+            max_requests, capacity, block_sizes, position_dtype=position_dtype, device=device
+        )
+        self.device, self.capacity, self.num_caches = pl.device, pl.capacity, pl.num_caches
+        self.position_dtype = pl.position_dtype
+        # The output buffers (what step() returns views of): [max_requests + 1], [], [C], [C], [max_requests],
+        # [num_caches, C]; int32 but position_ids (position_dtype) and slot_mapping (int64).
+        self.cu_seqlens_q, self.num_tokens = pl.cu_seqlens_q, pl.num_tokens
+        self.batch_id_per_token, self.position_ids = pl.batch_id_per_token, pl.position_ids
+        self.seq_lens_kv, self.slot_mapping = pl.seq_lens_kv, pl.slot_mapping
+        with cupy.cuda.Device(self.device):
+            self._record = cupy.asarray(np.array([0, NO_ERROR_KEY], dtype=np.uint64))  # [2], uint64
+            cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
+        fn = kernel_loader.get_function(
+            "kvaddr_one_block_i64" if self.position_dtype == np.int64 else "kvaddr_one_block_i32", self.device
+        )
+        P = self._params = kernel_loader.OneBlockParams()
+        P.capacity = self.capacity  # int32
+        P.num_caches = self.num_caches  # int32
+        for g in range(kernel_loader.MAX_CACHES):
+            P.max_blocks[g] = 1  # int32: an unused cache's width (set per call for used ones)
+            P.block_size[g] = pl.block_sizes[g] if g < self.num_caches else 1  # int32
+        P.cu_seqlens_q = pl.cu_seqlens_q.data.ptr  # [max_requests + 1], int32
+        P.num_tokens = pl.num_tokens.data.ptr  # [], int32
+        P.batch_id_per_token = pl.batch_id_per_token.data.ptr  # [C], int32
+        P.position_ids = pl.position_ids.data.ptr  # [C], int64 / int32 (position_dtype)
+        P.seq_lens_kv = pl.seq_lens_kv.data.ptr  # [max_requests], int32
+        P.slot_mapping = pl.slot_mapping.data.ptr  # [num_caches, C], int64
+        P.error_record = self._record.data.ptr  # [2], uint64
+        self._launcher = kernel_loader.Launcher(fn, P, by_value=True)
+        self.launches_per_step = 1
+
+    def step(
+        self, seq_lens_decoder, seq_lens_this_time, block_tables, *, seq_lens_encoder=None, stream=None
+    ) -> StepOutputs:
+        """The whole step's addressing in one launch of ``max(bsz, 1)`` threads (bsz <= 1024)."""
+        pl, P = self._buffers, self._params
+        bsz = check_bsz(self.name, pl._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder))
+        S = pl._params  # the inputs, checked and resolved by the planner
+        P.seq_lens_decoder = S.seq_lens_decoder  # [bsz], int32
+        P.seq_lens_this_time = S.seq_lens_this_time  # [bsz], int32
+        P.bsz = bsz  # int32
+        for g in range(self.num_caches):
+            P.block_tables[g] = S.block_tables[g]  # [rows >= bsz, max_blocks], int32
+            P.table_stride[g] = S.table_stride[g]  # int64, elements
+            P.max_blocks[g] = S.max_blocks[g]  # int32
+        self._launcher(1, max(bsz, 1), stream_handle(stream))
+        return pl._outputs(bsz)
+
+    def errors(self, stream=None) -> tuple[int, int]:
+        """Synchronise and return the last step's ``(error_mask, first_bad_key)`` (bits 4 and 8 only)."""
+        import cupy
+
+        handle = stream_handle(stream)
+        rec = np.empty(2, dtype=np.uint64)
+        with cupy.cuda.Device(self.device):
+            s = cupy_stream(handle)
+            self._record.get(stream=s, out=rec)
+            s.synchronize()
+        return int(rec[0]), int(rec[1])
+
+    def check(self, stream=None) -> None:
+        """Error bits 4 and 8 (see the module docstring): raise AddressingError if the last step had any."""
+        mask, key = self.errors(stream)
+        if mask:
+            raise AddressingError(mask, key)
 
 
 class _PositionsThenSlots:
@@ -311,7 +416,13 @@ class Hoisted(_OpChain):
         return out
 
 
-_CLASSES = {"per-layer": PerLayer, "per-layer-kernel": PerLayerKernel, "hoisted": Hoisted, "fused": Fused}
+_CLASSES = {
+    "per-layer": PerLayer,
+    "per-layer-kernel": PerLayerKernel,
+    "hoisted": Hoisted,
+    "one-block": OneBlock,
+    "fused": Fused,
+}
 
 
 def make_strategy(

@@ -22,8 +22,9 @@ step at a time:
    (eager mode, every ``eager_every``-th step, since a per-layer eager step
    costs milliseconds of host time).
 
-A GPU replayer keeps, per captured shape, static input buffers, the four
-strategies and their graphs (captured once, after an eager run that is
+A GPU replayer keeps, per captured shape, static input buffers, the
+strategies and their graphs (one-block only on shapes of at most 1024 rows;
+:func:`replay_trace` counts the steps it left out) (captured once, after an eager run that is
 checked; replays then read the new step's inputs from the same buffers).
 Shapes are kept in a least-recently-used cache of :data:`MAX_SHAPES`, so
 memory stays bounded.
@@ -38,7 +39,7 @@ from kvaddr.errors import AddressingError, EnvironmentProblem
 from kvaddr.measure.correctness import CheckFailed, poison
 from kvaddr.measure.profile_run import call_checked, check_outputs, step_fn
 from kvaddr.reference import step_addressing
-from kvaddr.strategies.names import STRATEGY_NAMES
+from kvaddr.strategies.names import STRATEGY_NAMES, not_run_reason
 from kvaddr.traces.format import BadLine, padded_inputs
 from kvaddr.traces.report import ReplayStats
 
@@ -86,6 +87,8 @@ class CpuReplayer:
             return got
         got = {}
         for name in self.names:
+            if not_run_reason(name, rows) is not None:
+                continue  # one-block beyond 1024 requests: counted by replay_trace
             got[name] = call_checked(
                 name,
                 "construction",
@@ -127,6 +130,7 @@ class _Shape:
         self.strategies = {}
         self.graphs = {}
         self.last_out = {}
+        self.names = []  # the strategies this shape runs (one-block not beyond 1024 rows)
 
 
 class CudaReplayer:
@@ -192,7 +196,8 @@ class CudaReplayer:
             cp.empty(rows, dtype=batch.seq_lens_encoder.dtype),
         )
         self._upload(shape, batch)
-        for name in self.names:
+        shape.names = [n for n in self.names if not_run_reason(n, rows) is None]
+        for name in shape.names:
             s = call_checked(
                 name,
                 "construction",
@@ -255,23 +260,23 @@ class CudaReplayer:
             shape, _new = self._get(batch, ref, where)
             if "graph" in self.modes:
                 if check:
-                    for name in self.names:
+                    for name in shape.names:
                         poison(shape.graphs[name][1])
-                for (e0, e1), name in zip(self._events, self.names):
+                for (e0, e1), name in zip(self._events, shape.names):
                     e0.record(stream)
                     shape.graphs[name][0].launch(stream)
                     e1.record(stream)
-                self._events[-1][1].synchronize()
+                self._events[len(shape.names) - 1][1].synchronize()  # the last pair recorded
                 times[("graph", "gpu")] = {
-                    name: timer.elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, self.names)
+                    name: timer.elapsed_us(e0, e1) for (e0, e1), name in zip(self._events, shape.names)
                 }
                 if check:
-                    for name in self.names:
+                    for name in shape.names:
                         check_outputs(name, f"{where}, graph replay", shape.graphs[name][1], ref)
             if eager and "eager" in self.modes:
                 host, gpu = {}, {}
                 clock = time.perf_counter
-                for (e0, e1), name in zip(self._events, self.names):
+                for (e0, e1), name in zip(self._events, shape.names):
                     s = shape.strategies[name]
                     if check:
                         poison(shape.last_out[name])
@@ -374,6 +379,10 @@ def replay_trace(
         check = n % check_every == 0
         where = f"trace line {item.line}" + (f" (step {item.step})" if item.step is not None else "")
         times = replayer.run(batch, ref.outputs, check, not thin_eager or n % eager_every == 0, where)
+        for name in stats.strategies:
+            reason = not_run_reason(name, rows)
+            if reason is not None:  # the replayer did not run it (one-block beyond 1024 requests)
+                stats.not_run_step(name, reason)
         stats.add(item.active, item.tokens, item.prefill_requests > 0, (rows, capacity, width), times, check)
         if progress is not None:
             progress(stats)

@@ -207,6 +207,9 @@ class ReplayStats:
         The first :data:`MAX_BAD_EXAMPLES`.
     checked_steps : int
         Steps whose outputs were compared with the reference.
+    not_run : dict
+        ``{strategy: {"steps": n, "reason": "not run: ..."}}``: strategies left
+        out of some steps (one-block on steps of more than 1024 padded requests).
     """
 
     def __init__(self, strategies):
@@ -222,6 +225,12 @@ class ReplayStats:
         self.tokens = StreamStats(seed=2)
         self.prefill_steps = 0
         self.shapes: dict = {}
+        self.not_run: dict = {}
+
+    def not_run_step(self, name: str, reason: str) -> None:
+        """Strategy ``name`` did not run the step just added (``reason`` says why)."""
+        entry = self.not_run.setdefault(name, {"steps": 0, "reason": reason})
+        entry["steps"] += 1
 
     def bad(self, line: int, reason: str) -> None:
         self.bad_lines += 1
@@ -352,6 +361,12 @@ def render(console, stats: ReplayStats, info: dict) -> None:
         if line:
             console.print(line, soft_wrap=True)
         console.print()
+    for name, entry in stats.not_run.items():
+        console.print(
+            f"{name}: {entry['reason']}; left out of {entry['steps']} of {stats.steps} steps "
+            f"(its times and savings cover the other steps).",
+            soft_wrap=True,
+        )
     console.print(
         "saved = per-layer time minus the strategy's, on the same step (negative: slower); one "
         "sample per step and strategy, so single steps are noisy and the distribution is the result.",
@@ -385,6 +400,7 @@ def replay_document(stats: ReplayStats, info: dict, environment: dict, settings:
             ],
         },
         "correctness": {"status": "passed", "steps_checked": stats.checked_steps, "strategies": stats.strategies},
+        "not_run": {name: dict(entry) for name, entry in stats.not_run.items()},
         "measures": [m.as_json(environment.get("device", "cpu")) for m in stats.ordered()],
         "headlines": [h for h in (headline(m, environment.get("device", "cpu")) for m in stats.ordered()) if h],
     }

@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from kvaddr.strategies.gpu import STRATEGY_NAMES, make_strategy
+    from kvaddr.strategies.names import not_run_reason
 
     t0 = time.perf_counter()
     mismatches, checked, large = 0, 0, 0
@@ -53,6 +54,8 @@ def main(argv=None) -> int:
         ref = reference(case)
         dev = to_device(case)
         for name in STRATEGY_NAMES:
+            if not_run_reason(name, bsz) is not None:
+                continue  # one-block beyond 1024 requests
             s = make_strategy(
                 name, max_requests=max(bsz, 1), capacity=case["capacity"], block_sizes=case["block_sizes"], num_layers=1
             )

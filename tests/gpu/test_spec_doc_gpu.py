@@ -12,7 +12,7 @@ from tests.support.spec_doc import example_case, spec_examples
 pytestmark = requires_gpu
 
 EXAMPLES = spec_examples()
-NAMES = ("per-layer", "per-layer-kernel", "hoisted", "fused")
+NAMES = ("per-layer", "per-layer-kernel", "hoisted", "one-block", "fused")
 
 
 def _want_key(ex):
@@ -61,6 +61,10 @@ def test_every_gpu_strategy_gives_the_page(ex, name):
     _assert_page_outputs(out, ex, f"{ex['name']}/{name}")
     if name == "fused":
         assert s.planner.errors() == (ex["error_mask"], _want_key(ex)), f"{ex['name']}: error record"
+    elif name == "one-block":  # its own kernel records bits 4 and 8 only
+        mask, _ = s.errors()
+        assert mask == ex["error_mask"] & 12, f"{ex['name']}/one-block: error bits"
+        return
     else:  # the position kernel records bits 4 and 8 only
         mask, _ = s.positions.errors()
         assert mask == ex["error_mask"] & 12, f"{ex['name']}/{name}: error bits"

@@ -12,7 +12,7 @@ from kvaddr.measure.report import Comparison, compare_to_reference, format_us, h
 from kvaddr.measure.timing import Budget, Measurement, block_size_for, summarize
 from kvaddr.strategies import cpu as cpu_strategies
 
-STRATEGIES = ("per-layer", "per-layer-kernel", "hoisted", "fused")
+STRATEGIES = ("per-layer", "per-layer-kernel", "hoisted", "one-block", "fused")
 FAST = ["--layers", "2", "--budget", "0", "--batch", "4"]
 NO_GPU = environment.CudaProbe(False, 0, "CuPy is not importable (test)")
 

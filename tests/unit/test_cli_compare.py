@@ -20,7 +20,7 @@ from kvaddr.strategies import cpu as cpu_strategies
 
 FAST = ["--device", "cpu", "--layers", "1", "--budget", "0", "--batch", "4"]
 NO_GPU = environment.CudaProbe(False, 0, "CuPy is not importable (test)")
-STRATEGIES = ("per-layer", "per-layer-kernel", "hoisted", "fused")
+STRATEGIES = ("per-layer", "per-layer-kernel", "hoisted", "one-block", "fused")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -146,7 +146,7 @@ def test_compare_a_file_with_itself_exits_0_with_a_table(base):
     r = run("compare", base, base)
     assert r.exit_code == 0, r.output
     verdicts = [line.split()[-2] for line in r.stdout.splitlines() if "x1.000" in line]
-    assert verdicts == ["same"] * 5, r.stdout  # the floor row too (issue 12, item 5)
+    assert verdicts == ["same"] * 6, r.stdout  # the floor row too (issue 12, item 5)
     for word in (
         "strategy",
         "measure",
@@ -169,7 +169,7 @@ def test_compare_json_is_one_document(base):
     assert doc["settings"]["gated_measures"] == {"deepseek-v3.2": []}  # --gate auto: nothing on the CPU path
     assert "--gate auto gates nothing of run 'deepseek-v3.2' (the CPU path" in doc["settings"]["gate_notes"][0]
     assert doc["environment_check"]["status"] == "match"
-    assert len(doc["results"]) == 5
+    assert len(doc["results"]) == 6
     for row in doc["results"]:  # identical samples are "same", the floor's included (issue 12, item 5)
         assert row["verdict"] == "same" and row["ratio"] == 1.0 and row["p_value"] == 1.0
         assert row["base"]["n"] >= 10 and row["line"].startswith("deepseek-v3.2, batch 4: ")
@@ -422,7 +422,7 @@ def test_save_then_check_on_the_cpu_path_never_exits_1(tmp_path):
         assert len(notes) == 1 and "the CPU path" in notes[0] and "--gate eager:host" in notes[0], r.stderr
         doc = json.loads((tmp_path / f"c{i}.json").read_text())
         assert doc["exit_code"] == 0 and doc["counts"]["gated"]["slower"] == 0
-        assert len(doc["results"]) == 5 and not any(row["gated"] for row in doc["results"])
+        assert len(doc["results"]) == 6 and not any(row["gated"] for row in doc["results"])
 
 
 def test_an_explicit_gate_still_gates_the_cpu_path(base, monkeypatch):

@@ -446,3 +446,28 @@ def test_a_run_without_samples_is_refused(tmp_path):
         as_baseline(run)
     with pytest.raises(bl.BaselineError, match="no such file"):
         bl.load(str(tmp_path / "missing.json"))
+
+
+def _with_one_block(doc):
+    """A run recorded after one-block joined: the same results plus a one-block row per measure."""
+    doc = json.loads(json.dumps(doc))
+    for shape in doc["shapes"]:
+        extra = [dict(r, strategy="one-block") for r in shape["results"] if r["strategy"] == "fused"]
+        shape["results"] = shape["results"] + extra
+    return doc
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_an_old_baseline_without_one_block_compares_with_a_new_run(relative):
+    """Baselines recorded before one-block have no one-block rows: they are 'new', never a failure."""
+    old, new = make_run(1), _with_one_block(make_run(2))
+    outcome = compare_baselines(as_baseline(old), as_baseline(new, path="new.json"), relative=relative)
+    assert not outcome.stopped and outcome.exit_code == 0 and not outcome.slower
+    one_block = [r for r in outcome.rows if r.strategy == "one-block"]
+    assert one_block and {r.verdict for r in one_block} == {"new"}
+    assert all(r.sentence().endswith("(not in the baseline)") for r in one_block)
+    assert {r.verdict for r in outcome.rows if r.strategy != "one-block"} <= {"same", "ambiguous"}
+    # And the other way round: a new baseline against a run without one-block (a batch over 1024 requests).
+    back = compare_baselines(as_baseline(new), as_baseline(old, path="old.json"), relative=relative)
+    assert not back.stopped and not back.slower
+    assert {r.verdict for r in back.rows if r.strategy == "one-block"} == {"missing"}

@@ -22,6 +22,13 @@ def test_max_caches_is_kernels_cu_kv_max_caches():
     assert found == [str(constants.MAX_CACHES)]
 
 
+def test_one_block_limit_is_kernels_cu_kv_one_block_max_requests():
+    with open(KERNELS, encoding="utf-8") as fh:
+        found = re.findall(r"^#define KV_ONE_BLOCK_MAX_REQUESTS (\d+)\s*$", fh.read(), flags=re.M)
+    assert found == [str(constants.ONE_BLOCK_MAX_REQUESTS)] == ["1024"]
+    assert constants.REQUEST_LIMITS == {"one-block": 1024}
+
+
 def test_int32_bounds():
     assert int(np.iinfo(np.int32).max) == constants.INT32_MAX
     assert int(np.iinfo(np.int32).min) == constants.INT32_MIN
@@ -32,7 +39,8 @@ def test_reexports_are_the_same_objects():
     assert names.STRATEGY_NAMES is constants.STRATEGY_NAMES and cpu.STRATEGY_NAMES is constants.STRATEGY_NAMES
     assert PAD_SLOT_ID == kvaddr.PAD_SLOT_ID == constants.PAD_SLOT_ID == -1
     assert timing.FLOOR == constants.FLOOR
-    assert constants.NUM_STRATEGIES == len(constants.STRATEGY_NAMES) == 4
+    assert constants.NUM_STRATEGIES == len(constants.STRATEGY_NAMES) == 5
+    assert set(names.DESCRIPTIONS) == set(names.LAUNCHES) == set(constants.STRATEGY_NAMES)
     assert constants.SAVINGS_REFERENCE in constants.STRATEGY_NAMES
 
 

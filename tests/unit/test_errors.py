@@ -33,6 +33,21 @@ def test_builtin_bases_are_kept():
     assert issubclass(errors.ProfileConfigError, ValueError)
     assert issubclass(errors.PlotUnavailable, errors.EnvironmentProblem)
     assert issubclass(errors.BaselineMismatch, errors.BaselineError)
+    assert issubclass(errors.StrategyLimitExceeded, ValueError)
+
+
+def test_strategy_limit_message_names_the_limit_and_the_batch():
+    from kvaddr.strategies.names import check_bsz, not_run_reason
+
+    with pytest.raises(errors.StrategyLimitExceeded) as exc:
+        check_bsz("one-block", 1025)
+    assert str(exc.value) == (
+        "one-block runs at most 1024 requests (one block of one thread per request), got bsz=1025"
+    )
+    assert (exc.value.strategy, exc.value.limit, exc.value.bsz) == ("one-block", 1024, 1025)
+    assert check_bsz("one-block", 1024) == 1024 and check_bsz("fused", 10**6) == 10**6
+    assert not_run_reason("one-block", 1024) is None and not_run_reason("hoisted", 4096) is None
+    assert not_run_reason("one-block", 2048) == "not run: one-block runs at most 1024 requests"
 
 
 @pytest.mark.parametrize(

@@ -77,24 +77,45 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     assert ctypes.sizeof(S) == end == 200 and ctypes.alignment(S) == 8
 
 
+STRUCTS = [("KvStepParams", kernel_loader.StepParams), ("KvOneBlockParams", kernel_loader.OneBlockParams)]
+
+
+def test_one_block_params_fields_match_the_c_struct_and_have_no_padding():
+    c_fields = _c_fields("KvOneBlockParams")
+    S = kernel_loader.OneBlockParams
+    assert [f for _, f, _ in c_fields] == [name for name, _ in S._fields_]
+    for (ctype, field, length), (_, pytype) in zip(c_fields, S._fields_):
+        assert (_c_kind(ctype), length) == _ctypes_kind(pytype), field
+    for line in _struct_body("KvOneBlockParams").splitlines():
+        if line.split("//", 1)[0].strip():
+            assert "//" in line and re.search(r"int32|int64|uint32|uint64", line), line
+    end = 0
+    for name, ctype in S._fields_:
+        assert getattr(S, name).offset == end, name
+        end += ctypes.sizeof(ctype)
+    assert ctypes.sizeof(S) == end == 184 and ctypes.alignment(S) == 8
+    assert kernel_loader.constants()["KV_ONE_BLOCK_MAX_REQUESTS"] == 1024
+
+
+def test_one_block_kernels_take_one_struct_by_value():
+    for name in ("kvaddr_one_block_i64", "kvaddr_one_block_i32"):
+        assert _kernel_params(name) == ["const KvOneBlockParams params"]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: C struct layout check skipped")
-def test_step_params_layout_matches_nvcc(tmp_path):
-    """sizeof, alignof and every field's offset and size, as nvcc's host compiler lays
-    the struct out, equal ctypes' (the same compiler family lays out the device side)."""
-    S = kernel_loader.StepParams
-    lines = [
-        "#include <cstddef>",
-        "#include <cstdio>",
-        f'#include "{kernel_loader.SOURCE_PATH}"',
-        "int main() {",
-        '    std::printf("sizeof %zu\\n", sizeof(KvStepParams));',
-        '    std::printf("alignof %zu\\n", alignof(KvStepParams));',
-    ]
-    for name, _ in S._fields_:
-        lines.append(
-            f'    std::printf("{name} %zu %zu\\n", offsetof(KvStepParams, {name}), '
-            f"sizeof(((KvStepParams*)nullptr)->{name}));"
-        )
+def test_params_layout_matches_nvcc(tmp_path):
+    """sizeof, alignof and every field's offset and size of each by-value parameter struct
+    (KvStepParams, KvOneBlockParams), as nvcc's host compiler lays them out, equal ctypes'
+    (the same compiler family lays out the device side). One host program for all."""
+    lines = ["#include <cstddef>", "#include <cstdio>", f'#include "{kernel_loader.SOURCE_PATH}"', "int main() {"]
+    for cname, S in STRUCTS:
+        lines.append(f'    std::printf("{cname} sizeof %zu\\n", sizeof({cname}));')
+        lines.append(f'    std::printf("{cname} alignof %zu\\n", alignof({cname}));')
+        for name, _ in S._fields_:
+            lines.append(
+                f'    std::printf("{cname} {name} %zu %zu\\n", offsetof({cname}, {name}), '
+                f"sizeof((({cname}*)nullptr)->{name}));"
+            )
     lines += ["    return 0;", "}"]
     src = tmp_path / "layout.cu"
     src.write_text("\n".join(lines) + "\n")
@@ -105,14 +126,17 @@ def test_step_params_layout_matches_nvcc(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    got = {}
+    got: dict = {}
     for line in run.stdout.splitlines():
-        key, *vals = line.split()
-        got[key] = tuple(int(v) for v in vals)
-    assert got.pop("sizeof") == (ctypes.sizeof(S),)
-    assert got.pop("alignof") == (ctypes.alignment(S),)
-    want = {name: (getattr(S, name).offset, ctypes.sizeof(ctype)) for name, ctype in S._fields_}
-    assert got == want
+        cname, key, *vals = line.split()
+        got.setdefault(cname, {})[key] = tuple(int(v) for v in vals)
+    assert set(got) == {c for c, _ in STRUCTS}
+    for cname, S in STRUCTS:
+        g = got[cname]
+        assert g.pop("sizeof") == (ctypes.sizeof(S),), cname
+        assert g.pop("alignof") == (ctypes.alignment(S),), cname
+        want = {name: (getattr(S, name).offset, ctypes.sizeof(ctype)) for name, ctype in S._fields_}
+        assert g == want, cname
 
 
 def _kernel_params(name: str) -> list[str]:
@@ -199,16 +223,21 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
 
     for name in ("kvaddr_step_i64", "kvaddr_step_i32"):
         assert lib < where(name) < base
-    for name in ("kvaddr_slots_i64", "kvaddr_slots_i32", "kvaddr_where_pad", "kvaddr_empty"):
-        assert base < where(name) < end
-    assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32"} | {
+    baseline = (
         "kvaddr_slots_i64",
         "kvaddr_slots_i32",
         "kvaddr_where_pad",
         "kvaddr_empty",
-    } | {name for name in kernel_loader.KERNEL_NAMES if name.startswith(("kvaddr_vllm_", "kvaddr_vllm3_"))}
-    for name in ("kvaddr_vllm_step", "kvaddr_vllm3_prepare", "kvaddr_vllm3_gather", "kvaddr_vllm3_slots"):
+        "kvaddr_one_block_i64",
+        "kvaddr_one_block_i32",
+    )
+    for name in baseline:
+        assert base < where(name) < end
+    assert set(kernel_loader.KERNEL_NAMES) >= {"kvaddr_step_i64", "kvaddr_step_i32", *baseline}
+    vllm = ("kvaddr_vllm_step", "kvaddr_vllm3_prepare", "kvaddr_vllm3_gather", "kvaddr_vllm3_slots")
+    for name in vllm:
         assert end < where(name)  # the vLLM sections come after the core baseline section
+    assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32", *baseline, *vllm}
 
 
 def test_ablate_step_source_patches_still_apply():

@@ -45,9 +45,38 @@ def test_run_returns_the_report_and_prints_nothing(capsys):
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""
     kinds = [e[0] for e in progress.events]
-    # 2 batch sizes x (4 strategies + the floor) units on the CPU
-    assert ("begin", 10) in progress.events and kinds.count("advance") == 10 and kinds[-1] == "end"
+    # 2 batch sizes x (5 strategies + the floor) units on the CPU
+    assert ("begin", 12) in progress.events and kinds.count("advance") == 12 and kinds[-1] == "end"
     assert any("checking 2 batch size(s)" in e[1] for e in progress.events if e[0] == "note")
+
+
+def test_one_block_is_not_run_beyond_1024_requests_and_the_report_says_so():
+    """Batch 2048 on the CPU path: one-block is left out (and said so), every other strategy checked and timed."""
+    from rich.console import Console
+
+    from kvaddr.measure.report import render_report
+
+    progress = Recorder()
+    config = ProfileConfig(batches=(1024, 2048), layers=1, budget=0.0, input_sets=1, seed=3, device="cpu")
+    doc = run(config, progress)
+    small, big = doc["shapes"]
+    assert "skipped" not in small and "one-block" in small["correctness"]["strategies"]
+    assert "one-block" in {r["strategy"] for r in small["results"]}
+    assert big["skipped"] == {"one-block": "not run: one-block runs at most 1024 requests"}
+    assert big["correctness"]["strategies"] == ["per-layer", "per-layer-kernel", "hoisted", "fused"]
+    assert [r["strategy"] for r in big["results"]] == ["per-layer", "per-layer-kernel", "hoisted", "fused", "floor"]
+    # 6 units at batch 1024, 5 at 2048 (one-block not run)
+    assert ("begin", 11) in progress.events and [e[0] for e in progress.events].count("advance") == 11
+    console = Console(record=True, width=160)
+    render_report(console, doc)
+    text = console.export_text()
+    lines = [ln.split() for ln in text.splitlines()]
+    at_2048 = text[text.index("batch 2048") :]
+    assert "one-block: not run: one-block runs at most 1024 requests (batch 2048)." in at_2048
+    row = next(ln for ln in at_2048.splitlines() if ln.startswith("one-block "))
+    assert row.split() == ["one-block", "-", "not", "run", "-", "-"]
+    names = [ln[0] for ln in lines if ln and ln[0] in ("hoisted", "one-block", "fused")]
+    assert names == ["hoisted", "one-block", "fused"] * 2  # in strategy order, at both batches
 
 
 def test_auto_without_a_gpu_says_so_and_graph_mode_falls_back():

@@ -31,12 +31,23 @@ def test_gpu_flow_both_modes(fake_gpu):
     assert shape["correctness"]["graph_replays"] is True
     seen = {(x["mode"], x["clock"], x["strategy"]) for x in shape["results"]}
     for mode, clock in (("graph", "gpu"), ("eager", "host"), ("eager", "gpu")):
-        for name in ("per-layer", "per-layer-kernel", "hoisted", "fused", "floor"):
+        for name in ("per-layer", "per-layer-kernel", "hoisted", "one-block", "fused", "floor"):
             assert (mode, clock, name) in seen
     for x in shape["results"]:
         assert x["summary"]["n"] == len(x["samples_us"]) >= 10
         assert x["steps_per_sample"] >= 1
     assert len(shape["headlines"]) == 3
+
+
+def test_gpu_flow_leaves_one_block_out_beyond_1024_requests(fake_gpu):
+    args = ["profile", "--layers", "1", "--budget", "0", "--batch", "1025", "--input-sets", "1", "--json", "-"]
+    r = CliRunner().invoke(cli_module.cli, args)
+    assert r.exit_code == 0, r.output
+    (shape,) = json.loads(r.stdout)["shapes"]
+    assert shape["skipped"] == {"one-block": "not run: one-block runs at most 1024 requests"}
+    assert "one-block" not in {x["strategy"] for x in shape["results"]}
+    assert "one-block" not in shape["correctness"]["strategies"]
+    assert {x["strategy"] for x in shape["results"]} == {"per-layer", "per-layer-kernel", "hoisted", "fused", "floor"}
 
 
 def test_profiles_in_one_process_share_one_measuring_stream(fake_gpu, monkeypatch):

@@ -93,7 +93,7 @@ def test_replay_reports_the_distribution_and_the_saving_against_batch_size(tmp_p
     (m,) = doc["measures"]
     assert (m["mode"], m["clock"], m["steps"]) == ("eager", "host", 60)
     names = [s["strategy"] for s in m["strategies"]]
-    assert names == ["per-layer", "per-layer-kernel", "hoisted", "fused"]
+    assert names == ["per-layer", "per-layer-kernel", "hoisted", "one-block", "fused"]
     for s in m["strategies"]:
         assert s["time_us"]["n"] == 60 and s["time_us"]["min"] > 0
         if s["strategy"] == "per-layer":
@@ -132,6 +132,34 @@ def test_bad_lines_are_reported_skipped_and_exit_1(tmp_path, no_gpu):
     t = doc["trace"]
     assert (t["steps_replayed"], t["bad_lines"], t["idle_steps"], t["lines"]) == (3, 2, 1, 6)
     assert [b["line"] for b in t["bad_line_examples"]] == [3, 5]
+
+
+def _big_step(bsz):
+    return {
+        "seq_lens_decoder": [3] * bsz,
+        "seq_lens_this_time": [1] * bsz,
+        "seq_lens_encoder": [0] * bsz,
+        "block_tables": [[i % 50] for i in range(bsz)],
+    }
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "fake-gpu"])
+def test_steps_over_1024_requests_leave_one_block_out_and_say_so(tmp_path, request, gpu):
+    request.getfixturevalue("fake_gpu_arrays" if gpu else "no_gpu")
+    path = write_lines(
+        tmp_path / "t.jsonl", [{"kvaddr_trace": 1, "block_sizes": [4]}, STEP, _big_step(1500), STEP, _big_step(1500)]
+    )
+    r = run("replay", path, "--layers", "1", "--eager-every", "1", "--json", str(tmp_path / "r.json"))
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.split())
+    assert "one-block: not run: one-block runs at most 1024 requests; left out of 2 of 4 steps" in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["trace"]["steps_replayed"] == 4
+    assert doc["not_run"] == {"one-block": {"steps": 2, "reason": "not run: one-block runs at most 1024 requests"}}
+    assert len(doc["measures"]) == (3 if gpu else 1)
+    for m in doc["measures"]:
+        times = {row["strategy"]: row["time_us"]["n"] for row in m["strategies"]}
+        assert times["one-block"] == 2 and times["fused"] == times["per-layer"] == 4, (m["mode"], times)
 
 
 def test_only_bad_lines(tmp_path, no_gpu):
@@ -396,7 +424,7 @@ def test_gpu_replay_both_modes(tmp_path, fake_gpu_arrays):
     steps = {(m["mode"], m["clock"]): m["steps"] for m in doc["measures"]}
     assert steps == {("graph", "gpu"): 12, ("eager", "host"): 4, ("eager", "gpu"): 4}
     shapes = len(doc["trace"]["padded_shapes"])
-    assert doc["settings"]["captured_shapes"] == 4 * shapes
+    assert doc["settings"]["captured_shapes"] == 5 * shapes  # every strategy, one-block included
     assert len(doc["headlines"]) == 3
 
 

@@ -48,7 +48,7 @@ def test_sweep_json_is_a_profile_report_plus_the_series(report):
     sw = doc["sweep"]
     (p,) = sw["panels"]  # the CPU path: eager only
     assert (p["mode"], p["clock"], p["batches"]) == ("eager", "host", [1, 2, 4])
-    assert set(p["series"]) == {"per-layer-kernel", "hoisted", "fused"}
+    assert set(p["series"]) == {"per-layer-kernel", "hoisted", "one-block", "fused"}
     assert all(len(v) == 3 for v in p["series"].values()) and len(p["baseline_us"]) == 3
     assert "CPU (NumPy)" in sw["title"] and "deepseek-v3.2" in sw["title"]
 
