@@ -12,7 +12,7 @@ workspace) -> ()``
     kernel on torch's current stream; CPU: the NumPy reference; Meta/fake: shape checks
     only, so ``torch.compile(fullgraph=True)`` traces it without a graph break.
 
-Library layer: imports only the library (and engines). Layering: tests/unit/test_layering.py.
+Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
 
 from kvaddr.torch.ops import (
