@@ -78,16 +78,32 @@ def _cupy_info(x) -> ArrayInfo:
     return ArrayInfo(mem.ptr, x.shape, el, x.dtype, dev, x)
 
 
+_OTHER, _CUPY, _TORCH = 0, 1, 2
+#: Which path of describe() a class takes, decided once per class (by its module and name).
+_KINDS: dict = {}
+
+
+def _kind_of(cls) -> int:
+    mod = cls.__module__
+    if mod.startswith("cupy"):
+        return _CUPY
+    if mod == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+        return _TORCH
+    return _OTHER
+
+
 def describe(name: str, x) -> ArrayInfo:
     """Describe a device array: CuPy, PyTorch, __cuda_array_interface__ or __dlpack__.
 
     Raises TypeError naming ``name`` for host arrays and for unknown objects.
     """
     cls = type(x)
-    mod = cls.__module__
-    if mod.startswith("cupy"):
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    if kind == _CUPY:
         return _cupy_info(x)
-    if mod == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+    if kind == _TORCH:
         info = _torch_info(x)
         if info.device < 0:
             raise TypeError(f"{name} must be a CUDA array, got a torch tensor on {x.device}")
