@@ -274,6 +274,9 @@ def stream_handle(stream) -> int:
         import cupy
 
         return cupy.cuda.get_current_stream().ptr
+    ptr = getattr(stream, "ptr", None)
+    if ptr.__class__ is int:  # a CuPy stream (the next hot path)
+        return ptr
     if isinstance(stream, bool):
         raise TypeError(f"stream must be a CuPy stream, a raw handle or an object with cuda_stream, got {stream!r}")
     if isinstance(stream, numbers.Integral):
