@@ -440,9 +440,17 @@ def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -
         multi = _state["multi_device"] = torch.cuda.device_count() > 1
     if multi and torch.cuda.current_device() != dev:
         with torch.cuda.device(dev):
-            entry[0].launch(None, torch._C._cuda_getCurrentRawStream(dev))
+            entry[0].launch(None, _raw_stream(dev))
         return
-    entry[0].launch(None, torch._C._cuda_getCurrentRawStream(dev))
+    entry[0].launch(None, _raw_stream(dev))
+
+
+def _raw_stream_slow(dev: int) -> int:
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+#: torch's current stream of a device as a raw cudaStream_t (what inductor's get_raw_stream uses).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
 
 # -- registration ----------------------------------------------------------------------

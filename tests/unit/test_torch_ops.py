@@ -345,7 +345,7 @@ def fake_cuda_launch(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
     monkeypatch.setattr(ops.kernel_loader, "get_function", lambda name, dev=None: types.SimpleNamespace(ptr=0xF00))
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5, raising=False)
+    monkeypatch.setattr(ops, "_raw_stream", lambda dev: 0x5)
     monkeypatch.setitem(ops._state, "multi_device", False)
 
     def describe(name, x):
