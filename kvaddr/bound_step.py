@@ -98,6 +98,7 @@ class BoundStep:
         outputs: Callable[[int], Any] | None = None,
         debug: bool = False,
         launch_kernel: Callable | None = None,
+        hold: bool = True,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -142,6 +143,8 @@ class BoundStep:
         self.params = P
         self.max_bsz = rows
         self._bsz_default = rows
+        if not hold:  # the caller keeps the arrays alive (and forgets this binding when one dies)
+            infos = [info._replace(obj=None) for info in infos]
         self._names, self._infos = tuple(names), tuple(infos)  # the infos keep the arrays alive
         self._num_chunks, self._tile, self._threads = num_chunks, tile, threads
         self._stream = None if stream is None else stream_handle(stream)
@@ -211,6 +214,8 @@ class BoundStep:
         device differ from what was bound. Costs one ``describe`` per array.
         """
         for name, old in zip(self._names, self._infos):
+            if old.obj is None:
+                raise ValueError("check_bound needs a BoundStep that holds its arrays (built with hold=True)")
             new = describe(name, old.obj)
             if (new.ptr, new.shape, new.strides, new.dtype, new.device) != (
                 old.ptr,

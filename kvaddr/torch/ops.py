@@ -23,8 +23,8 @@ slot_mapping (f!)      int64 [len(block_sizes), C]     all written
 workspace (g!)         int64 [workspace_size(C, M)]    device state and the error record
 =====================  ==============================  =====================================
 
-Host time: the CUDA kernel remembers, per set of argument *objects* (their ``id``s,
-references held, at most :data:`CACHE_SIZE` sets), the checked kernel parameters, so
+Host time: the CUDA kernel remembers, per set of argument *objects* (their ``id``s; a set
+is forgotten when one of its tensors dies; at most :data:`CACHE_SIZE` sets), the checked kernel parameters, so
 an engine passing the same persistent tensors every step pays for the checks once and
 then only launches (:class:`kvaddr.bound_step.BoundStep`). An in-place metadata change
 of a tensor already passed (``resize_``, ``set_``, ``as_strided_``) is not seen:
@@ -34,6 +34,7 @@ call :func:`clear_cache`, or :func:`set_debug` to re-check on every call.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -416,25 +417,31 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws):
         seq_lens_decoder=dec,
         seq_lens_this_time=q,
         block_tables=tables if G else None,
+        hold=False,  # the cache entry watches the tensors through weak references instead
     )
-    return bound, (cu, nt, batch, pos, kv, slots, ws)  # the outputs kept alive with the entry
+    return bound
 
 
 def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
     key = (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
     entry = _cache.get(key)
-    if entry is None or entry[2] != block_sizes or _state["debug"]:
-        entry = (
-            *_bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws),
-            list(block_sizes),
-            dec.device.index,
-        )
-        if not _state["debug"]:
+    if entry is None or entry[1] != block_sizes or _state["debug"]:
+        bound = _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+        if _state["debug"]:
+            entry = (bound, None, dec.device.index, ())
+        else:
+            # Weak references, each forgetting the entry when its tensor dies: an id in the key
+            # is never reused by a live entry, and the cache keeps no tensor (or clone) alive.
+            def forget(_ref, key=key):
+                _cache.pop(key, None)
+
+            refs = tuple(weakref.ref(t, forget) for t in (dec, q, cu, nt, batch, pos, kv, slots, ws, *tables))
+            entry = (bound, list(block_sizes), dec.device.index, refs)
             with _lock:
                 if len(_cache) >= CACHE_SIZE:
                     _cache.clear()
                 _cache[key] = entry
-    dev = entry[3]
+    dev = entry[2]
     multi = _state["multi_device"]
     if multi is None:
         multi = _state["multi_device"] = torch.cuda.device_count() > 1

@@ -434,3 +434,23 @@ def test_the_cache_is_bounded(fake_cuda_launch):
         a[0] = torch.tensor([5, 0, 9], dtype=torch.int32)
         ops._step_cuda(*a)
     assert len(ops._cache) <= ops.CACHE_SIZE
+
+
+@requires_torch
+def test_a_remembered_set_is_forgotten_when_a_tensor_dies_and_keeps_none_alive(fake_cuda_launch):
+    import gc
+    import weakref
+
+    import torch
+
+    from kvaddr.torch import ops
+
+    args = _args()
+    args[0] = torch.tensor([5, 0, 9], dtype=torch.int32)
+    ops._step_cuda(*args)
+    assert len(ops._cache) == 1
+    ref = weakref.ref(args[0])
+    args[0] = None
+    gc.collect()
+    assert ref() is None  # the cache did not keep the tensor alive
+    assert len(ops._cache) == 0  # and forgot the set (its id may be reused now)
