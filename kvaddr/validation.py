@@ -32,6 +32,9 @@ class ArrayInfo(NamedTuple):
     obj: Any  # keeps the owner alive
 
 
+#: ``ArrayInfo`` from a tuple of its six fields without the generated ``__new__``'s Python frame.
+_new_info = tuple.__new__
+
 _TORCH_DTYPES: dict = {}
 
 
@@ -54,7 +57,7 @@ def _torch_info(x) -> ArrayInfo:
         )
     dt = _TORCH_DTYPES.get(x.dtype, _VOID)
     # get_device(): the CUDA ordinal, -1 for a CPU tensor (cheaper than building x.device)
-    return ArrayInfo(x.data_ptr(), tuple(x.shape), x.stride(), dt, x.get_device() if x.is_cuda else -1, x)
+    return _new_info(ArrayInfo, (x.data_ptr(), tuple(x.shape), x.stride(), dt, x.get_device() if x.is_cuda else -1, x))
 
 
 _VOID = np.dtype(np.void)
@@ -75,7 +78,7 @@ def _cupy_info(x) -> ArrayInfo:
     dev = getattr(mem, "device_id", None)  # MemoryPointer.device_id; x.device builds a Device
     if dev is None:
         dev = x.device.id
-    return ArrayInfo(mem.ptr, x.shape, el, x.dtype, dev, x)
+    return _new_info(ArrayInfo, (mem.ptr, x.shape, el, x.dtype, dev, x))
 
 
 _OTHER, _CUPY, _TORCH = 0, 1, 2

@@ -252,3 +252,15 @@ def test_debug_mode_checks_before_every_launch(fake_runtime):
     with pytest.raises(ValueError, match=r"seq_lens_decoder changed since bind"):
         b.launch(5)
     assert len(rec.calls) == 1
+
+
+def test_a_binding_that_does_not_hold_its_arrays(fake_runtime):
+    t = DevArray((5, 8))
+    ref = weakref.ref(t)
+    b = bind(5, tables=t, hold=False)
+    del t
+    gc.collect()
+    assert ref() is None  # the caller owns the lifetime (the torch op's cache watches with weak references)
+    with pytest.raises(ValueError, match=r"check_bound needs a BoundStep that holds its arrays"):
+        b.check_bound()
+    assert set(b.bound) == {"seq_lens_decoder", "seq_lens_this_time", "block_tables"}
