@@ -135,12 +135,45 @@ def per_call_us(fn, n: int, repeats: int) -> tuple[float, list]:
     return statistics.median(samples), samples
 
 
+def ab_compute(path, planner, dec, q, table, stream, n, repeats) -> dict:
+    """compute() with the planner's validation functions from ``path`` and from kvaddr, alternating
+    sample by sample (the same noise for both)."""
+    import importlib.util
+
+    from kvaddr import planner as planner_module
+    from kvaddr import validation
+
+    spec = importlib.util.spec_from_file_location("kvaddr_validation_other", path)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    names = ("check_info", "describe", "normalize_tables", "stream_handle")
+    samples = {"compute(), --ab validation.py": [], "compute(), this validation.py": []}
+
+    def fn():
+        planner.compute(dec, q, table, stream=stream)
+
+    for _ in range(repeats * 3):
+        for label, mod in zip(samples, (other, validation)):
+            for name in names:
+                setattr(planner_module, name, getattr(mod, name))
+            samples[label].append(per_call_us(fn, n, 1)[0])
+    for name in names:
+        setattr(planner_module, name, getattr(validation, name))
+    return {label: (statistics.median(v), v) for label, v in samples.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=3000, help="calls per sample")
     ap.add_argument("--repeats", type=int, default=25, help="samples")
     ap.add_argument("--bsz", type=int, default=64)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument(
+        "--ab",
+        metavar="VALIDATION_PY",
+        help="also time compute() with this other kvaddr/validation.py, interleaved with the current one "
+        "(e.g. git show a17b426:kvaddr/validation.py > /tmp/old.py; --ab /tmp/old.py)",
+    )
     args = ap.parse_args(argv)
 
     noop = install_fake_cupy()
@@ -161,6 +194,8 @@ def main(argv=None) -> int:
     rows["compute(), two tables"] = per_call_us(
         lambda: planner.compute(dec, q, [table, table], stream=stream), args.n, args.repeats
     )
+    if args.ab:
+        rows.update(ab_compute(args.ab, planner, dec, q, table, stream, args.n, args.repeats))
     bound = planner.bind(dec, q, table, stream=stream) if hasattr(planner, "bind") else None
     if bound is not None:
         rows["BoundStep.launch(bsz)"] = per_call_us(lambda: bound.launch(bsz), args.n, args.repeats)
