@@ -52,7 +52,7 @@ SCHEMA = (
     "Tensor(e!) seq_lens_kv, Tensor(f!) slot_mapping, Tensor(g!) workspace) -> ()"
 )
 #: Argument sets the CUDA kernel remembers before it forgets them all.
-CACHE_SIZE = 64
+CACHE_SIZE = 1024
 
 _CONSTS = kernel_loader.constants()
 _TILE, _TOKENS, _WARPS, _THREADS = _CONSTS["KV_TILE"], _CONSTS["KV_TOKENS"], _CONSTS["KV_WARPS"], _CONSTS["KV_THREADS"]
