@@ -229,3 +229,54 @@ def test_tensors_on_the_wrong_device_are_refused():
         r"block_tables must be on cuda:0 like seq_lens_decoder, got cpu",
     ):
         torch.ops.kvaddr.step.default(dec, q, [table.cpu()], [16, 64], *bufs.outputs_args)
+
+
+def test_readme_snippet():
+    """README's "Using kvaddr from PyTorch: compiled and bound", as written (default inductor backend)."""
+    import torch
+
+    import kvaddr
+    import kvaddr.torch  # registers torch.ops.kvaddr.step
+    from kvaddr.torch import StepBuffers
+
+    M, C = 256, 8192
+    bufs = StepBuffers(M, C, block_sizes=[64], device="cuda")
+    dec = torch.zeros(M, dtype=torch.int32, device="cuda")
+    q = torch.ones(M, dtype=torch.int32, device="cuda")
+    table = torch.arange(M * 128, dtype=torch.int32, device="cuda").reshape(M, 128)
+
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def prepare(dec, q, table):
+        torch.ops.kvaddr.step(dec, q, [table], bufs.block_sizes, *bufs.outputs_args)
+        return bufs.position_ids, bufs.slot_mapping[0]
+
+    positions, slots = prepare(dec, q, table)
+    bufs.check()
+    ref = reference(
+        dict(
+            seq_lens_decoder=dec.cpu().numpy(),
+            seq_lens_this_time=q.cpu().numpy(),
+            block_tables=table.cpu().numpy(),
+            block_sizes=[64],
+            capacity=C,
+        )
+    )
+    np.testing.assert_array_equal(positions.cpu().numpy(), ref.outputs.position_ids)
+    np.testing.assert_array_equal(slots.cpu().numpy(), ref.outputs.slot_mapping[0])
+
+    planner = kvaddr.StepPlanner(max_requests=M, capacity=C, block_sizes=[64])
+    bound = planner.bind(dec, q, table, stream=torch.cuda.current_stream())
+    out = bound.launch(100)
+    torch.cuda.synchronize()
+    ref = reference(
+        dict(
+            seq_lens_decoder=dec[:100].cpu().numpy(),
+            seq_lens_this_time=q[:100].cpu().numpy(),
+            block_tables=table.cpu().numpy(),
+            block_sizes=[64],
+            capacity=C,
+        )
+    )
+    assert_outputs_equal(out, ref.outputs, "README bound launch")
