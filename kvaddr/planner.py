@@ -234,6 +234,59 @@ class StepPlanner:
         self._launcher(self.grid(bsz), self._threads, stream_handle(stream))
         return self._outputs(bsz)
 
+    def bind(
+        self,
+        seq_lens_decoder,
+        seq_lens_this_time,
+        block_tables=None,
+        *,
+        seq_lens_encoder=None,
+        stream=None,
+        debug: bool = False,
+    ):
+        """Bind persistent inputs once; the returned :class:`~kvaddr.bound_step.BoundStep`
+        then only launches (``bound.launch(bsz)``), with no per-call checks.
+
+        Parameters
+        ----------
+        seq_lens_decoder, seq_lens_this_time : int32 [rows], device arrays
+            The engine's persistent length buffers (rows <= max_requests); each
+            launch reads the first ``bsz <= rows`` entries.
+        block_tables : int32 [>= rows, max_blocks] device array, or a sequence of them
+            As for :meth:`compute`, with at least ``rows`` rows.
+        seq_lens_encoder : int32 [rows], optional
+            Checked once, not needed for addressing.
+        stream : stream or int handle, optional
+            The launches' default stream; CuPy's current stream at each launch if None.
+        debug : bool, default False
+            Re-check the bound arrays (``check_bound``) before every launch.
+
+        Returns
+        -------
+        BoundStep
+            Holds references to the bound arrays; writes this planner's outputs (the
+            same buffers as :meth:`compute`). Bind again when a buffer is replaced.
+        """
+        from kvaddr.bound_step import BoundStep
+
+        return BoundStep(
+            params=kernel_loader.StepParams.from_buffer_copy(self._params),
+            fptr=int(self._fn.ptr),
+            device=self.device,
+            max_requests=self.max_requests,
+            num_caches=self.num_caches,
+            num_chunks=self._num_chunks,
+            tile=self._tile,
+            threads=self._threads,
+            seq_lens_decoder=seq_lens_decoder,
+            seq_lens_this_time=seq_lens_this_time,
+            block_tables=block_tables,
+            seq_lens_encoder=seq_lens_encoder,
+            stream=stream,
+            outputs=self._outputs,
+            debug=debug,
+        )
+
     def errors(self, stream=None) -> tuple[int, int]:
         """Synchronise and return the last step's ``(error_mask, first_bad_key)``."""
         import cupy

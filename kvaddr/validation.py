@@ -32,6 +32,9 @@ class ArrayInfo(NamedTuple):
     obj: Any  # keeps the owner alive
 
 
+#: ``ArrayInfo`` from a tuple of its six fields without the generated ``__new__``'s Python frame.
+_new_info = tuple.__new__
+
 _TORCH_DTYPES: dict = {}
 
 
@@ -52,9 +55,44 @@ def _torch_info(x) -> ArrayInfo:
                 torch.float16: np.dtype(np.float16),
             }
         )
-    dt = _TORCH_DTYPES.get(x.dtype, np.dtype(np.void))
-    dev = x.device
-    return ArrayInfo(x.data_ptr(), tuple(x.shape), tuple(x.stride()), dt, dev.index if dev.type == "cuda" else -1, x)
+    dt = _TORCH_DTYPES.get(x.dtype, _VOID)
+    # get_device(): the CUDA ordinal, -1 for a CPU tensor (cheaper than building x.device)
+    return _new_info(ArrayInfo, (x.data_ptr(), tuple(x.shape), x.stride(), dt, x.get_device() if x.is_cuda else -1, x))
+
+
+_VOID = np.dtype(np.void)
+
+
+def _cupy_info(x) -> ArrayInfo:
+    """A CuPy array's info: one attribute read each, strides in elements without a generator."""
+    mem = x.data
+    isz = x.itemsize
+    st = x.strides
+    n = len(st)
+    if n == 1:
+        el = (st[0] // isz,)
+    elif n == 2:
+        el = (st[0] // isz, st[1] // isz)
+    else:
+        el = tuple(s // isz for s in st)
+    dev = getattr(mem, "device_id", None)  # MemoryPointer.device_id; x.device builds a Device
+    if dev is None:
+        dev = x.device.id
+    return _new_info(ArrayInfo, (mem.ptr, x.shape, el, x.dtype, dev, x))
+
+
+_OTHER, _CUPY, _TORCH = 0, 1, 2
+#: Which path of describe() a class takes, decided once per class (by its module and name).
+_KINDS: dict = {}
+
+
+def _kind_of(cls) -> int:
+    mod = cls.__module__
+    if mod.startswith("cupy"):
+        return _CUPY
+    if mod == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+        return _TORCH
+    return _OTHER
 
 
 def describe(name: str, x) -> ArrayInfo:
@@ -63,10 +101,12 @@ def describe(name: str, x) -> ArrayInfo:
     Raises TypeError naming ``name`` for host arrays and for unknown objects.
     """
     cls = type(x)
-    mod = cls.__module__
-    if mod.startswith("cupy"):
-        return ArrayInfo(x.data.ptr, x.shape, tuple(s // x.itemsize for s in x.strides), x.dtype, x.device.id, x)
-    if mod == "torch" and cls.__name__ in ("Tensor", "Parameter"):
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    if kind == _CUPY:
+        return _cupy_info(x)
+    if kind == _TORCH:
         info = _torch_info(x)
         if info.device < 0:
             raise TypeError(f"{name} must be a CUDA array, got a torch tensor on {x.device}")
@@ -124,30 +164,40 @@ def _shape_text(ndim: int) -> str:
     return "(bsz,)" if ndim == 1 else "(rows >= bsz, max_blocks) with a contiguous last dim"
 
 
+def _what(ndim: int) -> str:
+    return f"int32 with shape {_shape_text(ndim)}"
+
+
 def check_info(
     name: str, info: ArrayInfo, *, ndim: int, min_rows: int | None = None, device: int | None = None
 ) -> ArrayInfo:
-    """Check dtype int32, rank, contiguity of the last dim, rows and device."""
-    what = f"int32 with shape {_shape_text(ndim)}"
+    """Check dtype int32, rank, contiguity of the last dim, rows and device.
+
+    The hot path of ``StepPlanner.compute``: each check is one comparison and the
+    message is built only when one fails.
+    """
+    shape = info.shape
     if info.dtype != INT32:
-        raise TypeError(f"{name} must be {what}, got dtype {info.dtype}")
-    if len(info.shape) != ndim:
-        raise ValueError(f"{name} must be {what}, got shape {info.shape}")
-    empty = 0 in info.shape  # no element to address: strides don't matter
-    if ndim == 1 and not empty and info.shape[0] > 1 and info.strides[0] != 1:
-        raise ValueError(f"{name} must be contiguous, got a strided view (stride {info.strides[0]} elements)")
-    if ndim == 2:
-        if not empty and info.shape[1] > 1 and info.strides[1] != 1:
+        raise TypeError(f"{name} must be {_what(ndim)}, got dtype {info.dtype}")
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must be {_what(ndim)}, got shape {shape}")
+    if ndim == 1:
+        if shape[0] > 1 and info.strides[0] != 1:  # (an empty array has no shape[0] > 1)
+            raise ValueError(f"{name} must be contiguous, got a strided view (stride {info.strides[0]} elements)")
+    elif ndim == 2:
+        rows, width = shape
+        empty = rows == 0 or width == 0  # no element to address: strides don't matter
+        if not empty and width > 1 and info.strides[1] != 1:
             raise ValueError(
-                f"{name} must be {what}, got a last-dim stride of {info.strides[1]} elements "
+                f"{name} must be {_what(ndim)}, got a last-dim stride of {info.strides[1]} elements "
                 f"(a transposed or strided view)"
             )
-        if not empty and info.shape[0] > 1 and info.strides[0] < info.shape[1]:
-            raise ValueError(f"{name} must be {what}, got overlapping rows (row stride {info.strides[0]})")
-        if info.shape[1] < 1:
-            raise ValueError(f"{name} must be {what}, got max_blocks = 0")
-    if min_rows is not None and info.shape[0] < min_rows:
-        raise ValueError(f"{name} must be {what}, got {info.shape[0]} rows for bsz = {min_rows}")
+        if not empty and rows > 1 and info.strides[0] < width:
+            raise ValueError(f"{name} must be {_what(ndim)}, got overlapping rows (row stride {info.strides[0]})")
+        if width < 1:
+            raise ValueError(f"{name} must be {_what(ndim)}, got max_blocks = 0")
+    if min_rows is not None and shape[0] < min_rows:
+        raise ValueError(f"{name} must be {_what(ndim)}, got {shape[0]} rows for bsz = {min_rows}")
     if device is not None and info.device != device and info.device != -2:
         where = "host memory" if info.device < 0 else f"device {info.device}"
         raise ValueError(f"{name} must be on CUDA device {device}, got an array in {where}")
@@ -221,10 +271,15 @@ def normalize_caches(block_tables, block_sizes) -> tuple[list, list]:
 def stream_handle(stream) -> int:
     """A raw cudaStream_t from None (CuPy's current stream), a CuPy stream, an int
     handle, or anything with a ``cuda_stream`` attribute (a torch stream)."""
+    if stream.__class__ is int:  # the hot path: a raw handle
+        return stream
     if stream is None:
         import cupy
 
         return cupy.cuda.get_current_stream().ptr
+    ptr = getattr(stream, "ptr", None)
+    if ptr.__class__ is int:  # a CuPy stream (the next hot path)
+        return ptr
     if isinstance(stream, bool):
         raise TypeError(f"stream must be a CuPy stream, a raw handle or an object with cuda_stream, got {stream!r}")
     if isinstance(stream, numbers.Integral):

@@ -24,6 +24,7 @@ from the options a report recorded.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -213,6 +214,15 @@ class CpuBackend:
         return result
 
 
+#: The eager row of the fused step's bound launch (GPU runs): ``StepPlanner.bind`` once per
+#: input set, then ``BoundStep.launch()`` per step (no per-call checks). Not a strategy: no graph row.
+BOUND_ROW = "fused (bound)"
+
+
+def _bound_launch(bound) -> None:
+    bound.launch()
+
+
 def step_fn(strategy, stream=None) -> Callable:
     """``strategy.step`` as ``step(dec, q, tables, enc)`` (on ``stream`` when given)."""
     if stream is None:
@@ -351,6 +361,13 @@ class CudaBackend:
                     else:
                         result.measurements.append(self._measure_graph(timer, name, s, inputs, refs, batch, budget))
                     progress.advance()
+                if mode == "eager":
+                    bound = self._bound_fused(prepared)
+                    if bound is not None:
+                        progress.start(f"batch {batch}: {BOUND_ROW} ({mode})")
+                        result.measurements.extend(
+                            timer.measure_eager(BOUND_ROW, _bound_launch, bound, budget, lambda: 1)
+                        )
                 progress.start(f"batch {batch}: launch floor ({mode})")
                 if mode == "eager":
                     result.measurements.extend(timer.measure_eager(FLOOR, floor_step, inputs, budget, lambda: 1))
@@ -362,6 +379,26 @@ class CudaBackend:
                     del graph, multi
                 progress.advance()
         return result
+
+    def _bound_fused(self, prepared: PreparedShape) -> list | None:
+        """The fused strategy's planner bound to each input set (``[(BoundStep,), ...]``),
+        each bound launch checked against the reference; None without a bindable planner."""
+        planner = getattr(prepared.strategies.get("fused"), "planner", None)
+        if planner is None or not hasattr(planner, "bind"):
+            return None
+        stream, batch = self.stream, prepared.result.batch
+        out = []
+        for i, ((dec, q, tables, enc), ref) in enumerate(zip(prepared.inputs, prepared.refs)):
+            context = f"eager bound launch, batch {batch}, input set {i}"
+            bind = functools.partial(planner.bind, dec, q, tables, seq_lens_encoder=enc, stream=stream)
+            bound = call_checked(BOUND_ROW, context, bind)
+            poison(call_checked(BOUND_ROW, context, bound.launch))
+            stream.synchronize()
+            check_outputs(BOUND_ROW, context, call_checked(BOUND_ROW, context, bound.launch), ref)
+            stream.synchronize()
+            out.append((bound,))
+        call_checked(BOUND_ROW, "device error record", planner.check, stream)
+        return out
 
     def _measure_graph(self, timer, name, strategy, inputs, refs, batch, budget) -> Measurement:
         step = step_fn(strategy, self.stream)

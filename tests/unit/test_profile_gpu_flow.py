@@ -104,3 +104,77 @@ def test_info_with_a_gpu(fake_gpu):
     r = CliRunner().invoke(cli_module.cli, ["info"])
     assert r.exit_code == 0, r.output
     assert "Fake H200" in r.stdout and "compute capability 9.0" in r.stdout and "yes" in r.stdout
+
+
+class _FakeBound:
+    def __init__(self, strategy, args, stream):
+        self.strategy, self.args, self.stream = strategy, args, stream
+        self.launches = 0
+
+    def launch(self):
+        self.launches += 1
+        dec, q, tables, enc = self.args
+        return self.strategy.step(dec, q, tables, seq_lens_encoder=enc, stream=self.stream)
+
+
+class _FakePlanner:
+    """What the profiler needs of StepPlanner for the bound row: bind() and check()."""
+
+    def __init__(self, strategy):
+        self.strategy, self.bound = strategy, []
+
+    def bind(self, dec, q, tables, *, seq_lens_encoder=None, stream=None):
+        b = _FakeBound(self.strategy, (dec, q, tables, seq_lens_encoder), stream)
+        self.bound.append(b)
+        return b
+
+    def check(self, stream=None):
+        pass
+
+
+def _with_fake_planner(monkeypatch, corrupt=False):
+    gpu = sys.modules["kvaddr.strategies.gpu"]
+    made = {}
+    inner = gpu.make_strategy
+
+    def make_strategy(name, **kw):
+        s = inner(name, **kw)
+        if name == "fused":
+            s.planner = made["planner"] = _FakePlanner(s)
+            if corrupt:  # the bound path writes a wrong slot: the check must catch it
+                orig = _FakeBound.launch
+
+                def bad(self):
+                    out = orig(self)
+                    out.slot_mapping[...] = 12345
+                    return out
+
+                monkeypatch.setattr(_FakeBound, "launch", bad)
+        return s
+
+    monkeypatch.setattr(gpu, "make_strategy", make_strategy)
+    return made
+
+
+def test_eager_sections_get_a_row_for_the_bound_launch(fake_gpu, monkeypatch):
+    made = _with_fake_planner(monkeypatch)
+    r = CliRunner().invoke(cli_module.cli, ARGS + ["--json", "-"])
+    assert r.exit_code == 0, r.output
+    shape = json.loads(r.stdout)["shapes"][0]
+    seen = [(x["mode"], x["clock"], x["strategy"]) for x in shape["results"]]
+    for clock in ("host", "gpu"):
+        assert ("eager", clock, "fused (bound)") in seen
+        names = [n for m, c, n in seen if (m, c) == ("eager", clock)]
+        assert names.index("fused") < names.index("fused (bound)") < names.index("floor")
+    assert ("graph", "gpu", "fused (bound)") not in seen  # eager only
+    bound = made["planner"].bound
+    assert bound and all(b.launches >= 2 for b in bound)  # one bind per input set, checked then timed
+    r = CliRunner().invoke(cli_module.cli, ARGS + ["--mode", "eager"])
+    assert r.exit_code == 0 and "fused (bound)" in r.output
+
+
+def test_a_wrong_bound_launch_fails_the_check(fake_gpu, monkeypatch):
+    _with_fake_planner(monkeypatch, corrupt=True)
+    r = CliRunner().invoke(cli_module.cli, ARGS)
+    assert r.exit_code != 0
+    assert "fused (bound)" in r.output and "eager bound launch" in r.output

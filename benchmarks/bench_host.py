@@ -1,0 +1,215 @@
+"""Host time per eager launch, side by side in one run (issue 15's bounds).
+
+Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_host.py [--json out.json]
+
+Rows (every one launched on the same CUDA stream, inputs persistent, one decode step of
+``--bsz`` requests with two caches):
+
+* ``empty RawKernel``: ``cupy.RawKernel`` of an empty kernel, called with no arguments
+  (the yardstick every ratio is against);
+* ``empty kvaddr launcher``: kvaddr's empty kernel through ``kernel_loader.Launcher``
+  (``cupy.cuda.driver.launchKernel`` with a prebuilt parameter array, as the planner launches);
+* ``RawKernel, 1 block, 11 args``: a one-block CuPy kernel with 11 arguments (CuPy converts each);
+* ``BoundStep.launch``: the bound fast path (``planner.bind(...)`` once, then ``launch(bsz)``);
+* ``compute() (CuPy)`` / ``compute() (torch)``: ``StepPlanner.compute`` with full checks;
+* ``torch op (eager)``: ``torch.ops.kvaddr.step.default`` with persistent tensors, on torch's
+  current stream (``kvaddr.torch.step``, which also slices the outputs, is shown too).
+
+Host time: ``time.perf_counter`` around N calls with no synchronisation in between, then
+one synchronisation outside the clock; per call = elapsed / N. Rows are measured in turn,
+round-robin, ``--repeats`` times (so drift hits every row alike); the table shows the
+median (and best) of those samples, plus the median of single-call samples. Exit status 1
+if a bound of the issue is missed: bound launch <= 1.0x, compute() (CuPy) <= 1.5x and the
+torch op <= 2.0x the empty RawKernel launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+BOUNDS = {
+    "BoundStep.launch": 1.0,
+    "compute() (CuPy)": 1.5,
+    "torch op (eager)": 2.0,
+}
+
+ELEVEN_ARGS = r"""
+extern "C" __global__ void eleven(const int* a, const int* b, const int* c, int* d, long long* e,
+                                  int n0, int n1, int n2, int n3, long long n4, int n5) {
+    if (threadIdx.x == 0 && n0 < 0) d[0] = a[0] + b[0] + c[0] + n1 + n2 + n3 + (int)n4 + n5 + (int)e[0];
+}
+"""
+
+
+class _NoArgs(ctypes.Structure):
+    _fields_ = ()  # the empty kernel takes no parameter
+
+
+def per_call_samples(fn, sync, n):
+    """Per-call host time of n back-to-back calls (one sync after, off the clock)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    sync()
+    return (t1 - t0) / n * 1e6
+
+
+def single_call_samples(fn, sync, n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    sync()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bsz", type=int, default=64, help="requests of the step (decode, one token each)")
+    ap.add_argument("--n", type=int, default=2000, help="calls per sample")
+    ap.add_argument("--repeats", type=int, default=15, help="samples per row (round-robin)")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+
+    import cupy
+
+    from kvaddr import StepPlanner, kernel_loader
+
+    B = 64
+    rng = np.random.default_rng(0)
+    bsz = a.bsz
+    dec_h = rng.integers(1024, 32768, size=bsz).astype(np.int32)
+    q_h = np.ones(bsz, np.int32)
+    width = int((dec_h.max() + 1) // B + 1)
+    table_h = rng.permutation(bsz * width).astype(np.int32).reshape(bsz, width)
+    capacity = max(bsz, 1)
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows = {}
+    with stream:
+        dec, q, table = cupy.asarray(dec_h), cupy.asarray(q_h), cupy.asarray(table_h)
+        empty_raw = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
+        rows["empty RawKernel"] = lambda: empty_raw((1,), (1,), ())
+
+        empty_fn = kernel_loader.get_function("kvaddr_empty")
+        empty_launcher = kernel_loader.Launcher(empty_fn, _NoArgs())
+        handle = stream.ptr
+        rows["empty kvaddr launcher"] = lambda: empty_launcher(1, 1, handle)
+
+        eleven = cupy.RawKernel(ELEVEN_ARGS, "eleven")
+        out_i = cupy.zeros(4, np.int32)
+        out_l = cupy.zeros(4, np.int64)
+        eleven_args = (dec, q, dec, out_i, out_l, np.int32(1), np.int32(2), np.int32(3), np.int32(4), np.int64(5))
+        eleven_args = (*eleven_args, np.int32(6))
+        rows["RawKernel, 1 block, 11 args"] = lambda: eleven((1,), (32,), eleven_args)
+
+        planner = StepPlanner(bsz, capacity, [B, B])
+        bound = planner.bind(dec, q, table, stream=stream)
+        rows["BoundStep.launch"] = lambda: bound.launch(bsz)
+        rows["compute() (CuPy)"] = lambda: planner.compute(dec, q, table, stream=stream)
+
+        torch = None
+        try:
+            import torch
+        except ImportError:
+            pass
+        if torch is not None and torch.cuda.is_available():
+            import kvaddr.torch as kt
+
+            torch.cuda.set_stream(torch.cuda.ExternalStream(stream.ptr))  # torch's current stream = ours
+            td, tq, tt = (torch.from_dlpack(x) for x in (dec, q, table))
+            rows["compute() (torch)"] = lambda: planner.compute(td, tq, tt, stream=handle)
+            bufs = kt.StepBuffers(bsz, capacity, [B, B], device=td.device)
+            op = torch.ops.kvaddr.step.default
+            tables, sizes, outs = [tt], [B, B], bufs.outputs_args
+            rows["torch op (eager)"] = lambda: op(td, tq, tables, sizes, *outs)
+            rows["kvaddr.torch.step (op + views)"] = lambda: kt.step(td, tq, tt, bufs)
+
+        def sync():
+            stream.synchronize()
+
+        # correctness of what is timed: the bound launch and compute() agree with the reference
+        from kvaddr.reference import step_addressing
+
+        ref = step_addressing(dec_h, q_h, table_h, [B, B], capacity)
+        out = bound.launch(bsz)
+        sync()
+        assert np.array_equal(out.slot_mapping.get(), ref.outputs.slot_mapping), "bound launch != reference"
+        if "torch op (eager)" in rows:
+            rows["torch op (eager)"]()
+            sync()
+            assert np.array_equal(bufs.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping), "torch op != reference"
+
+        for fn in rows.values():
+            for _ in range(a.warmup):
+                fn()
+            sync()
+        batch = {k: [] for k in rows}
+        single = {k: [] for k in rows}
+        for _ in range(a.repeats):
+            for k, fn in rows.items():
+                batch[k].append(per_call_samples(fn, sync, a.n))
+                single[k].extend(single_call_samples(fn, sync, 200))
+
+    yard = statistics.median(batch["empty RawKernel"])
+    results = []
+    for k in rows:
+        med = statistics.median(batch[k])
+        bound_x = BOUNDS.get(k)
+        results.append(
+            dict(
+                row=k,
+                median_us=med,
+                best_us=min(batch[k]),
+                single_call_median_us=statistics.median(single[k]),
+                ratio_vs_empty_rawkernel=med / yard,
+                bound=bound_x,
+                verdict=None if bound_x is None else ("PASS" if med / yard <= bound_x else "FAIL"),
+                samples_us=batch[k],
+            )
+        )
+
+    dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"host time per eager call, {dev}, CuPy {cupy.__version__}, bsz {bsz}, two caches (B = {B})")
+    print(f"median of {a.repeats} samples of {a.n} back-to-back calls; single = median of one-call samples")
+    print(f"{'row':<32}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
+    failed = False
+    for r in results:
+        b = "" if r["bound"] is None else f"<= {r['bound']:.1f}x  {r['verdict']}"
+        failed |= r["verdict"] == "FAIL"
+        print(
+            f"{r['row']:<32}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
+            f"{r['ratio_vs_empty_rawkernel']:>9.2f}  {b}"
+        )
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(
+                dict(
+                    device=dev,
+                    cupy=cupy.__version__,
+                    torch=None if torch is None else torch.__version__,
+                    python=platform.python_version(),
+                    bsz=bsz,
+                    n=a.n,
+                    repeats=a.repeats,
+                    rows=results,
+                ),
+                fh,
+                indent=2,
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""``torch.ops.kvaddr.step``: the fused step as a PyTorch op (CUDA, CPU, fake).
+
+The op **mutates its output arguments** (the caller's tensors, marked ``Tensor(x!)`` in
+the schema) and returns nothing; it never returns views of hidden buffers, so
+``torch.compile`` (functionalization), ``torch.cuda.graph`` and ``opcheck`` see every
+write. The kernel's device state (error records, the large-batch tickets) lives in the
+caller's ``workspace`` tensor, so nothing is hidden in a Python object either:
+
+=====================  ==============================  =====================================
+argument               dtype, shape                    meaning
+=====================  ==============================  =====================================
+seq_lens_decoder       int32 [bsz], contiguous         tokens already in each request's cache
+seq_lens_this_time     int32 [bsz], contiguous         tokens each request runs this step
+block_tables           list of int32 [>= bsz, W_g]     one table per cache, or one for all;
+                                                       last dim contiguous
+block_sizes            int[] (0 to 4 entries)          B of each cache ([] = positions only)
+cu_seqlens_q (a!)      int32 [>= bsz + 1]              first bsz + 1 entries written
+num_tokens (b!)        int32, one element              written
+batch_id_per_token     int32 [C]                       all C written (C = capacity)
+position_ids (d!)      int64 or int32 [C]              all C written; the dtype picks the kernel
+seq_lens_kv (e!)       int32 [>= bsz]                  first bsz entries written
+slot_mapping (f!)      int64 [len(block_sizes), C]     all written
+workspace (g!)         int64 [workspace_size(C, M)]    device state and the error record
+=====================  ==============================  =====================================
+
+Host time: the CUDA kernel remembers, per set of argument *objects* (their ``id``s; a set
+is forgotten when one of its tensors dies; at most :data:`CACHE_SIZE` sets), the checked kernel parameters, so
+an engine passing the same persistent tensors every step pays for the checks once and
+then only launches (:class:`kvaddr.bound_step.BoundStep`). An in-place metadata change
+of a tensor already passed (``resize_``, ``set_``, ``as_strided_``) is not seen:
+call :func:`clear_cache`, or :func:`set_debug` to re-check on every call.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from kvaddr import kernel_loader
+from kvaddr.constants import INT32_MAX, MAX_CACHES
+from kvaddr.errors import NO_ERROR_KEY, AddressingError
+from kvaddr.outputs import StepOutputs
+from kvaddr.reference import step_addressing
+from kvaddr.validation import MAX_REQUESTS
+
+SCHEMA = (
+    "step(Tensor seq_lens_decoder, Tensor seq_lens_this_time, Tensor[] block_tables, int[] block_sizes, "
+    "Tensor(a!) cu_seqlens_q, Tensor(b!) num_tokens, Tensor(c!) batch_id_per_token, Tensor(d!) position_ids, "
+    "Tensor(e!) seq_lens_kv, Tensor(f!) slot_mapping, Tensor(g!) workspace) -> ()"
+)
+#: Argument sets the CUDA kernel remembers before it forgets them all.
+CACHE_SIZE = 1024
+
+_CONSTS = kernel_loader.constants()
+_TILE, _TOKENS, _WARPS, _THREADS = _CONSTS["KV_TILE"], _CONSTS["KV_TOKENS"], _CONSTS["KV_WARPS"], _CONSTS["KV_THREADS"]
+#: Words of the workspace before the tile status: KV_STATE_* (4 uint32 = 2 int64).
+_STATE_WORDS = 2
+_NO_ERROR_I64 = NO_ERROR_KEY - (1 << 64)  # the uint64 "no error" key as int64 (-1)
+
+
+# -- the workspace -------------------------------------------------------------------
+
+
+def _num_chunks(capacity: int) -> int:
+    return -(-capacity // _TOKENS)
+
+
+def _max_tiles(max_requests: int) -> int:
+    return -(-max_requests // _TILE) if max_requests > _TILE else 0
+
+
+def workspace_size(capacity: int, max_requests: int) -> int:
+    """Int64 words of the op's ``workspace`` for capacity C and at most ``max_requests``.
+
+    Layout: the 4 uint32 ``KV_STATE_*`` words (2 int64), ``max(T, 1)`` tile-status words
+    (T = ceil(max_requests / KV_TILE) above KV_TILE requests, else 0), then
+    ``(ceil(C / KV_TOKENS) + T) * KV_WARPS`` error records of two words (mask, key).
+    """
+    mt = _max_tiles(max_requests)
+    return _STATE_WORDS + max(mt, 1) + 2 * (_num_chunks(capacity) + mt) * _WARPS
+
+
+def _tiles_of_workspace(numel: int, capacity: int) -> int | None:
+    """T of a workspace of ``numel`` words for capacity C, None if no T gives that size."""
+    rest = numel - _STATE_WORDS - 2 * _num_chunks(capacity) * _WARPS
+    if rest == 1:
+        return 0
+    per_tile = 1 + 2 * _WARPS
+    if rest >= per_tile and rest % per_tile == 0:
+        return rest // per_tile
+    return None
+
+
+def _records_offset(tiles: int) -> int:
+    return _STATE_WORDS + max(tiles, 1)
+
+
+def _init_workspace(ws: torch.Tensor, tiles: int) -> None:
+    ws[: _records_offset(tiles)] = 0
+    rec = ws[_records_offset(tiles) :].view(-1, 2)
+    rec[:, 0] = 0
+    rec[:, 1] = _NO_ERROR_I64
+
+
+def workspace_errors(workspace: torch.Tensor, capacity: int) -> tuple[int, int]:
+    """The last step's ``(error_mask, first_bad_key)`` from a workspace (synchronises).
+
+    Same reduction as :meth:`kvaddr.planner.StepPlanner.errors`: OR of the masks, the
+    smallest key (``kvaddr.errors.NO_ERROR_KEY`` without errors).
+    """
+    tiles = _tiles_of_workspace(workspace.numel(), capacity)
+    if tiles is None:
+        raise ValueError(
+            f"workspace must have workspace_size(capacity = {capacity}, ...) words, got {workspace.numel()}"
+        )
+    rec = workspace.detach()[_records_offset(tiles) :].cpu().numpy().view(np.uint64)
+    mask = int(np.bitwise_or.reduce(rec[0::2])) if rec.size else 0
+    key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
+    return mask, key
+
+
+class StepBuffers:
+    """The op's output tensors and workspace, allocated once (persistent across steps).
+
+    Parameters
+    ----------
+    max_requests : int
+        The largest bsz (>= 1, < 2**27).
+    capacity : int
+        C, the most tokens of one step (>= 1).
+    block_sizes : int or sequence of int
+        B of each cache (0 to 4 caches; ``[]`` = positions only).
+    position_dtype : torch.dtype, default torch.int64
+        ``torch.int64`` or ``torch.int32``.
+    device : torch.device or str, default "cuda"
+
+    Attributes
+    ----------
+    cu_seqlens_q : int32 [max_requests + 1]
+    num_tokens : int32 [] (0-d)
+    batch_id_per_token : int32 [C]
+    position_ids : position_dtype [C]
+    seq_lens_kv : int32 [max_requests]
+    slot_mapping : int64 [num_caches, C]
+    workspace : int64 [workspace_size(C, max_requests)]
+    """
+
+    def __init__(
+        self, max_requests: int, capacity: int, block_sizes, *, position_dtype=torch.int64, device="cuda"
+    ) -> None:
+        from kvaddr.validation import check_block_sizes, check_int
+
+        self.max_requests = check_int("max_requests", max_requests, lo=1, hi=MAX_REQUESTS - 1)
+        self.capacity = check_int("capacity", capacity, lo=1, hi=INT32_MAX - 1)
+        self.block_sizes = list(check_block_sizes(block_sizes, max_caches=MAX_CACHES, allow_empty=True))
+        if position_dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"position_dtype must be torch.int64 or torch.int32, got {position_dtype}")
+        dev = torch.device(device)
+        C, M, G = self.capacity, self.max_requests, len(self.block_sizes)
+        self.cu_seqlens_q = torch.zeros(M + 1, dtype=torch.int32, device=dev)
+        self.num_tokens = torch.zeros((), dtype=torch.int32, device=dev)
+        self.batch_id_per_token = torch.full((C,), -1, dtype=torch.int32, device=dev)
+        self.position_ids = torch.zeros(C, dtype=position_dtype, device=dev)
+        self.seq_lens_kv = torch.zeros(M, dtype=torch.int32, device=dev)
+        self.slot_mapping = torch.full((G, C), -1, dtype=torch.int64, device=dev)
+        self.workspace = torch.empty(workspace_size(C, M), dtype=torch.int64, device=dev)
+        _init_workspace(self.workspace, _max_tiles(M))
+        if dev.type == "cuda":
+            # Initialised on torch's current stream; the op may run on another one.
+            torch.cuda.current_stream(dev).synchronize()
+
+    @property
+    def outputs_args(self) -> tuple:
+        """The op's mutated arguments, in schema order."""
+        return (
+            self.cu_seqlens_q,
+            self.num_tokens,
+            self.batch_id_per_token,
+            self.position_ids,
+            self.seq_lens_kv,
+            self.slot_mapping,
+            self.workspace,
+        )
+
+    def outputs(self, bsz: int) -> StepOutputs:
+        """Views of the step's outputs for ``bsz`` requests (torch tensors)."""
+        return StepOutputs(
+            cu_seqlens_q=self.cu_seqlens_q[: bsz + 1],
+            num_tokens=self.num_tokens,
+            batch_id_per_token=self.batch_id_per_token,
+            position_ids=self.position_ids,
+            seq_lens_kv=self.seq_lens_kv[:bsz],
+            slot_mapping=self.slot_mapping,
+        )
+
+    def errors(self) -> tuple[int, int]:
+        """Synchronise; the last step's ``(error_mask, first_bad_key)``."""
+        return workspace_errors(self.workspace, self.capacity)
+
+    def check(self) -> None:
+        """Synchronise; raise :class:`kvaddr.AddressingError` if the last step had bad values."""
+        mask, key = self.errors()
+        if mask:
+            raise AddressingError(mask, key)
+
+
+def step(seq_lens_decoder, seq_lens_this_time, block_tables, buffers: StepBuffers) -> StepOutputs:
+    """Run ``torch.ops.kvaddr.step`` into ``buffers``; return views of its outputs.
+
+    ``block_tables``: one int32 table for every cache, or a sequence of one per cache
+    (ignored by a positions-only ``buffers``). Traceable by ``torch.compile``.
+    """
+    if isinstance(block_tables, torch.Tensor):
+        block_tables = [block_tables]
+    elif block_tables is None:
+        block_tables = []
+    torch.ops.kvaddr.step.default(
+        seq_lens_decoder,
+        seq_lens_this_time,
+        list(block_tables) if buffers.block_sizes else [],
+        buffers.block_sizes,
+        *buffers.outputs_args,
+    )
+    return buffers.outputs(seq_lens_decoder.shape[0])
+
+
+# -- checks (on metadata only: they run on fake tensors too) ---------------------------
+
+
+def _int32_vector(name: str, t, what: str = "int32 with shape (bsz,), contiguous") -> None:
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be {what}, got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got a strided view (stride {t.stride(0)} elements)")
+
+
+def _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> tuple:
+    """Check every argument's dtype, shape, layout and device; return ``(bsz, C, tables, tiles)``."""
+    G = len(block_sizes)
+    if G > MAX_CACHES:
+        raise ValueError(f"block_sizes must hold at most {MAX_CACHES} caches, got {G}")
+    for g, b in enumerate(block_sizes):
+        if not 1 <= b <= INT32_MAX:
+            raise ValueError(f"block_sizes[{g}] must be an int in [1, {INT32_MAX}], got {b}")
+    _int32_vector("seq_lens_decoder", dec)
+    bsz = dec.shape[0]
+    _int32_vector("seq_lens_this_time", q)
+    if q.shape[0] != bsz:
+        raise ValueError(
+            f"seq_lens_this_time must have shape (bsz,) = ({bsz},) like seq_lens_decoder, got {tuple(q.shape)}"
+        )
+    if bsz >= MAX_REQUESTS:
+        raise ValueError(f"seq_lens_decoder must have fewer than 2**27 entries, got {bsz}")
+    if G == 0:
+        tables = []
+    elif len(tables) == 1:
+        tables = [tables[0]] * G
+    elif len(tables) != G:
+        raise ValueError(
+            f"block_tables must be one table or {G} (one per cache in block_sizes), got {len(tables)} tables"
+        )
+    many = G > 1 and tables[0] is not tables[1]
+    what = "int32 with shape (rows >= bsz, max_blocks) with a contiguous last dim"
+    for g, t in enumerate(tables):
+        name = f"block_tables[{g}]" if many else "block_tables"
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be {what}, got dtype {t.dtype}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
+        rows, width = t.shape
+        if width < 1:
+            raise ValueError(f"{name} must be {what}, got max_blocks = 0")
+        if width > INT32_MAX:
+            raise ValueError("block_tables must have fewer than 2**31 columns")
+        if width > 1 and rows > 0 and t.stride(1) != 1:
+            raise ValueError(
+                f"{name} must be {what}, got a last-dim stride of {t.stride(1)} elements (a transposed or strided view)"
+            )
+        if rows > 1 and t.stride(0) < width:
+            raise ValueError(f"{name} must be {what}, got overlapping rows (row stride {t.stride(0)})")
+        if rows < bsz:
+            raise ValueError(f"{name} must be {what}, got {rows} rows for bsz = {bsz}")
+    _int32_vector("cu_seqlens_q", cu, "int32 with shape (>= bsz + 1,), contiguous")
+    if cu.shape[0] < bsz + 1:
+        raise ValueError(f"cu_seqlens_q must have at least bsz + 1 = {bsz + 1} entries, got {cu.shape[0]}")
+    if nt.dtype != torch.int32 or nt.numel() != 1:
+        raise TypeError(f"num_tokens must be int32 with one element, got {nt.dtype} with shape {tuple(nt.shape)}")
+    _int32_vector("batch_id_per_token", batch, "int32 with shape (capacity,), contiguous")
+    C = batch.shape[0]
+    if not 1 <= C <= INT32_MAX - 1:
+        raise ValueError(f"batch_id_per_token must have capacity in [1, {INT32_MAX - 1}] entries, got {C}")
+    if pos.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"position_ids must be int64 or int32 with shape ({C},), got dtype {pos.dtype}")
+    if tuple(pos.shape) != (C,) or not pos.is_contiguous():
+        raise ValueError(f"position_ids must have shape ({C},) like batch_id_per_token and be contiguous")
+    _int32_vector("seq_lens_kv", kv, "int32 with shape (>= bsz,), contiguous")
+    if kv.shape[0] < bsz:
+        raise ValueError(f"seq_lens_kv must have at least bsz = {bsz} entries, got {kv.shape[0]}")
+    if slots.dtype != torch.int64:
+        raise TypeError(f"slot_mapping must be int64 with shape ({G}, {C}), got dtype {slots.dtype}")
+    if tuple(slots.shape) != (G, C) or not slots.is_contiguous():
+        raise ValueError(f"slot_mapping must have shape ({G}, {C}) and be contiguous, got {tuple(slots.shape)}")
+    if ws.dtype != torch.int64 or ws.dim() != 1 or not ws.is_contiguous():
+        raise TypeError(f"workspace must be a contiguous int64 vector, got {ws.dtype} with shape {tuple(ws.shape)}")
+    tiles = _tiles_of_workspace(ws.shape[0], C)
+    if tiles is None:
+        raise ValueError(f"workspace must have workspace_size(capacity = {C}, max_requests) words, got {ws.shape[0]}")
+    if bsz > _TILE and -(-bsz // _TILE) > tiles:
+        raise ValueError(
+            f"workspace was sized for at most {max(tiles * _TILE, _TILE)} requests, got bsz = {bsz}: "
+            f"build it with workspace_size(capacity, max_requests >= {bsz})"
+        )
+    dev = dec.device
+    for name, t in (
+        ("seq_lens_this_time", q),
+        *((f"block_tables[{g}]", t) for g, t in enumerate(tables)),
+        ("cu_seqlens_q", cu),
+        ("num_tokens", nt),
+        ("batch_id_per_token", batch),
+        ("position_ids", pos),
+        ("seq_lens_kv", kv),
+        ("slot_mapping", slots),
+        ("workspace", ws),
+    ):
+        if t.device != dev:
+            raise ValueError(f"{name} must be on {dev} like seq_lens_decoder, got {t.device}")
+    return bsz, C, tables, tiles
+
+
+# -- implementations -------------------------------------------------------------------
+
+
+def _step_fake(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
+    _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+
+
+def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
+    """The NumPy reference into the caller's tensors; its error record into the workspace."""
+    bsz, C, tables, tiles = _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+    res = step_addressing(
+        dec.numpy(),
+        q.numpy(),
+        [t.numpy() for t in tables],
+        list(block_sizes),
+        C,
+        position_dtype=np.int64 if pos.dtype == torch.int64 else np.int32,
+    )
+    o = res.outputs
+    cu[: bsz + 1].copy_(torch.from_numpy(o.cu_seqlens_q))
+    nt.fill_(int(o.num_tokens))
+    batch.copy_(torch.from_numpy(o.batch_id_per_token))
+    pos.copy_(torch.from_numpy(o.position_ids))
+    kv[:bsz].copy_(torch.from_numpy(o.seq_lens_kv))
+    slots.copy_(torch.from_numpy(o.slot_mapping))
+    _init_workspace(ws, tiles)
+    rec = ws[_records_offset(tiles) :]
+    rec[0] = res.error_mask
+    rec[1] = res.error_key - (1 << 64) if res.error_key >= 1 << 63 else res.error_key
+
+
+_lock = threading.Lock()
+_cache: dict = {}
+_state = {"debug": False, "multi_device": None}
+
+
+def clear_cache() -> None:
+    """Forget every remembered argument set (and drop the references to its tensors)."""
+    with _lock:
+        _cache.clear()
+
+
+def set_debug(on: bool = True) -> None:
+    """Debug mode: the CUDA kernel checks every argument on every call (no remembered sets)."""
+    _state["debug"] = bool(on)
+    clear_cache()
+
+
+def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws):
+    """Check the arguments once and build a BoundStep launching on their pointers."""
+    from kvaddr.bound_step import BoundStep
+
+    _, C, tables, tiles = _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+    dev = dec.device.index
+    fn = kernel_loader.get_function("kvaddr_step_i64" if pos.dtype == torch.int64 else "kvaddr_step_i32", dev)
+    G = len(block_sizes)
+    P = kernel_loader.StepParams()
+    P.capacity = C  # int32
+    P.num_caches = G  # int32
+    for g in range(MAX_CACHES):
+        P.max_blocks[g] = 1  # int32, unused caches
+        P.block_size[g] = block_sizes[g] if g < G else 1  # int32
+    P.cu_seqlens_q = cu.data_ptr()  # [>= bsz + 1], int32
+    P.num_tokens = nt.data_ptr()  # [], int32
+    P.batch_id_per_token = batch.data_ptr()  # [C], int32
+    P.position_ids = pos.data_ptr()  # [C], int64 / int32
+    P.seq_lens_kv = kv.data_ptr()  # [>= bsz], int32
+    P.slot_mapping = slots.data_ptr()  # [G, C], int64
+    off = _records_offset(tiles)
+    P.tile_state = ws.data_ptr()  # [4], uint32 (workspace words 0-1)
+    P.tile_status = ws.data_ptr() + 8 * _STATE_WORDS  # [max(tiles, 1)], uint64
+    P.error_records = ws.data_ptr() + 8 * off  # [(num_chunks + tiles) * KV_WARPS, 2], uint64
+    P.max_tiles = tiles  # int32
+    bound = BoundStep(
+        params=P,
+        fptr=int(fn.ptr),
+        device=dev,
+        max_requests=MAX_REQUESTS - 1,
+        num_caches=G,
+        num_chunks=_num_chunks(C),
+        tile=_TILE,
+        threads=_THREADS,
+        seq_lens_decoder=dec,
+        seq_lens_this_time=q,
+        block_tables=tables if G else None,
+        hold=False,  # the cache entry watches the tensors through weak references instead
+    )
+    return bound
+
+
+def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
+    key = (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
+    entry = _cache.get(key)
+    if entry is None or entry[1] != block_sizes or _state["debug"]:
+        bound = _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+        if _state["debug"]:
+            entry = (bound, None, dec.device.index, ())
+        else:
+            # Weak references, each forgetting the entry when its tensor dies: an id in the key
+            # is never reused by a live entry, and the cache keeps no tensor (or clone) alive.
+            def forget(_ref, key=key):
+                _cache.pop(key, None)
+
+            refs = tuple(weakref.ref(t, forget) for t in (dec, q, cu, nt, batch, pos, kv, slots, ws, *tables))
+            entry = (bound, list(block_sizes), dec.device.index, refs)
+            with _lock:
+                if len(_cache) >= CACHE_SIZE:
+                    _cache.clear()
+                _cache[key] = entry
+    dev = entry[2]
+    multi = _state["multi_device"]
+    if multi is None:
+        multi = _state["multi_device"] = torch.cuda.device_count() > 1
+    if multi and torch.cuda.current_device() != dev:
+        with torch.cuda.device(dev):
+            entry[0].launch(None, _raw_stream(dev))
+        return
+    entry[0].launch(None, _raw_stream(dev))
+
+
+def _raw_stream_slow(dev: int) -> int:
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+#: torch's current stream of a device as a raw cudaStream_t (what inductor's get_raw_stream uses).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
+
+
+# -- registration ----------------------------------------------------------------------
+
+_lib = torch.library.Library("kvaddr", "DEF")
+_lib.define(SCHEMA)
+_lib.impl("step", _step_cpu, "CPU")
+_lib.impl("step", _step_cuda, "CUDA")
+torch.library.register_fake("kvaddr::step", _step_fake, lib=_lib)
