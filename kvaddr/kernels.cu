@@ -72,8 +72,9 @@
 #define KV_ERR_NEGATIVE_BLOCK 2   // negative (unallocated) block id for a real token
 #define KV_ERR_CAPACITY 4         // more tokens than the capacity C (the extra ones dropped)
 #define KV_ERR_NEGATIVE_LENGTH 8  // negative seq_lens_decoder or seq_lens_this_time
-// log2 of an error bit: the low two bits of the error key (a compile-time constant).
-#define KV_ERR_LOG2(bit) ((bit) == KV_ERR_BLOCK_INDEX ? 0 : (bit) == KV_ERR_NEGATIVE_BLOCK ? 1 : (bit) == KV_ERR_CAPACITY ? 2 : 3)
+#define KV_ERR_KV_INDICES_CAPACITY 16  // more kv_indices entries than their capacity (attention outputs)
+// log2 of an error bit: the low three bits of the error key (a compile-time constant).
+#define KV_ERR_LOG2(bit) ((bit) == KV_ERR_BLOCK_INDEX ? 0 : (bit) == KV_ERR_NEGATIVE_BLOCK ? 1 : (bit) == KV_ERR_CAPACITY ? 2 : (bit) == KV_ERR_NEGATIVE_LENGTH ? 3 : 4)
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -128,8 +129,10 @@ __device__ __forceinline__ int kv_sat_add(int a, int b) {
     return (a > KV_INT_MAX - b) ? KV_INT_MAX : a + b;
 }
 
+// The first-bad-record key (kvaddr/errors.py's error_key): token << 32 | request << 5 |
+// cache << 3 | log2(bit); the smallest key of a launch is its first bad record.
 __device__ __forceinline__ u64 kv_err_key(u64 token, u64 request, u64 cache, u64 bit_index) {
-    return (token << 32) | (request << 5) | (cache << 2) | bit_index;
+    return (token << 32) | (request << 5) | (cache << 3) | bit_index;
 }
 
 struct KvErr {

@@ -180,11 +180,20 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
     assert c["KV_ERR_NEGATIVE_BLOCK"] == errors.ERR_NEGATIVE_BLOCK == 2
     assert c["KV_ERR_CAPACITY"] == errors.ERR_CAPACITY == 4
     assert c["KV_ERR_NEGATIVE_LENGTH"] == errors.ERR_NEGATIVE_LENGTH == 8
+    assert c["KV_ERR_KV_INDICES_CAPACITY"] == errors.ERR_KV_INDICES_CAPACITY == 16
+    assert {v for k, v in c.items() if k.startswith("KV_ERR_")} == set(errors.ERROR_REASONS)
+    # the kernel's key is errors.error_key's layout
+    assert "(token << 32) | (request << 5) | (cache << 3) | bit_index" in kernel_loader.source()
     src = kernel_loader.source()
     # Errors are recorded by name only: no literal bits passed to err.add / err.flag.
     assert not re.search(r"err\.(add|flag)\(\s*\d", src)
     flagged = set(re.findall(r"err\.flag\((KV_ERR_\w+)", src))
-    assert flagged == {"KV_ERR_BLOCK_INDEX", "KV_ERR_NEGATIVE_BLOCK", "KV_ERR_CAPACITY", "KV_ERR_NEGATIVE_LENGTH"}
+    assert flagged == {
+        "KV_ERR_BLOCK_INDEX",
+        "KV_ERR_NEGATIVE_BLOCK",
+        "KV_ERR_CAPACITY",
+        "KV_ERR_NEGATIVE_LENGTH",
+    }
 
 
 def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
