@@ -74,7 +74,7 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     for name, ctype in S._fields_:
         assert getattr(S, name).offset == end, name  # no padding before any field
         end += ctypes.sizeof(ctype)
-    assert ctypes.sizeof(S) == end == 200 and ctypes.alignment(S) == 8
+    assert ctypes.sizeof(S) == end == 264 and ctypes.alignment(S) == 8
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: C struct layout check skipped")
@@ -193,6 +193,7 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
         "KV_ERR_NEGATIVE_BLOCK",
         "KV_ERR_CAPACITY",
         "KV_ERR_NEGATIVE_LENGTH",
+        "KV_ERR_KV_INDICES_CAPACITY",
     }
 
 
