@@ -21,6 +21,12 @@ KERNEL_NAMES = (
     "kvaddr_slots_i64",
     "kvaddr_slots_i32",
     "kvaddr_where_pad",
+    "kvaddr_engine_pages",
+    "kvaddr_engine_cumsum",
+    "kvaddr_engine_copy_pages",
+    "kvaddr_engine_pad_pages",
+    "kvaddr_engine_last_page",
+    "kvaddr_engine_max",
     "kvaddr_empty",
 )
 COMPILE_OPTIONS = ("-std=c++14",)

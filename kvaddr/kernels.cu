@@ -12,6 +12,8 @@
 //     kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
 //         and batch ids (the per-layer, one-kernel baseline).
 //     kvaddr_where_pad                     the padding "where" of the per-layer op chain.
+//     kvaddr_engine_*                      attention metadata the way engines build it
+//         (separate launches: pages, cumsum, copy_pages, pad_pages, last_page, max).
 //     kvaddr_empty                         an empty kernel (the launch floor).
 //
 // Semantics: docs/spec.md and kvaddr/reference.py (the oracle).
@@ -1199,6 +1201,121 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
     int t = blockIdx.x * KV_THREADS + threadIdx.x;
     if (t >= capacity) return;
     if (batch[t] < 0 || idx[t] >= width || blk[t] < 0) slot[t] = -1;
+}
+
+// ---- attention metadata built the way engines build it today (separate launches) ----
+// What the per-layer / per-layer-kernel / hoisted baselines run once per step when
+// asked for attention outputs (kvaddr/strategies/gpu.py's EngineAttention): per cache
+// pages, a cumsum for kv_indptr, a per-request copy of row prefixes into kv_indices
+// (vLLM's FlashInfer backend copies page indices with one program per request), the
+// -1 tail, kv_last_page_len; for varlen a cumsum and two max reductions. No checks
+// (bad values are the fused step's business), nothing read past a row or written past N.
+
+// pages[b] = ceil(seq_lens[b] / B) (0 for seq_lens <= 0). Parameters:
+//   seq_lens  [n], int32: seq_lens_kv
+//   n         int32: bsz
+//   B         int32: block size
+//   pages     [n], int32: out
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_pages(const int* __restrict__ seq_lens, int n, int B, int* __restrict__ pages) {
+    const int b = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (b < n) pages[b] = seq_lens[b] > 0 ? kv_pages(seq_lens[b], B) : 0;
+}
+
+// out[0] = 0, out[i + 1] = x[0] + ... + x[i] (saturating): one block of KV_THREADS
+// threads, KV_THREADS items per round (a cumsum launch). Parameters:
+//   x         [n], int32: non-negative
+//   n         int32
+//   out       [n + 1], int32
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_cumsum(const int* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ int wsum[KV_WARPS];
+    __shared__ int carry;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        carry = 0;
+        out[0] = 0;
+    }
+    __syncthreads();
+    for (int base = 0; base < n; base += KV_THREADS) {
+        const int i = base + (int)threadIdx.x;
+        const int v = i < n ? max(x[i], 0) : 0;
+        const int inc = kv_warp_inclusive(v);
+        if (lane == 31) wsum[warp] = inc;
+        __syncthreads();
+        int before, total;
+        kv_warp_prefix(wsum, warp, before, total);
+        const int c = carry;
+        if (i < n) out[i + 1] = kv_sat_add(c, kv_sat_add(before, inc));
+        __syncthreads();
+        if (threadIdx.x == 0) carry = kv_sat_add(c, total);
+        __syncthreads();
+    }
+}
+
+// kv_indices[indptr[b] + j] = table[b, j] for j < min(indptr[b + 1] - indptr[b], width),
+// entries below N only: one block per request. Parameters:
+//   indptr    [bsz + 1], int32: kv_indptr of this cache
+//   table     [rows >= bsz, width], int32, rows `stride` elements apart
+//   stride    int64: the table's row stride, in elements
+//   width     int32: the table's row length
+//   N         int32: kv_indices capacity
+//   out       [N], int32: this cache's kv_indices
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_copy_pages(const int* __restrict__ indptr, const int* __restrict__ table, i64 stride, int width,
+                         int N, int* __restrict__ out) {
+    const int b = blockIdx.x;
+    const int start = indptr[b];
+    const int n = min(indptr[b + 1] - start, width);
+    for (int j = threadIdx.x; j < n && start + j < N; j += KV_THREADS)
+        out[start + j] = table[(i64)b * stride + j];
+}
+
+// kv_indices[e] = -1 for e in [indptr[bsz], N). Parameters:
+//   indptr    [bsz + 1], int32
+//   bsz       int32
+//   N         int32
+//   out       [N], int32
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_pad_pages(const int* __restrict__ indptr, int bsz, int N, int* __restrict__ out) {
+    const int e = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (e < N && e >= indptr[bsz]) out[e] = -1;
+}
+
+// last[b] = (seq_lens[b] - 1) % B + 1, 0 for seq_lens <= 0. Parameters:
+//   seq_lens  [n], int32
+//   n         int32
+//   B         int32
+//   last      [n], int32: kv_last_page_len of this cache
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_last_page(const int* __restrict__ seq_lens, int n, int B, int* __restrict__ last) {
+    const int b = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (b < n) {
+        const int L = seq_lens[b];
+        last[b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+    }
+}
+
+// *out = max over i < n of x[i + 1] - x[i] (diff = 1) or of x[i] (diff = 0); 0 for
+// n = 0: one block (a max-reduction launch). Parameters:
+//   x         [n + diff], int32
+//   n         int32
+//   diff      int32: 1 or 0
+//   out       [], int32
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_max(const int* __restrict__ x, int n, int diff, int* __restrict__ out) {
+    __shared__ int wmax[KV_WARPS];
+    int m = 0;
+    for (int i = threadIdx.x; i < n; i += KV_THREADS) m = max(m, diff ? x[i + 1] - x[i] : x[i]);
+    m = __reduce_max_sync(0xffffffffu, m);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int r = 0;
+#pragma unroll
+        for (int w = 0; w < KV_WARPS; ++w) r = max(r, wmax[w]);
+        *out = r;
+    }
 }
 
 // An empty kernel: the launch floor.

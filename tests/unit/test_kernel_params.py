@@ -209,14 +209,20 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
 
     for name in ("kvaddr_step_i64", "kvaddr_step_i32"):
         assert lib < where(name) < base
-    for name in ("kvaddr_slots_i64", "kvaddr_slots_i32", "kvaddr_where_pad", "kvaddr_empty"):
+    engine = {f"kvaddr_engine_{k}" for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page", "max")}
+    for name in {"kvaddr_slots_i64", "kvaddr_slots_i32", "kvaddr_where_pad", "kvaddr_empty"} | engine:
         assert base < where(name) < end
-    assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32"} | {
-        "kvaddr_slots_i64",
-        "kvaddr_slots_i32",
-        "kvaddr_where_pad",
-        "kvaddr_empty",
-    }
+    assert (
+        set(kernel_loader.KERNEL_NAMES)
+        == {"kvaddr_step_i64", "kvaddr_step_i32"}
+        | {
+            "kvaddr_slots_i64",
+            "kvaddr_slots_i32",
+            "kvaddr_where_pad",
+            "kvaddr_empty",
+        }
+        | engine
+    )
 
 
 def test_ablate_step_source_patches_still_apply():
