@@ -1059,6 +1059,17 @@ __device__ __forceinline__ void kv_meta_block(KvMetaShared& sm, const KvStepPara
             if (a < z) kv_meta_copy(sm, a, z, base, count, table, stride, width, g, p.kv_indices + (i64)g * N, err);
         }
         __syncthreads();  // the next tile overwrites sm
+        {
+            // Nothing left for this block in later tiles (its entries copied, its requests
+            // written, no maxima to reduce): stop scanning (block-uniform).
+            const int rows_per_block = (bsz + 1 + p.meta_per_cache - 1) / p.meta_per_cache;
+            const int r_hi = min(k * rows_per_block + rows_per_block, bsz + 1);
+            const int e_hi = fi ? (int)min(min((i64)k * p.meta_entries, (i64)p.kv_indices_capacity) + p.meta_entries,
+                                           (i64)p.kv_indices_capacity)
+                                : 0;
+            const bool maxima = (p.attention & KV_ATTN_VARLEN) != 0 && m == 0;
+            if (!maxima && r_hi <= base + count && sm.carry[2] >= e_hi) break;
+        }
     }
     // entry bsz of the per-request outputs, the pad, the maxima, the error records
     {
