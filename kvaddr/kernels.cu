@@ -963,18 +963,29 @@ __device__ __forceinline__ void kv_meta_block(KvMetaShared& sm, const KvStepPara
     int mq = 0, ml = 0;  // this thread's maxima (tokens, L)
     for (int base = 0; base < bsz; base += KV_TILE) {
         const int count = min(KV_TILE, bsz - base);
-        const int first = tid * KV_ITEMS;  // this thread's items [first, first + KV_ITEMS)
+        const int ipt = (count + KV_THREADS - 1) / KV_THREADS;  // items per thread (thread-blocked)
+        const int first = tid * ipt;                             // this thread's items [first, first + ipt)
         const int* table;
         i64 stride;
         int width, B;
         kv_meta_cache(p, g, table, stride, width, B);
-        // pass 1: load (thread-blocked), stage n and L, sum
-        int tq = 0, tl = 0, tp = 0;
+        // load the tile's raw lengths, striped (coalesced, every load in flight at once)
 #pragma unroll 4
+        for (int u = 0; u < KV_ITEMS; ++u) {
+            const int i = u * KV_THREADS + tid;
+            if (i < count) {
+                sm.q[KV_PAD(i)] = p.seq_lens_this_time[base + i];
+                sm.pg[KV_PAD(i)] = p.seq_lens_decoder[base + i];
+            }
+        }
+        __syncthreads();
+        // pass 1 (thread-blocked): n and L of each request in place, this thread's sums
+        int tq = 0, tl = 0, tp = 0;
+#pragma unroll 1
         for (int j = 0; j < KV_ITEMS; ++j) {
             const int i = first + j;
-            if (i < count) {
-                const int d = p.seq_lens_decoder[base + i], n = p.seq_lens_this_time[base + i];
+            if (j < ipt && i < count) {
+                const int n = sm.q[KV_PAD(i)], d = sm.pg[KV_PAD(i)];
                 const bool bad = (d < 0) | (n < 0);
                 const int nn = bad ? 0 : n;
                 const int L = bad ? 0 : kv_sat_add(d, n);
@@ -1019,7 +1030,7 @@ __device__ __forceinline__ void kv_meta_block(KvMetaShared& sm, const KvStepPara
 #pragma unroll 1
             for (int j = 0; j < KV_ITEMS; ++j) {
                 const int i = first + j;
-                if (i < count) {
+                if (j < ipt && i < count) {
                     const int b = base + i;
                     const int nn = sm.q[KV_PAD(i)], L = sm.pg[KV_PAD(i)];
                     const int P = kv_pages(L, B);
