@@ -1275,8 +1275,8 @@ kvaddr_engine_cumsum(const int* __restrict__ x, int n, int* __restrict__ out) {
     }
 }
 
-// kv_indices[indptr[b] + j] = table[b, j] for j < min(indptr[b + 1] - indptr[b], width),
-// entries below N only: one block per request. Parameters:
+// kv_indices[indptr[b] + j] = table[b, j] for j < indptr[b + 1] - indptr[b] (-1 for j >= width:
+// the row is never read past its end), entries below N only: one block per request. Parameters:
 //   indptr    [bsz + 1], int32: kv_indptr of this cache
 //   table     [rows >= bsz, width], int32, rows `stride` elements apart
 //   stride    int64: the table's row stride, in elements
@@ -1288,9 +1288,9 @@ kvaddr_engine_copy_pages(const int* __restrict__ indptr, const int* __restrict__
                          int N, int* __restrict__ out) {
     const int b = blockIdx.x;
     const int start = indptr[b];
-    const int n = min(indptr[b + 1] - start, width);
+    const int n = indptr[b + 1] - start;
     for (int j = threadIdx.x; j < n && start + j < N; j += KV_THREADS)
-        out[start + j] = table[(i64)b * stride + j];
+        out[start + j] = j < width ? table[(i64)b * stride + j] : -1;
 }
 
 // kv_indices[e] = -1 for e in [indptr[bsz], N). Parameters:
