@@ -93,3 +93,17 @@ def test_info_with_a_gpu(fake_gpu):
     r = CliRunner().invoke(cli_module.cli, ["info"])
     assert r.exit_code == 0, r.output
     assert "Fake H200" in r.stdout and "compute capability 9.0" in r.stdout and "yes" in r.stdout
+
+
+def test_gpu_flow_with_attention_checks_the_metadata_in_graph_replays(fake_gpu):
+    args = ARGS + ["--caches", "2", "--attention", "flashinfer,varlen,page_table"]
+    r = CliRunner().invoke(cli_module.cli, args + ["--json", "-"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["options"]["attention"] == ["flashinfer", "varlen", "page_table"]
+    assert doc["shapes"][0]["correctness"]["graph_replays"] is True
+    # a graph that skips the work leaves the poisoned metadata: caught before any timing
+    fake_gpu["noop"].add("fused")
+    r = CliRunner().invoke(cli_module.cli, args)
+    assert r.exit_code == 1, r.output
+    assert "'fused'" in r.stderr and "graph replay" in r.stderr
