@@ -231,3 +231,119 @@ def test_struct_fields_and_attention_off(fake_planner):
     assert v._params.attention == 2 and v._num_meta == 1 and v.kv_indices is None and v._params.kv_indices == 0
     pt = StepPlanner(8, 16, [4, 8, 16], attention="page_table")
     assert pt._num_meta == 3 and pt.kv_indptr is None and pt._params.attention == 4
+
+
+# ---- the GPU baselines' EngineAttention: arguments against the kernels' C signatures, and a model ----
+
+
+def _c_params(name):
+    import re
+
+    m = re.search(rf"\b{name}\(([^)]*)\)\s*\{{", kernel_loader.source())
+    assert m, name
+    out = []
+    for p in m.group(1).split(","):
+        p = " ".join(p.split())
+        out.append("ptr" if "*" in p else ("i64" if p.startswith(("i64", "const i64")) else "i32"))
+    return out
+
+
+def _kind(a):
+    if isinstance(a, (FakeDeviceArray, np.uint64)):
+        return "ptr"
+    if isinstance(a, np.int64):
+        return "i64"
+    if isinstance(a, np.int32):
+        return "i32"
+    raise AssertionError(f"argument {a!r} of type {type(a)} is no explicit kernel type")
+
+
+def _ptr_view(a, count):
+    ptr = a.data.ptr if isinstance(a, FakeDeviceArray) else int(a)
+    return meta_kernel_model._view(ptr, count)
+
+
+def _engine_model(name, grid, args):
+    """NumPy models of the kvaddr_engine_* kernels (the whole grid at once)."""
+    if name == "pages":
+        L, n, B, out = args
+        Lv = _ptr_view(L, int(n))
+        _ptr_view(out, int(n))[:] = np.where(Lv > 0, -(-Lv.astype(np.int64) // int(B)), 0)
+    elif name == "cumsum":
+        x, n, out = args
+        o = _ptr_view(out, int(n) + 1)
+        o[0] = 0
+        o[1:] = np.minimum(np.cumsum(np.maximum(_ptr_view(x, int(n)).astype(np.int64), 0)), 2**31 - 1)
+    elif name == "copy_pages":
+        indptr, table, stride, width, N, out = args
+        bsz = grid
+        ip = _ptr_view(indptr, bsz + 1)
+        o = _ptr_view(out, int(N))
+        t = _ptr_view(table, (bsz - 1) * int(stride) + int(width))
+        for b in range(bsz):
+            for j in range(int(ip[b + 1] - ip[b])):
+                if ip[b] + j < int(N):
+                    o[ip[b] + j] = t[b * int(stride) + j] if j < int(width) else -1
+    elif name == "pad_pages":
+        indptr, bsz, N, out = args
+        end = int(_ptr_view(indptr, int(bsz) + 1)[int(bsz)])
+        _ptr_view(out, int(N))[end:] = -1
+    elif name == "last_page":
+        L, n, B, out = args
+        Lv = _ptr_view(L, int(n)).astype(np.int64)
+        _ptr_view(out, int(n))[:] = np.where(Lv > 0, (Lv - 1) % int(B) + 1, 0)
+    elif name == "max":
+        x, n, diff, out = args
+        xv = _ptr_view(x, int(n) + int(diff)).astype(np.int64)
+        v = (np.diff(xv) if int(diff) else xv) if int(n) else np.zeros(1, np.int64)
+        _ptr_view(out, 1)[0] = max(int(v.max()), 0)
+    else:
+        raise AssertionError(name)
+
+
+@pytest.mark.parametrize("groups", [ALL_GROUPS, ("flashinfer",), ("varlen",), ("page_table",)])
+def test_engine_attention_arguments_match_the_kernels_and_the_reference(fake_planner, monkeypatch, groups):
+    from kvaddr.outputs import StepOutputs
+    from kvaddr.strategies import gpu
+    from kvaddr.validation import describe
+
+    calls = []
+
+    def get_function(name, device_id=None):
+        short = name.removeprefix("kvaddr_engine_")
+
+        def fn(grid, block, args, shared_mem=0, stream=None):
+            assert [_kind(a) for a in args] == _c_params(name), (name, args)
+            calls.append(short)
+            _engine_model(short, grid[0], args)
+
+        return fn
+
+    monkeypatch.setattr(kernel_loader, "get_function", get_function)
+    rng = np.random.default_rng(4)
+    for bsz in (0, 1, 37):
+        case = make_case(rng, bsz=bsz, block_sizes=[16, 3], spare_capacity=3)
+        ref = _reference(case, groups)
+        eng = gpu.EngineAttention(
+            groups, ref.outputs.attention.kv_indices.shape[1] if "flashinfer" in groups else None, 40, [16, 3], 0
+        )
+        if "flashinfer" in groups:
+            eng.kv_indices[...] = 12345  # stale: every entry must be rewritten
+        pos = StepOutputs(_dev(ref.outputs.cu_seqlens_q), None, None, None, _dev(ref.outputs.seq_lens_kv), None)
+        tables = [_dev(t) for t in case["block_tables"]]
+        infos = [describe("block_tables", t) for t in tables]
+        calls.clear()
+        a = eng.build(pos, tables, infos, 0)
+        assert len(calls) <= eng.launches
+        want = ref.outputs.attention
+        for f in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "cu_seqlens_k", "seqused_k"):
+            w, g = getattr(want, f), getattr(a, f)
+            assert (w is None) == (g is None), f
+            if w is not None:
+                np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"bsz {bsz}: {f}")
+        for f in ("max_seqlen_q", "max_seqlen_k"):
+            w, g = getattr(want, f), getattr(a, f)
+            assert (w is None) == (g is None) and (w is None or int(g) == int(w)), f
+        if "page_table" in groups:
+            for v, t in zip(a.page_table, case["block_tables"]):
+                np.testing.assert_array_equal(np.asarray(v), t[:bsz])
