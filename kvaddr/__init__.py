@@ -7,6 +7,7 @@ reference          the NumPy reference (the oracle), :mod:`kvaddr.reference`
 strategies         the strategies on the GPU, :mod:`kvaddr.strategies.gpu`
 cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
 StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
+AttentionOutputs, PAD_PAGE_ID   the opt-in attention metadata (docs/attention.md)
 NoCudaDevice       raised by StepPlanner and the GPU strategies without CuPy, a driver or a GPU
 StrategyLimitExceeded  a step larger than a strategy runs (one-block: at most 1024 requests)
 
@@ -23,14 +24,16 @@ measure <- traces, gate <- commands <- cli.
 from kvaddr.constants import STRATEGY_NAMES
 from kvaddr.device import NoCudaDevice
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError, StrategyLimitExceeded
-from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
+from kvaddr.outputs import PAD_PAGE_ID, PAD_SLOT_ID, AttentionOutputs, StepOutputs
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "PAD_PAGE_ID",
     "PAD_SLOT_ID",
     "STRATEGY_NAMES",
     "AddressingError",
+    "AttentionOutputs",
     "KernelCompileError",
     "KvaddrError",
     "NoCudaDevice",

@@ -9,10 +9,8 @@ FlashAttention's varlen API with a paged KV cache (``cu_seqlens_k``,
 calls it when asked (``attention=...``).
 
 Error records are ``(token, request, cache, bit)`` tuples, ordered as tuples (the
-order of :func:`kvaddr.errors.error_key`). Bit 16 (``ERR_KV_INDICES_CAPACITY``) does
-not fit the 2-bit bit field of ``kvaddr.errors.error_key``; :func:`error_key` here is
-the layout with a 3-bit bit field that phase 2 moves to ``kvaddr/errors.py`` (and
-the kernel) for every key: the order of keys is unchanged.
+order of :func:`kvaddr.errors.error_key`, whose 3-bit bit field holds bit 16,
+``kvaddr.errors.ERR_KV_INDICES_CAPACITY``).
 """
 
 from __future__ import annotations
@@ -21,59 +19,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvaddr.errors import ERR_BLOCK_INDEX, ERR_NEGATIVE_BLOCK, ERROR_REASONS, AddressingError
+from kvaddr.errors import ERR_BLOCK_INDEX, ERR_KV_INDICES_CAPACITY, ERR_NEGATIVE_BLOCK
 from kvaddr.outputs import ATTENTION_GROUPS, PAD_PAGE_ID, AttentionOutputs
 from kvaddr.validation import INT32_MAX, check_int
 
-#: More ``kv_indices`` entries than the capacity fixed at construction; entries at
-#: index >= capacity are dropped. (Moves to kvaddr/errors.py in phase 2.)
-ERR_KV_INDICES_CAPACITY = 16
-
-#: Every error bit's reason, the attention bit included.
-ATTENTION_ERROR_REASONS = {**ERROR_REASONS, ERR_KV_INDICES_CAPACITY: "more kv_indices entries than their capacity"}
-
-#: Key of "no error" (all ones), as in kvaddr.errors.
-NO_ERROR_KEY = (1 << 64) - 1
-
-_BIT_FIELD = 3  # log2(bit) in bits 0..2: bits up to 128
-_CACHE_FIELD = 2  # cache in bits 3..4: up to 4 caches (KV_MAX_CACHES)
-
-
-def error_key(token: int, request: int, cache: int, bit: int) -> int:
-    """The first-bad-record key with a 3-bit bit field (bit 16 fits).
-
-    ``key = token << 32 | request << 5 | cache << 3 | log2(bit)``: ordered by
-    token, then request, cache, bit, like :func:`kvaddr.errors.error_key`, whose
-    layout (``cache << 2 | log2(bit)``) has room for bits 1..8 only.
-    """
-    if not 0 <= int(cache) < (1 << _CACHE_FIELD):
-        raise ValueError(f"cache must be in [0, 4), got {cache}")
-    return (int(token) << 32) | (int(request) << 5) | (int(cache) << _BIT_FIELD) | (int(bit).bit_length() - 1)
-
-
-def decode_error_key(key: int) -> tuple[int, int, int, int]:
-    """Inverse of :func:`error_key`: ``(token, request, cache, bit)``."""
-    key = int(key)
-    return key >> 32, (key >> 5) & ((1 << 27) - 1), (key >> _BIT_FIELD) & 3, 1 << (key & 7)
-
-
-class AttentionAddressingError(AddressingError):
-    """:class:`~kvaddr.errors.AddressingError` of a step with attention outputs (key of :func:`error_key`)."""
-
-    def __init__(self, mask: int, key: int):
-        self.mask = int(mask)
-        self.token, self.request, self.cache, self.bit = decode_error_key(key)
-        reasons = ", ".join(
-            f"{b} ({ATTENTION_ERROR_REASONS[b]})" for b in sorted(ATTENTION_ERROR_REASONS) if self.mask & b
-        )
-        where = f"token {self.token} of request {self.request}"
-        if self.bit in (ERR_BLOCK_INDEX, ERR_NEGATIVE_BLOCK, ERR_KV_INDICES_CAPACITY):
-            where += f", cache {self.cache}"
-        Exception.__init__(
-            self,
-            f"bad step addressing: first bad value at {where}: {ATTENTION_ERROR_REASONS[self.bit]}; "
-            f"error bits {self.mask}: {reasons}",
-        )
+__all__ = [
+    "ERR_KV_INDICES_CAPACITY",
+    "AttentionResult",
+    "attention_metadata",
+    "check_kv_indices_capacity",
+    "naive_attention_metadata",
+    "normalize_attention",
+]
 
 
 def normalize_attention(attention) -> tuple:

@@ -64,6 +64,7 @@ class BoundStep:
         "__weakref__",
         "_bsz_default",
         "_debug",
+        "_extra",
         "_fptr",
         "_infos",
         "_launch_kernel",
@@ -90,6 +91,7 @@ class BoundStep:
         num_chunks: int,
         tile: int,
         threads: int,
+        extra_blocks: int = 0,
         seq_lens_decoder,
         seq_lens_this_time,
         block_tables=None,
@@ -147,6 +149,7 @@ class BoundStep:
             infos = [info._replace(obj=None) for info in infos]
         self._names, self._infos = tuple(names), tuple(infos)  # the infos keep the arrays alive
         self._num_chunks, self._tile, self._threads = num_chunks, tile, threads
+        self._extra = int(extra_blocks)  # the attention metadata blocks, after the token blocks
         self._stream = None if stream is None else stream_handle(stream)
         self._outputs = outputs
         self._debug = bool(debug)
@@ -165,8 +168,8 @@ class BoundStep:
     def grid(self, bsz: int) -> int:
         """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.grid`)."""
         if bsz <= self._tile:
-            return self._num_chunks
-        return self._num_chunks + -(-bsz // self._tile)
+            return self._num_chunks + self._extra
+        return self._num_chunks + -(-bsz // self._tile) + self._extra
 
     def launch(self, bsz: int | None = None, stream=None):
         """Launch the step over the first ``bsz`` requests of the bound buffers.
@@ -201,7 +204,7 @@ class BoundStep:
             stream = stream_handle(stream)
         self.params.bsz = bsz
         tile = self._tile
-        grid = self._num_chunks if bsz <= tile else self._num_chunks + (bsz + tile - 1) // tile
+        grid = (self._num_chunks if bsz <= tile else self._num_chunks + (bsz + tile - 1) // tile) + self._extra
         self._launch_kernel(self._fptr, grid, 1, 1, self._threads, 1, 1, 0, stream, self._params_ptr, 0)
         out = self._outputs
         return None if out is None else out(bsz)

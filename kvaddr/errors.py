@@ -34,31 +34,55 @@ ERR_NEGATIVE_BLOCK = 2
 ERR_CAPACITY = 4
 #: Negative ``seq_lens_decoder`` or ``seq_lens_this_time``.
 ERR_NEGATIVE_LENGTH = 8
+#: More ``kv_indices`` entries than the capacity fixed at construction (attention
+#: outputs, docs/attention.md); entries at index >= capacity are dropped.
+ERR_KV_INDICES_CAPACITY = 16
 
 ERROR_REASONS = {
     ERR_BLOCK_INDEX: "block index beyond the block table's width",
     ERR_NEGATIVE_BLOCK: "negative (unallocated) block id for a real token",
     ERR_CAPACITY: "more tokens than the capacity",
     ERR_NEGATIVE_LENGTH: "negative seq_lens_decoder or seq_lens_this_time",
+    ERR_KV_INDICES_CAPACITY: "more kv_indices entries than their capacity",
 }
+
+#: Errors that concern one cache: their message names it.
+CACHE_ERRORS = (ERR_BLOCK_INDEX, ERR_NEGATIVE_BLOCK, ERR_KV_INDICES_CAPACITY)
 
 #: Key of "no error" in the first-bad-token record (all ones).
 NO_ERROR_KEY = (1 << 64) - 1
 
 
+_BIT_FIELD = 3  # log2(bit) in key bits 0..2: error bits up to 128
+_CACHE_FIELD = 2  # cache in key bits 3..4: caches 0..3 (KV_MAX_CACHES = 4)
+_REQUEST_SHIFT = _BIT_FIELD + _CACHE_FIELD  # request in key bits 5..31
+
+
 def error_key(token: int, request: int, cache: int, bit: int) -> int:
     """Order errors the way the kernels do: by token, then request, cache, bit.
 
-    ``key = token << 32 | request << 5 | cache << 2 | log2(bit)``; the smallest
-    key over all errors of a step is its "first bad token".
+    ``key = token << 32 | request << 5 | cache << 3 | log2(bit)`` (cache 0..3 in a
+    2-bit field, ``log2(bit)`` in a 3-bit field: bits up to 128); the smallest key
+    over all errors of a step is its "first bad" record. kernels.cu's
+    ``kv_err_key`` builds the same key.
     """
-    return (int(token) << 32) | (int(request) << 5) | (int(cache) << 2) | (int(bit).bit_length() - 1)
+    cache, bit = int(cache), int(bit)
+    if not 0 <= cache < (1 << _CACHE_FIELD):
+        raise ValueError(f"cache must be in [0, {1 << _CACHE_FIELD}), got {cache}")
+    if bit <= 0 or bit & (bit - 1) or bit.bit_length() > (1 << _BIT_FIELD):
+        raise ValueError(f"bit must be one error bit (a power of two up to {1 << ((1 << _BIT_FIELD) - 1)}), got {bit}")
+    return (int(token) << 32) | (int(request) << _REQUEST_SHIFT) | (cache << _BIT_FIELD) | (bit.bit_length() - 1)
 
 
 def decode_error_key(key: int) -> tuple[int, int, int, int]:
     """Inverse of :func:`error_key`: ``(token, request, cache, bit)``."""
     key = int(key)
-    return key >> 32, (key >> 5) & ((1 << 27) - 1), (key >> 2) & 7, 1 << (key & 3)
+    return (
+        key >> 32,
+        (key >> _REQUEST_SHIFT) & ((1 << (32 - _REQUEST_SHIFT)) - 1),
+        (key >> _BIT_FIELD) & ((1 << _CACHE_FIELD) - 1),
+        1 << (key & ((1 << _BIT_FIELD) - 1)),
+    )
 
 
 class KvaddrError(Exception):
@@ -77,9 +101,10 @@ class AddressingError(KvaddrError):
     mask : int
         OR of every error bit the step set (see :data:`ERROR_REASONS`).
     token, request, cache, bit : int
-        The first bad token (by token index, then request, cache and bit),
-        its request, the cache it was addressing (0 for errors that concern
-        no cache) and that error's bit.
+        The first bad record (by token index, then request, cache and bit):
+        its token (a request's first token for errors about the request's
+        lengths or pages), its request, the cache it concerns (0 for errors
+        that concern no cache) and that error's bit.
     """
 
     def __init__(self, mask: int, key: int):
@@ -87,7 +112,7 @@ class AddressingError(KvaddrError):
         self.token, self.request, self.cache, self.bit = decode_error_key(key)
         reasons = ", ".join(f"{b} ({ERROR_REASONS[b]})" for b in sorted(ERROR_REASONS) if self.mask & b)
         where = f"token {self.token} of request {self.request}"
-        if self.bit in (ERR_BLOCK_INDEX, ERR_NEGATIVE_BLOCK):
+        if self.bit in CACHE_ERRORS:
             where += f", cache {self.cache}"
         super().__init__(
             f"bad step addressing: first bad value at {where}: {ERROR_REASONS[self.bit]}; "

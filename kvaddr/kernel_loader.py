@@ -21,6 +21,12 @@ KERNEL_NAMES = (
     "kvaddr_slots_i64",
     "kvaddr_slots_i32",
     "kvaddr_where_pad",
+    "kvaddr_engine_pages",
+    "kvaddr_engine_cumsum",
+    "kvaddr_engine_copy_pages",
+    "kvaddr_engine_pad_pages",
+    "kvaddr_engine_last_page",
+    "kvaddr_engine_max",
     "kvaddr_empty",
     "kvaddr_one_block_i64",
     "kvaddr_one_block_i32",
@@ -152,6 +158,12 @@ class StepParams(ctypes.Structure):
         ("error_records", _U64),  # [(num_chunks + max_tiles) * KV_WARPS, 2], uint64: (mask, first-bad key)
         ("tile_state", _U64),  # [4], uint32: KV_STATE_* words of the large-batch path
         ("tile_status", _U64),  # [max(max_tiles, 1)], uint64: look-back word of each tile
+        # -- attention outputs (docs/attention.md; 0 when not asked for) --
+        ("kv_indptr", _U64),  # [num_caches, attn_stride], int32: row g = kv_indptr[g][0..bsz] (flashinfer)
+        ("kv_indices", _U64),  # [num_caches, kv_indices_capacity], int32: -1 past kv_indptr[g][bsz]
+        ("kv_last_page_len", _U64),  # [num_caches, attn_stride], int32: row g = [0..bsz) (flashinfer)
+        ("cu_seqlens_k", _U64),  # [bsz + 1], int32 (varlen)
+        ("max_seqlen", _U64),  # [2], int32: max_seqlen_q, max_seqlen_k (varlen)
         # -- scalars --
         ("table_stride", _I64 * MAX_CACHES),  # int64: row stride of block_tables[g], in elements
         ("max_blocks", _I32 * MAX_CACHES),  # int32: row length of block_tables[g] (1 if unused)
@@ -160,6 +172,12 @@ class StepParams(ctypes.Structure):
         ("capacity", _I32),  # int32: C, tokens of every per-token output
         ("num_caches", _I32),  # int32: caches addressed, 0..MAX_CACHES
         ("max_tiles", _I32),  # int32: ceil(max_requests / KV_TILE) if max_requests > KV_TILE else 0
+        ("attention", _I32),  # int32: KV_ATTN_* bits asked for (0: none, no metadata blocks)
+        ("kv_indices_capacity", _I32),  # int32: N, entries of each kv_indices row (1 without flashinfer)
+        ("attn_stride", _I32),  # int32: row stride (elements) of kv_indptr and kv_last_page_len
+        ("meta_per_cache", _I32),  # int32: metadata blocks per cache (>= 1 with attention)
+        ("meta_entries", _I32),  # int32: E, kv_indices entries per metadata block
+        ("num_meta", _I32),  # int32: metadata blocks after the token blocks (0 when off)
     ]
 
 

@@ -12,6 +12,8 @@
 //     kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
 //         and batch ids (the per-layer, one-kernel baseline).
 //     kvaddr_where_pad                     the padding "where" of the per-layer op chain.
+//     kvaddr_engine_*                      attention metadata the way engines build it
+//         (separate launches: pages, cumsum, copy_pages, pad_pages, last_page, max).
 //     kvaddr_empty                         an empty kernel (the launch floor).
 //     kvaddr_one_block_i64 / _i32          FastDeploy's one-block step (<<<1, bsz>>>, a thread per
 //         request, serial prefix; bsz <= 1024): the one-block strategy.
@@ -41,6 +43,11 @@
 //     last block to finish resets the tickets for the next launch and bumps an epoch
 //     that invalidates the tile flags (kv_finish_launch), so the kernel is safe to
 //     replay in a CUDA graph with no memset.
+//   * Attention metadata (docs/attention.md, opt-in: KvStepParams::attention != 0):
+//     num_meta more blocks after the token blocks (kv_meta_block) write kv_indptr,
+//     kv_indices, kv_last_page_len, cu_seqlens_k and max_seqlen_q/k. They take no
+//     ticket and wait for no block (each scans all lengths itself, KV_TILE at a time);
+//     with attention off num_meta = 0 and the token blocks run exactly as before.
 //   * Errors: every warp writes one record (mask, first-bad key) of its own every
 //     launch, so no reset is needed; check() reduces the records on the host. The
 //     mask's bits are the KV_ERR_* below (kvaddr/errors.py's ERR_*, checked by a test).
@@ -69,13 +76,19 @@
 #define KV_FLAG_AGGREGATE 1ULL
 #define KV_FLAG_PREFIX 2ULL
 
+// Attention outputs asked for (KvStepParams::attention; docs/attention.md).
+#define KV_ATTN_FLASHINFER 1  // qo_indptr (= cu_seqlens_q), kv_indptr, kv_indices, kv_last_page_len
+#define KV_ATTN_VARLEN 2      // cu_seqlens_k, seqused_k (= seq_lens_kv), max_seqlen_q, max_seqlen_k
+#define KV_ATTN_PAGE_TABLE 4  // page_table (a view of the tables): the kernel checks the rows (bit 1)
+
 // Error bits of a step's error mask (the spec's; kvaddr/errors.py ERR_* mirror them).
 #define KV_ERR_BLOCK_INDEX 1      // block index pos / B beyond the table's width
 #define KV_ERR_NEGATIVE_BLOCK 2   // negative (unallocated) block id for a real token
 #define KV_ERR_CAPACITY 4         // more tokens than the capacity C (the extra ones dropped)
 #define KV_ERR_NEGATIVE_LENGTH 8  // negative seq_lens_decoder or seq_lens_this_time
-// log2 of an error bit: the low two bits of the error key (a compile-time constant).
-#define KV_ERR_LOG2(bit) ((bit) == KV_ERR_BLOCK_INDEX ? 0 : (bit) == KV_ERR_NEGATIVE_BLOCK ? 1 : (bit) == KV_ERR_CAPACITY ? 2 : 3)
+#define KV_ERR_KV_INDICES_CAPACITY 16  // more kv_indices entries than their capacity (attention outputs)
+// log2 of an error bit: the low three bits of the error key (a compile-time constant).
+#define KV_ERR_LOG2(bit) ((bit) == KV_ERR_BLOCK_INDEX ? 0 : (bit) == KV_ERR_NEGATIVE_BLOCK ? 1 : (bit) == KV_ERR_CAPACITY ? 2 : (bit) == KV_ERR_NEGATIVE_LENGTH ? 3 : 4)
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -106,6 +119,14 @@ struct KvStepParams {
                                              // (error mask, first-bad key), rewritten every launch
     unsigned int* tile_state;                // [4], uint32: KV_STATE_* words of the large-batch path
     u64* tile_status;                        // [max(max_tiles, 1)], uint64: look-back word of each tile
+    // -- attention outputs (docs/attention.md; written every launch when asked for, else null) --
+    int* kv_indptr;                          // [num_caches, attn_stride], int32: row g = cache g's
+                                             // kv_indptr[0..bsz] (flashinfer)
+    int* kv_indices;                         // [num_caches, kv_indices_capacity], int32: every entry
+                                             // written, -1 (PAD_PAGE_ID) past kv_indptr[g][bsz] (flashinfer)
+    int* kv_last_page_len;                   // [num_caches, attn_stride], int32: row g = [0..bsz) (flashinfer)
+    int* cu_seqlens_k;                       // [bsz + 1], int32: prefix sum of seq_lens_kv (varlen)
+    int* max_seqlen;                         // [2], int32: max_seqlen_q, max_seqlen_k (varlen)
     // -- scalars --
     i64 table_stride[KV_MAX_CACHES];         // row stride of block_tables[g], in elements (int64)
     int max_blocks[KV_MAX_CACHES];           // row length of block_tables[g], int32 (1 for an unused cache)
@@ -115,8 +136,14 @@ struct KvStepParams {
     int num_caches;                          // caches addressed, int32 in [0, KV_MAX_CACHES]
     int max_tiles;                           // int32: ceil(max_requests / KV_TILE) if max_requests >
                                              // KV_TILE else 0 (error records of the large path)
+    int attention;                           // int32: KV_ATTN_* bits asked for; 0 = none (no metadata blocks)
+    int kv_indices_capacity;                 // int32: N, entries of each kv_indices row (1 if no flashinfer)
+    int attn_stride;                         // int32: row stride (elements) of kv_indptr and kv_last_page_len
+    int meta_per_cache;                      // int32: metadata blocks per cache (>= 1 when attention != 0)
+    int meta_entries;                        // int32: E, kv_indices entries each metadata block writes
+    int num_meta;                            // int32: metadata blocks after the token blocks (0 when off)
 };
-static_assert(sizeof(KvStepParams) == 15 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 4 * 4,
+static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 10 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
 static_assert(alignof(KvStepParams) == 8, "KvStepParams is 8-byte aligned");
 static_assert(KV_MAX_CACHES == 4, "the struct, the ctypes mirror and the planner assume 4 caches");
@@ -130,8 +157,10 @@ __device__ __forceinline__ int kv_sat_add(int a, int b) {
     return (a > KV_INT_MAX - b) ? KV_INT_MAX : a + b;
 }
 
+// The first-bad-record key (kvaddr/errors.py's error_key): token << 32 | request << 5 |
+// cache << 3 | log2(bit); the smallest key of a launch is its first bad record.
 __device__ __forceinline__ u64 kv_err_key(u64 token, u64 request, u64 cache, u64 bit_index) {
-    return (token << 32) | (request << 5) | (cache << 2) | bit_index;
+    return (token << 32) | (request << 5) | (cache << 3) | bit_index;
 }
 
 struct KvErr {
@@ -479,12 +508,12 @@ __device__ __forceinline__ void kv_step_small(KvShared& s, const int* __restrict
                                               int* __restrict__ cu_out, int* __restrict__ num_tokens_out,
                                               int* __restrict__ batch_out, PosT* __restrict__ pos_out,
                                               int* __restrict__ kv_out, i64* __restrict__ slot_out,
-                                              u64* __restrict__ rec, int max_tiles) {
+                                              u64* __restrict__ rec, int max_tiles, int num_chunks) {
     static_assert(KV_TOKENS == KV_THREADS, "the small-batch step runs one token per thread");
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
-    const int tid = threadIdx.x, chunk = blockIdx.x, num_chunks = gridDim.x;
+    const int tid = threadIdx.x, chunk = blockIdx.x;
     const int t = chunk * KV_TOKENS + tid;  // this thread's token
 
     // 1. one round trip
@@ -739,11 +768,12 @@ __device__ __forceinline__ void kv_large_tokens(KvShared& s, int chunk, int num_
     }
 }
 
-// The last block out resets the tickets and moves the epoch on (graph replay safe).
-__device__ __forceinline__ void kv_finish_launch(unsigned int* __restrict__ state, u64 epoch) {
+// The last block out (of the `blocks` ticketed ones; metadata blocks take no ticket)
+// resets the tickets and moves the epoch on (graph replay safe).
+__device__ __forceinline__ void kv_finish_launch(unsigned int* __restrict__ state, u64 epoch, int blocks) {
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(&state[KV_STATE_DONE], 1u) == gridDim.x - 1) {
+        if (atomicAdd(&state[KV_STATE_DONE], 1u) == (unsigned int)(blocks - 1)) {
             state[KV_STATE_TICKET] = 0u;
             state[KV_STATE_SCAN_DONE] = 0u;
             state[KV_STATE_DONE] = 0u;
@@ -756,15 +786,18 @@ __device__ __forceinline__ void kv_finish_launch(unsigned int* __restrict__ stat
 // The fused step: the small-batch path (kv_step_small) or the large-batch one: grid =
 // num_chunks + ceil(bsz / KV_TILE) blocks, tickets below num_tiles scan
 // (kv_large_scan), the others write tokens (kv_large_tokens). Error records: small path
-// and token chunk k in slot k, scan tile i in slot num_chunks + i.
+// and token chunk k in slot k, scan tile i in slot num_chunks + i, metadata block m in
+// slot num_chunks + max_tiles + m. The launch's last num_meta blocks are metadata
+// blocks (kv_step_params sends them to kv_meta_block): the token blocks are
+// gridDim.x - num_meta (computed that way, a parameter and a special register, so
+// nothing more is live in the token path).
 template <typename PosT>
-__device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
+__device__ void kv_step(KvShared& s, const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
                         int num_caches, const KvCaches& c, int* __restrict__ cu_out,
                         int* __restrict__ num_tokens_out, int* __restrict__ batch_out,
                         PosT* __restrict__ pos_out, int* __restrict__ kv_out, i64* __restrict__ slot_out,
                         u64* __restrict__ rec, int max_tiles, unsigned int* __restrict__ state,
-                        u64* __restrict__ tile_status) {
-    __shared__ KvShared s;
+                        u64* __restrict__ tile_status, int num_meta) {
     // err and num_chunks before the branch (the large path's): declared after it, ptxas
     // (CUDA 13) allocates one more register for sm_90 (80 instead of 79).
     KvErr err;
@@ -773,7 +806,7 @@ __device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, 
     const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
     if (bsz <= KV_TILE) {
         kv_step_small<PosT>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,
-                            kv_out, slot_out, rec, max_tiles);
+                            kv_out, slot_out, rec, max_tiles, (int)gridDim.x - num_meta);
         return;
     }
     const int num_tiles = (bsz + KV_TILE - 1) / KV_TILE;
@@ -792,13 +825,320 @@ __device__ void kv_step(const int* __restrict__ dec, const int* __restrict__ q, 
                               batch_out, pos_out, slot_out, rec, max_tiles, state, err);
     }
     kv_store_errors(err, rec, rec_slot);
-    kv_finish_launch(state, epoch);
+    kv_finish_launch(state, epoch, (int)gridDim.x - num_meta);
+}
+
+// ---- attention metadata (docs/attention.md): the metadata blocks of the launch ----
+//
+// With attention outputs asked for, the grid has num_meta more blocks after the token
+// blocks (whose count the kernel derives from bsz and capacity, as the planner does).
+// They take no ticket and wait for no block: each reads the lengths itself. Metadata
+// block m works for cache g = m / meta_per_cache (cache 0 only for varlen alone) and
+// k = m % meta_per_cache:
+//   * it scans ALL requests, KV_TILE at a time (thread-blocked items, a warp-shuffle
+//     block scan of three saturating sums at once: tokens n_b, L_b = seq_lens_kv and
+//     pages ceil(L_b / B_g)), carrying the prefixes from tile to tile;
+//   * it writes the per-request outputs of requests [k * rq, (k + 1) * rq) of its cache
+//     (rq = ceil((bsz + 1) / meta_per_cache)): kv_indptr, kv_last_page_len, and with
+//     g = 0 cu_seqlens_k; it checks those requests' rows (bit 1: the row cannot hold
+//     the pages) and the capacity (bit 16: the one request whose pages cross N), keyed
+//     at the request's first token;
+//   * it copies the kv_indices entries [k * E, min((k + 1) * E, N)) of its cache while
+//     the tile holding them is in shared memory (consecutive threads, consecutive
+//     entries: coalesced reads of row prefixes and coalesced writes), records bit 2 for
+//     a negative block id, and writes -1 from kv_indptr[g][bsz] to the end of its range;
+//   * block 0 reduces max_seqlen_q / max_seqlen_k and stores them (plain stores: no
+//     atomics, nothing to reset between graph replays);
+//   * it stores its warps' error records in slot num_chunks + max_tiles + m.
+// Nothing is read past a table row (column < W_g) or written past entry N - 1.
+
+struct __align__(16) KvMetaShared {
+    int q[KV_SCAN_WORDS];     // tokens of each request of the tile, then their exclusive prefix
+                              // (cu_seqlens_q, absolute; padded index)
+    int pg[KV_SCAN_WORDS];    // L_b of each request of the tile, then the exclusive prefix of the
+                              // pages (kv_indptr, absolute; padded index); pg[KV_PAD(count)] = end
+    int wsum[3][KV_WARPS];    // per-warp totals of the three scans
+    int wmax[2][KV_WARPS];    // per-warp maxima (tokens, L)
+    int carry[4];             // prefixes (tokens, L, pages) of the tiles before; a tile's first page
+};
+
+// The token blocks' and the metadata blocks' shared memory (a block is one or the other).
+union KvSharedAll {
+    KvShared step;
+    KvMetaShared meta;
+};
+
+// ceil(L / B) for L >= 0, B >= 1 (no overflow).
+__device__ __forceinline__ int kv_pages(int L, int B) {
+    const unsigned int l = (unsigned int)L, b = (unsigned int)B;
+    const unsigned int qd = l / b;
+    return (int)(qd + (l - qd * b != 0u ? 1u : 0u));
+}
+
+// Block-wide inclusive scan (saturating) of one value per thread, thread-blocked order;
+// the warp totals go to w[warp]. The caller passes a barrier before reading w.
+__device__ __forceinline__ int kv_warp_inclusive(int x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x = kv_sat_add(x, y);
+    }
+    return x;
+}
+
+// Sum (saturating) of w[0..warp) and of w[0..KV_WARPS).
+__device__ __forceinline__ void kv_warp_prefix(const int* w, int warp, int& before, int& total) {
+    before = 0;
+    total = 0;
+#pragma unroll
+    for (int i = 0; i < KV_WARPS; ++i) {
+        const int v = w[i];
+        if (i < warp) before = kv_sat_add(before, v);
+        total = kv_sat_add(total, v);
+    }
+}
+
+// Copy kv_indices entries [a, z) of cache g (a < z <= N), every one inside this tile's
+// pages: entry e belongs to the tile's request k with pg[k] <= e < pg[k + 1].
+__device__ __forceinline__ void kv_meta_copy(const KvMetaShared& sm, int a, int z, int base, int count,
+                                             const int* __restrict__ table, i64 stride, int width, int g,
+                                             int* __restrict__ out, KvErr& err) {
+    constexpr int U = 8;  // entries per thread in flight
+    int k = 0;            // the request of this thread's last entry (entries only grow)
+    for (int e0 = a + (int)threadIdx.x; e0 < z; e0 += U * KV_THREADS) {
+        int row[U], v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = e0 + u * KV_THREADS;
+            row[u] = -1;
+            v[u] = -1;
+            if (e < z) {
+                if (sm.pg[KV_PAD(k + 1)] <= e) {  // not the last entry's request: search the rest
+                    int lo = k + 1, hi = count;
+                    while (hi - lo > 1) {
+                        const int mid = (lo + hi) >> 1;
+                        if (sm.pg[KV_PAD(mid)] <= e) lo = mid; else hi = mid;
+                    }
+                    k = lo;
+                }
+                row[u] = k;
+                const int col = e - sm.pg[KV_PAD(k)];
+                if (col < width) v[u] = __ldg(table + (i64)(base + k) * stride + col);
+                else row[u] = -2 - k;  // beyond the row: -1, no bit 2 (bit 1 is the request's)
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = e0 + u * KV_THREADS;
+            if (row[u] != -1) {
+                if (row[u] >= 0 && v[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, sm.q[KV_PAD(row[u])], base + row[u], g);
+                out[e] = v[u] < 0 ? -1 : v[u];
+            }
+        }
+    }
+}
+
+// Cache g's table, row stride, width and block size (selects: no dynamic index into
+// the parameter struct, which would copy it to local memory).
+__device__ __forceinline__ void kv_meta_cache(const KvStepParams& p, int g, const int*& table, i64& stride,
+                                              int& width, int& B) {
+    table = g == 0 ? p.block_tables[0] : g == 1 ? p.block_tables[1] : g == 2 ? p.block_tables[2] : p.block_tables[3];
+    stride = g == 0 ? p.table_stride[0] : g == 1 ? p.table_stride[1] : g == 2 ? p.table_stride[2] : p.table_stride[3];
+    width = g == 0 ? p.max_blocks[0] : g == 1 ? p.max_blocks[1] : g == 2 ? p.max_blocks[2] : p.max_blocks[3];
+    B = g == 0 ? p.block_size[0] : g == 1 ? p.block_size[1] : g == 2 ? p.block_size[2] : p.block_size[3];
+}
+
+// One metadata block (m in [0, num_meta)); see the section comment above. The
+// prefixes carried from tile to tile live in shared memory (sm.carry), so that
+// little is live in registers while a tile's entries are copied.
+__device__ __forceinline__ void kv_meta_block(KvMetaShared& sm, const KvStepParams& p, int m, int num_chunks) {
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int bsz = p.bsz;
+    const int g = m / p.meta_per_cache, k = m - g * p.meta_per_cache;
+    const bool fi = (p.attention & KV_ATTN_FLASHINFER) != 0;
+    if (tid < 4) sm.carry[tid] = 0;  // prefixes (tokens, L, pages) of the tiles before, and a tile's first page
+    __syncthreads();                 // (read after the loop too, when bsz = 0)
+    int mq = 0, ml = 0;  // this thread's maxima (tokens, L)
+    for (int base = 0; base < bsz; base += KV_TILE) {
+        const int count = min(KV_TILE, bsz - base);
+        const int ipt = (count + KV_THREADS - 1) / KV_THREADS;  // items per thread (thread-blocked)
+        const int first = tid * ipt;                             // this thread's items [first, first + ipt)
+        const int* table;
+        i64 stride;
+        int width, B;
+        kv_meta_cache(p, g, table, stride, width, B);
+        // load the tile's raw lengths, striped (coalesced; 16 loads in flight per thread: a
+        // full tile in two round trips, a small batch in one; unroll 16 costs 110+ registers)
+#pragma unroll 8
+        for (int u = 0; u < KV_ITEMS; ++u) {
+            const int i = u * KV_THREADS + tid;
+            if (i < count) {
+                sm.q[KV_PAD(i)] = p.seq_lens_this_time[base + i];
+                sm.pg[KV_PAD(i)] = p.seq_lens_decoder[base + i];
+            }
+        }
+        __syncthreads();
+        // pass 1 (thread-blocked): n and L of each request in place, this thread's sums
+        int tq = 0, tl = 0, tp = 0;
+#pragma unroll 1
+        for (int j = 0; j < KV_ITEMS; ++j) {
+            const int i = first + j;
+            if (j < ipt && i < count) {
+                const int n = sm.q[KV_PAD(i)], d = sm.pg[KV_PAD(i)];
+                const bool bad = (d < 0) | (n < 0);
+                const int nn = bad ? 0 : n;
+                const int L = bad ? 0 : kv_sat_add(d, n);
+                sm.q[KV_PAD(i)] = nn;
+                sm.pg[KV_PAD(i)] = L;
+                tq = kv_sat_add(tq, nn);
+                tl = kv_sat_add(tl, L);
+                tp = kv_sat_add(tp, kv_pages(L, B));
+                mq = max(mq, nn);
+                ml = max(ml, L);
+            }
+        }
+        // block scan of (tq, tl, tp): warp shuffles, then the warp totals
+        int iq = kv_warp_inclusive(tq), il = kv_warp_inclusive(tl), ip = kv_warp_inclusive(tp);
+        if (lane == 31) {
+            sm.wsum[0][warp] = iq;
+            sm.wsum[1][warp] = il;
+            sm.wsum[2][warp] = ip;
+        }
+        // exclusive within the warp (a saturated sum minus one part is not exact: shuffle)
+        iq = __shfl_up_sync(0xffffffffu, iq, 1);
+        il = __shfl_up_sync(0xffffffffu, il, 1);
+        ip = __shfl_up_sync(0xffffffffu, ip, 1);
+        if (lane == 0) iq = il = ip = 0;
+        __syncthreads();
+        int bq, bl, bp, Tq, Tl, Tp;
+        kv_warp_prefix(sm.wsum[0], warp, bq, Tq);
+        kv_warp_prefix(sm.wsum[1], warp, bl, Tl);
+        kv_warp_prefix(sm.wsum[2], warp, bp, Tp);
+        const int cq = sm.carry[0], cl = sm.carry[1], cp = sm.carry[2];
+        int rq_ = kv_sat_add(cq, kv_sat_add(bq, iq));  // this thread's exclusive prefixes, absolute
+        int rl = kv_sat_add(cl, kv_sat_add(bl, il));
+        int rp = kv_sat_add(cp, kv_sat_add(bp, ip));
+        // pass 2: per-request outputs and checks; the tile's prefixes into shared memory
+        {
+            const int N = p.kv_indices_capacity;
+            const int rows_per_block = (bsz + 1 + p.meta_per_cache - 1) / p.meta_per_cache;
+            const int r_lo = k * rows_per_block, r_hi = min(r_lo + rows_per_block, bsz + 1);
+            const bool rows = (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0 && p.num_caches > 0;
+            const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+            const i64 row_off = (i64)g * p.attn_stride;
+#pragma unroll 1
+            for (int j = 0; j < KV_ITEMS; ++j) {
+                const int i = first + j;
+                if (j < ipt && i < count) {
+                    const int b = base + i;
+                    const int nn = sm.q[KV_PAD(i)], L = sm.pg[KV_PAD(i)];
+                    const int P = kv_pages(L, B);
+                    const int next = kv_sat_add(rp, P);
+                    if (b >= r_lo && b < r_hi) {
+                        if (fi) {
+                            p.kv_indptr[row_off + b] = rp;
+                            p.kv_last_page_len[row_off + b] =
+                                L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+                            if (rp <= N && N < next) err.flag(KV_ERR_KV_INDICES_CAPACITY, rq_, b, g);
+                        }
+                        if (rows && P > width) err.flag(KV_ERR_BLOCK_INDEX, rq_, b, g);
+                        if (varlen) p.cu_seqlens_k[b] = rl;
+                    }
+                    sm.q[KV_PAD(i)] = rq_;
+                    sm.pg[KV_PAD(i)] = rp;
+                    rq_ = kv_sat_add(rq_, nn);
+                    rl = kv_sat_add(rl, L);
+                    rp = next;
+                }
+            }
+        }
+        __syncthreads();  // every thread has read sm.carry
+        if (tid == 0) {
+            sm.carry[3] = cp;  // the tile's pages are [cp, cp + Tp)
+            sm.carry[0] = kv_sat_add(cq, Tq);
+            sm.carry[1] = kv_sat_add(cl, Tl);
+            sm.carry[2] = kv_sat_add(cp, Tp);
+            sm.pg[KV_PAD(count)] = kv_sat_add(cp, Tp);
+        }
+        __syncthreads();
+        if (fi) {
+            const int N = p.kv_indices_capacity;
+            const int e_lo = (int)min((i64)k * p.meta_entries, (i64)N);
+            const int e_hi = (int)min((i64)e_lo + p.meta_entries, (i64)N);
+            const int a = max(e_lo, sm.carry[3]), z = min(e_hi, sm.carry[2]);
+            if (a < z) kv_meta_copy(sm, a, z, base, count, table, stride, width, g, p.kv_indices + (i64)g * N, err);
+        }
+        __syncthreads();  // the next tile overwrites sm
+        {
+            // Nothing left for this block in later tiles (its entries copied, its requests
+            // written, no maxima to reduce): stop scanning (block-uniform).
+            const int rows_per_block = (bsz + 1 + p.meta_per_cache - 1) / p.meta_per_cache;
+            const int r_hi = min(k * rows_per_block + rows_per_block, bsz + 1);
+            const int e_hi = fi ? (int)min(min((i64)k * p.meta_entries, (i64)p.kv_indices_capacity) + p.meta_entries,
+                                           (i64)p.kv_indices_capacity)
+                                : 0;
+            const bool maxima = (p.attention & KV_ATTN_VARLEN) != 0 && m == 0;
+            if (!maxima && r_hi <= base + count && sm.carry[2] >= e_hi) break;
+        }
+    }
+    // entry bsz of the per-request outputs, the pad, the maxima, the error records
+    {
+        const int rows_per_block = (bsz + 1 + p.meta_per_cache - 1) / p.meta_per_cache;
+        const int r_lo = k * rows_per_block, r_hi = min(r_lo + rows_per_block, bsz + 1);
+        const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+        const int cl = sm.carry[1], cp = sm.carry[2];
+        if (bsz >= r_lo && bsz < r_hi && tid == 0) {
+            if (fi) p.kv_indptr[(i64)g * p.attn_stride + bsz] = cp;
+            if (varlen) p.cu_seqlens_k[bsz] = cl;
+        }
+        if (fi) {
+            const int N = p.kv_indices_capacity;
+            const int e_lo = (int)min((i64)k * p.meta_entries, (i64)N);
+            const int e_hi = (int)min((i64)e_lo + p.meta_entries, (i64)N);
+            int* __restrict__ out = p.kv_indices + (i64)g * N;
+            for (int e = max(e_lo, cp) + tid; e < e_hi; e += KV_THREADS) out[e] = -1;
+        }
+        if (varlen && m == 0) {
+            mq = __reduce_max_sync(0xffffffffu, mq);
+            ml = __reduce_max_sync(0xffffffffu, ml);
+            if (lane == 0) {
+                sm.wmax[0][warp] = mq;
+                sm.wmax[1][warp] = ml;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int a = 0, z = 0;
+#pragma unroll
+                for (int i = 0; i < KV_WARPS; ++i) {
+                    a = max(a, sm.wmax[0][i]);
+                    z = max(z, sm.wmax[1][i]);
+                }
+                p.max_seqlen[0] = a;
+                p.max_seqlen[1] = z;
+            }
+        }
+    }
+    kv_store_errors(err, p.error_records, num_chunks + p.max_tiles + m);
 }
 
 // The fused step from its parameter struct: every field read by name, the caches
 // gathered into registers (KvCaches), position_ids typed PosT.
 template <typename PosT>
 __device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
+    __shared__ KvSharedAll sh;
+    if (p.num_meta > 0) {  // attention outputs: the blocks after the token blocks write them
+        const int num_chunks = (p.capacity + KV_TOKENS - 1) / KV_TOKENS;
+        const int token_blocks = p.bsz <= KV_TILE ? num_chunks : num_chunks + (p.bsz + KV_TILE - 1) / KV_TILE;
+        if ((int)blockIdx.x >= token_blocks) {
+            kv_meta_block(sh.meta, p, (int)blockIdx.x - token_blocks, num_chunks);
+            return;
+        }
+    }
+    KvShared& s = sh.step;
     KvCaches c;
 #pragma unroll
     for (int g = 0; g < KV_MAX_CACHES; ++g) {
@@ -807,9 +1147,9 @@ __device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
         c.width[g] = p.max_blocks[g];
         c.bs[g] = p.block_size[g];
     }
-    kv_step<PosT>(p.seq_lens_decoder, p.seq_lens_this_time, p.bsz, p.capacity, p.num_caches, c, p.cu_seqlens_q,
+    kv_step<PosT>(s, p.seq_lens_decoder, p.seq_lens_this_time, p.bsz, p.capacity, p.num_caches, c, p.cu_seqlens_q,
                   p.num_tokens, p.batch_id_per_token, static_cast<PosT*>(p.position_ids), p.seq_lens_kv,
-                  p.slot_mapping, p.error_records, p.max_tiles, p.tile_state, p.tile_status);
+                  p.slot_mapping, p.error_records, p.max_tiles, p.tile_state, p.tile_status, p.num_meta);
 }
 
 // The fused step, position_ids int64 / int32: one parameter, the whole step by name.
@@ -886,6 +1226,121 @@ kvaddr_where_pad(const int* __restrict__ batch, const i64* __restrict__ idx, con
     int t = blockIdx.x * KV_THREADS + threadIdx.x;
     if (t >= capacity) return;
     if (batch[t] < 0 || idx[t] >= width || blk[t] < 0) slot[t] = -1;
+}
+
+// ---- attention metadata built the way engines build it today (separate launches) ----
+// What the per-layer / per-layer-kernel / hoisted baselines run once per step when
+// asked for attention outputs (kvaddr/strategies/gpu.py's EngineAttention): per cache
+// pages, a cumsum for kv_indptr, a per-request copy of row prefixes into kv_indices
+// (vLLM's FlashInfer backend copies page indices with one program per request), the
+// -1 tail, kv_last_page_len; for varlen a cumsum and two max reductions. No checks
+// (bad values are the fused step's business), nothing read past a row or written past N.
+
+// pages[b] = ceil(seq_lens[b] / B) (0 for seq_lens <= 0). Parameters:
+//   seq_lens  [n], int32: seq_lens_kv
+//   n         int32: bsz
+//   B         int32: block size
+//   pages     [n], int32: out
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_pages(const int* __restrict__ seq_lens, int n, int B, int* __restrict__ pages) {
+    const int b = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (b < n) pages[b] = seq_lens[b] > 0 ? kv_pages(seq_lens[b], B) : 0;
+}
+
+// out[0] = 0, out[i + 1] = x[0] + ... + x[i] (saturating): one block of KV_THREADS
+// threads, KV_THREADS items per round (a cumsum launch). Parameters:
+//   x         [n], int32: non-negative
+//   n         int32
+//   out       [n + 1], int32
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_cumsum(const int* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ int wsum[KV_WARPS];
+    __shared__ int carry;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        carry = 0;
+        out[0] = 0;
+    }
+    __syncthreads();
+    for (int base = 0; base < n; base += KV_THREADS) {
+        const int i = base + (int)threadIdx.x;
+        const int v = i < n ? max(x[i], 0) : 0;
+        const int inc = kv_warp_inclusive(v);
+        if (lane == 31) wsum[warp] = inc;
+        __syncthreads();
+        int before, total;
+        kv_warp_prefix(wsum, warp, before, total);
+        const int c = carry;
+        if (i < n) out[i + 1] = kv_sat_add(c, kv_sat_add(before, inc));
+        __syncthreads();
+        if (threadIdx.x == 0) carry = kv_sat_add(c, total);
+        __syncthreads();
+    }
+}
+
+// kv_indices[indptr[b] + j] = table[b, j] for j < indptr[b + 1] - indptr[b] (-1 for j >= width:
+// the row is never read past its end), entries below N only: one block per request. Parameters:
+//   indptr    [bsz + 1], int32: kv_indptr of this cache
+//   table     [rows >= bsz, width], int32, rows `stride` elements apart
+//   stride    int64: the table's row stride, in elements
+//   width     int32: the table's row length
+//   N         int32: kv_indices capacity
+//   out       [N], int32: this cache's kv_indices
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_copy_pages(const int* __restrict__ indptr, const int* __restrict__ table, i64 stride, int width,
+                         int N, int* __restrict__ out) {
+    const int b = blockIdx.x;
+    const int start = indptr[b];
+    const int n = indptr[b + 1] - start;
+    for (int j = threadIdx.x; j < n && start + j < N; j += KV_THREADS)
+        out[start + j] = j < width ? table[(i64)b * stride + j] : -1;
+}
+
+// kv_indices[e] = -1 for e in [indptr[bsz], N). Parameters:
+//   indptr    [bsz + 1], int32
+//   bsz       int32
+//   N         int32
+//   out       [N], int32
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_pad_pages(const int* __restrict__ indptr, int bsz, int N, int* __restrict__ out) {
+    const int e = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (e < N && e >= indptr[bsz]) out[e] = -1;
+}
+
+// last[b] = (seq_lens[b] - 1) % B + 1, 0 for seq_lens <= 0. Parameters:
+//   seq_lens  [n], int32
+//   n         int32
+//   B         int32
+//   last      [n], int32: kv_last_page_len of this cache
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_last_page(const int* __restrict__ seq_lens, int n, int B, int* __restrict__ last) {
+    const int b = blockIdx.x * KV_THREADS + threadIdx.x;
+    if (b < n) {
+        const int L = seq_lens[b];
+        last[b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+    }
+}
+
+// *out = max over i < n of x[i + 1] - x[i] (diff = 1) or of x[i] (diff = 0); 0 for
+// n = 0: one block (a max-reduction launch). Parameters:
+//   x         [n + diff], int32
+//   n         int32
+//   diff      int32: 1 or 0
+//   out       [], int32
+extern "C" __global__ void __launch_bounds__(KV_THREADS)
+kvaddr_engine_max(const int* __restrict__ x, int n, int diff, int* __restrict__ out) {
+    __shared__ int wmax[KV_WARPS];
+    int m = 0;
+    for (int i = threadIdx.x; i < n; i += KV_THREADS) m = max(m, diff ? x[i + 1] - x[i] : x[i]);
+    m = __reduce_max_sync(0xffffffffu, m);
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int r = 0;
+#pragma unroll
+        for (int w = 0; w < KV_WARPS; ++w) r = max(r, wmax[w]);
+        *out = r;
+    }
 }
 
 // An empty kernel: the launch floor.

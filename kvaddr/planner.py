@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from kvaddr import kernel_loader
+from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.device import require_cuda
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
-from kvaddr.outputs import StepOutputs
+from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
 from kvaddr.validation import (
     INT32_MAX,
     MAX_REQUESTS,
@@ -44,6 +45,15 @@ class StepPlanner:
         ``np.int64`` or ``np.int32`` for ``position_ids``.
     device : int, optional
         CUDA device ordinal; the current device by default.
+    attention : None, str or sequence of str, optional
+        Attention-metadata groups to write in the same launch (docs/attention.md):
+        any of ``"flashinfer"``, ``"varlen"``, ``"page_table"`` (a sequence or a
+        comma-separated string). None (default) asks for none and costs nothing:
+        the launch is the one without attention outputs.
+    kv_indices_capacity : int, optional
+        N, the entries of each cache's ``kv_indices`` (``[num_caches, N]`` int32,
+        fixed here); required with ``"flashinfer"``, ignored otherwise. More
+        entries in a step set error bit 16; nothing is written past N.
 
     Examples
     --------
@@ -52,10 +62,22 @@ class StepPlanner:
     >>> out.slot_mapping.shape
     (2, 64)
     >>> planner.check()  # optional: synchronises, raises on bad values
+    >>> p2 = StepPlanner(64, 64, [64], attention="flashinfer,varlen", kv_indices_capacity=64 * 512)
+    >>> a = p2.compute(seq_lens_decoder, seq_lens_this_time, block_tables).attention
+    >>> a.kv_indices.shape, a.kv_indptr.shape  # [G, N], [G, bsz + 1]
+    ((1, 32768), (1, 65))
     """
 
     def __init__(
-        self, max_requests: int, capacity: int, block_sizes, *, position_dtype=np.int64, device: int | None = None
+        self,
+        max_requests: int,
+        capacity: int,
+        block_sizes,
+        *,
+        position_dtype=np.int64,
+        device: int | None = None,
+        attention=None,
+        kv_indices_capacity: int | None = None,
     ):
         require_cuda(device)  # NoCudaDevice, one sentence, without CuPy, a driver or a GPU
         import cupy
@@ -69,6 +91,12 @@ class StepPlanner:
         if self.position_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
             raise TypeError(f"position_dtype must be int64 or int32, got {self.position_dtype}")
         self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
+        #: The attention groups asked for, in ATTENTION_GROUPS order (``()``: none).
+        self.attention = normalize_attention(attention)
+        #: N, entries of each cache's kv_indices (None without "flashinfer").
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        if ("flashinfer" in self.attention or "page_table" in self.attention) and self.num_caches == 0:
+            raise ValueError("attention 'flashinfer' and 'page_table' need at least one cache (block_sizes is empty)")
 
         tile, tokens = consts["KV_TILE"], consts["KV_TOKENS"]
         self._threads = consts["KV_THREADS"]
@@ -86,7 +114,8 @@ class StepPlanner:
             self.position_ids = cupy.zeros(C, dtype=self.position_dtype)
             self.seq_lens_kv = cupy.zeros(self.max_requests, dtype=np.int32)
             self.slot_mapping = cupy.full((self.num_caches, C), -1, dtype=np.int64)
-            n_rec = (self._num_chunks + self._max_tiles) * consts["KV_WARPS"]  # one per warp
+            self._attention_buffers(cupy, consts)
+            n_rec = (self._num_chunks + self._max_tiles + self._num_meta) * consts["KV_WARPS"]  # one per warp
             rec = np.empty(2 * n_rec, dtype=np.uint64)
             rec[0::2] = 0
             rec[1::2] = NO_ERROR_KEY
@@ -115,18 +144,103 @@ class StepPlanner:
         P.max_tiles = self._max_tiles  # int32
         P.tile_state = self._state.data.ptr  # [4], uint32
         P.tile_status = self._tile_status.data.ptr  # [max(max_tiles, 1)], uint64
+        self._attention_params(P)
         # Views of the per-cache arrays (sharing P's memory): written per call without
         # building a new ctypes array view each time.
         self._p_tables, self._p_strides, self._p_widths = P.block_tables, P.table_stride, P.max_blocks
         self._launcher = kernel_loader.Launcher(self._fn, P, by_value=True)
         self._views: dict = {}
 
+    # -- attention outputs (docs/attention.md) ------------------------------
+    def _attention_buffers(self, cupy, consts) -> None:
+        """Allocate the attention outputs asked for and size the metadata blocks."""
+        groups, G = self.attention, self.num_caches
+        fi = "flashinfer" in groups
+        self._attn_flags = (
+            (consts["KV_ATTN_FLASHINFER"] if fi else 0)
+            | (consts["KV_ATTN_VARLEN"] if "varlen" in groups else 0)
+            | (consts["KV_ATTN_PAGE_TABLE"] if "page_table" in groups else 0)
+        )
+        self._attn_stride = self.max_requests + 1
+        N = self.kv_indices_capacity or 1
+        # E, the kv_indices entries of one metadata block: about two blocks per SM over
+        # all caches' entries, at least 2048 (each block also reads every length once).
+        sms = int(cupy.cuda.runtime.getDeviceProperties(self.device).get("multiProcessorCount", 132) or 132)
+        per = -(-N // max(1, -(-2 * sms // max(G, 1))))
+        self._meta_entries = max(2048, -(-per // 256) * 256)
+        self._meta_per_cache = -(-N // self._meta_entries) if fi else 1
+        if not groups:
+            self._num_meta = 0
+        elif fi or "page_table" in groups:
+            self._num_meta = G * self._meta_per_cache
+        else:  # varlen alone: one block
+            self._num_meta = 1
+        self.kv_indptr = self.kv_indices = self.kv_last_page_len = None
+        self.cu_seqlens_k = self.max_seqlen = None
+        if fi:
+            self.kv_indptr = cupy.zeros((G, self._attn_stride), dtype=np.int32)
+            self.kv_indices = cupy.full((G, N), PAD_PAGE_ID, dtype=np.int32)
+            self.kv_last_page_len = cupy.zeros((G, self._attn_stride), dtype=np.int32)
+        if "varlen" in groups:
+            self.cu_seqlens_k = cupy.zeros(self.max_requests + 1, dtype=np.int32)
+            self.max_seqlen = cupy.zeros(2, dtype=np.int32)
+        self._page_table_key = None
+        self._page_table = None
+
+    def _attention_params(self, P) -> None:
+        """The attention fields of the kernel's parameter struct (fixed at construction)."""
+        ptr = lambda a: 0 if a is None else a.data.ptr  # noqa: E731
+        P.kv_indptr = ptr(self.kv_indptr)  # [G, attn_stride], int32
+        P.kv_indices = ptr(self.kv_indices)  # [G, N], int32
+        P.kv_last_page_len = ptr(self.kv_last_page_len)  # [G, attn_stride], int32
+        P.cu_seqlens_k = ptr(self.cu_seqlens_k)  # [max_requests + 1], int32
+        P.max_seqlen = ptr(self.max_seqlen)  # [2], int32
+        P.attention = self._attn_flags  # int32: KV_ATTN_* bits
+        P.kv_indices_capacity = self.kv_indices_capacity or 1  # int32: N
+        P.attn_stride = self._attn_stride  # int32
+        P.meta_per_cache = self._meta_per_cache  # int32
+        P.meta_entries = self._meta_entries  # int32: E
+        P.num_meta = self._num_meta  # int32
+
+    def _attention_outputs(self, bsz: int):
+        """AttentionOutputs views for a batch of bsz (page_table set per call), None when off."""
+        groups = self.attention
+        if not groups:
+            return None
+        a = AttentionOutputs()
+        if "flashinfer" in groups:
+            a.qo_indptr = self.cu_seqlens_q[: bsz + 1]  # the same buffer, no copy
+            a.kv_indptr = self.kv_indptr[:, : bsz + 1]
+            a.kv_indices = self.kv_indices
+            a.kv_last_page_len = self.kv_last_page_len[:, :bsz]
+        if "varlen" in groups:
+            a.cu_seqlens_k = self.cu_seqlens_k[: bsz + 1]
+            a.seqused_k = self.seq_lens_kv[:bsz]  # the same buffer, no copy
+            a.max_seqlen_q = self.max_seqlen[0]
+            a.max_seqlen_k = self.max_seqlen[1]
+        return a
+
+    def _set_page_table(self, tables, bsz: int) -> None:
+        """page_table: rows [0, bsz) of each cache's table (views, cached per tables and bsz)."""
+        key = (tuple(id(t) for t in tables), bsz)
+        if key != self._page_table_key:
+            views = []
+            for t in tables:
+                try:
+                    views.append(t[:bsz])
+                except TypeError:  # an object with only __cuda_array_interface__
+                    import cupy
+
+                    views.append(cupy.asarray(t)[:bsz])
+            self._page_table, self._page_table_key = tuple(views), key
+            self._page_table_refs = tables  # keeps the ids in the key valid
+
     # -- launch geometry -------------------------------------------------
     def grid(self, bsz: int) -> int:
-        """Blocks of the launch for a batch of ``bsz`` requests."""
+        """Blocks of the launch for a batch of ``bsz`` requests (metadata blocks included)."""
         if bsz <= self._tile:
-            return self._num_chunks
-        return self._num_chunks + -(-bsz // self._tile)
+            return self._num_chunks + self._num_meta
+        return self._num_chunks + -(-bsz // self._tile) + self._num_meta
 
     @property
     def launches_per_step(self) -> int:
@@ -142,7 +256,10 @@ class StepPlanner:
                 position_ids=self.position_ids,
                 seq_lens_kv=self.seq_lens_kv[:bsz],
                 slot_mapping=self.slot_mapping,
+                attention=self._attention_outputs(bsz),
             )
+        if self._page_table_key is not None:
+            out.attention.page_table = self._page_table
         return out
 
     def _set_tables(self, block_tables, bsz: int) -> None:
@@ -167,6 +284,8 @@ class StepPlanner:
             tables_p[g] = info.ptr  # block_tables[g]: [rows >= bsz, max_blocks], int32
             strides_p[g] = info.strides[0]  # table_stride[g]: int64, elements
             widths_p[g] = info.shape[1]  # max_blocks[g]: int32
+        if "page_table" in self.attention:
+            self._set_page_table(tables, bsz)
 
     def _prepare(self, seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder) -> int:
         """Check the inputs and write them into the parameter block; returns bsz."""
@@ -269,6 +388,14 @@ class StepPlanner:
         """
         from kvaddr.bound_step import BoundStep
 
+        outputs = self._outputs
+        if "page_table" in self.attention:  # the page table is rows [0, bsz) of the bound tables
+            tables = normalize_tables(block_tables, self.num_caches)
+
+            def outputs(bsz: int) -> StepOutputs:
+                self._set_page_table(tables, bsz)
+                return self._outputs(bsz)
+
         return BoundStep(
             params=kernel_loader.StepParams.from_buffer_copy(self._params),
             fptr=int(self._fn.ptr),
@@ -278,12 +405,13 @@ class StepPlanner:
             num_chunks=self._num_chunks,
             tile=self._tile,
             threads=self._threads,
+            extra_blocks=self._num_meta,
             seq_lens_decoder=seq_lens_decoder,
             seq_lens_this_time=seq_lens_this_time,
             block_tables=block_tables,
             seq_lens_encoder=seq_lens_encoder,
             stream=stream,
-            outputs=self._outputs,
+            outputs=outputs,
             debug=debug,
         )
 

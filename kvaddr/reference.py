@@ -16,8 +16,7 @@ silent (the kernels make the same ones):
 * With ``attention=...`` the step also returns the attention-backend metadata
   (:mod:`kvaddr.attention_reference`, docs/attention.md); its errors (bits 1 and
   2 of a request's pages, bit 16) are keyed at the request's ``cu_seqlens_q``
-  entry, and the step's ``error_key`` uses the 3-bit bit field of
-  :func:`kvaddr.attention_reference.error_key` (``key_layout`` 2).
+  entry (the key of :func:`kvaddr.errors.error_key` holds bit 16).
 """
 
 from __future__ import annotations
@@ -49,24 +48,17 @@ class ReferenceResult:
     outputs: StepOutputs
     error_mask: int
     error_key: int
-    #: 1: ``error_key`` is :func:`kvaddr.errors.error_key`'s; 2: :func:`kvaddr.attention_reference.error_key`'s
-    #: (a step with attention outputs, whose bit 16 needs the wider bit field).
-    key_layout: int = 1
 
     @property
     def first_bad(self) -> tuple[int, int, int, int] | None:
         """The first bad record ``(token, request, cache, bit)``, None without errors."""
         if not self.error_mask:
             return None
-        if self.key_layout == 2:
-            return attention_reference.decode_error_key(self.error_key)
         return decode_error_key(self.error_key)
 
     def check(self) -> None:
         """Raise :class:`~kvaddr.errors.AddressingError` if the step had bad values."""
         if self.error_mask:
-            if self.key_layout == 2:
-                raise attention_reference.AttentionAddressingError(self.error_mask, self.error_key)
             raise AddressingError(self.error_mask, self.error_key)
 
 
@@ -213,6 +205,5 @@ def step_addressing(
         return ReferenceResult(outputs, mask, min(keys) if keys else NO_ERROR_KEY)
     att = attention_reference.attention_metadata(outputs.cu_seqlens_q, kv, tables, sizes, groups, kv_indices_capacity)
     outputs.attention = att.outputs
-    records = [decode_error_key(k) for k in keys] + att.records
-    key = attention_reference.error_key(*min(records)) if records else NO_ERROR_KEY
-    return ReferenceResult(outputs, mask | att.error_mask, key, key_layout=2)
+    keys += [error_key(*r) for r in att.records]
+    return ReferenceResult(outputs, mask | att.error_mask, min(keys) if keys else NO_ERROR_KEY)

@@ -177,6 +177,16 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
             raise click.BadParameter(problem, param_hint=f"'{option}'")
 
 
+def attention_groups(ctx, param, value):
+    """``--attention``'s text as a tuple of groups (click callback)."""
+    from kvaddr.attention_reference import normalize_attention
+
+    try:
+        return normalize_attention(value or None)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command(
     "profile",
     help=PROFILE_HELP,
@@ -262,6 +272,23 @@ def check_save_path(save_path: str | None, option: str = "--save") -> None:
     default=4,
     show_default=True,
     help="Distinct batches per batch size, rotated while timing.",
+)
+@click.option(
+    "--attention",
+    default="",
+    callback=attention_groups,
+    metavar="NAME[,NAME...]",
+    help="Attention outputs every strategy also produces, comma-separated: flashinfer, varlen, page_table "
+    "(docs/attention.md). The fused step writes them in its one launch; the baselines build them the way "
+    "engines do (separate launches), so the saving includes them.",
+)
+@click.option(
+    "--kv-indices-capacity",
+    type=IntBounds(1, 2**31 - 1),
+    default=None,
+    metavar="N",
+    help="Entries of flashinfer's kv_indices per cache [default: the workload's bound, the most pages any "
+    "input set needs: every call writes all N entries].",
 )
 @profile_option("profile")
 @click.pass_context

@@ -12,11 +12,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvaddr.errors import CheckFailed as CheckFailed  # re-exported
-from kvaddr.outputs import OUTPUT_FIELDS
+from kvaddr.outputs import ATTENTION_FIELDS, OUTPUT_FIELDS
 
 #: Written into a strategy's output buffers before a checked call: an output
 #: element the call fails to write then shows up as a difference.
 SENTINEL = -7777
+
+#: Attention outputs :func:`poison` fills: the buffers a step writes (``qo_indptr`` and
+#: ``seqused_k`` are ``cu_seqlens_q`` / ``seq_lens_kv`` again; ``page_table`` is a view
+#: of the inputs and is never written).
+POISONED_ATTENTION_FIELDS = (
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "cu_seqlens_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,37 @@ def compare_outputs(strategy: str, context: str, got, expected) -> Mismatch | No
         if len(diff):
             index = tuple(int(i) for i in diff[0])
             return Mismatch(strategy, context, output, _where(output, index), g[index].item(), e[index].item())
+    return _compare_attention(strategy, context, getattr(got, "attention", None), getattr(expected, "attention", None))
+
+
+def _compare_attention(strategy: str, context: str, got, expected) -> Mismatch | None:
+    """The first differing element of the attention outputs (``expected`` the reference's)."""
+    if expected is None:
+        return None
+    if got is None:
+        return Mismatch(strategy, context, "attention", "the outputs", None, "AttentionOutputs")
+    for name in ATTENTION_FIELDS:
+        e_val = getattr(expected, name)
+        g_val = getattr(got, name)
+        if e_val is None:
+            continue
+        if g_val is None:
+            return Mismatch(strategy, context, f"attention.{name}", "the output", None, "an array")
+        pairs = (
+            [(f"attention.page_table[{g}]", gv, ev) for g, (gv, ev) in enumerate(zip(g_val, e_val))]
+            if name == "page_table"
+            else [(f"attention.{name}", g_val, e_val)]
+        )
+        if name == "page_table" and len(g_val) != len(e_val):
+            return Mismatch(strategy, context, "attention.page_table", "the number of caches", len(g_val), len(e_val))
+        for label, gv, ev in pairs:
+            g, e = to_host(gv), np.asarray(ev)
+            if g.shape != e.shape:
+                return Mismatch(strategy, context, label, "the shape", g.shape, e.shape)
+            diff = np.argwhere(g != e)
+            if len(diff):
+                index = tuple(int(i) for i in diff[0])
+                return Mismatch(strategy, context, label, f"index {index}", g[index].item(), e[index].item())
     return None
 
 
@@ -96,8 +139,13 @@ def poison(outputs) -> None:
 
     Arrays that cannot be written (read-only views) are left alone.
     """
-    for output in OUTPUT_FIELDS:
-        arr = getattr(outputs, output)
+    arrays = [getattr(outputs, output) for output in OUTPUT_FIELDS]
+    att = getattr(outputs, "attention", None)
+    if att is not None:  # the buffers the step writes (not page_table: views of the inputs)
+        arrays += [getattr(att, name) for name in POISONED_ATTENTION_FIELDS]
+    for arr in arrays:
+        if arr is None:
+            continue
         try:
             arr.fill(SENTINEL)
         except (AttributeError, ValueError, TypeError):

@@ -31,7 +31,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvaddr.constants import MAX_CACHES, MAX_CONTEXT, MAX_TABLE_ENTRIES, MAX_TOKENS_PER_STEP, MODES, STRATEGY_NAMES
+from kvaddr.attention_reference import normalize_attention
+from kvaddr.constants import (
+    INT32_MAX,
+    MAX_CACHES,
+    MAX_CONTEXT,
+    MAX_TABLE_ENTRIES,
+    MAX_TOKENS_PER_STEP,
+    MODES,
+    STRATEGY_NAMES,
+)
 from kvaddr.errors import EnvironmentProblem, ProfileConfigError
 from kvaddr.measure.correctness import CheckFailed, compare_outputs, poison
 from kvaddr.measure.timing import FLOOR, Budget, Measurement, measure_cpu, measurement_stream
@@ -102,9 +111,45 @@ class Progress:
         pass
 
 
-def references(batches: Sequence[Batch]) -> list:
+def kv_indices_bound(batches: Sequence[Batch]) -> int:
+    """The most ``kv_indices`` entries any cache needs in any of the input sets:
+    max over sets and caches g of ``sum_b ceil(L_b / B_g)`` (at least 1). The profiler's
+    default ``kv_indices_capacity``: every call writes all N entries, so a larger N
+    would time pad writes, not the metadata."""
+    import numpy as np
+
+    best = 1
+    for b in batches:
+        L = np.maximum(b.seq_lens_decoder.astype(np.int64) + b.seq_lens_this_time.astype(np.int64), 0)
+        for B in set(b.block_sizes):
+            best = max(best, int(((L + B - 1) // B).sum()))
+    return min(best, INT32_MAX)
+
+
+@dataclass(frozen=True)
+class AttentionSetting:
+    """The attention outputs a run asks every strategy for (``groups`` empty: none)."""
+
+    groups: tuple = ()
+    kv_indices_capacity: int | None = None
+
+    def capacity_for(self, batches: Sequence[Batch]) -> int | None:
+        """N for these input sets: the given one, else :func:`kv_indices_bound` (flashinfer only)."""
+        if "flashinfer" not in self.groups:
+            return None
+        return self.kv_indices_capacity or kv_indices_bound(batches)
+
+    def strategy_kwargs(self, batches: Sequence[Batch]) -> dict:
+        """``attention=`` / ``kv_indices_capacity=`` for make_strategy (empty when off)."""
+        if not self.groups:
+            return {}
+        return {"attention": self.groups, "kv_indices_capacity": self.capacity_for(batches)}
+
+
+def references(batches: Sequence[Batch], attention: AttentionSetting | None = None) -> list:
     """The reference outputs of each input set; the workload must be error free."""
     refs = []
+    extra = attention.strategy_kwargs(batches) if attention is not None else {}
     for i, b in enumerate(batches):
         r = step_addressing(
             b.seq_lens_decoder,
@@ -113,6 +158,7 @@ def references(batches: Sequence[Batch]) -> list:
             list(b.block_sizes),
             b.capacity,
             seq_lens_encoder=b.seq_lens_encoder,
+            **extra,
         )
         if r.error_mask:
             raise CheckFailed(
@@ -151,7 +197,8 @@ class CpuBackend:
     device = "cpu"
     modes = ("eager",)
 
-    def __init__(self):
+    def __init__(self, attention: AttentionSetting | None = None):
+        self.attention = attention or AttentionSetting()
         try:
             from kvaddr.strategies import cpu as cpu_strategies
         except Exception as exc:
@@ -164,7 +211,8 @@ class CpuBackend:
     def prepare(self, workload: Workload, batch: int, modes: Sequence[str]) -> PreparedShape:
         """Draw the input sets, build every strategy and check it against the reference."""
         batches = make_input_sets(workload, batch)
-        refs = references(batches)
+        refs = references(batches, self.attention)
+        extra = self.attention.strategy_kwargs(batches)
         names, skipped = strategies_for(self.module.STRATEGY_NAMES, batch)
         result = ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
         inputs = [(b.seq_lens_decoder, b.seq_lens_this_time, b.tables_arg, b.seq_lens_encoder) for b in batches]
@@ -179,6 +227,7 @@ class CpuBackend:
                     capacity=result.capacity,
                     block_sizes=list(workload.block_sizes),
                     num_layers=workload.num_layers,
+                    **extra,
                 ),
             )
             for i, (args, ref) in enumerate(zip(inputs, refs)):
@@ -249,7 +298,8 @@ class CudaBackend:
     device = "cuda"
     modes = MODES
 
-    def __init__(self, device_id: int = 0):
+    def __init__(self, device_id: int = 0, attention: AttentionSetting | None = None):
+        self.attention = attention or AttentionSetting()
         try:
             import cupy
 
@@ -295,7 +345,8 @@ class CudaBackend:
         cp, stream = self.cupy, self.stream
         with cp.cuda.Device(self.device_id), stream:
             batches = make_input_sets(workload, batch)
-            refs = references(batches)
+            refs = references(batches, self.attention)
+            extra = self.attention.strategy_kwargs(batches)
             names, skipped = strategies_for(self.module.STRATEGY_NAMES, batch)
             result = ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
             inputs = self._to_device(batches)
@@ -312,6 +363,7 @@ class CudaBackend:
                         block_sizes=list(workload.block_sizes),
                         num_layers=workload.num_layers,
                         device=self.device_id,
+                        **extra,
                     ),
                 )
                 step = step_fn(s, stream)
@@ -489,6 +541,8 @@ SETTING_RULES = {
     "seed": ("int", 0, 2**63 - 1),
     "budget": ("float", 0.0, 600.0),
     "input_sets": ("int", 1, 64),
+    "attention": ("groups", None, None),
+    "kv_indices_capacity": ("int", 1, INT32_MAX),
 }
 
 #: Settings recorded in the report's ``options`` that do not change the run: where the report was written
@@ -522,6 +576,11 @@ def _checked_setting(name: str, value):
         if kind == "prefill" and not (0 <= a <= 1 << 20 and 1 <= b <= MAX_TOKENS_PER_STEP):
             raise bad(f"must be [N, LEN] with 0 <= N <= {1 << 20} and 1 <= LEN <= {MAX_TOKENS_PER_STEP}")
         return a, b
+    if kind == "groups":
+        try:
+            return normalize_attention(value)
+        except (TypeError, ValueError):
+            raise bad("must name attention outputs among flashinfer, varlen, page_table") from None
     if kind == "int":
         if not _is_int(value) or not lo <= value <= hi:
             raise bad(f"must be an integer in [{lo}, {hi}]")
@@ -571,6 +630,12 @@ class ProfileConfig:
         Seconds of sampling per strategy and mode.
     input_sets : int
         Distinct batches per batch size, rotated while timing.
+    attention : tuple of str
+        Attention outputs every strategy also produces (docs/attention.md): any of
+        ``flashinfer``, ``varlen``, ``page_table``; the fused step writes them in its
+        one launch, the baselines build them the way engines do. Empty: none.
+    kv_indices_capacity : int or None
+        N for ``flashinfer``; None: the workload's bound (:func:`kv_indices_bound`).
     json_path, save_path, workload_profile : str or None
         Recorded in the report's ``options`` only (:data:`RECORDED_ONLY`); :func:`run` writes nothing.
     option_order : tuple of str
@@ -599,6 +664,8 @@ class ProfileConfig:
     seed: int = 0
     budget: float = 1.0
     input_sets: int = 4
+    attention: tuple = ()
+    kv_indices_capacity: int | None = None
     workload_profile: str | None = None
     option_order: tuple = field(default=(), compare=False, repr=False)
 
@@ -691,6 +758,11 @@ class ProfileConfig:
                     f"N = {n} prefill requests do not fit in batch {too_small[0]} (N must be <= every --batch size)",
                     fields=("prefill",),
                 )
+        if self.kv_indices_capacity is not None and "flashinfer" not in _checked_setting("attention", self.attention):
+            raise ProfileConfigError(
+                "kv_indices_capacity sets the capacity of flashinfer's kv_indices; it needs attention flashinfer",
+                fields=("kv_indices_capacity", "attention"),
+            )
         if len(sizes) > 1 and len(sizes) != num_caches:
             raise ProfileConfigError(
                 f"got {len(sizes)} block sizes for {num_caches} caches (give one size, or one per cache)",
@@ -756,7 +828,8 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
         modes = ("eager",)
         if config.mode in ("graph", "both"):
             progress.note("graph mode needs a CUDA device; the CPU path measures eager mode only")
-    backend = CudaBackend(0) if use_cuda else CpuBackend()
+    attention = AttentionSetting(_checked_setting("attention", config.attention), config.kv_indices_capacity)
+    backend = CudaBackend(0, attention) if use_cuda else CpuBackend(attention)
     batches = list(config.batches)
     progress.note(
         f"checking {len(batches)} batch size(s) x {config.input_sets} input sets against the "

@@ -28,6 +28,13 @@ for; a step of more than 1024 requests raises
 :class:`~kvaddr.errors.StrategyLimitExceeded`. Only the fused strategy records
 error bits 1 and 2; the others record bits 4 and 8 (through their position
 kernel; one-block in its own kernel).
+
+With ``attention=...`` (docs/attention.md) the fused strategy's one launch also
+writes the attention metadata; the baselines build it the way engines do today,
+once per step in separate launches (:class:`EngineAttention`: per cache the page
+counts, a cumsum, a per-request copy of row prefixes, the -1 tail and the last
+page lengths; for varlen a cumsum and two max reductions), so the saving the
+profiler reports includes it.
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ from __future__ import annotations
 import numpy as np
 
 from kvaddr import kernel_loader
+from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.device import require_cuda
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
-from kvaddr.outputs import StepOutputs
+from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
 from kvaddr.planner import StepPlanner
 from kvaddr.strategies.names import CHAIN_OPS, STRATEGY_NAMES, check_bsz, check_name
 from kvaddr.validation import (
@@ -50,9 +58,124 @@ from kvaddr.validation import (
     stream_handle,
 )
 
-__all__ = ["STRATEGY_NAMES", "Fused", "Hoisted", "OneBlock", "PerLayer", "PerLayerKernel", "make_strategy"]
+__all__ = [
+    "STRATEGY_NAMES",
+    "EngineAttention",
+    "Fused",
+    "Hoisted",
+    "OneBlock",
+    "PerLayer",
+    "PerLayerKernel",
+    "make_strategy",
+]
 
 _i64 = np.int64
+_i32 = np.int32
+_u64 = np.uint64
+
+#: Launches of :class:`EngineAttention` per step: per cache for "flashinfer"
+#: (pages, cumsum, copy_pages, pad_pages, last_page), once for "varlen" (cumsum, 2 x max).
+ENGINE_LAUNCHES = {"flashinfer": 5, "varlen": 3, "page_table": 0}
+
+
+class EngineAttention:
+    """Attention metadata (docs/attention.md) built the way engines build it today.
+
+    Separate launches once per step, into buffers allocated here (nothing allocated
+    or synchronised per call, so a step captures into a CUDA graph): per cache
+    ``kvaddr_engine_pages``, ``kvaddr_engine_cumsum`` (kv_indptr),
+    ``kvaddr_engine_copy_pages`` (one block per request copies its row prefix into
+    kv_indices; what vLLM's FlashInfer backend does), ``kvaddr_engine_pad_pages``
+    (-1 past kv_indptr[bsz]) and ``kvaddr_engine_last_page``; for varlen
+    ``kvaddr_engine_cumsum`` (cu_seqlens_k) and two ``kvaddr_engine_max``. No checks:
+    equal to the fused outputs on valid inputs (a row too short for its pages gives
+    -1 entries, a negative block id is copied as it is).
+
+    Parameters
+    ----------
+    groups : tuple of str
+        Normalised attention groups (:func:`kvaddr.attention_reference.normalize_attention`).
+    kv_indices_capacity : int or None
+        N (required with "flashinfer").
+    max_requests : int
+    block_sizes : tuple of int
+    device : int
+    """
+
+    def __init__(self, groups, kv_indices_capacity, max_requests: int, block_sizes, device: int):
+        import cupy
+
+        self.groups = tuple(groups)
+        self.N = kv_indices_capacity
+        self.block_sizes = tuple(block_sizes)
+        G = len(self.block_sizes)
+        self.launches = ENGINE_LAUNCHES["flashinfer"] * G * ("flashinfer" in groups) + ENGINE_LAUNCHES["varlen"] * (
+            "varlen" in groups
+        )
+        fn = lambda name: kernel_loader.get_function(name, device)  # noqa: E731
+        self._fn = {k: fn(f"kvaddr_engine_{k}") for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page")}
+        self._fn["max"] = fn("kvaddr_engine_max")
+        self._threads = kernel_loader.constants()["KV_THREADS"]
+        R = max_requests
+        with cupy.cuda.Device(device):
+            if "flashinfer" in groups:
+                self.pages = cupy.zeros((G, R), dtype=np.int32)
+                self.kv_indptr = cupy.zeros((G, R + 1), dtype=np.int32)
+                self.kv_indices = cupy.full((G, self.N), PAD_PAGE_ID, dtype=np.int32)
+                self.kv_last_page_len = cupy.zeros((G, R), dtype=np.int32)
+            if "varlen" in groups:
+                self.cu_seqlens_k = cupy.zeros(R + 1, dtype=np.int32)
+                self.max_seqlen = cupy.zeros(2, dtype=np.int32)
+            cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
+        self._views: dict = {}
+
+    def _launch(self, name, grid, args, handle):
+        self._fn[name]((max(int(grid), 1),), (self._threads,), args, 0, kernel_loader.raw_stream(handle))
+
+    def build(self, pos, tables, infos, handle) -> AttentionOutputs:
+        """Launch the metadata ops for a step whose positions kernel wrote ``pos``."""
+        bsz = pos.seq_lens_kv.shape[0]
+        T = self._threads
+        L = pos.seq_lens_kv  # [bsz], int32
+        nb = -(-bsz // T)
+        if "flashinfer" in self.groups:
+            N = self.N
+            for g, (info, B) in enumerate(zip(infos, self.block_sizes)):
+                pages, indptr = self.pages[g], self.kv_indptr[g]
+                out, last = self.kv_indices[g], self.kv_last_page_len[g]
+                if bsz:
+                    self._launch("pages", nb, (L, _i32(bsz), _i32(B), pages), handle)
+                self._launch("cumsum", 1, (pages, _i32(bsz), indptr), handle)
+                if bsz:
+                    self._launch(
+                        "copy_pages",
+                        bsz,
+                        (indptr, _u64(info.ptr), _i64(info.strides[0]), _i32(info.shape[1]), _i32(N), out),
+                        handle,
+                    )
+                self._launch("pad_pages", -(-N // T), (indptr, _i32(bsz), _i32(N), out), handle)
+                if bsz:
+                    self._launch("last_page", nb, (L, _i32(bsz), _i32(B), last), handle)
+        if "varlen" in self.groups:
+            self._launch("cumsum", 1, (L, _i32(bsz), self.cu_seqlens_k), handle)
+            self._launch("max", 1, (pos.cu_seqlens_q, _i32(bsz), _i32(1), self.max_seqlen[0:1]), handle)
+            self._launch("max", 1, (L, _i32(bsz), _i32(0), self.max_seqlen[1:2]), handle)
+        a = self._views.get(bsz)
+        if a is None:
+            a = self._views[bsz] = AttentionOutputs()
+            if "flashinfer" in self.groups:
+                a.qo_indptr = pos.cu_seqlens_q
+                a.kv_indptr = self.kv_indptr[:, : bsz + 1]
+                a.kv_indices = self.kv_indices
+                a.kv_last_page_len = self.kv_last_page_len[:, :bsz]
+            if "varlen" in self.groups:
+                a.cu_seqlens_k = self.cu_seqlens_k[: bsz + 1]
+                a.seqused_k = pos.seq_lens_kv
+                a.max_seqlen_q = self.max_seqlen[0]
+                a.max_seqlen_k = self.max_seqlen[1]
+        if "page_table" in self.groups:
+            a.page_table = tuple(t[:bsz] for t in tables)
+        return a
 
 
 class Fused:
@@ -69,10 +192,21 @@ class Fused:
         num_layers: int = 1,
         position_dtype=np.int64,
         device: int | None = None,
+        attention=None,
+        kv_indices_capacity: int | None = None,
     ):
         require_cuda(device)
         self.num_layers = check_int("num_layers", num_layers, lo=1)
-        self.planner = StepPlanner(max_requests, capacity, block_sizes, position_dtype=position_dtype, device=device)
+        self.planner = StepPlanner(
+            max_requests,
+            capacity,
+            block_sizes,
+            position_dtype=position_dtype,
+            device=device,
+            attention=attention,
+            kv_indices_capacity=kv_indices_capacity,
+        )
+        self.attention = self.planner.attention
         self.launches_per_step = 1
 
     def step(
@@ -111,6 +245,8 @@ class OneBlock:
         num_layers: int = 1,
         position_dtype=np.int64,
         device: int | None = None,
+        attention=None,
+        kv_indices_capacity: int | None = None,
     ):
         require_cuda(device)
         import cupy
@@ -120,6 +256,13 @@ class OneBlock:
             max_requests, capacity, block_sizes, position_dtype=position_dtype, device=device
         )
         self.device, self.capacity, self.num_caches = pl.device, pl.capacity, pl.num_caches
+        self.attention = normalize_attention(attention)
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        self._engine = None
+        if self.attention:  # built after the one launch, the way engines build it today
+            self._engine = EngineAttention(
+                self.attention, self.kv_indices_capacity, pl.max_requests, pl.block_sizes, pl.device
+            )
         self.position_dtype = pl.position_dtype
         # The output buffers (what step() returns views of): [max_requests + 1], [], [C], [C], [max_requests],
         # [num_caches, C]; int32 but position_ids (position_dtype) and slot_mapping (int64).
@@ -146,7 +289,7 @@ class OneBlock:
         P.slot_mapping = pl.slot_mapping.data.ptr  # [num_caches, C], int64
         P.error_record = self._record.data.ptr  # [2], uint64
         self._launcher = kernel_loader.Launcher(fn, P, by_value=True)
-        self.launches_per_step = 1
+        self.launches_per_step = 1 + (0 if self._engine is None else self._engine.launches)
 
     def step(
         self, seq_lens_decoder, seq_lens_this_time, block_tables, *, seq_lens_encoder=None, stream=None
@@ -162,8 +305,14 @@ class OneBlock:
             P.block_tables[g] = S.block_tables[g]  # [rows >= bsz, max_blocks], int32
             P.table_stride[g] = S.table_stride[g]  # int64, elements
             P.max_blocks[g] = S.max_blocks[g]  # int32
-        self._launcher(1, max(bsz, 1), stream_handle(stream))
-        return pl._outputs(bsz)
+        handle = stream_handle(stream)
+        self._launcher(1, max(bsz, 1), handle)
+        out = pl._outputs(bsz)
+        if self._engine is not None:
+            tables = normalize_tables(block_tables, self.num_caches)
+            infos = [describe("block_tables", x) for x in tables]
+            out.attention = self._engine.build(out, tables, infos, handle)
+        return out
 
     def errors(self, stream=None) -> tuple[int, int]:
         """Synchronise and return the last step's ``(error_mask, first_bad_key)`` (bits 4 and 8 only)."""
@@ -198,6 +347,8 @@ class _PositionsThenSlots:
         num_layers: int = 1,
         position_dtype=np.int64,
         device: int | None = None,
+        attention=None,
+        kv_indices_capacity: int | None = None,
     ):
         require_cuda(device)
         import cupy
@@ -205,6 +356,17 @@ class _PositionsThenSlots:
         self.num_layers = check_int("num_layers", num_layers, lo=1)
         self.positions = StepPlanner(max_requests, capacity, [], position_dtype=position_dtype, device=device)
         self.block_sizes = check_block_sizes(block_sizes, max_caches=kernel_loader.constants()["KV_MAX_CACHES"])
+        self.attention = normalize_attention(attention)
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        self._engine = None
+        if self.attention:
+            self._engine = EngineAttention(
+                self.attention,
+                self.kv_indices_capacity,
+                self.positions.max_requests,
+                self.block_sizes,
+                self.positions.device,
+            )
         self.num_caches = len(self.block_sizes)
         self.capacity = self.positions.capacity
         self.device = self.positions.device
@@ -215,6 +377,10 @@ class _PositionsThenSlots:
             cupy.cuda.get_current_stream().synchronize()  # see StepPlanner.__init__
         self.launches_per_step = None  # known after the first step
         self._views: dict = {}
+
+    @property
+    def _engine_launches(self) -> int:
+        return 0 if self._engine is None else self._engine.launches
 
     def _tables(self, block_tables, bsz: int) -> list:
         tables = normalize_tables(block_tables, self.num_caches)
@@ -242,13 +408,17 @@ class _PositionsThenSlots:
             seq_lens_decoder, seq_lens_this_time, None, seq_lens_encoder=seq_lens_encoder, stream=handle
         )
         bsz = pos.seq_lens_kv.shape[0]
-        slots = self._slots(pos, self._tables(block_tables, bsz), handle)
+        infos = self._tables(block_tables, bsz)
+        slots = self._slots(pos, infos, handle)
         key = (bsz, id(slots))
         out = self._views.get(key)
         if out is None:
             out = self._views[key] = StepOutputs(
                 pos.cu_seqlens_q, pos.num_tokens, pos.batch_id_per_token, pos.position_ids, pos.seq_lens_kv, slots
             )
+        if self._engine is not None:  # once per step, after the layers' slot mappings
+            tables = normalize_tables(block_tables, self.num_caches)
+            out.attention = self._engine.build(pos, tables, infos, handle)
         return out
 
     def check(self, stream=None) -> None:
@@ -277,7 +447,7 @@ class PerLayerKernel(_PositionsThenSlots):
                 slot_mapping=self.slot_mapping[g].data.ptr,  # [C], int64 (row g of [num_caches, C])
             )  # block_table, row_stride, max_blocks: per call (_slots)
             self._launchers.append(kernel_loader.Launcher(fn, args))
-        self.launches_per_step = 1 + self.num_layers * self.num_caches
+        self.launches_per_step = 1 + self.num_layers * self.num_caches + self._engine_launches
 
     def _slots(self, pos, infos, handle):
         for L, info in zip(self._launchers, infos):
@@ -373,7 +543,7 @@ class PerLayer(_OpChain):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.launches_per_step = 1 + self.num_layers * self.num_caches * len(CHAIN_OPS)
+        self.launches_per_step = 1 + self.num_layers * self.num_caches * len(CHAIN_OPS) + self._engine_launches
 
     def _slots(self, pos, infos, handle):
         with cupy_stream(handle):
@@ -412,7 +582,7 @@ class Hoisted(_OpChain):
                         self.slot_mapping[g] = self.slot_mapping[members[0]]
                         launches += 1
                 out = self.slot_mapping
-        self.launches_per_step = launches
+        self.launches_per_step = launches + self._engine_launches
         return out
 
 
@@ -434,8 +604,14 @@ def make_strategy(
     num_layers: int = 1,
     position_dtype=np.int64,
     device: int | None = None,
+    attention=None,
+    kv_indices_capacity: int | None = None,
 ):
-    """Build a strategy by name (one of :data:`STRATEGY_NAMES`)."""
+    """Build a strategy by name (one of :data:`STRATEGY_NAMES`).
+
+    ``attention`` and ``kv_indices_capacity``: the attention metadata to add to
+    every step (docs/attention.md; ``StepOutputs.attention``); off by default.
+    """
     return _CLASSES[check_name(name)](
         max_requests=max_requests,
         capacity=capacity,
@@ -443,4 +619,6 @@ def make_strategy(
         num_layers=num_layers,
         position_dtype=position_dtype,
         device=device,
+        attention=attention,
+        kv_indices_capacity=kv_indices_capacity,
     )

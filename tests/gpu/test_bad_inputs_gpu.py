@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tests.support.bad_input_matrix import ROWS, reference_for
-from tests.support.gpu import assert_outputs_equal, requires_gpu, to_device
+from tests.support.gpu import assert_attention_equal, assert_outputs_equal, requires_gpu, to_device
 
 GPU_ROWS = [r for r in ROWS if "gpu" in r.where]
 
@@ -42,17 +42,29 @@ def test_row_on_the_gpu(row):
         return
     ref = reference_for(case)
     dev = to_device(case)
+    # a row may ask for attention outputs (kv-indices-capacity): every strategy gets them
+    extra = {k: case[k] for k in ("attention", "kv_indices_capacity") if k in case}
     for name in ("fused", "per-layer-kernel", "hoisted", "per-layer", "one-block"):
         if name == "one-block" and bsz > 1024:
             continue  # one block of one thread per request (tests/gpu/test_gpu_strategies.py checks the limit)
         s = make_strategy(
-            name, max_requests=max(bsz, 1), capacity=case["capacity"], block_sizes=case["block_sizes"], num_layers=2
+            name,
+            max_requests=max(bsz, 1),
+            capacity=case["capacity"],
+            block_sizes=case["block_sizes"],
+            num_layers=2,
+            **extra,
         )
         out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
         assert_outputs_equal(out, ref.outputs, f"{row.id}/{name}")
-    p = StepPlanner(max(bsz, 1), case["capacity"], case["block_sizes"])
-    p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        assert (out.attention is None) == (ref.outputs.attention is None), f"{row.id}/{name}: attention"
+    p = StepPlanner(max(bsz, 1), case["capacity"], case["block_sizes"], **extra)
+    out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
     assert p.errors() == (ref.error_mask, ref.error_key)
+    if ref.outputs.attention is not None:  # the fused step's metadata is the reference's, bad values included
+        assert_attention_equal(out.attention, ref.outputs.attention, row.id)
+    if row.check is not None:
+        assert row.check(out), f"{row.id}: the row's check on the planner's outputs"
     if row.bits:
         with pytest.raises(AddressingError):
             p.check()

@@ -1,32 +1,41 @@
 """Attention metadata from StepPlanner on the GPU (docs/attention.md): against the NumPy
-reference on mixed batches, every element written (poisoned buffers, graph replay), and
-the end-to-end paged-attention test with PyTorch's scaled_dot_product_attention.
+reference on mixed batches (hypothesis, every subset of the groups, 1-4 caches, bad values,
+capacity overflow, more than 4096 and more than 16384 requests), every element written
+(poisoned buffers, a big step then a small one, graph replay), nothing written past the
+kv_indices capacity (guard words), attention off = the same addressing, the GPU baselines'
+engine-style metadata, and the end-to-end paged-attention test with PyTorch's
+scaled_dot_product_attention.
 
-Skips, with the reason, without a GPU, without PyTorch, or while StepPlanner has no
-``attention`` option (the kernel gains the outputs in phase 2 of issue 14).
+Skips, with the reason, without a GPU or (the end-to-end tests) without PyTorch.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
-from tests.support.gpu import requires_gpu, to_device
+from tests.support.gpu import ATTENTION_BUFFERS, assert_attention_equal, assert_outputs_equal, requires_gpu, to_device
 from tests.support.paged_attention import Simulation, TorchBackend, run_e2e
 
 pytestmark = requires_gpu
+
+GROUP_SUBSETS = [
+    ("flashinfer",),
+    ("varlen",),
+    ("page_table",),
+    ("flashinfer", "varlen"),
+    ("flashinfer", "page_table"),
+    ("varlen", "page_table"),
+    ALL_GROUPS,
+]
 
 
 def _planner_class():
     from kvaddr.planner import StepPlanner
 
-    params = inspect.signature(StepPlanner).parameters
-    if "attention" not in params or "kv_indices_capacity" not in params:
-        pytest.skip("StepPlanner has no attention= / kv_indices_capacity= option yet (issue 14, phase 2)")
     return StepPlanner
 
 
@@ -65,42 +74,40 @@ def _planner_step(case, planner=None):
 
 
 def _assert_attention_equal(got, want, label):
-    from kvaddr.outputs import ATTENTION_FIELDS
-
-    for f in ATTENTION_FIELDS:
-        g, w = getattr(got, f), getattr(want, f)
-        assert (g is None) == (w is None), f"{label}: {f} is {g!r}, want {w!r}"
-        if w is None:
-            continue
-        if f == "page_table":
-            assert len(g) == len(w)
-            for x, y in zip(g, w):
-                np.testing.assert_array_equal(_host(x), y, err_msg=f"{label}: page_table")
-            continue
-        g = _host(g)
-        assert g.dtype == w.dtype and g.shape == w.shape, f"{label}: {f} {g.dtype}{g.shape} != {w.dtype}{w.shape}"
-        np.testing.assert_array_equal(g, w, err_msg=f"{label}: {f}")
+    assert_attention_equal(got, want, label)
 
 
 def _check_errors(mask, key, ref, label):
-    from kvaddr import attention_reference
+    from kvaddr.errors import decode_error_key
 
     assert mask == ref.error_mask, f"{label}: error bits {mask} != {ref.error_mask}"
     if ref.error_mask:
-        # phase 2 moves attention_reference's key layout (3-bit bit field) into kvaddr.errors
-        assert attention_reference.decode_error_key(key) == ref.first_bad, f"{label}: first bad record"
+        assert decode_error_key(key) == ref.first_bad, f"{label}: first bad record"
+    assert (mask, key) == (ref.error_mask, ref.error_key), f"{label}: error record"
 
 
 @settings(max_examples=200, deadline=None)
-@given(mixed_cases())
-def test_planner_attention_matches_the_reference(case):
+@given(mixed_cases(), st.sampled_from(GROUP_SUBSETS))
+def test_planner_attention_matches_the_reference(case, groups):
+    case = dict(case, attention=groups)
     ref = _reference(case)
     _, out, mask, key, _ = _planner_step(case)
-    _assert_attention_equal(out.attention, ref.outputs.attention, "mixed")
-    _check_errors(mask, key, ref, "mixed")
+    _assert_attention_equal(out.attention, ref.outputs.attention, f"mixed {groups}")
+    assert_outputs_equal(out, ref.outputs, f"mixed {groups}: addressing")
+    _check_errors(mask, key, ref, f"mixed {groups}")
 
 
-@pytest.mark.parametrize("bsz", [4097, 6000])
+@settings(max_examples=40, deadline=None)
+@given(mixed_cases(max_bsz=300), st.sampled_from(GROUP_SUBSETS))
+def test_planner_attention_matches_the_reference_hundreds_of_requests(case, groups):
+    case = dict(case, attention=groups)
+    ref = _reference(case)
+    _, out, mask, key, _ = _planner_step(case)
+    _assert_attention_equal(out.attention, ref.outputs.attention, f"mixed {groups}")
+    _check_errors(mask, key, ref, f"mixed {groups}")
+
+
+@pytest.mark.parametrize("bsz", [4096, 4097, 6000, 16385])
 def test_planner_attention_large_batches(bsz):
     case = make_case(np.random.default_rng(bsz), bsz=bsz, block_sizes=[16, 64, 3], max_ctx=300, spare_capacity=5)
     ref = _reference(case)
@@ -169,6 +176,157 @@ def test_off_by_default_and_graph_capture():
         graph.launch(stream)
         stream.synchronize()
         _assert_attention_equal(out.attention, _reference(nxt).outputs.attention, f"graph replay {seed}")
+
+
+def test_capacity_overflow_writes_nothing_past_n():
+    """Bit 16: entries up to N written, nothing past them (guard words around a one-cache
+    buffer of exactly N entries), kv_indptr keeps the true sums; a mixed batch over several
+    metadata blocks, a decode-only batch of 5000 requests (the large path), prefills."""
+    import cupy
+
+    StepPlanner = _planner_class()
+    for bsz, kinds in ((300, None), (5000, ("decode",)), (40, ("prefill", "continuation"))):
+        kw = {} if kinds is None else {"kinds": kinds}
+        case = make_case(np.random.default_rng(bsz), bsz=bsz, block_sizes=[2], spare_capacity=0, **kw)
+        N = max(case["kv_indices_capacity"] * 2 // 3, 1)
+        case = dict(case, kv_indices_capacity=N)
+        planner = StepPlanner(bsz, case["capacity"], [2], attention=ALL_GROUPS, kv_indices_capacity=N)
+        assert planner.kv_indices.shape == (1, N), "the planner's kv_indices holds exactly N entries per cache"
+        guard, junk = 8192, 0x5A5A5A5A
+        big = cupy.full(guard + N + guard, junk, dtype=np.int32)
+        view = big[guard : guard + N].reshape(1, N)
+        planner.kv_indices = view  # test hook: the kernel writes into a guarded buffer
+        planner._params.kv_indices = view.data.ptr
+        planner._views.clear()
+        _, out, mask, key, _ = _planner_step(case, planner)
+        ref = _reference(case)
+        assert ref.error_mask & 16
+        _check_errors(mask, key, ref, f"overflow, bsz {bsz}")
+        _assert_attention_equal(out.attention, ref.outputs.attention, f"overflow, bsz {bsz}")
+        h = big.get()
+        assert (h[:guard] == junk).all(), "written before kv_indices"
+        assert (h[guard + N :] == junk).all(), "written past the kv_indices capacity"
+
+
+def test_poisoned_buffers_are_all_rewritten():
+    """Every element of every attention buffer the outputs view is written on every call."""
+    from tests.support.gpu import poison
+
+    rng = np.random.default_rng(11)
+    for bsz, sizes in ((7, [4]), (300, [3, 16]), (4500, [16, 64, 5, 1])):
+        case = make_case(rng, bsz=bsz, block_sizes=sizes, spare_capacity=9)
+        planner, *_ = _planner_step(case)
+        for name in ATTENTION_BUFFERS:
+            assert getattr(planner, name) is not None, name
+        poison(planner)
+        _, out, mask, key, _ = _planner_step(case, planner)
+        ref = _reference(case)
+        _assert_attention_equal(out.attention, ref.outputs.attention, f"poisoned, bsz {bsz}")
+        _check_errors(mask, key, ref, f"poisoned, bsz {bsz}")
+
+
+def test_attention_off_is_the_same_addressing():
+    """Asking for attention changes no addressing output and no error record."""
+    StepPlanner = _planner_class()
+    rng = np.random.default_rng(5)
+    for bsz, bad in ((9, "none"), (9, "unallocated"), (200, "negative-length"), (5000, "none")):
+        case = make_case(rng, bsz=bsz, block_sizes=[4, 16], bad=bad, spare_capacity=2)
+        dev = to_device(case)
+        args = (dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        off = StepPlanner(bsz, case["capacity"], [4, 16])
+        on = StepPlanner(
+            bsz, case["capacity"], [4, 16], attention=ALL_GROUPS, kv_indices_capacity=case["kv_indices_capacity"]
+        )
+        assert off.grid(bsz) < on.grid(bsz)
+        o_off, o_on = off.compute(*args), on.compute(*args)
+        assert o_off.attention is None
+        from kvaddr.reference import step_addressing
+
+        plain = step_addressing(
+            case["seq_lens_decoder"], case["seq_lens_this_time"], case["block_tables"], [4, 16], case["capacity"]
+        )
+        assert_outputs_equal(o_off, plain.outputs, f"off, bsz {bsz}")
+        assert_outputs_equal(o_on, plain.outputs, f"on, bsz {bsz}")
+        assert off.errors() == (plain.error_mask, plain.error_key)
+        ref = _reference(case)
+        assert on.errors() == (ref.error_mask, ref.error_key)
+
+
+@pytest.mark.parametrize("name", ["per-layer", "per-layer-kernel", "hoisted", "fused"])
+def test_strategies_metadata_equals_the_reference_eager_and_graph(name):
+    """The baselines' engine-style metadata (separate launches) and the fused step's: equal to the
+    reference on valid mixed batches, eagerly and replayed from a CUDA graph with new inputs."""
+    import cupy
+
+    from kvaddr.strategies.gpu import ENGINE_LAUNCHES, make_strategy
+    from tests.support.gpu import poison
+
+    rng = np.random.default_rng(21)
+    sizes = [16, 3]
+    cases = [make_case(rng, bsz=bsz, block_sizes=sizes, spare_capacity=4) for bsz in (50, 50, 50)]
+    N = max(c["kv_indices_capacity"] for c in cases)
+    W = max(t.shape[1] for c in cases for t in c["block_tables"])
+    C = max(c["capacity"] for c in cases)
+
+    def fixed(c):  # one fixed-shape table per cache, as an engine keeps it
+        tables = []
+        for t in c["block_tables"]:
+            full = np.full((50, W), -1, np.int32)
+            full[: t.shape[0] if t.shape[0] <= 50 else 50, : t.shape[1]] = t[:50]
+            tables.append(full)
+        return dict(c, block_tables=tables, capacity=C, kv_indices_capacity=N)
+
+    cases = [fixed(c) for c in cases]
+    s = make_strategy(
+        name, max_requests=50, capacity=C, block_sizes=sizes, num_layers=2, attention=ALL_GROUPS, kv_indices_capacity=N
+    )
+    devs = [to_device(c) for c in cases]
+    for i, (c, d) in enumerate(zip(cases, devs)):
+        poison(s)
+        out = s.step(d["seq_lens_decoder"], d["seq_lens_this_time"], d["block_tables"])
+        cupy.cuda.runtime.deviceSynchronize()
+        ref = _reference(c)
+        assert_outputs_equal(out, ref.outputs, f"{name} eager {i}")
+        _assert_attention_equal(out.attention, ref.outputs.attention, f"{name} eager {i}")
+    if name == "fused":
+        assert s.launches_per_step == 1
+    else:  # known after a step (hoisted)
+        assert s.launches_per_step >= 1 + 2 * ENGINE_LAUNCHES["flashinfer"] + ENGINE_LAUNCHES["varlen"]
+    # graph: capture with set 0's arrays, replay after copying other sets' contents in
+    d0 = devs[0]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        s.step(d0["seq_lens_decoder"], d0["seq_lens_this_time"], d0["block_tables"], stream=stream)
+        stream.synchronize()
+        stream.begin_capture()
+        out = s.step(d0["seq_lens_decoder"], d0["seq_lens_this_time"], d0["block_tables"], stream=stream)
+        graph = stream.end_capture()
+    for i in (1, 2, 0):
+        c = cases[i]
+        d0["seq_lens_decoder"].set(c["seq_lens_decoder"], stream=stream)
+        d0["seq_lens_this_time"].set(c["seq_lens_this_time"], stream=stream)
+        for g, t in enumerate(c["block_tables"]):
+            d0["block_tables"][g].set(t, stream=stream)
+        stream.synchronize()
+        poison(s)
+        cupy.cuda.runtime.deviceSynchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        ref = _reference(c)
+        assert_outputs_equal(out, ref.outputs, f"{name} graph {i}")
+        _assert_attention_equal(out.attention, ref.outputs.attention, f"{name} graph {i}")
+
+
+def test_construction_errors_name_the_argument():
+    StepPlanner = _planner_class()
+    with pytest.raises(ValueError, match="kv_indices_capacity"):
+        StepPlanner(4, 8, [4], attention="flashinfer")
+    with pytest.raises(ValueError, match="attention"):
+        StepPlanner(4, 8, [4], attention="flash")
+    with pytest.raises(ValueError, match="at least one cache"):
+        StepPlanner(4, 8, [], attention="page_table")
+    p = StepPlanner(4, 8, [], attention="varlen")  # varlen needs no cache
+    assert p.attention == ("varlen",) and p.kv_indices is None
 
 
 def _e2e(sim, backend, **kw):

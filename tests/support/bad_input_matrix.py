@@ -161,14 +161,12 @@ ROWS = [
         bits=2,
     ),
     Row("block-index-beyond-row", "device", lambda: base(seq_lens_decoder=_a([5, 0, 16])), bits=1),
-    # docs/attention.md: 6 kv_indices entries (pages [2, 1, 3]) for a capacity of 4; the GPU row
-    # turns on when StepPlanner has attention= (issue 14, phase 2)
+    # docs/attention.md: 6 kv_indices entries (pages [2, 1, 3]) for a capacity of 4
     Row(
         "kv-indices-capacity",
         "device",
         lambda: base(attention=("flashinfer",), kv_indices_capacity=4),
         bits=16,
-        where=("cpu",),
         check=lambda o: (
             o.attention.kv_indices.tolist() == [[7, 2, 4, 1]] and o.attention.kv_indptr.tolist() == [[0, 2, 3, 6]]
         ),

@@ -15,7 +15,7 @@ import pytest
 import kvaddr
 from kvaddr import kernel_loader
 from kvaddr.measure import environment, timing
-from kvaddr.outputs import OUTPUT_FIELDS, StepOutputs
+from kvaddr.outputs import ATTENTION_FIELDS, OUTPUT_FIELDS, AttentionOutputs, StepOutputs
 from kvaddr.strategies import cpu as cpu_strategies
 
 
@@ -129,8 +129,19 @@ class FakeGpuStrategy:
             o = self.inner.step(dec, q, tables, seq_lens_encoder=seq_lens_encoder)
             if self.out is None:
                 self.out = StepOutputs(*(np.array(getattr(o, f)) for f in OUTPUT_FIELDS))
+                if o.attention is not None:  # persistent attention buffers too (page_table: input views)
+                    a = AttentionOutputs(**{f: getattr(o.attention, f) for f in ATTENTION_FIELDS})
+                    for f in ATTENTION_FIELDS:
+                        if f != "page_table" and getattr(a, f) is not None:
+                            setattr(a, f, np.array(getattr(a, f)))
+                    self.out.attention = a
             for f in OUTPUT_FIELDS:
                 np.copyto(getattr(self.out, f), getattr(o, f))
+            if o.attention is not None:
+                self.out.attention.page_table = o.attention.page_table  # views of this call's inputs
+                for f in ATTENTION_FIELDS:
+                    if f != "page_table" and getattr(o.attention, f) is not None:
+                        np.copyto(getattr(self.out.attention, f), getattr(o.attention, f))
 
         if self.out is None:
             work()

@@ -81,6 +81,31 @@ def assert_outputs_equal(got, ref, label):
             raise AssertionError(f"{label}: {f} differs at {tuple(bad)}: got {g[tuple(bad)]}, want {r[tuple(bad)]}")
 
 
+def assert_attention_equal(got, want, label):
+    """Every field of two AttentionOutputs (device or host) equal, dtype and shape included."""
+    from kvaddr.outputs import ATTENTION_FIELDS
+
+    for f in ATTENTION_FIELDS:
+        g, w = getattr(got, f), getattr(want, f)
+        assert (g is None) == (w is None), f"{label}: {f} is {g!r}, want {w!r}"
+        if w is None:
+            continue
+        pairs = list(zip(g, w)) if f == "page_table" else [(g, w)]
+        if f == "page_table":
+            assert len(g) == len(w), f"{label}: page_table has {len(g)} caches, want {len(w)}"
+        for x, y in pairs:
+            x = x.get() if hasattr(x, "get") else np.asarray(x)
+            y = np.asarray(y)
+            assert x.dtype == y.dtype and x.shape == y.shape, f"{label}: {f} {x.dtype}{x.shape} != {y.dtype}{y.shape}"
+            if not np.array_equal(x, y):
+                bad = tuple(np.argwhere(x != y)[0]) if x.ndim else ()
+                raise AssertionError(f"{label}: {f} differs at {bad}: got {x[bad]}, want {y[bad]}")
+
+
+#: The planner's attention buffers (StepPlanner attributes; None when not asked for).
+ATTENTION_BUFFERS = ("kv_indptr", "kv_indices", "kv_last_page_len", "cu_seqlens_k", "max_seqlen")
+
+
 def poison(strategy):
     """Fill every output buffer a strategy owns with garbage, so unwritten elements show."""
     planner = getattr(strategy, "planner", None) or getattr(strategy, "positions", None) or strategy
@@ -91,3 +116,9 @@ def poison(strategy):
     planner.num_tokens.fill(-77)
     if hasattr(strategy, "slot_mapping") and strategy.slot_mapping is not planner.slot_mapping:
         strategy.slot_mapping.fill(0x5A5A5A5A)
+    # attention outputs: the fused planner's buffers, or a baseline's EngineAttention buffers
+    for owner in (planner, getattr(strategy, "_engine", None)):
+        for name in ATTENTION_BUFFERS:
+            buf = getattr(owner, name, None) if owner is not None else None
+            if buf is not None and buf.size:
+                buf.fill(0x5A5A5A5A)

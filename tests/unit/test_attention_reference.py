@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 
 from kvaddr import attention_reference as ar
+from kvaddr import errors
 from kvaddr.errors import AddressingError
 from kvaddr.outputs import ATTENTION_FIELDS, OUTPUT_FIELDS, PAD_PAGE_ID, AttentionOutputs
 from kvaddr.reference import step_addressing
@@ -92,14 +93,14 @@ def test_example_2_capacity_overflow_bit_16():
     assert a.kv_indices.tolist() == [[5, 6, 9, 2, 0, -1], [10, 11, 12, 13, 14, 15]]
     assert a.kv_indptr.tolist() == [[0, 2, 3, 5, 5], [0, 4, 6, 9, 9]]  # true sums
     assert res.error_mask == ar.ERR_KV_INDICES_CAPACITY
-    assert res.key_layout == 2 and res.first_bad == (4, 2, 1, 16)
+    assert res.first_bad == (4, 2, 1, 16)
     with pytest.raises(AddressingError, match=r"token 4 of request 2, cache 1: more kv_indices entries"):
         res.check()
     # the addressing outputs are those of the step without attention
     plain = run(EXAMPLE_2)
     for f in OUTPUT_FIELDS:
         np.testing.assert_array_equal(getattr(res.outputs, f), getattr(plain.outputs, f))
-    assert plain.outputs.attention is None and plain.key_layout == 1
+    assert plain.outputs.attention is None
 
 
 def test_example_3_bad_rows():
@@ -139,7 +140,8 @@ def test_page_table_alone_flags_a_narrow_row_keyed_at_the_first_token():
 def test_attention_off_changes_nothing():
     for att in (None, "", ()):
         res = run(EXAMPLE_1, attention=att)
-        assert res.outputs.attention is None and res.key_layout == 1
+        assert res.outputs.attention is None
+        assert res.error_key == run(EXAMPLE_1).error_key
 
 
 def test_negative_length_request_has_no_pages():
@@ -186,11 +188,17 @@ def test_saturating_sums():
 
 def test_error_key_layout_orders_like_the_tuples():
     recs = [(0, 0, 0, 1), (0, 0, 0, 16), (0, 0, 1, 1), (0, 1, 0, 2), (3, 0, 3, 8), (2**31 - 1, 2**27 - 1, 3, 16)]
-    keys = [ar.error_key(*r) for r in recs]
+    keys = [errors.error_key(*r) for r in recs]
     assert keys == sorted(keys)
-    assert [ar.decode_error_key(k) for k in keys] == recs
+    assert [errors.decode_error_key(k) for k in keys] == recs
+    assert errors.error_key(5, 3, 2, 16) == (5 << 32) | (3 << 5) | (2 << 3) | 4
     with pytest.raises(ValueError, match="cache must be in"):
-        ar.error_key(0, 0, 4, 1)
+        errors.error_key(0, 0, 4, 1)
+    with pytest.raises(ValueError, match="bit must be one error bit"):
+        errors.error_key(0, 0, 0, 3)
+    # one layout: the reference module re-exports the bit, keeps no key of its own
+    assert ar.ERR_KV_INDICES_CAPACITY == errors.ERR_KV_INDICES_CAPACITY == 16
+    assert not hasattr(ar, "error_key") and not hasattr(ar, "AttentionAddressingError")
 
 
 # -- host errors -----------------------------------------------------------------

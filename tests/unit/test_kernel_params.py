@@ -74,7 +74,7 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     for name, ctype in S._fields_:
         assert getattr(S, name).offset == end, name  # no padding before any field
         end += ctypes.sizeof(ctype)
-    assert ctypes.sizeof(S) == end == 200 and ctypes.alignment(S) == 8
+    assert ctypes.sizeof(S) == end == 264 and ctypes.alignment(S) == 8
 
 
 STRUCTS = [("KvStepParams", kernel_loader.StepParams), ("KvOneBlockParams", kernel_loader.OneBlockParams)]
@@ -204,11 +204,21 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
     assert c["KV_ERR_NEGATIVE_BLOCK"] == errors.ERR_NEGATIVE_BLOCK == 2
     assert c["KV_ERR_CAPACITY"] == errors.ERR_CAPACITY == 4
     assert c["KV_ERR_NEGATIVE_LENGTH"] == errors.ERR_NEGATIVE_LENGTH == 8
+    assert c["KV_ERR_KV_INDICES_CAPACITY"] == errors.ERR_KV_INDICES_CAPACITY == 16
+    assert {v for k, v in c.items() if k.startswith("KV_ERR_")} == set(errors.ERROR_REASONS)
+    # the kernel's key is errors.error_key's layout
+    assert "(token << 32) | (request << 5) | (cache << 3) | bit_index" in kernel_loader.source()
     src = kernel_loader.source()
     # Errors are recorded by name only: no literal bits passed to err.add / err.flag.
     assert not re.search(r"err\.(add|flag)\(\s*\d", src)
     flagged = set(re.findall(r"err\.flag\((KV_ERR_\w+)", src))
-    assert flagged == {"KV_ERR_BLOCK_INDEX", "KV_ERR_NEGATIVE_BLOCK", "KV_ERR_CAPACITY", "KV_ERR_NEGATIVE_LENGTH"}
+    assert flagged == {
+        "KV_ERR_BLOCK_INDEX",
+        "KV_ERR_NEGATIVE_BLOCK",
+        "KV_ERR_CAPACITY",
+        "KV_ERR_NEGATIVE_LENGTH",
+        "KV_ERR_KV_INDICES_CAPACITY",
+    }
 
 
 def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
@@ -223,17 +233,17 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
 
     for name in ("kvaddr_step_i64", "kvaddr_step_i32"):
         assert lib < where(name) < base
-    baseline = (
+    engine = {f"kvaddr_engine_{k}" for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page", "max")}
+    baseline = {
         "kvaddr_slots_i64",
         "kvaddr_slots_i32",
         "kvaddr_where_pad",
         "kvaddr_empty",
         "kvaddr_one_block_i64",
         "kvaddr_one_block_i32",
-    )
+    } | engine
     for name in baseline:
         assert base < where(name) < end
-    assert set(kernel_loader.KERNEL_NAMES) >= {"kvaddr_step_i64", "kvaddr_step_i32", *baseline}
     vllm = ("kvaddr_vllm_step", "kvaddr_vllm3_prepare", "kvaddr_vllm3_gather", "kvaddr_vllm3_slots")
     for name in vllm:
         assert end < where(name)  # the vLLM sections come after the core baseline section

@@ -178,3 +178,17 @@ def test_a_wrong_bound_launch_fails_the_check(fake_gpu, monkeypatch):
     r = CliRunner().invoke(cli_module.cli, ARGS)
     assert r.exit_code != 0
     assert "fused (bound)" in r.output and "eager bound launch" in r.output
+
+
+def test_gpu_flow_with_attention_checks_the_metadata_in_graph_replays(fake_gpu):
+    args = ARGS + ["--caches", "2", "--attention", "flashinfer,varlen,page_table"]
+    r = CliRunner().invoke(cli_module.cli, args + ["--json", "-"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["options"]["attention"] == ["flashinfer", "varlen", "page_table"]
+    assert doc["shapes"][0]["correctness"]["graph_replays"] is True
+    # a graph that skips the work leaves the poisoned metadata: caught before any timing
+    fake_gpu["noop"].add("fused")
+    r = CliRunner().invoke(cli_module.cli, args)
+    assert r.exit_code == 1, r.output
+    assert "'fused'" in r.stderr and "graph replay" in r.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvaddr.errors import ERROR_REASONS, NO_ERROR_KEY, decode_error_key
+from kvaddr.errors import ERR_KV_INDICES_CAPACITY, ERROR_REASONS, NO_ERROR_KEY, decode_error_key, error_key
 from kvaddr.outputs import OUTPUT_FIELDS, PAD_SLOT_ID
 from kvaddr.reference import step_addressing
 from tests.support.spec_doc import example_case, spec_examples, spec_text
@@ -32,9 +32,11 @@ def test_spec_has_the_worked_examples():
     assert len(EXAMPLES) >= 3, "docs/spec.md lost its machine-readable worked examples"
     names = [ex["name"] for ex in EXAMPLES]
     assert len(set(names)) == len(names), names
-    # Between them, the examples show a clean step and every error bit.
+    # Between them, the examples show a clean step and every error bit of the addressing
+    # (bit 16 concerns the attention outputs: docs/attention.md's examples show it).
     assert any(ex["error_mask"] == 0 for ex in EXAMPLES)
-    assert set().union(*({b for b in ERROR_REASONS if ex["error_mask"] & b} for ex in EXAMPLES)) == set(ERROR_REASONS)
+    shown = set().union(*({b for b in ERROR_REASONS if ex["error_mask"] & b} for ex in EXAMPLES))
+    assert shown == set(ERROR_REASONS) - {ERR_KV_INDICES_CAPACITY}
     for ex in EXAMPLES:
         assert set(ex["outputs"]) == set(OUTPUT_FIELDS), f"{ex['name']} must state every output"
 
@@ -82,6 +84,17 @@ def test_error_bit_table_matches_the_code():
     bits = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
     assert bits == set(ERROR_REASONS)
     assert f"`PAD_SLOT_ID = {PAD_SLOT_ID}`" in text
+
+
+def test_error_key_layout_in_the_spec_is_the_code_s():
+    section = spec_text().split("## Errors", 1)[1].split("\n## ", 1)[0]
+    layout = re.search(r"`token << (\d+) \| request << (\d+) \| cache << (\d+) \|\s*log2\(bit\)`", section)
+    assert layout, "docs/spec.md must state the key layout"
+    t, r, c = (int(x) for x in layout.groups())
+    for rec in [(3, 2, 1, 16), (0, 5, 3, 1), (7, 0, 0, 8)]:
+        token, request, cache, bit = rec
+        assert error_key(*rec) == (token << t) | (request << r) | (cache << c) | (bit.bit_length() - 1)
+        assert decode_error_key(error_key(*rec)) == rec
 
 
 def _repository_files() -> list[Path]:

@@ -1,0 +1,154 @@
+"""Benchmark of the attention outputs of the fused step (docs/attention.md, issue 14).
+
+Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_attention.py [--json FILE]
+
+Graph mode, as benchmarks/bench_step.py: N copies of one call captured in one CUDA
+graph; time per copy is the replay time (CUDA events, median of R replays) over N.
+
+1. The fused step with every attention output on (flashinfer, varlen, page_table;
+   kv_indices_capacity = the step's own bound, sum over requests of ceil(L_b / B)) against
+   the fused step without them, at 64, 1024 and 4096 decode requests (context 1k-32k,
+   B = 64) and on 256 requests carrying ~16k tokens (mixed lengths), with 1 and 2 caches
+   (one shared table). Bound: on/off <= 1.5.
+2. The big kv_indices case: 4096 requests x 32k context, B = 16 (~8M entries per step):
+   the kv_indices write's achieved bandwidth, (bytes read + bytes written) / (fused with
+   flashinfer - fused without), against a device-to-device copy (cudaMemcpyAsync) of the
+   same byte count timed the same way in the same run. Bound: >= 50% of the copy's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import cupy
+import numpy as np
+
+from kvaddr import StepPlanner
+
+ALL = ("flashinfer", "varlen", "page_table")
+
+
+def graph_time_per_copy(launch, stream, copies, replays):
+    launch()  # warm up outside capture
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(copies):
+        launch()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for _ in range(replays):
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
+    return statistics.median(samples)
+
+
+def make_batch(rng, bsz, per, B, *, mixed=False, ctx=(1024, 32768)):
+    """Decode lengths drawn from ctx; per tokens each (mixed: 1..2*per-1, same mean)."""
+    q = rng.integers(1, 2 * per, size=bsz) if mixed else np.full(bsz, per)
+    q = q.astype(np.int32)
+    dec = (rng.integers(ctx[0], ctx[1], size=bsz) if ctx[0] < ctx[1] else np.full(bsz, ctx[0])).astype(np.int32)
+    L = dec.astype(np.int64) + q
+    width = int(-(-L.max() // B))
+    table = rng.permutation(bsz * width).astype(np.int32).reshape(bsz, width)
+    pages = int((-(-L // B)).sum())
+    return cupy.asarray(dec), cupy.asarray(q), cupy.asarray(table), int(q.sum()), pages
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--copies", type=int, default=200)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows = []
+    with stream:
+        shapes = [
+            ("decode 64", 64, 1, False),
+            ("decode 1024", 1024, 1, False),
+            ("decode 4096", 4096, 1, False),
+            ("256 req, mixed (~16k)", 256, 64, True),
+        ]
+        B = 64
+        for label, bsz, per, mixed in shapes:
+            dec, q, table, total, pages = make_batch(rng, bsz, per, B, mixed=mixed)
+            for G in (1, 2):
+                off = StepPlanner(bsz, total, [B] * G)
+                on = StepPlanner(bsz, total, [B] * G, attention=ALL, kv_indices_capacity=pages)
+                t_off = graph_time_per_copy(
+                    lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+                )
+                t_on = graph_time_per_copy(
+                    lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+                )
+                on.check(stream)
+                rows.append(
+                    dict(shape=label, caches=G, entries=pages, off_us=t_off, on_us=t_on, ratio=t_on / t_off, bound=1.5)
+                )
+
+        # The big kv_indices write: 4096 x 32k, B = 16.
+        bsz, Bb = 4096, 16
+        dec, q, table, total, pages = make_batch(rng, bsz, 1, Bb, ctx=(32767, 32767))
+        off = StepPlanner(bsz, total, [Bb])
+        on = StepPlanner(bsz, total, [Bb], attention=("flashinfer",), kv_indices_capacity=pages)
+        t_off = graph_time_per_copy(lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays)
+        t_on = graph_time_per_copy(lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays)
+        on.check(stream)
+        nbytes = pages * 4
+        src = cupy.arange(pages, dtype=np.int32)
+        dst = cupy.empty_like(src)
+        t_copy = graph_time_per_copy(
+            lambda: dst.data.copy_from_device_async(src.data, nbytes, stream), stream, a.copies, a.replays
+        )
+        moved = 2 * nbytes  # read + write, for both
+        kv_us = max(t_on - t_off, 1e-9)
+        big = dict(
+            shape="4096 x 32k, B = 16",
+            entries=pages,
+            off_us=t_off,
+            on_us=t_on,
+            kv_indices_us=kv_us,
+            kv_indices_gbs=moved / kv_us / 1e3,
+            copy_us=t_copy,
+            copy_gbs=moved / t_copy / 1e3,
+        )
+        big["ratio"] = big["kv_indices_gbs"] / big["copy_gbs"]
+        big["bound"] = 0.5
+
+    dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
+    print(f"{'shape':<24}{'caches':>7}{'entries':>10}{'off us':>10}{'on us':>10}{'on/off':>9}  verdict (<= 1.5)")
+    ok = True
+    for r in rows:
+        good = r["ratio"] <= r["bound"]
+        ok &= good
+        print(
+            f"{r['shape']:<24}{r['caches']:>7}{r['entries']:>10}{r['off_us']:>10.3f}{r['on_us']:>10.3f}"
+            f"{r['ratio']:>9.2f}  {'ok' if good else 'OVER BOUND'}"
+        )
+    good = big["ratio"] >= big["bound"]
+    ok &= good
+    print(
+        f"kv_indices, {big['shape']}: {big['entries']} entries, fused {big['off_us']:.2f} us -> "
+        f"{big['on_us']:.2f} us with flashinfer: {big['kv_indices_us']:.2f} us, {big['kv_indices_gbs']:.0f} GB/s "
+        f"(read + write) vs a device-to-device copy of the same bytes {big['copy_us']:.2f} us, "
+        f"{big['copy_gbs']:.0f} GB/s: {big['ratio']:.0%} ({'ok' if good else 'UNDER BOUND'}, >= 50%)"
+    )
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(device=dev, copies=a.copies, replays=a.replays, graph=rows, kv_indices=big), fh, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A line-by-line Python model of kernels.cu's attention metadata blocks (kv_meta_block).
+
+It reads the launch's ``KvStepParams`` (kernel_loader.StepParams) exactly as the kernel
+does, from host memory the pointers address (the fake device arrays of
+tests/unit/test_planner_attention.py are NumPy buffers), and writes the metadata there.
+So the planner's sizing (num_meta, meta_per_cache, meta_entries, attn_stride, the
+pointers and the error-record slots) and the kernel's algorithm (tiles carried from one
+to the next, per-block request and entry ranges, the early stop, the pad, the error keys)
+are checked against the NumPy reference on the CPU. Tile size is a parameter so that
+small batches run the multi-tile path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from kvaddr.errors import error_key
+
+IMAX = 2**31 - 1
+FLASHINFER, VARLEN, PAGE_TABLE = 1, 2, 4
+
+
+def _sat(a, b):
+    return min(a + b, IMAX)
+
+
+def _pages(L, B):
+    return -(-L // B)
+
+
+def _view(ptr, count, dtype=np.int32):
+    """A NumPy view of ``count`` elements at host address ``ptr``."""
+    if count == 0:
+        return np.zeros(0, dtype)
+    buf = (ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(ptr)
+    return np.frombuffer(buf, dtype=dtype)
+
+
+def run_meta_blocks(P, tile: int = 4096) -> list:
+    """Run every metadata block of a launch with parameters ``P``; returns the
+    (slot, mask, key) error record of each block (the smallest key of the block)."""
+    bsz, flags = P.bsz, P.attention
+    dec = _view(P.seq_lens_decoder, bsz)
+    q = _view(P.seq_lens_this_time, bsz)
+    fi = bool(flags & FLASHINFER)
+    N = P.kv_indices_capacity
+    G = P.num_caches
+    num_chunks = -(-P.capacity // 256)
+    records = []
+    for m in range(P.num_meta):
+        g, k = divmod(m, P.meta_per_cache)
+        B, W, stride = P.block_size[g], P.max_blocks[g], P.table_stride[g]
+        rows = bool(flags & (FLASHINFER | PAGE_TABLE)) and G > 0
+        varlen = bool(flags & VARLEN) and g == 0
+        table = _view(P.block_tables[g], (bsz - 1) * stride + W if bsz and rows else 0)
+        indptr = _view(P.kv_indptr + 4 * g * P.attn_stride, bsz + 1) if fi else None
+        last = _view(P.kv_last_page_len + 4 * g * P.attn_stride, bsz) if fi else None
+        idx = _view(P.kv_indices + 4 * g * N, N) if fi else None
+        cuk = _view(P.cu_seqlens_k, bsz + 1) if varlen else None
+        rq = -(-(bsz + 1) // P.meta_per_cache)
+        r_lo, r_hi = k * rq, min(k * rq + rq, bsz + 1)
+        e_lo = min(k * P.meta_entries, N) if fi else 0
+        e_hi = min(e_lo + P.meta_entries, N) if fi else 0
+        keys, mask = [], 0
+        cq = cl = cp = 0
+        mq = ml = 0
+        base = 0
+        while base < bsz:
+            count = min(tile, bsz - base)
+            sq, spg = [], []
+            for i in range(count):
+                d, n = int(dec[base + i]), int(q[base + i])
+                bad = d < 0 or n < 0
+                nn, L = (0, 0) if bad else (n, _sat(d, n))
+                sq.append(nn)
+                spg.append(L)
+                mq, ml = max(mq, nn), max(ml, L)
+            rq_, rl, rp = cq, cl, cp
+            tq = tl = tp = 0
+            for i in range(count):
+                b, nn, L = base + i, sq[i], spg[i]
+                P_ = _pages(L, B)
+                nxt = _sat(rp, P_)
+                if r_lo <= b < r_hi:
+                    if fi:
+                        indptr[b] = rp
+                        last[b] = (L - 1) % B + 1 if L > 0 else 0
+                        if rp <= N < nxt:
+                            mask |= 16
+                            keys.append(error_key(rq_, b, g, 16))
+                    if rows and P_ > W:
+                        mask |= 1
+                        keys.append(error_key(rq_, b, g, 1))
+                    if varlen:
+                        cuk[b] = rl
+                sq[i], spg[i] = rq_, rp
+                rq_, rl, rp = _sat(rq_, nn), _sat(rl, L), nxt
+                tq, tl, tp = _sat(tq, nn), _sat(tl, L), _sat(tp, P_)
+            t0 = cp
+            cq, cl, cp = _sat(cq, tq), _sat(cl, tl), _sat(cp, tp)
+            spg.append(cp)
+            if fi:
+                kk = 0
+                for e in range(max(e_lo, t0), min(e_hi, cp)):
+                    if spg[kk + 1] <= e:
+                        lo, hi = kk + 1, count
+                        while hi - lo > 1:
+                            mid = (lo + hi) // 2
+                            lo, hi = (mid, hi) if spg[mid] <= e else (lo, mid)
+                        kk = lo
+                    col = e - spg[kk]
+                    v = -1
+                    if col < W:
+                        v = int(table[(base + kk) * stride + col])
+                        if v < 0:
+                            mask |= 2
+                            keys.append(error_key(sq[kk], base + kk, g, 2))
+                    idx[e] = v if v >= 0 else -1
+            if not (bool(flags & VARLEN) and m == 0) and r_hi <= base + count and cp >= e_hi:
+                break
+            base += tile
+        if r_lo <= bsz < r_hi:
+            if fi:
+                indptr[bsz] = cp
+            if varlen:
+                cuk[bsz] = cl
+        if fi:
+            idx[max(e_lo, cp) : e_hi] = -1
+        if varlen and m == 0:
+            mx = _view(P.max_seqlen, 2)
+            mx[0], mx[1] = mq, ml
+        records.append((num_chunks + P.max_tiles + m, mask, min(keys) if keys else (1 << 64) - 1))
+    return records
