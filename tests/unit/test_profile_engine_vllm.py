@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +21,7 @@ from kvaddr.measure.vllm_workload import DEFAULT_SHAPES
 from kvaddr.measure.workload import DEFAULT_CONTEXT
 from tests.support import vllm_emulator
 
+ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = environment.CudaProbe(False, 0, "CuPy is not importable (test)")
 needs_cxx = pytest.mark.skipif(vllm_emulator.CXX is None, reason="no C++ compiler: kernel emulation skipped")
 #: A small vLLM run on the emulated GPU: two shapes, two groups, dummies.
@@ -310,6 +312,13 @@ def test_json_to_stdout_is_one_vllm_report(emulated_gpu):
     assert doc["shapes"][0]["input_sets"][0]["dummies"] == 4
     assert isinstance(doc["wall_s"], float)
     assert "both match the reference" in r.stderr and "done in" in r.stderr
+    # docs/json-schema.md documents every field of the report
+    schema = (ROOT / "docs" / "json-schema.md").read_text(encoding="utf-8")
+    schema = schema[schema.index("# The vLLM engine report") :]
+    keys = set(doc) | set(doc["options"]) | set(doc["settings"]) | set(doc["workload"]) | set(doc["shapes"][0])
+    keys |= set(doc["shapes"][0]["savings"][0]) | set(doc["shapes"][0]["input_sets"][0])
+    missing = sorted(k for k in keys - {"schema_version", "created_utc", "environment"} if f"`{k}`" not in schema)
+    assert not missing, missing
 
 
 @needs_cxx
