@@ -19,6 +19,12 @@ affects the run) and :func:`run`, which returns the report document
 (docs/json-schema.md). ``kvaddr profile``, ``sweep`` and ``check`` all call
 :func:`run`; ``check`` builds its config with :meth:`ProfileConfig.from_recorded`
 from the options a report recorded.
+
+``ProfileConfig(engine="vllm", ...)`` profiles the vLLM engine step instead:
+:func:`run` hands it to :func:`kvaddr.measure.vllm_profile.run_vllm_profile`
+(the one-launch step against the three launches, checked then timed per
+shape, GPU only) and returns the ``kvaddr.profile.vllm`` report, with the
+same options, settings, progress and envelope conventions.
 """
 
 from __future__ import annotations
