@@ -33,11 +33,13 @@ from kvaddr.commands.common import (
     layers_option,
     mode_option,
     out_console,
+    parse_int,
     profile_option,
     write_json,
 )
 from kvaddr.errors import ProfileConfigError
-from kvaddr.measure.profile_run import ProfileConfig, Progress
+from kvaddr.measure.profile_run import ENGINE_ONLY, ENGINES, VLLM_DEFAULT_CONTEXT, ProfileConfig, Progress
+from kvaddr.measure.vllm_workload import DEFAULT_SHAPES, parse_shape
 from kvaddr.measure.workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS
 
 PROFILE_HELP = f"""Replay decode batches and report what each addressing strategy costs per step.
@@ -70,11 +72,33 @@ sample count; the floor row is one empty launch per step in the same mode.
 A difference whose interquartile ranges overlap the per-layer baseline's is
 reported as "within noise", never as a saving.
 
+--engine vllm profiles vLLM's step instead, on a GPU only (on the CPU it
+exits 3): kvaddr's one-launch step (kvaddr.engines.vllm) against a faithful
+reimplementation of vLLM Model Runner V2's three launches (positions and
+seq_lens; the block-table gather; the slot mappings). Both are checked
+against the NumPy reference first, then timed in the same modes; the table
+gives the saving per step. Shapes: --batch N is decode:N (N requests of one
+token); --shape adds decode:N or mixed:N:T (N requests carrying about T
+tokens, a sixteenth of them prefill chunks); by default decode:64,
+decode:1024, decode:4096 and mixed:256:16384. Only with --engine vllm:
+--groups (a block size per KV-cache group), --dcp, --dummy-fraction,
+--sliding-window. Only with the core engine: --spec-tokens, --prefill,
+--block-size, --layers, --caches, --model, --step-ms, --save, --profile.
+Either kind given with the other engine exits 2. --json writes the
+kvaddr.profile.vllm report (docs/json-schema.md).
+
 {EXIT_CODES_HELP}"""
 
 
 #: ``kvaddr profile``'s option of each ProfileConfig field whose flag is not ``--`` + the name with ``-``.
-FLAGS = {"batches": "--batch", "block_sizes": "--block-size", "json_path": "--json", "save_path": "--save"}
+FLAGS = {
+    "batches": "--batch",
+    "shapes": "--shape",
+    "block_sizes": "--block-size",
+    "json_path": "--json",
+    "save_path": "--save",
+    "workload_profile": "--profile",
+}
 
 
 def flag(name: str) -> str:
@@ -92,8 +116,96 @@ def validated(config: ProfileConfig) -> ProfileConfig:
     try:
         config.validate()
     except ProfileConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint=option_hint(exc.fields) or None) from None
+        fields = exc.fields
+        if config.engine == "vllm" and "shapes" in fields:  # the shapes come from --batch and --shape
+            fields = tuple(f for name in fields for f in (("batches", "shapes") if name == "shapes" else (name,)))
+        raise click.BadParameter(str(exc), param_hint=option_hint(fields) or None) from None
     return config
+
+
+class ShapeList(click.ParamType):
+    """``--shape``: a vLLM batch shape, ``decode:N`` or ``mixed:N:T`` (or a comma list of them)."""
+
+    name = "decode:N|mixed:N:T"
+
+    def get_metavar(self, param, ctx=None):
+        return self.name
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return tuple(parse_shape(part).name for part in str(value).split(","))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DcpSpec(click.ParamType):
+    """``--dcp SIZE[:RANK[:INTERLEAVE]]``: decode context parallelism (RANK 0 and INTERLEAVE 1 unless given)."""
+
+    name = "SIZE[:RANK[:INTERLEAVE]]"
+
+    def get_metavar(self, param, ctx=None):
+        return self.name
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).split(":")
+        if len(parts) > 3:
+            self.fail(f"expected SIZE[:RANK[:INTERLEAVE]], got {value!r}", param, ctx)
+        try:
+            size = parse_int(parts[0], "SIZE", 1, 1024)
+            rank = parse_int(parts[1], "RANK", 0, size - 1) if len(parts) > 1 else 0
+            interleave = parse_int(parts[2], "INTERLEAVE", 1, 1 << 20) if len(parts) > 2 else 1
+        except ValueError as exc:
+            self.fail(f"{exc} (expected SIZE[:RANK[:INTERLEAVE]])", param, ctx)
+        return size, rank, interleave
+
+
+#: Why an option of the core engine does not apply with ``--engine vllm``, where a word helps.
+VLLM_INSTEAD = {
+    "block_sizes": "--groups gives each vLLM KV-cache group's block size",
+    "prefill": "--shape mixed:N:T mixes prefill chunks into a batch",
+    "save_path": "a vLLM engine report is no baseline for kvaddr compare / check; write it with --json PATH",
+}
+
+
+def engine_settings(ctx, options: dict) -> dict:
+    """``options`` of ``kvaddr profile`` (or ``sweep``) as ProfileConfig settings for their engine.
+
+    An option given on the command line that applies to the other engine only
+    (:data:`~kvaddr.measure.profile_run.ENGINE_ONLY`) is a usage error naming
+    it. With ``--engine vllm``, ``--batch N`` becomes the shape ``decode:N``
+    (before the ``--shape`` ones; duplicates dropped).
+    """
+    from click.core import ParameterSource
+
+    options = dict(options)
+    engine = options.get("engine", "core")
+    # given on the command line; a --profile file's values count as --profile (refused with --engine vllm)
+    given = [
+        n
+        for n in ctx.params
+        if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    ]
+    other = [e for e in ENGINES if e != engine]
+    off = [n for e in other for n in ENGINE_ONLY[e] if n in given and not (engine == "vllm" and n == "batches")]
+    if off:
+        whose = " / ".join(f"--engine {e}" for e in other)
+        why = [VLLM_INSTEAD[n] for n in off if engine == "vllm" and n in VLLM_INSTEAD]
+        raise click.BadParameter(
+            f"{'applies' if len(off) == 1 else 'apply'} to {whose} only, not --engine {engine}"
+            + "".join(f"; {w}" for w in why),
+            param_hint=option_hint(off),
+        )
+    shapes = tuple(s for group in options.get("shapes") or () for s in group)
+    if engine == "vllm":
+        if "batches" in given:
+            shapes = tuple(f"decode:{b}" for b in options["batches"]) + shapes
+        options["batches"] = ProfileConfig.batches  # --batch became decode shapes
+    options["shapes"] = tuple(dict.fromkeys(shapes))
+    return options
 
 
 class ConsoleProgress(Progress):
@@ -147,6 +259,7 @@ def profile_and_report(config: ProfileConfig, *, stdout_json: bool, tables: bool
     """
     from kvaddr.measure.profile_run import run
     from kvaddr.measure.report import render_report
+    from kvaddr.measure.vllm_profile import VLLM_KIND, render_vllm_report
 
     err = err_console()
     doc = run(config, ConsoleProgress(err, show_bar=err.is_terminal and not stdout_json))
@@ -154,7 +267,7 @@ def profile_and_report(config: ProfileConfig, *, stdout_json: bool, tables: bool
         click.echo(json.dumps(doc, indent=2))
     else:
         if tables:
-            render_report(out_console(), doc)
+            (render_vllm_report if doc["kind"] == VLLM_KIND else render_report)(out_console(), doc)
         if config.json_path is not None:
             write_json(doc, config.json_path, "profile")
     if config.save_path is not None:
@@ -191,10 +304,17 @@ def attention_groups(ctx, param, value):
     "profile",
     help=PROFILE_HELP,
     epilog=examples(
-        "kvaddr profile --batch 64",
         "kvaddr profile --batch 1,8,64,256 --spec-tokens 1 --step-ms 12",
         "kvaddr profile --model glm-5 --prefill 2:512 --json report.json --save base.json",
+        "kvaddr profile --engine vllm --batch 64,1024 --shape mixed:256:16384 --groups 16,64",
     ),
+)
+@click.option(
+    "--engine",
+    type=click.Choice(list(ENGINES)),
+    default="core",
+    show_default=True,
+    help="core: kvaddr's step strategies; vllm: the one-launch vLLM step against vLLM's three launches (GPU only).",
 )
 @click.option(
     "--batch",
@@ -202,14 +322,23 @@ def attention_groups(ctx, param, value):
     type=IntList(1, 1 << 20, "batch size"),
     default="64",
     show_default=True,
-    help="Requests per step: one size or a comma list (e.g. 1,8,64,256).",
+    help="Requests per step: one size or a comma list (e.g. 1,8,64,256). With --engine vllm: the shapes decode:N.",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    type=ShapeList(),
+    multiple=True,
+    help="[--engine vllm] A batch shape: decode:N (N one-token requests) or mixed:N:T (N requests, about T "
+    "tokens); repeatable. [default: " + " ".join(DEFAULT_SHAPES) + ", unless --batch is given]",
 )
 @click.option(
     "--context",
     type=IntRangeSpec(),
-    default=f"{DEFAULT_CONTEXT[0]}:{DEFAULT_CONTEXT[1]}",
-    show_default=True,
-    help="Context of decode requests (tokens already in the KV cache): N, or LO:HI drawn log-uniformly.",
+    default=None,
+    help="Tokens already in the KV cache of each decode request, drawn log-uniformly from LO:HI (or N). "
+    f"[default: {DEFAULT_CONTEXT[0]}:{DEFAULT_CONTEXT[1]}; --engine vllm: "
+    f"{VLLM_DEFAULT_CONTEXT[0]}:{VLLM_DEFAULT_CONTEXT[1]}]",
 )
 @click.option(
     "--spec-tokens",
@@ -225,6 +354,13 @@ def attention_groups(ctx, param, value):
     help="N of the batch's requests are chunked-prefill requests of LEN tokens.",
 )
 @block_size_option()
+@click.option(
+    "--groups",
+    type=IntList(1, 1 << 20, "block size"),
+    default="16",
+    show_default=True,
+    help="[--engine vllm] KV-cache groups: the block size of each (1 to 4 groups, e.g. 16,64).",
+)
 @layers_option()
 @caches_option()
 @click.option(
@@ -233,6 +369,29 @@ def attention_groups(ctx, param, value):
     default=DEFAULT_MODEL,
     show_default=True,
     help="Model preset (layers, caches, block size).",
+)
+@click.option(
+    "--dcp",
+    type=DcpSpec(),
+    default="1",
+    show_default=True,
+    help="[--engine vllm] Decode context parallelism: SIZE ranks, this RANK, INTERLEAVE tokens per run "
+    "(dividing the first group's block size); the first group is sharded. 1: off.",
+)
+@click.option(
+    "--dummy-fraction",
+    type=FloatBounds(0, 8),
+    default=0.0,
+    show_default=True,
+    callback=finite,
+    help="[--engine vllm] Dummy (CUDA-graph padding) requests added per real request.",
+)
+@click.option(
+    "--sliding-window",
+    type=IntBounds(0, 1 << 31),  # the setting's own bound (MAX_CONTEXT) is checked by ProfileConfig
+    default=0,
+    show_default=True,
+    help="[--engine vllm] Sliding-window reach R of the last group (two or more groups). 0: none.",
 )
 @mode_option()
 @click.option(
@@ -271,7 +430,7 @@ def attention_groups(ctx, param, value):
     type=IntBounds(1, 64),
     default=4,
     show_default=True,
-    help="Distinct batches per batch size, rotated while timing.",
+    help="Distinct batches per batch size (--engine vllm: per shape), rotated while timing.",
 )
 @click.option(
     "--attention",
@@ -295,7 +454,9 @@ def attention_groups(ctx, param, value):
 @guarded("profile")
 def profile(ctx, **options):
     started = time.perf_counter()
-    config = validated(ProfileConfig(**options, option_order=tuple(ctx.params)))
+    options = engine_settings(ctx, options)
+    order = tuple("shapes" if n == "batches" and options["engine"] == "vllm" else n for n in ctx.params)
+    config = validated(ProfileConfig(**options, option_order=order))
     check_output_path(config.json_path, "--json")
     check_save_path(config.save_path)
     profile_and_report(config, stdout_json=config.json_path == "-")

@@ -48,7 +48,7 @@ from kvaddr.commands.common import (
 )
 from kvaddr.constants import MAX_CACHES
 from kvaddr.errors import BaselineError
-from kvaddr.measure.profile_run import ProfileConfig
+from kvaddr.measure.profile_run import ENGINE_ONLY, ProfileConfig
 from kvaddr.measure.workload import DEFAULT_MODEL, PRESETS
 
 #: Batch sizes a sweep profiles unless told otherwise.
@@ -421,7 +421,8 @@ _PLOT_EXTENSIONS = ", ".join("." + e for e in PLOT_FORMATS)
 SWEEP_HELP = f"""Profile a list of batch sizes and chart what each strategy saves per step.
 
 Runs `kvaddr profile` over --batch (default {SWEEP_BATCHES}; every option of
-`kvaddr profile` applies, --profile included), printing its tables, then a
+`kvaddr profile` applies, --profile included, but --engine and the vLLM
+engine's options: a sweep profiles the core engine), printing its tables, then a
 terminal chart of the time saved per step against the per-layer baseline
 (difference of medians), against batch size, one bar per strategy: eager
 mode (host wall time) and graph mode (GPU time). --plot also draws it as an
@@ -439,8 +440,9 @@ file that cannot be written, or a --plot name without a known extension,
 exits 2 naming the option.
 """
 
-#: Options of `kvaddr profile` that sweep does not take (it has its own --json).
-_NOT_SHARED = ("json_path",)
+#: Options of `kvaddr profile` that sweep does not take: it has its own --json, and it sweeps the core
+#: engine's batch sizes (not --engine vllm's shapes).
+_NOT_SHARED = ("json_path", "engine", *ENGINE_ONLY["vllm"])
 
 
 def _sweep_params(profile_command) -> list:

@@ -19,6 +19,12 @@ affects the run) and :func:`run`, which returns the report document
 (docs/json-schema.md). ``kvaddr profile``, ``sweep`` and ``check`` all call
 :func:`run`; ``check`` builds its config with :meth:`ProfileConfig.from_recorded`
 from the options a report recorded.
+
+``ProfileConfig(engine="vllm", ...)`` profiles the vLLM engine step instead:
+:func:`run` hands it to :func:`kvaddr.measure.vllm_profile.run_vllm_profile`
+(the one-launch step against the three launches, checked then timed per
+shape, GPU only) and returns the ``kvaddr.profile.vllm`` report, with the
+same options, settings, progress and envelope conventions.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ from kvaddr.constants import (
     MODES,
     STRATEGY_NAMES,
 )
+from kvaddr.engines.vllm_config import VLLM_MAX_GROUPS
 from kvaddr.errors import EnvironmentProblem, ProfileConfigError
 from kvaddr.measure.correctness import CheckFailed, compare_outputs, poison
 from kvaddr.measure.timing import FLOOR, Budget, Measurement, measure_cpu, measurement_stream
+from kvaddr.measure.vllm_workload import DEFAULT_SHAPES as VLLM_DEFAULT_SHAPES
+from kvaddr.measure.vllm_workload import VllmWorkload, parse_shape
 from kvaddr.measure.workload import DEFAULT_CONTEXT, DEFAULT_MODEL, PRESETS, Batch, Workload, make_input_sets
 from kvaddr.reference import step_addressing
 from kvaddr.strategies.names import not_run_reason
@@ -522,26 +531,60 @@ def run_profile(
 #: Launch-mode settings: ``both`` (or None: the default) runs every mode the device has.
 MODE_CHOICES = ("eager", "graph", "both")
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
+#: What a run profiles: ``core``, kvaddr's step strategies (the ``kvaddr.profile`` report); ``vllm``, the
+#: one-launch vLLM step against vLLM's three-launch design (the ``kvaddr.profile.vllm`` report,
+#: :mod:`kvaddr.measure.vllm_profile`; GPU only).
+ENGINES = ("core", "vllm")
+#: Context (``num_computed_tokens``) range of the vLLM engine's requests unless ``context`` is given.
+VLLM_DEFAULT_CONTEXT = tuple(VllmWorkload().context)
+#: Settings of one engine only; with the other engine they must keep their defaults (any other setting
+#: applies to both). ``batches`` is the core engine's: ``kvaddr profile --engine vllm --batch N`` profiles
+#: the shape ``decode:N`` (the command turns it into ``shapes``).
+ENGINE_ONLY = {
+    "core": (
+        "batches",
+        "spec_tokens",
+        "prefill",
+        "block_sizes",
+        "layers",
+        "caches",
+        "model",
+        "step_ms",
+        "save_path",
+        "workload_profile",
+        "attention",
+        "kv_indices_capacity",
+    ),
+    "vllm": ("shapes", "groups", "dcp", "dummy_fraction", "sliding_window"),
+}
 
 #: ``kind, lo, hi`` of each setting, checked by :meth:`ProfileConfig.validate` (and when read back from a
 #: report by :meth:`ProfileConfig.from_recorded`). Kinds: ``ints`` (a non-empty list of int), ``range`` (``[lo,
-#: hi]`` with lo <= hi), ``prefill`` (``[N, LEN]``), ``int``, ``float``, ``choice`` (lo is the choices).
+#: hi]`` with lo <= hi), ``prefill`` (``[N, LEN]``), ``int``, ``float``, ``choice`` (lo is the choices),
+#: ``shapes`` (a list of vLLM batch shapes, :func:`~kvaddr.measure.vllm_workload.parse_shape`), ``dcp``
+#: (``[SIZE, RANK, INTERLEAVE]``).
 SETTING_RULES = {
+    "engine": ("choice", ENGINES, None),
     "batches": ("ints", 1, 1 << 20),
+    "shapes": ("shapes", None, None),
     "context": ("range", 0, MAX_CONTEXT),
     "spec_tokens": ("int", 0, 64),
     "prefill": ("prefill", None, None),
     "block_sizes": ("ints", 1, 1 << 20),
+    "groups": ("ints", 1, 1 << 20),
     "layers": ("int", 1, 4096),
     "caches": ("int", 1, MAX_CACHES),
     "model": ("choice", tuple(sorted(PRESETS)), None),
+    "dcp": ("dcp", None, None),
+    "dummy_fraction": ("float", 0.0, 8.0),
+    "sliding_window": ("int", 0, MAX_CONTEXT),
     "mode": ("choice", MODE_CHOICES, None),
     "step_ms": ("float", 0.0, math.inf),
     "device": ("choice", DEVICE_CHOICES, None),
     "seed": ("int", 0, 2**63 - 1),
     "budget": ("float", 0.0, 600.0),
     "input_sets": ("int", 1, 64),
-    "attention": ("groups", None, None),
+    "attention": ("attention_groups", None, None),
     "kv_indices_capacity": ("int", 1, INT32_MAX),
 }
 
@@ -576,11 +619,29 @@ def _checked_setting(name: str, value):
         if kind == "prefill" and not (0 <= a <= 1 << 20 and 1 <= b <= MAX_TOKENS_PER_STEP):
             raise bad(f"must be [N, LEN] with 0 <= N <= {1 << 20} and 1 <= LEN <= {MAX_TOKENS_PER_STEP}")
         return a, b
-    if kind == "groups":
+    if kind == "attention_groups":
         try:
             return normalize_attention(value)
         except (TypeError, ValueError):
             raise bad("must name attention outputs among flashinfer, varlen, page_table") from None
+    if kind == "shapes":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise bad("must be a list of shapes (decode:N, mixed:N:T)")
+        try:
+            return tuple(parse_shape(v).name for v in value)
+        except ValueError as exc:
+            raise ProfileConfigError(str(exc), fields=(name,)) from None
+    if kind == "dcp":
+        if not isinstance(value, (list, tuple)) or len(value) != 3 or not all(_is_int(v) for v in value):
+            raise bad("must be [SIZE, RANK, INTERLEAVE], three integers")
+        size, rank, interleave = (int(v) for v in value)
+        if not 1 <= size <= 1024:
+            raise bad("must have SIZE (ranks) in [1, 1024]")
+        if not 0 <= rank < size:
+            raise bad(f"must have RANK in [0, SIZE - 1] = [0, {size - 1}]")
+        if not 1 <= interleave <= 1 << 20:
+            raise bad(f"must have INTERLEAVE in [1, {1 << 20}]")
+        return size, rank, interleave
     if kind == "int":
         if not _is_int(value) or not lo <= value <= hi:
             raise bad(f"must be an integer in [{lo}, {hi}]")
@@ -601,35 +662,57 @@ class ProfileConfig:
     """Every setting of a profile run (the options of ``kvaddr profile`` that affect it).
 
     The defaults are the command's. ``None`` means "the model's" for
-    ``block_sizes``, ``layers`` and ``caches``, and "every mode the device
-    has" for ``mode``.
+    ``block_sizes``, ``layers`` and ``caches``, "every mode the device has"
+    for ``mode``, and "the engine's" for ``context``.
 
     Attributes
     ----------
+    engine : {"core", "vllm"}
+        ``core``: kvaddr's step strategies, per batch size (``kvaddr.profile``
+        report). ``vllm``: the one-launch vLLM step against vLLM's three-launch
+        design, per shape (``kvaddr.profile.vllm`` report; GPU only). Settings
+        of one engine only (:data:`ENGINE_ONLY`) must keep their defaults with
+        the other.
     batches : tuple of int
-        Batch sizes (requests per step), each profiled in turn.
-    context : (int, int)
-        Context of decode requests, drawn log-uniformly from ``[lo, hi]``.
+        [core] Batch sizes (requests per step), each profiled in turn.
+    shapes : tuple of str
+        [vllm] Batch shapes, ``decode:N`` or ``mixed:N:T`` (canonical names);
+        empty: :data:`~kvaddr.measure.vllm_workload.DEFAULT_SHAPES` (filled in
+        at construction).
+    context : (int, int) or None
+        Context of decode requests (vllm: ``num_computed_tokens`` of every
+        request), drawn log-uniformly from ``[lo, hi]``; None: the engine's
+        (core :data:`~kvaddr.measure.workload.DEFAULT_CONTEXT`, vllm
+        :data:`VLLM_DEFAULT_CONTEXT`; filled in at construction).
     spec_tokens : int
-        Speculative tokens per decode request (each runs ``1 + K``).
+        [core] Speculative tokens per decode request (each runs ``1 + K``).
     prefill : (int, int) or None
-        ``(N, LEN)``: N of each batch's requests are chunked-prefill requests of LEN tokens.
+        [core] ``(N, LEN)``: N of each batch's requests are chunked-prefill requests of LEN tokens.
     block_sizes : tuple of int or None
-        One B for every cache, or one per cache.
+        [core] One B for every cache, or one per cache.
+    groups : tuple of int
+        [vllm] Block size of each KV-cache group (1 to 4 groups).
     layers, caches : int or None
-        Transformer layers; paged caches per layer.
+        [core] Transformer layers; paged caches per layer.
     model : str
-        Model preset (:data:`kvaddr.measure.workload.PRESETS`).
+        [core] Model preset (:data:`kvaddr.measure.workload.PRESETS`).
+    dcp : (int, int, int)
+        [vllm] Decode context parallelism ``(size, rank, interleave)``; the first
+        group is sharded. ``(1, 0, 1)``: off.
+    dummy_fraction : float
+        [vllm] Dummy (CUDA-graph padding) requests added per real request.
+    sliding_window : int
+        [vllm] Sliding-window reach of the last group (needs 2+ groups; 0: none).
     mode : {"eager", "graph", "both"} or None
         GPU launch mode(s); the CPU path has eager only.
     step_ms : float or None
-        Also express each saving as a share of a step of this many ms.
+        [core] Also express each saving as a share of a step of this many ms.
     device : {"auto", "cuda", "cpu"}
     seed : int
     budget : float
         Seconds of sampling per strategy and mode.
     input_sets : int
-        Distinct batches per batch size, rotated while timing.
+        Distinct batches per batch size (shape), rotated while timing.
     attention : tuple of str
         Attention outputs every strategy also produces (docs/attention.md): any of
         ``flashinfer``, ``varlen``, ``page_table``; the fused step writes them in its
@@ -638,24 +721,32 @@ class ProfileConfig:
         N for ``flashinfer``; None: the workload's bound (:func:`kv_indices_bound`).
     json_path, save_path, workload_profile : str or None
         Recorded in the report's ``options`` only (:data:`RECORDED_ONLY`); :func:`run` writes nothing.
+        ``save_path`` and ``workload_profile`` are core settings.
     option_order : tuple of str
         Settings to list first, in this order, in the report's ``options``
         (the order they were given on the command line); not a setting.
 
     Adding a setting: add a field here (with the command's default), a rule
-    to :data:`SETTING_RULES`, use it in :func:`run` (or :meth:`workload`), and
+    to :data:`SETTING_RULES` (and to :data:`ENGINE_ONLY` when it applies to
+    one engine only), use it in :func:`run` (or :meth:`workload`), and
     add the click option (same name) to ``kvaddr profile``; it is then
     recorded in every report and replayed by ``kvaddr check``.
     """
 
+    engine: str = "core"
     batches: tuple = (64,)
-    context: tuple = DEFAULT_CONTEXT
+    shapes: tuple = ()
+    context: tuple | None = None
     spec_tokens: int = 0
     prefill: tuple | None = None
     block_sizes: tuple | None = None
+    groups: tuple = (16,)
     layers: int | None = None
     caches: int | None = None
     model: str = DEFAULT_MODEL
+    dcp: tuple = (1, 0, 1)
+    dummy_fraction: float = 0.0
+    sliding_window: int = 0
     mode: str | None = None
     step_ms: float | None = None
     json_path: str | None = None
@@ -668,6 +759,13 @@ class ProfileConfig:
     kv_indices_capacity: int | None = None
     workload_profile: str | None = None
     option_order: tuple = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self):
+        # the engine's defaults for the settings whose default depends on it
+        if self.context is None:
+            object.__setattr__(self, "context", VLLM_DEFAULT_CONTEXT if self.engine == "vllm" else DEFAULT_CONTEXT)
+        if self.engine == "vllm" and not self.shapes:
+            object.__setattr__(self, "shapes", VLLM_DEFAULT_SHAPES)
 
     @classmethod
     def field_names(cls) -> tuple:
@@ -701,14 +799,21 @@ class ProfileConfig:
         return config
 
     @classmethod
+    def settings_of(cls, engine: str) -> tuple:
+        """The settings that apply to ``engine`` (the others' only ones left out), in report order."""
+        other = [n for e, names in ENGINE_ONLY.items() if e != engine for n in names]
+        return tuple(n for n in cls.field_names() if n not in other)
+
+    @classmethod
     def unknown_options(cls, options: dict) -> list:
         """Names in recorded ``options`` that are no setting of this kvaddr."""
         names = set(cls.field_names())
         return [k for k in (options or {}) if k not in names]
 
     def recorded_options(self) -> dict:
-        """The report's ``options`` object: every setting, lists for tuples (:attr:`option_order` first)."""
-        names = self.field_names()
+        """The report's ``options`` object: every setting of this run's engine (:meth:`settings_of`), lists
+        for tuples (:attr:`option_order` first)."""
+        names = self.settings_of(self.engine)
         order = [n for n in dict.fromkeys(self.option_order) if n in names]
         order += [n for n in names if n not in order]
         return {k: (list(v) if isinstance(v, tuple) else v) for k in order for v in [getattr(self, k)]}
@@ -746,8 +851,22 @@ class ProfileConfig:
         """
         for name in SETTING_RULES:
             value = getattr(self, name)
-            if value is not None or name in ("batches", "context", "model", "device"):
+            if value is not None or name in ("engine", "batches", "context", "model", "device"):
                 _checked_setting(name, value)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for engine, names in ENGINE_ONLY.items():
+            if engine == self.engine:
+                continue
+            off = [n for n in names if _canonical(n, getattr(self, n)) != _canonical(n, defaults[n])]
+            if off:
+                raise ProfileConfigError(
+                    f"{', '.join(off)} {'applies' if len(off) == 1 else 'apply'} to the {engine} engine only "
+                    f"(this run's engine is {self.engine})",
+                    fields=tuple(off),
+                )
+        if self.engine == "vllm":
+            self._validate_vllm()
+            return
         batches, num_caches = self.batches, self.num_caches()
         sizes = self.block_sizes if self.block_sizes else (PRESETS[self.model].block_size,)
         if self.prefill is not None:
@@ -786,6 +905,75 @@ class ProfileConfig:
                         fields=("context", "block_sizes"),
                     )
 
+    def vllm_options(self):
+        """The vLLM engine profile's options (:class:`~kvaddr.measure.vllm_profile.VllmProfileOptions`)."""
+        from kvaddr.measure.vllm_profile import VllmProfileOptions
+
+        size, rank, interleave = self.dcp
+        return VllmProfileOptions(
+            shapes=tuple(self.shapes),
+            block_sizes=tuple(self.groups),
+            cp_size=size,
+            cp_rank=rank,
+            cp_interleave=interleave,
+            dummy_fraction=float(self.dummy_fraction),
+            context=tuple(self.context),
+            sliding_window_reach=self.sliding_window,
+            input_sets=self.input_sets,
+            seed=self.seed,
+        )
+
+    def _validate_vllm(self) -> None:
+        groups = self.groups
+        if not 1 <= len(groups) <= VLLM_MAX_GROUPS:
+            raise ProfileConfigError(
+                f"groups must name 1 to {VLLM_MAX_GROUPS} KV-cache groups (one block size each), got {len(groups)}",
+                fields=("groups",),
+            )
+        size, _, interleave = self.dcp
+        if size > 1 and groups[0] % interleave:
+            raise ProfileConfigError(
+                f"dcp INTERLEAVE must divide the block size of the first group (the DCP-sharded one), "
+                f"got INTERLEAVE {interleave} and B {groups[0]}",
+                fields=("dcp",),
+            )
+        if self.sliding_window and len(groups) < 2:
+            raise ProfileConfigError(
+                "sliding_window applies to the last of two or more groups; give two or more groups",
+                fields=("sliding_window",),
+            )
+        hi = self.context[1]
+        for text in self.shapes:
+            shape = parse_shape(text)
+            if shape.num_tokens > MAX_TOKENS_PER_STEP:
+                raise ProfileConfigError(
+                    f"shape {shape.name} carries {shape.num_tokens} tokens per step, more than the "
+                    f"{MAX_TOKENS_PER_STEP} kvaddr profile allows",
+                    fields=("shapes",),
+                )
+            rows = 2 * max(8, -(-(shape.num_reqs + int(self.dummy_fraction * shape.num_reqs)) // 8) * 8)
+            longest = hi + (1 if shape.kind == "decode" else shape.num_tokens)
+            for g, B in enumerate(groups):
+                span = B * (size if g == 0 and size > 1 else 1)
+                entries = rows * -(-longest // span)
+                if entries > MAX_TABLE_ENTRIES:
+                    raise ProfileConfigError(
+                        f"the block table of shape {shape.name} ({rows} rows x {-(-longest // span)} blocks, "
+                        f"B = {B}, longest sequence up to {longest} tokens) exceeds {MAX_TABLE_ENTRIES} entries; "
+                        f"lower the context or raise the block size",
+                        fields=("shapes", "context", "groups"),
+                    )
+
+
+def _canonical(name: str, value):
+    """A setting's value in the form :func:`_checked_setting` gives it (tuples for lists), to compare."""
+    if value is None or name not in SETTING_RULES:
+        return value
+    try:
+        return _checked_setting(name, value)
+    except ProfileConfigError:
+        return value
+
 
 def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
     """Check every strategy against the reference, time it, and return the report.
@@ -800,14 +988,17 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
     -------
     dict
         The ``kvaddr.profile`` report document (docs/json-schema.md), with
-        ``wall_s``; its shapes carry every raw sample.
+        ``wall_s``; its shapes carry every raw sample. With ``engine="vllm"``
+        the ``kvaddr.profile.vllm`` report (same document) instead.
 
     Raises
     ------
     ProfileConfigError
         An invalid setting.
     EnvironmentProblem
-        ``device="cuda"`` without a GPU, no CuPy, kernels.cu does not compile.
+        ``device="cuda"`` without a GPU, no CuPy, kernels.cu does not compile;
+        with ``engine="vllm"`` also the CPU (``device="cpu"``, or ``"auto"``
+        without a GPU): :class:`~kvaddr.measure.vllm_profile.VllmProfileUnavailable`.
     CheckFailed
         A strategy's output differs from the reference (before any time is reported).
     """
@@ -818,6 +1009,8 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
     started = time.perf_counter()
     progress = progress or Progress()
     config.validate()
+    if config.engine == "vllm":
+        return _run_vllm(config, progress, started)
     workload = config.workload()
     use_cuda, no_gpu_reason = use_gpu(config.device)
     if no_gpu_reason is not None:
@@ -860,5 +1053,84 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
         "batches": batches,
     }
     doc = profile_document(shapes, workload, environment, settings, config.recorded_options())
+    doc["wall_s"] = round(time.perf_counter() - started, 3)
+    return doc
+
+
+class _CheckedNote(Progress):
+    """Passes the vLLM profile's units on to ``progress`` and says, before the first (timing starts only
+    once every shape is checked), that every implementation matched the reference."""
+
+    def __init__(self, progress: Progress, message: Callable[[], str]):
+        self.progress, self.message, self.told = progress, message, False
+
+    def start(self, label: str) -> None:
+        if not self.told:
+            self.told = True
+            self.progress.note(self.message())
+        self.progress.start(label)
+
+    def advance(self) -> None:
+        self.progress.advance()
+
+
+def _run_vllm(config: ProfileConfig, progress: Progress, started: float) -> dict:
+    """:func:`run` for ``engine="vllm"``: :func:`~kvaddr.measure.vllm_profile.run_vllm_profile` (check, then
+    time, the one-launch step and the three launches per shape) and its report, the run's settings recorded."""
+    from kvaddr.measure.environment import environment_record, use_gpu
+    from kvaddr.measure.report import NOISE_RULE
+    from kvaddr.measure.timing import MAX_SAMPLES, MIN_SAMPLES, TARGET_BLOCK_S, Budget
+    from kvaddr.measure.vllm_profile import (
+        CPU_REASON,
+        STRATEGIES,
+        THREE,
+        VllmProfileUnavailable,
+        run_vllm_profile,
+        vllm_document,
+    )
+
+    if config.device == "cpu":
+        raise VllmProfileUnavailable(CPU_REASON)
+    use_cuda, no_gpu_reason = use_gpu(config.device)  # --device cuda without a GPU: EnvironmentProblem
+    if not use_cuda:
+        raise VllmProfileUnavailable(f"{CPU_REASON} (no CUDA device found: {no_gpu_reason})")
+    modes = {"eager": ("eager",), "graph": ("graph",)}.get(config.mode, MODES)
+    options = config.vllm_options()
+    shapes = list(config.shapes)
+    progress.note(
+        f"vLLM engine: checking {len(shapes)} shape(s) x {config.input_sets} input sets of "
+        f"{', '.join(STRATEGIES)} against the reference on the GPU ..."
+    )
+    units = _CheckedNote(
+        progress,
+        lambda: (
+            f"both match the reference ({time.perf_counter() - started:.1f} s); "
+            f"timing, {config.budget:g} s per implementation and mode ..."
+        ),
+    )
+    progress.begin(len(shapes) * len(modes) * len(STRATEGIES))
+    try:
+        results = run_vllm_profile(
+            options, device="cuda", device_id=0, modes=modes, budget=Budget(seconds=config.budget), progress=units
+        )
+    finally:
+        progress.end()
+    environment = environment_record("cuda", 0)
+    doc = vllm_document(results, options, environment)
+    settings = {
+        "device": environment["device"],
+        "modes": list(modes),
+        "budget_s": config.budget,
+        "min_samples": MIN_SAMPLES,
+        "max_samples": MAX_SAMPLES,
+        "target_block_s": TARGET_BLOCK_S,
+        "input_sets": config.input_sets,
+        "shapes": shapes,
+        "baseline": THREE,
+        "noise_rule": NOISE_RULE,
+    }
+    head = {k: doc[k] for k in ("schema_version", "kind", "created_utc")}
+    rest = {k: v for k, v in doc.items() if k not in head and k != "options" and k != "environment"}
+    doc = {**head, "options": config.recorded_options(), "environment": environment, "settings": settings, **rest}
     doc["wall_s"] = round(time.perf_counter() - started, 3)
     return doc

@@ -34,6 +34,8 @@ from kvaddr.measure.report import MeasurementRow, compare_to_reference, format_u
 from kvaddr.measure.timing import FLOOR, Budget, GpuTimer, Measurement, measurement_stream
 from kvaddr.measure.vllm_workload import DEFAULT_SHAPES, VllmBatchSet, VllmWorkload, make_batch_set, parse_shape
 
+#: The report's ``kind``.
+VLLM_KIND = "kvaddr.profile.vllm"
 ONE = "vllm-one-launch"
 THREE = "vllm-three-launch"
 STRATEGIES = (THREE, ONE)
@@ -46,7 +48,7 @@ class VllmProfileUnavailable(EnvironmentProblem):
 
 
 CPU_REASON = (
-    "kvaddr profile --engine vllm times GPU launches (one against three); it has no CPU path: "
+    "--engine vllm times GPU launches (one against three); it has no CPU path: "
     "run it with --device cuda on a machine with a GPU"
 )
 
@@ -350,53 +352,64 @@ def savings(result: VllmShapeResult) -> list:
 
 def render_vllm(console, results: Sequence[VllmShapeResult], options: VllmProfileOptions) -> None:
     """One table per shape (the profiler's layout), then one line of savings per section."""
+    render_vllm_report(console, vllm_document(results, options, {"device": "cuda"}))
+
+
+def render_vllm_report(console, doc: dict) -> None:
+    """Print a ``kvaddr.profile.vllm`` report (:func:`vllm_document`) to ``console``: per shape, a
+    table of both implementations and the floor per (mode, clock), then one line of savings each."""
     from rich.table import Table
 
-    for r in results:
-        cfg = r.batch_set.config
-        dcp = (
-            f", DCP {cfg.cp_size} ranks (rank {cfg.cp_rank}, interleave {cfg.cp_interleave})" if cfg.cp_size > 1 else ""
-        )
-        print_title = (
-            f"vLLM {r.shape}: {r.batch} requests ({r.batch_set.num_reqs_padded} padded), {cfg.num_groups} "
-            f"group(s) (B = {', '.join(map(str, cfg.block_sizes))}){dcp}, {cfg.max_num_batched_tokens} "
+    w = doc["workload"]
+    sizes = list(w["block_sizes"])
+    dcp = (
+        f", DCP {w['cp_size']} ranks (rank {w['cp_rank']}, interleave {w['cp_interleave']})"
+        if w.get("cp_size", 1) > 1
+        else ""
+    )
+    for shape in doc["shapes"]:
+        title = (
+            f"vLLM {shape['shape']}: {shape['batch']} requests ({shape['num_reqs_padded']} padded), {len(sizes)} "
+            f"group(s) (B = {', '.join(map(str, sizes))}){dcp}, {shape['capacity']} "
             f"tokens max; times in us per step"
         )
         table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
         for i, h in enumerate(["implementation", "launches", "median", "IQR", "n", "saved", "saved %", "x floor"]):
             table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-        groups = group(r.measurements)
-        for mode, clock in ordered_measures(groups):
-            table.add_row(short_label(mode, clock, "cuda"), style="bold")
-            for row in vllm_rows(groups[(mode, clock)]):
-                m, s, c = row.measurement, row.summary, row.comparison
-                if c is None:
-                    saved, pct = "-", "-"
-                elif c.verdict == "baseline":
-                    saved, pct = "baseline", ""
-                elif c.verdict == "within noise":
-                    saved, pct = "within noise", ""
-                else:
-                    saved, pct = f"{c.saved_us:.2f}", f"{c.saved_pct:.1f}%"
-                table.add_row(
-                    m.strategy,
-                    "-" if m.launches_per_step is None else str(m.launches_per_step),
-                    f"{s.median:.2f}",
-                    f"{s.iqr:.2f}",
-                    str(s.n),
-                    saved,
-                    pct,
-                    "-" if row.floor_ratio is None else f"{row.floor_ratio:.1f}x",
-                )
-        console.print(print_title, style="italic", soft_wrap=True)
+        section = None
+        for row in shape["results"]:
+            if (row["mode"], row["clock"]) != section:
+                section = (row["mode"], row["clock"])
+                table.add_row(short_label(row["mode"], row["clock"], "cuda"), style="bold")
+            s, c = row["summary"], row.get("vs_three_launch")
+            if c is None:
+                saved, pct = "-", "-"
+            elif c["verdict"] == "baseline":
+                saved, pct = "baseline", ""
+            elif c["verdict"] == "within noise":
+                saved, pct = "within noise", ""
+            else:
+                saved, pct = f"{c['saved_us']:.2f}", f"{c['saved_pct']:.1f}%"
+            table.add_row(
+                row["strategy"],
+                "-" if row["launches_per_step"] is None else str(row["launches_per_step"]),
+                f"{s['median']:.2f}",
+                f"{s['iqr']:.2f}",
+                str(s["n"]),
+                saved,
+                pct,
+                "-" if row.get("vs_floor") is None else f"{row['vs_floor']:.1f}x",
+            )
+        console.print(title, style="italic", soft_wrap=True)
         console.print(table)
-        for sv in savings(r):
+        for sv in shape["savings"]:
             verdict = {
                 "saving": f"saves {format_us(sv['saved_us'])} per step ({sv['ratio']:.2f}x less)",
                 "slower": f"costs {format_us(-sv['saved_us'])} more per step",
             }.get(sv["verdict"], "is within noise of three launches")
             console.print(
-                f"{short_label(sv['mode'], sv['clock'], 'cuda')}: one launch {verdict} at {r.shape}.", soft_wrap=True
+                f"{short_label(sv['mode'], sv['clock'], 'cuda')}: one launch {verdict} at {shape['shape']}.",
+                soft_wrap=True,
             )
         console.print()
 
@@ -430,7 +443,7 @@ def vllm_document(results: Sequence[VllmShapeResult], options: VllmProfileOption
             }
         )
     return {
-        **envelope("kvaddr.profile.vllm", options.as_dict(), environment),
+        **envelope(VLLM_KIND, options.as_dict(), environment),
         "workload": options.workload().describe(),
         "shapes": shapes,
     }

@@ -1,3 +1,4 @@
 """Fixtures of the unit tests."""
 
 from tests.support.fake_cupy import fake_gpu  # noqa: F401  (a fixture: the fake CuPy of the GPU-flow tests)
+from tests.support.vllm_emulated_gpu import emulated_gpu  # noqa: F401  (a fixture: fake_gpu + the vLLM kernels emulated)

@@ -121,7 +121,17 @@ def _expected_metavar(opt: click.Option):
     if isinstance(t, click.Path):
         return {METAVARS["path"]}
     # value syntaxes of their own, each named by its syntax
-    return {METAVARS["range"], "N:LEN", "DIST", "NAME|PATH", "auto|all|MODE:CLOCK,...", "LABEL", "NAME[,NAME...]"}
+    return {
+        METAVARS["range"],
+        "N:LEN",
+        "DIST",
+        "NAME|PATH",
+        "auto|all|MODE:CLOCK,...",
+        "LABEL",
+        "decode:N|mixed:N:T",
+        "SIZE[:RANK[:INTERLEAVE]]",
+        "NAME[,NAME...]",
+    }
 
 
 @pytest.mark.parametrize(("path", "command"), COMMANDS, ids=IDS)
