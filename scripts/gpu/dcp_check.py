@@ -100,6 +100,13 @@ def main(argv=None) -> int:
     if a.single_process:
         rank, world, local_rank = 0, 1, 0
     else:
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            print(
+                "dcp_check: start it with torchrun (torchrun --nproc-per-node N scripts/gpu/dcp_check.py), "
+                "or pass --single-process",
+                file=sys.stderr,
+            )
+            return 2
         import torch.distributed as dist
 
         rank = int(os.environ.get("RANK", "0"))

@@ -149,7 +149,7 @@ def _script():
     return mod
 
 
-def test_script_single_process_on_the_cpu(capsys):
+def test_script_single_process_on_the_cpu(capsys, monkeypatch):
     """``dcp_check.py --single-process --device cpu``: the NumPy reference addresses, PyTorch on the CPU."""
     pytest.importorskip("torch")
     main = _script().main
@@ -160,6 +160,9 @@ def test_script_single_process_on_the_cpu(capsys):
     assert main([*args, "--fault", "partial"]) == 1
     out = capsys.readouterr().out
     assert out.count("FAIL  cp_size=") == 6 and "0/6 cases passed (FAILED)" in out, out
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["--device", "cpu"]) == 2  # neither torchrun nor --single-process
+    assert "start it with torchrun" in capsys.readouterr().err
 
 
 def test_script_under_torchrun_with_gloo():
