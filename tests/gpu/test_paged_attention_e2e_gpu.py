@@ -336,7 +336,7 @@ def _e2e(sim, backend, **kw):
     StepPlanner = _planner_class()
     planner = StepPlanner(
         max_requests=sim.num_requests,
-        capacity=64,
+        capacity=sim.num_requests * sim.max_ctx,  # a step's tokens never exceed it (prefills included)
         block_sizes=list(sim.block_sizes),
         attention=ALL_GROUPS,
         kv_indices_capacity=sim.kv_indices_capacity,

@@ -136,8 +136,11 @@ def test_compiled_fullgraph_equals_eager(backend):
         got = compiled(dec, q, table, hidden)
         torch.cuda.synchronize()
         for g, w in zip(got, want):
-            assert torch.equal(g, w)
-        assert torch.equal(bufs.slot_mapping, want_slots)
+            if g.is_floating_point():  # the model's own float math: inductor may fuse and round differently
+                torch.testing.assert_close(g, w)
+            else:
+                assert torch.equal(g, w)
+        assert torch.equal(bufs.slot_mapping, want_slots)  # the op's outputs: exactly equal
 
 
 def test_no_graph_break_on_cuda():
