@@ -19,6 +19,7 @@ LABELS = {
     "hoisted": "hoisted (FastDeploy #7367)",
     "one-block": "one-block (FastDeploy after #7367, <= 1024 requests)",
     "fused": "fused (kvaddr, one launch)",
+    "fused (bound)": "fused, bound once (StepPlanner.bind, eager only)",
 }
 #: Strategy colours and markers (stable across plots).
 STYLE = {
@@ -26,6 +27,7 @@ STYLE = {
     "hoisted": ("#ff7f0e", "^"),
     "one-block": ("#9467bd", "D"),
     "fused": ("#2ca02c", "o"),
+    "fused (bound)": ("#17becf", "v"),
 }
 
 
