@@ -21,6 +21,8 @@ library-level :mod:`kvaddr.engines` (engine adapters) and :mod:`kvaddr.torch`
 measure <- traces, gate <- commands <- cli.
 """
 
+from typing import Any
+
 from kvaddr.constants import STRATEGY_NAMES
 from kvaddr.device import NoCudaDevice
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError, StrategyLimitExceeded
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # StepPlanner imports nothing of CuPy until it is built; keep `import kvaddr`
     # cheap and CuPy-free for the CPU path.
     if name == "StepPlanner":

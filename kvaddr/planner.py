@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from kvaddr import kernel_loader
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
@@ -20,6 +24,9 @@ from kvaddr.validation import (
     normalize_tables,
     stream_handle,
 )
+
+if TYPE_CHECKING:
+    from kvaddr.bound_step import BoundStep
 
 
 class StepPlanner:
@@ -72,13 +79,13 @@ class StepPlanner:
         self,
         max_requests: int,
         capacity: int,
-        block_sizes,
+        block_sizes: int | Sequence[int],
         *,
-        position_dtype=np.int64,
+        position_dtype: DTypeLike = np.int64,
         device: int | None = None,
-        attention=None,
+        attention: str | Sequence[str] | None = None,
         kv_indices_capacity: int | None = None,
-    ):
+    ) -> None:
         require_cuda(device)  # NoCudaDevice, one sentence, without CuPy, a driver or a GPU
         import cupy
 
@@ -317,7 +324,9 @@ class StepPlanner:
         P.bsz = bsz  # int32
         return bsz
 
-    def launch_args(self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None):
+    def launch_args(
+        self, seq_lens_decoder: Any, seq_lens_this_time: Any, block_tables: Any = None, *, seq_lens_encoder: Any = None
+    ) -> tuple[int, tuple]:
         """Check the inputs; return ``(bsz, args)``: the kernel's one argument, this
         planner's KvStepParams struct, as RawKernel arguments (a one-tuple holding a
         ``CPointer`` to the struct, for launching the bare RawKernel as the benchmark
@@ -326,7 +335,13 @@ class StepPlanner:
         return bsz, kernel_loader.function_args(self._params, by_value=True)
 
     def compute(
-        self, seq_lens_decoder, seq_lens_this_time, block_tables=None, *, seq_lens_encoder=None, stream=None
+        self,
+        seq_lens_decoder: Any,
+        seq_lens_this_time: Any,
+        block_tables: Any = None,
+        *,
+        seq_lens_encoder: Any = None,
+        stream: Any = None,
     ) -> StepOutputs:
         """Compute the step's addressing in one kernel launch.
 
@@ -355,14 +370,14 @@ class StepPlanner:
 
     def bind(
         self,
-        seq_lens_decoder,
-        seq_lens_this_time,
-        block_tables=None,
+        seq_lens_decoder: Any,
+        seq_lens_this_time: Any,
+        block_tables: Any = None,
         *,
-        seq_lens_encoder=None,
-        stream=None,
+        seq_lens_encoder: Any = None,
+        stream: Any = None,
         debug: bool = False,
-    ):
+    ) -> BoundStep:
         """Bind persistent inputs once; the returned :class:`~kvaddr.bound_step.BoundStep`
         then only launches (``bound.launch(bsz)``), with no per-call checks.
 
@@ -415,7 +430,7 @@ class StepPlanner:
             debug=debug,
         )
 
-    def errors(self, stream=None) -> tuple[int, int]:
+    def errors(self, stream: Any = None) -> tuple[int, int]:
         """Synchronise and return the last step's ``(error_mask, first_bad_key)``."""
         import cupy
 
@@ -429,7 +444,7 @@ class StepPlanner:
         key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
         return mask, key
 
-    def check(self, stream=None) -> None:
+    def check(self, stream: Any = None) -> None:
         """Synchronise; raise AddressingError naming the request, token and reason."""
         mask, key = self.errors(stream)
         if mask:

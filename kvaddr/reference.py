@@ -21,9 +21,11 @@ silent (the kernels make the same ones):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from kvaddr import attention_reference
 from kvaddr.constants import INT32_MAX
@@ -81,16 +83,16 @@ as_int32 = _as_int32
 
 
 def step_addressing(
-    seq_lens_decoder,
-    seq_lens_this_time,
-    block_tables,
-    block_sizes,
+    seq_lens_decoder: ArrayLike,
+    seq_lens_this_time: ArrayLike,
+    block_tables: ArrayLike | Sequence[ArrayLike],
+    block_sizes: int | Sequence[int],
     capacity: int,
     *,
-    seq_lens_encoder=None,
-    position_dtype=np.int64,
-    attention=None,
-    kv_indices_capacity=None,
+    seq_lens_encoder: ArrayLike | None = None,
+    position_dtype: DTypeLike = np.int64,
+    attention: str | Sequence[str] | None = None,
+    kv_indices_capacity: int | None = None,
 ) -> ReferenceResult:
     """Compute one step's addressing on the host.
 

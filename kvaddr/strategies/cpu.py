@@ -16,7 +16,11 @@ baselines build it the way engines do today, in separate steps once per step
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.errors import ERR_CAPACITY, ERR_NEGATIVE_LENGTH, NO_ERROR_KEY, AddressingError, error_key
@@ -347,13 +351,13 @@ def make_strategy(
     *,
     max_requests: int,
     capacity: int,
-    block_sizes,
+    block_sizes: int | Sequence[int],
     num_layers: int = 1,
-    position_dtype=np.int64,
-    device=None,
-    attention=None,
-    kv_indices_capacity=None,
-):
+    position_dtype: DTypeLike = np.int64,
+    device: int | None = None,
+    attention: str | Sequence[str] | None = None,
+    kv_indices_capacity: int | None = None,
+) -> Any:
     """Build a CPU strategy by name (one of :data:`STRATEGY_NAMES`).
 
     ``attention`` and ``kv_indices_capacity``: the attention metadata to add to

@@ -39,7 +39,11 @@ profiler reports includes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from kvaddr import kernel_loader
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
@@ -600,13 +604,13 @@ def make_strategy(
     *,
     max_requests: int,
     capacity: int,
-    block_sizes,
+    block_sizes: int | Sequence[int],
     num_layers: int = 1,
-    position_dtype=np.int64,
+    position_dtype: DTypeLike = np.int64,
     device: int | None = None,
-    attention=None,
+    attention: str | Sequence[str] | None = None,
     kv_indices_capacity: int | None = None,
-):
+) -> Any:
     """Build a strategy by name (one of :data:`STRATEGY_NAMES`).
 
     ``attention`` and ``kv_indices_capacity``: the attention metadata to add to
