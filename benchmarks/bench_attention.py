@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
 
 import cupy
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_step
 
 from kvaddr import StepPlanner
 
@@ -32,23 +35,8 @@ ALL = ("flashinfer", "varlen", "page_table")
 
 
 def graph_time_per_copy(launch, stream, copies, replays):
-    launch()  # warm up outside capture
-    stream.synchronize()
-    stream.begin_capture()
-    for _ in range(copies):
-        launch()
-    graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    samples = []
-    for _ in range(replays):
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
-    return statistics.median(samples)
+    """Median GPU time per copy of ``launch`` over graph replays (bench_step's, without the samples)."""
+    return bench_step.graph_time_per_copy(launch, stream, copies, replays)[0]
 
 
 def make_batch(rng, bsz, per, B, *, mixed=False, ctx=(1024, 32768)):

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import cupy
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_step
 
 from kvaddr import StepPlanner
 from kvaddr.engines.vllm import VllmStepPlanner
@@ -38,23 +42,8 @@ NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables"
 
 
 def graph_time_per_copy(launch, stream, copies, replays):
-    launch()  # warm up outside capture
-    stream.synchronize()
-    stream.begin_capture()
-    for _ in range(copies):
-        launch()
-    graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    samples = []
-    for _ in range(replays):
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
-    return statistics.median(samples)
+    """Median GPU time per copy of ``launch`` over graph replays (bench_step's, without the samples)."""
+    return bench_step.graph_time_per_copy(launch, stream, copies, replays)[0]
 
 
 def host_time_per_call(call, stream, calls):
