@@ -541,7 +541,7 @@ def command_defaults(profile, section: str, ctx) -> dict:
             raise ProfileError(f"[{section}] {key}: {exc}", **where) from None
         except click.BadParameter as exc:
             raise ProfileError(f"[{section}] {key} = {value!r}: {exc.message}", **where) from None
-        out[param.name] = converted
+        out[param.name] = text  # click converts it (and runs the callback) as for the command line
     return out
 
 

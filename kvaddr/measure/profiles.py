@@ -60,6 +60,9 @@ PROFILE_KEYS = (
     "seed",
     "budget",
     "input_sets",
+    "engine",
+    "attention",
+    "kv_indices_capacity",
 )
 TRACE_KEYS = (
     "model",
@@ -82,7 +85,7 @@ SECTIONS = {"profile": PROFILE_KEYS, "trace": TRACE_KEYS}
 #: Top-level keys (strings).
 TOP_KEYS = ("description", "source")
 #: Keys whose TOML list is joined into the option's text form with this separator.
-LIST_JOIN = {"batch": ",", "block_size": ",", "context": ":", "prefill": ":"}
+LIST_JOIN = {"batch": ",", "block_size": ",", "attention": ",", "context": ":", "prefill": ":"}
 #: Environment variable with extra folders of profiles.
 PATH_ENV = "KVADDR_PROFILE_PATH"
 

@@ -231,3 +231,20 @@ def test_the_shipped_profiles_are_found_from_a_checkout_or_an_install():
     root = os.path.dirname(os.path.dirname(os.path.abspath(cli_module.__file__)))
     if os.path.isfile(os.path.join(root, "setup.cfg")):  # running from a checkout
         assert os.path.join(root, "profiles") in [str(d) for d in bundled_dirs()]
+
+
+def test_profile_sets_attention_outputs(tmp_path):
+    # A list-valued option with a converting callback (--attention) goes through click as on the command line.
+    path = write(
+        tmp_path,
+        'description = "t"\nsource = "test"\n[profile]\nbatch = [2]\nattention = ["flashinfer", "varlen"]\n'
+        "kv_indices_capacity = 4096\n",
+    )
+    r = run("profile", "--profile", path, "--device", "cpu", "--budget", "0", "--json", "-")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["options"]["attention"] == ["flashinfer", "varlen"]
+    assert doc["options"]["kv_indices_capacity"] == 4096
+    bad = write(tmp_path, 'description = "t"\nsource = "test"\n[profile]\nattention = ["flashattn"]\n', name="bad.toml")
+    r = run("profile", "--profile", bad, "--device", "cpu", "--budget", "0")
+    assert r.exit_code == 2 and "attention" in r.output, r.output
