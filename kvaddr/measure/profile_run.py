@@ -200,6 +200,34 @@ def _empty_step(*_args) -> None:
     return None
 
 
+def open_shape(module, attention: AttentionSetting, workload: Workload, batch: int) -> tuple:
+    """A batch shape's input sets, their references, the strategies to run and the empty result.
+
+    Returns ``(batches, refs, names, result)``; the strategies ``module`` cannot run at this
+    batch are recorded in ``result.skipped``.
+    """
+    batches = make_input_sets(workload, batch)
+    refs = references(batches, attention)
+    names, skipped = strategies_for(module.STRATEGY_NAMES, batch)
+    return batches, refs, names, ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
+
+
+def build_strategy(module, name: str, workload: Workload, result: ShapeResult, extra: dict):
+    """``module.make_strategy`` for one shape, a failure reported as the strategy's construction error."""
+    return call_checked(
+        name,
+        "construction",
+        lambda: module.make_strategy(
+            name,
+            max_requests=result.batch,
+            capacity=result.capacity,
+            block_sizes=list(workload.block_sizes),
+            num_layers=workload.num_layers,
+            **extra,
+        ),
+    )
+
+
 class CpuBackend:
     """The NumPy strategies (:mod:`kvaddr.strategies.cpu`), eager only, host clock."""
 
@@ -219,26 +247,12 @@ class CpuBackend:
 
     def prepare(self, workload: Workload, batch: int, modes: Sequence[str]) -> PreparedShape:
         """Draw the input sets, build every strategy and check it against the reference."""
-        batches = make_input_sets(workload, batch)
-        refs = references(batches, self.attention)
-        extra = self.attention.strategy_kwargs(batches)
-        names, skipped = strategies_for(self.module.STRATEGY_NAMES, batch)
-        result = ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
+        batches, refs, names, result = open_shape(self.module, self.attention, workload, batch)
         inputs = [(b.seq_lens_decoder, b.seq_lens_this_time, b.tables_arg, b.seq_lens_encoder) for b in batches]
+        extra = self.attention.strategy_kwargs(batches)
         strategies = {}
         for name in names:
-            s = call_checked(
-                name,
-                "construction",
-                lambda name=name: self.module.make_strategy(
-                    name,
-                    max_requests=batch,
-                    capacity=result.capacity,
-                    block_sizes=list(workload.block_sizes),
-                    num_layers=workload.num_layers,
-                    **extra,
-                ),
-            )
+            s = build_strategy(self.module, name, workload, result, extra)
             for i, (args, ref) in enumerate(zip(inputs, refs)):
                 context = f"CPU, batch {batch}, input set {i}"
                 out = call_checked(name, context, step_fn(s), *args)
@@ -353,28 +367,13 @@ class CudaBackend:
         """Draw the input sets, copy them to the GPU, build every strategy and check it eagerly."""
         cp, stream = self.cupy, self.stream
         with cp.cuda.Device(self.device_id), stream:
-            batches = make_input_sets(workload, batch)
-            refs = references(batches, self.attention)
-            extra = self.attention.strategy_kwargs(batches)
-            names, skipped = strategies_for(self.module.STRATEGY_NAMES, batch)
-            result = ShapeResult(batch, batches[0].capacity, batches, names, skipped=skipped)
+            batches, refs, names, result = open_shape(self.module, self.attention, workload, batch)
             inputs = self._to_device(batches)
             stream.synchronize()
+            extra = dict(self.attention.strategy_kwargs(batches), device=self.device_id)
             strategies = {}
             for name in names:
-                s = call_checked(
-                    name,
-                    "construction",
-                    lambda name=name: self.module.make_strategy(
-                        name,
-                        max_requests=batch,
-                        capacity=result.capacity,
-                        block_sizes=list(workload.block_sizes),
-                        num_layers=workload.num_layers,
-                        device=self.device_id,
-                        **extra,
-                    ),
-                )
+                s = build_strategy(self.module, name, workload, result, extra)
                 step = step_fn(s, stream)
                 for i, (args, ref) in enumerate(zip(inputs, refs)):
                     context = f"eager, batch {batch}, input set {i}"
