@@ -33,7 +33,7 @@ def test_one_launch_struct_and_grid(fake):
     from kvaddr.engines.vllm import VllmStepPlanner
 
     _, d = _worked(G=2)
-    pl = VllmStepPlanner(4, 6, [4, 4], [4, 4], slot_mapping_enabled=[True, False], cp_size=2, cp_rank=1)
+    pl = VllmStepPlanner(4, 6, [4, 4], [4, 4], slot_mapping_enabled=[True, False], cp_size=2, cp_rank=1, kernel="v1")
     out = pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
     assert len(fake.launches) == 1
     L = fake.launches[0]
@@ -59,6 +59,50 @@ def test_one_launch_struct_and_grid(fake):
     assert pl._row_fill.a.tolist() == [[4] * 4, [4] * 4]
     assert pl._state.a.tolist() == [4, 0]
     assert pl._errors.a.tolist() == [0, 2**64 - 1, 0, 2**64 - 1]
+    assert p["errors"] == pl._errors.data.ptr and p["state"] == pl._state.data.ptr
+
+
+def test_v2_struct_grid_and_records(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    _, d = _worked(G=2)
+    pl = VllmStepPlanner(4, 600, [4, 4], [4, 4], cp_size=2, cp_rank=1)  # kernel="v2" by default
+    assert pl.kernel == "v2"
+    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
+    L = fake.launches[-1]
+    p = L["params"]
+    assert L["fn"] == fake.names["kvaddr_vllm_step_v2"] and L["stream"] == 77 and L["block"] == 256
+    # ceil(600/256) = 3 token blocks + 1 request block + the gather: 2 groups x 2 real rows (not
+    # the padded 3: rows past the batch are the request role's) x 32 lanes, in 256-thread blocks
+    assert p["token_blocks"] == 3 and p["request_blocks"] == 1 and p["pair_lanes"] == 32
+    assert L["grid"] == (3 + 1 + 1, 1, 1)
+    # one (mask, first-bad key) record per warp of the token and request blocks
+    assert pl._records.a.shape == ((3 + 1) * 8, 2)
+    assert pl._records.a[:, 0].tolist() == [0] * 32 and pl._records.a[:, 1].tolist() == [2**64 - 1] * 32
+    assert p["errors"] == pl._records.data.ptr
+    assert pl.errors() == (0, 2**64 - 1)
+    pl._records.a[5] = [8, 77]
+    pl._records.a[9] = [1, 55]
+    assert pl.errors() == (9, 55)  # the host reduces the records: OR of the masks, least key
+    # the gather width is settable; a bad one is refused before the launch
+    pl.pair_lanes = 8
+    pl.compute(*(d[k] for k in NAMES))
+    p = fake.launches[-1]["params"]
+    assert p["pair_lanes"] == 8 and fake.launches[-1]["grid"] == (5, 1, 1)
+    pl.pair_lanes = 12
+    n = len(fake.launches)
+    with pytest.raises(ValueError, match=r"pair_lanes must be one of \(8, 16, 32\), got 12"):
+        pl.compute(*(d[k] for k in NAMES))
+    assert len(fake.launches) == n
+    with pytest.raises(ValueError, match=r"kernel must be one of \['v1', 'v2'\], got 'v3'"):
+        VllmStepPlanner(4, 6, [4], [4], kernel="v3")
+
+
+def test_auto_pair_lanes():
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    lanes = VllmStepPlanner.auto_pair_lanes
+    assert [lanes(1), lanes(512), lanes(513), lanes(4096), lanes(4097), lanes(8192)] == [32, 32, 16, 16, 8, 8]
 
 
 def test_identity_cache_and_replacements(fake):
