@@ -2291,14 +2291,15 @@ extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(c
         if (t < p.max_tokens) vllm2_token_write(p, t, b, q0, q1, r, num_tokens, err);
     } else if (blk < p.token_blocks + p.request_blocks) {
         const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;
-        if (b < p.max_num_reqs) vllm2_request_row(p, b, err);
         // Rows b >= num_reqs: zero what each group's row may still hold (its fill), the
-        // warp's lanes together, one such row after another.
+        // warp's lanes together, one such row after another. The fills are loaded first,
+        // so they are in flight while the row's seq_lens are computed.
         const bool spare = b >= p.num_reqs && b < p.max_num_reqs;
         int fills[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
 #pragma unroll
         for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
             if (g < p.num_groups && spare) fills[g] = p.row_fill[g][b];
+        if (b < p.max_num_reqs) vllm2_request_row(p, b, err);
 #pragma unroll
         for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
             if (g >= p.num_groups) break;

@@ -181,7 +181,7 @@ class VllmStepPlanner:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
         self.kernel = kernel
-        self.pair_lanes = pair_lanes
+        self.pair_lanes = pair_lanes  # checked by the property's setter
         if type(self)._load_functions is VllmStepPlanner._load_functions:
             self.kernel_name = KERNELS[kernel]
 
@@ -435,6 +435,17 @@ class VllmStepPlanner:
         self._seen_tables = [None] * self.config.num_groups
         self._seen_nb_items = ()
 
+    @property
+    def pair_lanes(self) -> int | None:
+        """v2's lanes per (group, row) pair of the gather (8, 16 or 32; None: by batch size)."""
+        return self._pair_lanes
+
+    @pair_lanes.setter
+    def pair_lanes(self, lanes: int | None) -> None:
+        if lanes is not None and lanes not in PAIR_LANES:
+            raise ValueError(f"pair_lanes must be one of {PAIR_LANES} or None, got {lanes!r}")
+        self._pair_lanes = lanes
+
     @staticmethod
     def auto_pair_lanes(pairs: int) -> int:
         """v2's default lanes per (group, row) pair for ``pairs`` pairs: a warp per pair
@@ -452,9 +463,7 @@ class VllmStepPlanner:
         G = self.config.num_groups
         if self.kernel == "v2":
             pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
-            lanes = self.pair_lanes or self.auto_pair_lanes(pairs)
-            if lanes not in PAIR_LANES:
-                raise ValueError(f"pair_lanes must be one of {PAIR_LANES}, got {lanes!r}")
+            lanes = self._pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
             p.pair_lanes = lanes
             return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS)
         rows = max(num_reqs_padded, 1)

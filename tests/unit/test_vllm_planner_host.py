@@ -89,11 +89,11 @@ def test_v2_struct_grid_and_records(fake):
     pl.compute(*(d[k] for k in NAMES))
     p = fake.launches[-1]["params"]
     assert p["pair_lanes"] == 8 and fake.launches[-1]["grid"] == (5, 1, 1)
-    pl.pair_lanes = 12
-    n = len(fake.launches)
-    with pytest.raises(ValueError, match=r"pair_lanes must be one of \(8, 16, 32\), got 12"):
-        pl.compute(*(d[k] for k in NAMES))
-    assert len(fake.launches) == n
+    with pytest.raises(ValueError, match=r"pair_lanes must be one of \(8, 16, 32\) or None, got 12"):
+        pl.pair_lanes = 12
+    assert pl.pair_lanes == 8
+    with pytest.raises(ValueError, match=r"pair_lanes must be one of"):
+        VllmStepPlanner(4, 6, [4], [4], pair_lanes=64)
     with pytest.raises(ValueError, match=r"kernel must be one of \['v1', 'v2'\], got 'v3'"):
         VllmStepPlanner(4, 6, [4], [4], kernel="v3")
 
@@ -103,6 +103,15 @@ def test_auto_pair_lanes():
 
     lanes = VllmStepPlanner.auto_pair_lanes
     assert [lanes(1), lanes(512), lanes(513), lanes(4096), lanes(4097), lanes(8192)] == [32, 32, 16, 16, 8, 8]
+
+
+@pytest.mark.parametrize("pairs", [1, 512, 513, 4096, 4097, 8192])
+def test_grid_uses_auto_pair_lanes(fake, pairs):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    pl = VllmStepPlanner(8192, 8, [4], [4])
+    pl.grid(pairs)
+    assert pl._params.pair_lanes == VllmStepPlanner.auto_pair_lanes(pairs)
 
 
 def test_identity_cache_and_replacements(fake):
