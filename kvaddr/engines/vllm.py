@@ -206,7 +206,11 @@ class VllmStepPlanner:
             self._fns = self._load_functions()
             self.outputs = self._make_outputs(given)
             fill = np.zeros((G, M), dtype=np.int32)
-            fill[:] = np.asarray(cfg.widths, dtype=np.int32)[:, None]  # the first call zeroes every row once
+            # Entries of each gathered row that may be non-zero: none in a table the planner
+            # allocated (zeros); all of them in a caller's out= table, which the first call
+            # therefore zeroes in full once.
+            fill[:] = np.asarray(cfg.widths, dtype=np.int32)[:, None]
+            fill[[g for g in range(G) if self._own_tables[g]]] = 0
             self._row_fill = cupy.asarray(fill)
             self._errors = cupy.asarray(np.array([0, VLLM_NO_ERROR_KEY, 0, VLLM_NO_ERROR_KEY], dtype=np.uint64))
             self._state = cupy.asarray(np.array([M, 0], dtype=np.uint32))
@@ -320,6 +324,7 @@ class VllmStepPlanner:
             tables = [None] * G
         tables = per_group("out.input_block_tables", tables, G, allow_stacked=False)
         made, infos = [], []
+        self._own_tables = [t is None for t in tables]
         for g, t in enumerate(tables):
             W = cfg.widths[g]
             if t is None:

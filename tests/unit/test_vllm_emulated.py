@@ -167,3 +167,19 @@ def test_large_decode_batch(emu, kernel):
     one, three = _impls(cfg, *kernel)
     check(one, cfg, x, 4600)
     check(three, cfg, x, 4600, errors=False)
+
+
+def test_caller_out_tables_are_zeroed_in_full_then_kept_clean(emu, kernel):
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from tests.support.vllm_fake_cupy import FakeArray
+
+    rng = np.random.default_rng(12)
+    cfg, state = random_case(rng, max_num_reqs=40, num_reqs=40, block_sizes=(4, 16), max_query=5, spare_tokens=300)
+    tables = [FakeArray(np.full((40, w), 77, np.int32)) for w in cfg.widths]
+    one = VllmStepPlanner(
+        **planner_kwargs(cfg), out={"input_block_tables": tables}, kernel=kernel[0], pair_lanes=kernel[1]
+    )
+    for n in [10, 0, 40, 3]:
+        x = new_batch(rng, cfg, state, n, max_query=5)
+        check(one, cfg, x, min(40, n + 4), label=f"num_reqs {n}")
+    assert one.outputs.input_block_tables[0] is tables[0]

@@ -55,8 +55,8 @@ def test_one_launch_struct_and_grid(fake):
     assert (p["num_groups"], p["num_reqs"], p["num_reqs_padded"], p["max_num_reqs"], p["max_tokens"]) == (2, 2, 3, 4, 6)
     assert (p["cp_size"], p["cp_rank"], p["cp_interleave"], p["slot_is_32"]) == (2, 1, 1, 0)
     assert p["row_fill"][1] - p["row_fill"][0] == 4 * 4  # [G, M] int32
-    # the persistent scratch starts as "every row may be dirty" and a clean error record
-    assert pl._row_fill.a.tolist() == [[4] * 4, [4] * 4]
+    # the persistent scratch starts clean (the planner's tables are zeros) with a clean error record
+    assert pl._row_fill.a.tolist() == [[0] * 4, [0] * 4]
     assert pl._state.a.tolist() == [4, 0]
     assert pl._errors.a.tolist() == [0, 2**64 - 1, 0, 2**64 - 1]
     assert p["errors"] == pl._errors.data.ptr and p["state"] == pl._state.data.ptr
@@ -96,6 +96,15 @@ def test_v2_struct_grid_and_records(fake):
         VllmStepPlanner(4, 6, [4], [4], pair_lanes=64)
     with pytest.raises(ValueError, match=r"kernel must be one of \['v1', 'v2'\], got 'v3'"):
         VllmStepPlanner(4, 6, [4], [4], kernel="v3")
+
+
+def test_a_caller_table_is_zeroed_in_full_by_the_first_call(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    mine = FakeArray(np.full((4, 5), 9, np.int32))
+    pl = VllmStepPlanner(4, 6, [4, 4], [4, 5], out={"input_block_tables": [None, mine]})
+    assert pl._row_fill.a.tolist() == [[0] * 4, [5] * 4]  # every entry of the caller's table may be non-zero
+    assert pl.outputs.input_block_tables[1] is mine
 
 
 def test_auto_pair_lanes():
