@@ -180,7 +180,7 @@ class VllmStepPlanner:
 
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-        self.kernel = kernel
+        self._kernel = kernel
         self.pair_lanes = pair_lanes  # checked by the property's setter
         if type(self)._load_functions is VllmStepPlanner._load_functions:
             self.kernel_name = KERNELS[kernel]
@@ -439,6 +439,11 @@ class VllmStepPlanner:
         self._seen_nct = self._seen_nb_obj = None
         self._seen_tables = [None] * self.config.num_groups
         self._seen_nb_items = ()
+
+    @property
+    def kernel(self) -> str:
+        """The one-launch kernel, ``"v2"`` or ``"v1"`` (fixed at construction: its buffers differ)."""
+        return self._kernel
 
     @property
     def pair_lanes(self) -> int | None:

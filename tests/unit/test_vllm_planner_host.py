@@ -67,7 +67,9 @@ def test_v2_struct_grid_and_records(fake):
 
     _, d = _worked(G=2)
     pl = VllmStepPlanner(4, 600, [4, 4], [4, 4], cp_size=2, cp_rank=1)  # kernel="v2" by default
-    assert pl.kernel == "v2"
+    assert pl.kernel == "v2" and pl.kernel_name == "kvaddr_vllm_step_v2"
+    with pytest.raises(AttributeError):
+        pl.kernel = "v1"  # fixed at construction
     pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
     L = fake.launches[-1]
     p = L["params"]
