@@ -4,7 +4,9 @@ Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_vll
 
 Graph mode (as benchmarks/bench_step.py): N copies of one call captured in one CUDA
 graph; time per copy = replay time (CUDA events, median of R replays) / N, for
-  * vllm-one    VllmStepPlanner.compute (one launch),
+  * vllm-one    VllmStepPlanner.compute (one launch), kernel="v2" (kvaddr_vllm_step_v2,
+                gather lanes per pair by batch size; --lanes adds fixed widths),
+  * vllm-v1     the same with kernel="v1" (the first version, kvaddr_vllm_step),
   * core        StepPlanner.compute on the same batch (dec = num_computed_tokens of
                 each request's row, q = its query length, the batch-order block rows),
   * vllm-three  VllmThreeLaunch.compute (vLLM's three launches).
@@ -12,7 +14,9 @@ Shapes: decode batches of 64, 1024 and 4096 requests and 256 requests carrying 1
 tokens (kvaddr.measure.vllm_workload), each with 1 group (B = 16) and 2 groups
 (B = 16 and 64). Targets (issue 13): vllm-one <= 1.3x core; vllm-three / vllm-one >= 4.
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
-against StepPlanner.compute on the same batch; target <= 1.2x.
+against StepPlanner.compute on the same batch; target <= 1.2x. Every implementation is
+first checked against the NumPy reference on the same batch (outputs and error record).
+The exit status is 0 when v2 meets every target.
 """
 
 from __future__ import annotations
@@ -77,7 +81,11 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=2000, help="eager calls per host-time sample")
     ap.add_argument("--shape", action="append", help="decode:N or mixed:N:T (repeatable)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument(
+        "--lanes", default="8,32", help="also time v2 with these fixed gather lanes per pair (comma list; '' for none)"
+    )
     a = ap.parse_args(argv)
+    lanes = [int(v) for v in a.lanes.split(",") if v.strip()]
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
     with stream:
@@ -96,23 +104,32 @@ def main(argv=None):
                     block_sizes=list(groups),
                     widths=list(bs.config.widths),
                 )
-                one, three = VllmStepPlanner(**kw), VllmThreeLaunch(**kw)
+                one, three = VllmStepPlanner(**kw, kernel="v2"), VllmThreeLaunch(**kw)
+                old = VllmStepPlanner(**kw, kernel="v1")
+                fixed = {L: VllmStepPlanner(**kw, kernel="v2", pair_lanes=L) for L in lanes}
                 dec, q, tables = core_inputs(bs, x, ref)
                 core = StepPlanner(
                     max_requests=bs.num_reqs, capacity=bs.config.max_num_batched_tokens, block_sizes=list(groups)
                 )
                 stream.synchronize()
                 # correctness first: both vLLM implementations against the reference
-                for impl in (one, three):
-                    out = impl.compute(*args, stream=stream)
-                    stream.synchronize()
-                    for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
-                        assert np.array_equal(getattr(out, f).get(), getattr(ref, f)), (type(impl).__name__, f)
-                    for g, t in enumerate(out.input_block_tables):
-                        assert np.array_equal(t.get(), ref.input_block_tables[g]), (type(impl).__name__, g)
+                for impl in (one, old, three, *fixed.values()):
+                    name = f"{type(impl).__name__}({impl.kernel}, lanes {impl.pair_lanes})"
+                    for _ in range(2):  # the second call finds the first one's device state
+                        out = impl.compute(*args, stream=stream)
+                        stream.synchronize()
+                        for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+                            assert np.array_equal(getattr(out, f).get(), getattr(ref, f)), (name, f)
+                        for g, t in enumerate(out.input_block_tables):
+                            assert np.array_equal(t.get(), ref.input_block_tables[g]), (name, g)
+                        if impl is not three:
+                            assert impl.errors(stream)[0] == 0, name
 
                 def run_one():
                     one.compute(*args, stream=stream)
+
+                def run_old():
+                    old.compute(*args, stream=stream)
 
                 def run_three():
                     three.compute(*args, stream=stream)
@@ -121,10 +138,19 @@ def main(argv=None):
                     core.compute(dec, q, tables, stream=stream)
 
                 t_one = graph_time_per_copy(run_one, stream, a.copies, a.replays)
+                t_old = graph_time_per_copy(run_old, stream, a.copies, a.replays)
                 t_core = graph_time_per_copy(run_core, stream, a.copies, a.replays)
                 t_three = graph_time_per_copy(run_three, stream, a.copies, a.replays)
+                t_fixed = {
+                    L: graph_time_per_copy(
+                        lambda impl=impl: impl.compute(*args, stream=stream), stream, a.copies, a.replays
+                    )
+                    for L, impl in fixed.items()
+                }
                 h_one = host_time_per_call(run_one, stream, a.calls)
+                h_old = host_time_per_call(run_old, stream, a.calls)
                 h_core = host_time_per_call(run_core, stream, a.calls)
+                auto = one._params.pair_lanes
                 row = dict(
                     shape=shape_text,
                     groups=list(groups),
@@ -132,11 +158,20 @@ def main(argv=None):
                     num_tokens=int(x["query_start_loc"][-1]),
                     max_num_reqs=bs.config.max_num_reqs,
                     widths=list(bs.config.widths),
-                    graph_us=dict(vllm_one=t_one, core=t_core, vllm_three=t_three),
-                    eager_host_us=dict(vllm_one=h_one, core=h_core),
+                    graph_us=dict(
+                        vllm_one=t_one,
+                        vllm_v1=t_old,
+                        core=t_core,
+                        vllm_three=t_three,
+                        **{f"vllm_one_lanes{L}": t for L, t in t_fixed.items()},
+                    ),
+                    pair_lanes_auto=auto,
+                    eager_host_us=dict(vllm_one=h_one, vllm_v1=h_old, core=h_core),
                     one_vs_core=t_one / t_core,
                     three_vs_one=t_three / t_one,
                     host_one_vs_core=h_one / h_core,
+                    v1_vs_core=t_old / t_core,
+                    three_vs_v1=t_three / t_old,
                     targets_met=dict(
                         one_vs_core=t_one / t_core <= 1.3,
                         three_vs_one=t_three / t_one >= 4.0,
@@ -144,11 +179,14 @@ def main(argv=None):
                     ),
                 )
                 rows.append(row)
+                extra = "".join(f"  v2/lanes{L} {t:6.2f}" for L, t in t_fixed.items())
                 print(
-                    f"{shape_text:>16} G={len(groups)}  graph us: one {t_one:7.2f}  core {t_core:7.2f}  "
-                    f"three {t_three:7.2f}  | one/core {t_one / t_core:5.2f} (<=1.3)  three/one "
-                    f"{t_three / t_one:5.2f} (>=4)  | eager host us: one {h_one:6.2f} core {h_core:6.2f} "
-                    f"ratio {h_one / h_core:5.2f} (<=1.2)",
+                    f"{shape_text:>16} G={len(groups)}  graph us: v2 {t_one:6.2f} (lanes {auto:2d})  v1 {t_old:6.2f}  "
+                    f"core {t_core:6.2f}  three {t_three:6.2f}{extra}\n"
+                    f"{'':>20}v2: one/core {t_one / t_core:5.2f} (<=1.3)  three/one {t_three / t_one:5.2f} (>=4)  "
+                    f"| v1: one/core {t_old / t_core:5.2f}  three/one {t_three / t_old:5.2f}  "
+                    f"| eager host us: v2 {h_one:6.2f} v1 {h_old:6.2f} core {h_core:6.2f} "
+                    f"v2/core {h_one / h_core:5.2f} (<=1.2)",
                     flush=True,
                 )
     if a.json:

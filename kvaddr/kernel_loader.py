@@ -32,6 +32,7 @@ KERNEL_NAMES = (
     "kvaddr_one_block_i32",
     # kvaddr/engines/vllm.py and its three-launch baseline (the vLLM section of kernels.cu)
     "kvaddr_vllm_step",
+    "kvaddr_vllm_step_v2",
     "kvaddr_vllm3_prepare",
     "kvaddr_vllm3_gather",
     "kvaddr_vllm3_slots",

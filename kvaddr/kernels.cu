@@ -1591,6 +1591,7 @@ struct VllmStepParams {
     int cp_interleave;                 // I, divides every sharded group's B
     int token_blocks;                  // blocks [0, token_blocks) address tokens
     int request_blocks;                // the next request_blocks blocks write per-request outputs
+    int pair_lanes;                    // kvaddr_vllm_step_v2: lanes per (group, row) pair of the gather, 8/16/32
 };
 
 // a[g] for a runtime g, with compile-time indices only.
@@ -2041,5 +2042,307 @@ extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_slots(c
             }
         }
         vllm_store_slot(p, g, t, slot);
+    }
+}
+
+// =====================================================================================
+// ==== vLLM engine step, second version (kvaddr_vllm_step_v2) =========================
+// =====================================================================================
+//
+// Same contract, same VllmStepParams and same outputs as kvaddr_vllm_step; selected by
+// VllmStepPlanner(kernel="v2") (the default; kernel="v1" keeps the first version until
+// both are measured side by side by benchmarks/bench_vllm.py). What changed, and why
+// (docs/perf-notes.md, "The vLLM step"):
+//   * No grid-wide ticket, no fence, no device row count. The first version ended every
+//     block with __syncthreads + __threadfence + a ticket atomic, and its last block
+//     published the error record with two more atomics: a chain of dependent L2 round
+//     trips after the useful work. Here every warp of the token and request blocks (a
+//     number fixed by the planner's sizes) writes its own error record (mask, first-bad
+//     key) unconditionally, every launch: no reset and nothing stale to recognise; the
+//     host reduces the records (VllmStepPlanner.errors). The gather blocks detect no
+//     error (the num_blocks check moved to the request role, which holds the same row).
+//   * The gather role covers only the real batch rows [0, num_reqs): its blocks start
+//     with the row loads (the first version first loaded the device row count). Every
+//     row b >= num_reqs (padding rows and rows an earlier step left with data) belongs
+//     to the request role's thread b, which already writes that row's zero seq_lens: it
+//     reads the row's fill (row_fill[g][b], entries that may be non-zero) and, when it
+//     is not zero, its warp zeroes those entries together and the fill becomes 0. The
+//     planner's first call finds every fill at the width (row_fill's initial value), so
+//     a caller-owned out= table is zeroed in full once.
+//   * Gather lanes per (group, row) pair are a parameter (pair_lanes 8, 16 or 32; the
+//     planner picks by batch size), each lane with VLLM2_GATHER_LOADS loads in flight.
+//   * A token whose owner is not the guess min(t, n-1) searches query_start_loc staged
+//     in shared memory (one coalesced load per block, when num_reqs + 1 <=
+//     VLLM2_QSL_SMEM), not in global memory (one dependent round trip per step). A
+//     decode batch (every guess right) skips the staging: one __syncthreads_or.
+// The owner search (guess, then the largest b with qsl[b] <= t) and every record key
+// are the first version's, so the reference (the oracle) is unchanged.
+
+#define VLLM2_GATHER_LOADS 8
+#define VLLM2_QSL_SMEM 2048
+
+// The guess of token t (t < max_tokens, num_reqs >= 1): b = min(t, n-1) with its range and
+// row, and the token count. Returns whether t < num_tokens lies outside the guess's range
+// (the owner must be searched).
+__device__ __forceinline__ bool vllm2_token_guess(const VllmStepParams& p, int t, int& b, int& q0, int& q1,
+                                                  long long& r, int& num_tokens) {
+    const int n = p.num_reqs;
+    const int* __restrict__ qsl = p.query_start_loc;
+    const int last = qsl[n];
+    b = t < n - 1 ? t : n - 1;
+    q0 = qsl[b];
+    q1 = qsl[b + 1];
+    r = vllm_row_of(p, b);
+    num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+    return t < num_tokens && !(q0 <= t && t < q1);
+}
+
+// Token t's outputs once its owner b (range [q0, q1), row r) is known: positions[t] and
+// every group's slot (vllm_token's second half, unchanged).
+__device__ __forceinline__ void vllm2_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
+                                                  int num_tokens, VllmErr& err) {
+    bool valid = false;
+    long long pos = 0;
+    int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+    if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
+        if (r >= 0 && r < p.max_num_reqs) {
+#pragma unroll
+            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
+            const int nct = p.num_computed_tokens[r];
+            if (nct >= 0) {
+                valid = true;
+                pos = (long long)nct + (t - q0);
+            }
+        }
+    }
+    p.positions[t] = pos;
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+        if (g >= p.num_groups) break;
+        long long slot = -1;
+        const int flags = p.group_flags[g];
+        if (valid && (flags & VLLM_GROUP_SLOTS)) {
+            const unsigned int up = (unsigned int)pos;
+            const unsigned int B = (unsigned int)p.block_size[g];
+            unsigned int idx, off;
+            bool local = true;
+            if (flags & VLLM_GROUP_SHARDED) {
+                const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
+                const unsigned int vbs = B * cp;
+                idx = up / vbs;
+                const unsigned int vo = up - idx * vbs;
+                local = ((vo / il) % cp) == (unsigned int)p.cp_rank;
+                off = (vo / (il * cp)) * il + vo % il;
+            } else {
+                idx = up / B;
+                off = up - idx * B;
+            }
+            if (local) {
+                const int nb = nbs[g];
+                if ((long long)idx >= (long long)p.width[g]) {
+                    err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
+                } else if ((long long)idx >= (long long)nb) {
+                    err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
+                } else {
+                    const int blk = p.block_table[g][r * p.table_stride[g] + idx];
+                    if (blk < 0) {
+                        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
+                    } else {
+                        slot = (long long)blk * (long long)B + off;
+                        if (p.slot_is_32 && slot > VLLM_INT_MAX) {
+                            err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
+                            slot = -1;
+                        }
+                    }
+                }
+            }
+        }
+        vllm_store_slot(p, g, t, slot);
+    }
+}
+
+// One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens, the
+// per-request checks, and (moved here from the gather) every group's num_blocks check,
+// with the key the first version's gather gave it.
+__device__ __forceinline__ void vllm2_request_row(const VllmStepParams& p, int b, VllmErr& err) {
+    int seq = 0;
+    if (b < p.num_reqs) {
+        const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
+        const long long r = vllm_row_of(p, b);
+        const long long tok = q0 < 0 ? 0 : q0;
+        int nct = 0;
+        int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+        bool good = r >= 0;
+        if (r < -1 || r >= p.max_num_reqs) {
+            good = false;
+            err.add(VLLM_ERR_ROW_INDEX, 5, tok, b, 0);
+        } else if (r >= 0) {
+            // The row's num_blocks are loaded with its num_computed_tokens.
+#pragma unroll
+            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
+            nct = p.num_computed_tokens[r];
+            if (nct < 0) {
+                good = false;
+                err.add(VLLM_ERR_NEGATIVE_COMPUTED, 7, tok, b, 0);
+            }
+        }
+        if (q0 < 0 || q1 < q0) {
+            good = false;
+            err.add(VLLM_ERR_QUERY_START_LOC, 3, tok, b, 0);
+        }
+        if (q1 > p.max_tokens) err.add(VLLM_ERR_CAPACITY, 2, p.max_tokens, b, 0);
+        if (good) {
+            const long long s = (long long)nct + ((long long)q1 - q0);
+            seq = (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
+#pragma unroll
+            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                if (g < p.num_groups && (nbs[g] < 0 || nbs[g] > p.width[g]))
+                    err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
+        }
+    }
+    p.seq_lens[b] = seq;
+    p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
+}
+
+// One (group, real batch row b < num_reqs) pair by `lanes` lanes (sub = this lane's index
+// among them); an inactive pair (past the last one) only reaches the warp barrier. No
+// error is detected here (vllm2_request_row checks num_blocks).
+__device__ __forceinline__ void vllm2_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
+                                                 int lanes) {
+    int nbc = 0, first = 0, fill = 0;
+    int* __restrict__ out = 0;
+    int* __restrict__ fill_at = 0;
+    const int* __restrict__ src = 0;
+    if (active) {
+        const int W = vllm_pick(p.width, g);
+        out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
+        fill_at = vllm_pick(p.row_fill, g) + b;
+        fill = *fill_at;
+        const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
+        const long long r = vllm_row_of(p, b);
+        if (r >= 0 && r < p.max_num_reqs) {
+            const int nb = vllm_pick(p.num_blocks, g)[r];
+            const int nct = p.num_computed_tokens[r];
+            if (nct >= 0 && q0 >= 0 && q1 >= q0) {
+                nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+                src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
+                const int reach = vllm_pick(p.sliding_window_reach, g);
+                if (reach > 0) {
+                    const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+                    first = f < 0 ? 0 : (int)(f > W ? W : f);
+                }
+            }
+        }
+    }
+    // Entries [0, max(nbc, fill)): VLLM2_GATHER_LOADS loads in flight per lane before any store.
+    const int end = nbc > fill ? nbc : fill;
+    for (int j0 = 0; j0 < end; j0 += VLLM2_GATHER_LOADS * lanes) {
+        int v[VLLM2_GATHER_LOADS];
+#pragma unroll
+        for (int k = 0; k < VLLM2_GATHER_LOADS; ++k) {
+            const int j = j0 + lanes * k + sub;
+            v[k] = (j < nbc && j >= first) ? src[j] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < VLLM2_GATHER_LOADS; ++k) {
+            const int j = j0 + lanes * k + sub;
+            if (j < end) out[j] = v[k];
+        }
+    }
+    __syncwarp();  // every lane has read the row's fill before it is replaced
+    if (active && sub == 0) *fill_at = nbc;
+}
+
+// ---- kvaddr_vllm_step_v2: the entry (warp-level code; not run by the CPU emulator) ----
+
+extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(const VllmStepParams p) {
+    __shared__ int sq[VLLM2_QSL_SMEM];  // query_start_loc, staged when a token block searches
+    VllmErr err;
+    err.mask = 0;
+    err.key = VLLM_NO_ERROR;
+    const int blk = blockIdx.x;
+    const int lane = (int)(threadIdx.x & 31);
+    if (blk < p.token_blocks) {
+        const int t = blk * VLLM_THREADS + (int)threadIdx.x;
+        const int n = p.num_reqs;
+        int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
+        long long r = 0;
+        bool need = false;
+        if (n > 0 && t < p.max_tokens) need = vllm2_token_guess(p, t, b, q0, q1, r, num_tokens);
+        if (n + 1 <= VLLM2_QSL_SMEM) {  // uniform: every thread of the block reaches both barriers
+            if (__syncthreads_or(need)) {
+                for (int i = (int)threadIdx.x; i <= n; i += VLLM_THREADS) sq[i] = p.query_start_loc[i];
+                __syncthreads();
+                if (need) {
+                    b = vllm_owner_search(sq, n, t);
+                    q0 = sq[b];
+                    q1 = sq[b + 1];
+                    r = vllm_row_of(p, b);
+                }
+            }
+        } else if (need) {
+            b = vllm_owner_search(p.query_start_loc, n, t);
+            q0 = p.query_start_loc[b];
+            q1 = p.query_start_loc[b + 1];
+            r = vllm_row_of(p, b);
+        }
+        if (t < p.max_tokens) vllm2_token_write(p, t, b, q0, q1, r, num_tokens, err);
+    } else if (blk < p.token_blocks + p.request_blocks) {
+        const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;
+        // Rows b >= num_reqs: zero what each group's row may still hold (its fill), the
+        // warp's lanes together, one such row after another. The fills are loaded first,
+        // so they are in flight while the row's seq_lens are computed.
+        const bool spare = b >= p.num_reqs && b < p.max_num_reqs;
+        int fills[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+#pragma unroll
+        for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+            if (g < p.num_groups && spare) fills[g] = p.row_fill[g][b];
+        if (b < p.max_num_reqs) vllm2_request_row(p, b, err);
+#pragma unroll
+        for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+            if (g >= p.num_groups) break;
+            unsigned int todo = __ballot_sync(0xffffffffu, fills[g] > 0);
+            while (todo) {
+                const int from = __ffs(todo) - 1;
+                todo &= todo - 1;
+                const int fb = __shfl_sync(0xffffffffu, fills[g], from);
+                const int bb = __shfl_sync(0xffffffffu, b, from);
+                int* __restrict__ out = p.gathered[g] + (long long)bb * p.gathered_stride[g];
+                for (int j = lane; j < fb; j += 32) out[j] = 0;
+            }
+            if (fills[g] > 0) p.row_fill[g][b] = 0;
+        }
+    } else {
+        // Pairs (group g, real row b < num_reqs), pair_lanes lanes each, 32 / pair_lanes a
+        // warp; the loop runs the same number of times for every lane of a warp, so the
+        // barrier in vllm2_gather_row is reached by all of them.
+        const int L = p.pair_lanes, per_warp = 32 / L;
+        const int n = p.num_reqs;
+        const long long pairs = (long long)p.num_groups * n;
+        const long long warps = (long long)(gridDim.x - p.token_blocks - p.request_blocks) * VLLM_WARPS;
+        const int slot = lane / L, sub = lane - slot * L;
+        for (long long w = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
+             w * per_warp < pairs; w += warps) {
+            const long long k = w * per_warp + slot;
+            const bool active = k < pairs;
+            const int g = active ? (int)(k / n) : 0;
+            const int b = active ? (int)(k - (long long)g * n) : 0;
+            vllm2_gather_row(p, active, g, b, sub, L);
+        }
+        return;  // the gather detects no error and writes no record
+    }
+    // This warp's record, every launch: [2 * warp] = mask, [2 * warp + 1] = first-bad key.
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        err.mask |= __shfl_xor_sync(0xffffffffu, err.mask, s);
+        const unsigned long long k = __shfl_xor_sync(0xffffffffu, err.key, s);
+        err.key = k < err.key ? k : err.key;
+    }
+    if (lane == 0) {
+        const long long w = (long long)blk * VLLM_WARPS + (threadIdx.x >> 5);
+        p.errors[2 * w] = (unsigned long long)err.mask;
+        p.errors[2 * w + 1] = err.key;
     }
 }

@@ -36,6 +36,10 @@ THREADS = 256
 WARPS = THREADS // 32
 #: Threads per program of the three-launch baseline (VLLM3_THREADS).
 THREADS_3 = 128
+#: The one-launch kernels, by ``VllmStepPlanner(kernel=...)``.
+KERNELS = {"v1": "kvaddr_vllm_step", "v2": "kvaddr_vllm_step_v2"}
+#: Lanes per (group, row) pair of kvaddr_vllm_step_v2's gather.
+PAIR_LANES = (8, 16, 32)
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -84,6 +88,7 @@ class VllmStepParams(ctypes.Structure):
         ("cp_interleave", _I32),
         ("token_blocks", _I32),
         ("request_blocks", _I32),
+        ("pair_lanes", _I32),
     ]
 
 
@@ -133,6 +138,13 @@ class VllmStepPlanner:
         in :class:`VllmStepOutputs` (``input_block_tables``: one array per group).
     device : int, optional
         CUDA device ordinal (the current device by default).
+    kernel : {"v2", "v1"}, default "v2"
+        The one-launch kernel: ``kvaddr_vllm_step_v2`` (no grid-wide ticket, per-warp error
+        records) or the first version ``kvaddr_vllm_step``, kept selectable until both are
+        measured side by side (``benchmarks/bench_vllm.py``). Same contract and outputs.
+    pair_lanes : {8, 16, 32}, optional
+        v2 only: lanes per (group, row) pair of the gather (default: by batch size,
+        :meth:`auto_pair_lanes`). Settable later through the ``pair_lanes`` attribute.
 
     Examples
     --------
@@ -161,8 +173,17 @@ class VllmStepPlanner:
         slot_dtype=np.int64,
         out=None,
         device: int | None = None,
+        kernel: str = "v2",
+        pair_lanes: int | None = None,
     ):
         import cupy
+
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
+        self._kernel = kernel
+        self.pair_lanes = pair_lanes  # checked by the property's setter
+        if type(self)._load_functions is VllmStepPlanner._load_functions:
+            self.kernel_name = KERNELS[kernel]
 
         self.config = cfg = VllmStepConfig(
             max_num_reqs,
@@ -185,10 +206,20 @@ class VllmStepPlanner:
             self._fns = self._load_functions()
             self.outputs = self._make_outputs(given)
             fill = np.zeros((G, M), dtype=np.int32)
-            fill[:] = np.asarray(cfg.widths, dtype=np.int32)[:, None]  # the first call zeroes every row once
+            # Entries of each gathered row that may be non-zero: none in a table the planner
+            # allocated (zeros); all of them in a caller's out= table, which the first call
+            # therefore zeroes in full once.
+            fill[:] = np.asarray(cfg.widths, dtype=np.int32)[:, None]
+            fill[[g for g in range(G) if self._own_tables[g]]] = 0
             self._row_fill = cupy.asarray(fill)
             self._errors = cupy.asarray(np.array([0, VLLM_NO_ERROR_KEY, 0, VLLM_NO_ERROR_KEY], dtype=np.uint64))
             self._state = cupy.asarray(np.array([M, 0], dtype=np.uint32))
+            # v2: one record (mask, first-bad key) per warp of the token and request blocks,
+            # each rewritten by every launch.
+            token_blocks, request_blocks = -(-T // THREADS), -(-M // THREADS)
+            rec = np.zeros(((token_blocks + request_blocks) * WARPS, 2), dtype=np.uint64)
+            rec[:, 1] = VLLM_NO_ERROR_KEY
+            self._records = cupy.asarray(rec)
             # Initialised on CuPy's current stream; compute() may run on any other.
             cupy.cuda.get_current_stream().synchronize()
         o = self._out_info
@@ -211,7 +242,7 @@ class VllmStepPlanner:
         for g in range(G, _G):
             p.width[g] = 1
             p.block_size[g] = 1
-        p.errors = self._errors.data.ptr
+        p.errors = (self._records if self._v2 else self._errors).data.ptr
         p.state = self._state.data.ptr
         p.num_groups = G
         p.max_num_reqs = M
@@ -234,8 +265,12 @@ class VllmStepPlanner:
         }
 
     # -- construction helpers ---------------------------------------------------------
+    @property
+    def _v2(self) -> bool:
+        return self.kernel == "v2" and type(self)._load_functions is VllmStepPlanner._load_functions
+
     def _load_functions(self) -> dict:
-        fn = kernel_loader.get_function(self.kernel_name, self.device)
+        fn = kernel_loader.get_function(KERNELS[self.kernel], self.device)
         return {"step": StructLaunch(fn, self._params)}
 
     @staticmethod
@@ -289,6 +324,7 @@ class VllmStepPlanner:
             tables = [None] * G
         tables = per_group("out.input_block_tables", tables, G, allow_stacked=False)
         made, infos = [], []
+        self._own_tables = [t is None for t in tables]
         for g, t in enumerate(tables):
             W = cfg.widths[g]
             if t is None:
@@ -404,11 +440,44 @@ class VllmStepPlanner:
         self._seen_tables = [None] * self.config.num_groups
         self._seen_nb_items = ()
 
-    def grid(self, num_reqs_padded: int) -> int:
-        """Blocks of the one launch for a batch padded to ``num_reqs_padded`` rows."""
+    @property
+    def kernel(self) -> str:
+        """The one-launch kernel, ``"v2"`` or ``"v1"`` (fixed at construction: its buffers differ)."""
+        return self._kernel
+
+    @property
+    def pair_lanes(self) -> int | None:
+        """v2's lanes per (group, row) pair of the gather (8, 16 or 32; None: by batch size)."""
+        return self._pair_lanes
+
+    @pair_lanes.setter
+    def pair_lanes(self, lanes: int | None) -> None:
+        if lanes is not None and lanes not in PAIR_LANES:
+            raise ValueError(f"pair_lanes must be one of {PAIR_LANES} or None, got {lanes!r}")
+        self._pair_lanes = lanes
+
+    @staticmethod
+    def auto_pair_lanes(pairs: int) -> int:
+        """v2's default lanes per (group, row) pair for ``pairs`` pairs: a warp per pair
+        (more entries in flight per row) while that is at most 64 blocks, then 16, then 8."""
+        if pairs * 32 <= 64 * THREADS:
+            return 32
+        if pairs * 16 <= 256 * THREADS:
+            return 16
+        return 8
+
+    def grid(self, num_reqs_padded: int, num_reqs: int | None = None) -> int:
+        """Blocks of the one launch for a batch of ``num_reqs`` requests (default: the
+        padded size) padded to ``num_reqs_padded`` rows (v2 also sets ``pair_lanes``)."""
         p = self._params
+        G = self.config.num_groups
+        if self.kernel == "v2":
+            pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
+            lanes = self._pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
+            p.pair_lanes = lanes
+            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS)
         rows = max(num_reqs_padded, 1)
-        return p.token_blocks + p.request_blocks + -(-(self.config.num_groups * rows) // (2 * WARPS))
+        return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS))
 
     @property
     def launches_per_step(self) -> int:
@@ -448,10 +517,10 @@ class VllmStepPlanner:
         VllmStepOutputs
             The persistent output buffers (``out=`` tensors where given).
         """
-        _, padded = self._prepare(
+        n, padded = self._prepare(
             idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
         )
-        self._fns["step"](self.grid(padded), 1, THREADS, stream_handle(stream))
+        self._fns["step"](self.grid(padded, n), 1, THREADS, stream_handle(stream))
         return self.outputs
 
     def errors(self, stream=None) -> tuple[int, int]:
@@ -459,6 +528,13 @@ class VllmStepPlanner:
         import cupy
 
         handle = stream_handle(stream)
+        if self._v2:
+            rec = np.empty(self._records.shape, dtype=np.uint64)
+            with cupy.cuda.Device(self.device):
+                s = cupy_stream(handle)
+                self._records.get(stream=s, out=rec)
+                s.synchronize()
+            return int(np.bitwise_or.reduce(rec[:, 0])), int(rec[:, 1].min())
         rec = np.empty(4, dtype=np.uint64)
         with cupy.cuda.Device(self.device):
             s = cupy_stream(handle)

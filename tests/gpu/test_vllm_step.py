@@ -1,7 +1,9 @@
 """VllmStepPlanner on the GPU against the NumPy reference (docs/vllm.md).
 
 Every test builds its batch on the host, runs the reference and the planner, and
-compares every output element (the gathered tables in full). Skips without a GPU.
+compares every output element (the gathered tables in full). Every test runs on both
+one-launch kernels (``kernel="v2"``, the default, and the first version ``"v1"``), through
+:func:`make_planner`. Skips without a GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ pytestmark = requires_gpu
 
 INPUT_NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
 
+#: The one-launch kernel the current test runs on (set by the autouse fixture below).
+KERNEL = "v2"
+
+
+@pytest.fixture(autouse=True, params=["v2", "v1"])
+def kernel(request):
+    global KERNEL
+    KERNEL = request.param
+    yield request.param
+    KERNEL = "v2"
+
 
 def on_device(inputs: dict) -> dict:
     import cupy
@@ -48,6 +61,8 @@ def on_device(inputs: dict) -> dict:
 def make_planner(cfg: VllmStepConfig, cls=None, **kw):
     from kvaddr.engines.vllm import VllmStepPlanner
 
+    if cls is None:
+        kw.setdefault("kernel", KERNEL)
     return (cls or VllmStepPlanner)(**planner_kwargs(cfg), **kw)
 
 
@@ -351,6 +366,49 @@ def test_torch_tensors_stream_and_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert_same(planner.outputs, ref(cfg, step, padded).outputs.as_dict(), f"torch replay {i}")
+
+
+def test_graphs_of_different_sizes_replayed_in_turn():
+    """Two captured steps (200 and 30 requests) replayed alternately: the rows the bigger one
+    filled are zeroed by the smaller one's replay (state kept on the device, not the host)."""
+    import cupy
+
+    rng = np.random.default_rng(11)
+    cfg, state = random_case(rng, max_num_reqs=256, num_reqs=256, block_sizes=(16, 64), max_query=3, spare_tokens=900)
+    planner = make_planner(cfg)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    graphs = []
+    for n, padded in ((200, 208), (30, 32)):
+        batch = new_batch(rng, cfg, state, n, max_query=3)
+        d = on_device(batch)
+        planner.compute(*(d[k] for k in INPUT_NAMES), num_reqs_padded=padded, stream=stream)  # warm
+        stream.synchronize()
+        stream.begin_capture()
+        planner.compute(*(d[k] for k in INPUT_NAMES), num_reqs_padded=padded, stream=stream)
+        graphs.append((stream.end_capture(), batch, padded, d))  # d: the graph reads these arrays
+    for i in range(5):
+        graph, batch, padded, _ = graphs[i % 2]
+        graph.launch(stream)
+        stream.synchronize()
+        want = ref(cfg, batch, padded)
+        assert_same(planner.outputs, want.outputs.as_dict(), f"replay {i}")
+        assert planner.errors(stream) == (want.error_mask, want.error_key)
+
+
+@pytest.mark.parametrize("lanes", [8, 16, 32])
+@pytest.mark.parametrize("max_query", [1, 40])
+def test_v2_gather_widths(lanes, max_query, kernel):
+    if kernel != "v2":
+        pytest.skip("pair_lanes is kvaddr_vllm_step_v2's")
+    rng = np.random.default_rng(lanes + max_query)
+    cfg, state = random_case(
+        rng, max_num_reqs=700, num_reqs=700, block_sizes=(16, 64, 5), max_query=max_query,
+        spare_tokens=700 * max_query, sliding_window_reach=[0, 0, 40], max_context=9000,
+    )  # fmt: skip
+    planner = make_planner(cfg, pair_lanes=lanes)
+    for step, n in enumerate([650, 3, 699, 100]):
+        inputs = new_batch(rng, cfg, state, n, max_query=max_query)
+        run_and_compare(planner, cfg, inputs, padded=min(700, n + 5), label=f"lanes {lanes}, step {step}")
 
 
 # -- scale -------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Run the vLLM section of kernels.cu on the CPU: its device code compiled by the host
+"""Run the vLLM sections of kernels.cu on the CPU: its device code compiled by the host
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
 What is emulated: the device helpers of ``kvaddr_vllm_step`` (one token, one request
@@ -75,6 +75,55 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     (void)grid;
 }
 
+// kvaddr_vllm_step_v2: its device helpers (token guess and write, request row, gather
+// pair), driven as the entry drives them. The entry's warp-level code is re-stated here,
+// not emulated: the staged query_start_loc (the same values: the search runs on the
+// global array), the spare rows' zeroing (one row after another), the per-warp records
+// (record 0 holds the launch's merged record, the others none).
+extern "C" void emu_vllm_step_v2(const VllmStepParams* pp, unsigned int grid) {
+    const VllmStepParams& p = *pp;
+    VllmErr all; all.mask = 0; all.key = VLLM_NO_ERROR;
+    const int n = p.num_reqs;
+    for (int t = 0; t < p.max_tokens; ++t) {
+        threadIdx.x = t % VLLM_THREADS;
+        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
+        int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
+        long long r = 0;
+        if (n > 0 && vllm2_token_guess(p, t, b, q0, q1, r, num_tokens)) {
+            b = vllm_owner_search(p.query_start_loc, n, t);
+            q0 = p.query_start_loc[b];
+            q1 = p.query_start_loc[b + 1];
+            r = vllm_row_of(p, b);
+        }
+        vllm2_token_write(p, t, b, q0, q1, r, num_tokens, e);
+        emu_merge(all, e);
+    }
+    for (int b = 0; b < p.max_num_reqs; ++b) {
+        threadIdx.x = b % VLLM_THREADS;
+        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
+        vllm2_request_row(p, b, e);
+        emu_merge(all, e);
+    }
+    for (int g = 0; g < p.num_groups; ++g)
+        for (int b = n; b < p.max_num_reqs; ++b) {
+            const int fill = p.row_fill[g][b];
+            for (int j = 0; j < fill; ++j) p.gathered[g][(long long)b * p.gathered_stride[g] + j] = 0;
+            if (fill > 0) p.row_fill[g][b] = 0;
+        }
+    for (int g = 0; g < p.num_groups; ++g)
+        for (int b = 0; b < n; ++b)
+            for (int sub = p.pair_lanes - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
+                threadIdx.x = sub;
+                vllm2_gather_row(p, true, g, b, sub, p.pair_lanes);
+            }
+    const int records = (p.token_blocks + p.request_blocks) * VLLM_WARPS;
+    for (int w = 0; w < records; ++w) {
+        p.errors[2 * w] = w == 0 ? all.mask : 0ULL;
+        p.errors[2 * w + 1] = w == 0 ? all.key : VLLM_NO_ERROR;
+    }
+    (void)grid;
+}
+
 typedef void (*emu_kernel)(const VllmStepParams);
 
 static void emu_grid(emu_kernel k, const VllmStepParams* pp, unsigned int gx, unsigned int gy) {
@@ -103,7 +152,8 @@ def emulated_source() -> str:
     cut0 = src.index("__device__ __forceinline__ void vllm_flush_errors")
     three = src.index("// ==== vLLM's three-launch design")
     cut1 = src.rindex("// =====", 0, three)
-    body = src[start:cut0] + src[cut1:]
+    cut2 = src.index("// ---- kvaddr_vllm_step_v2: the entry")
+    body = src[start:cut0] + src[cut1:cut2]
     # return inside a void kernel called once per emulated thread is fine as is
     return PRELUDE + body + DRIVER
 
@@ -127,6 +177,7 @@ def library():
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
     lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_vllm_step_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
 
@@ -136,6 +187,8 @@ def run(name: str, params_address: int, gx: int, gy: int) -> None:
     lib = library()
     if name == "kvaddr_vllm_step":
         lib.emu_vllm_step(params_address, gx)
+    elif name == "kvaddr_vllm_step_v2":
+        lib.emu_vllm_step_v2(params_address, gx)
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]
         lib.emu_vllm3(which, params_address, gx, gy)

@@ -244,7 +244,13 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
     } | engine
     for name in baseline:
         assert base < where(name) < end
-    vllm = ("kvaddr_vllm_step", "kvaddr_vllm3_prepare", "kvaddr_vllm3_gather", "kvaddr_vllm3_slots")
+    vllm = (
+        "kvaddr_vllm_step",
+        "kvaddr_vllm_step_v2",
+        "kvaddr_vllm3_prepare",
+        "kvaddr_vllm3_gather",
+        "kvaddr_vllm3_slots",
+    )
     for name in vllm:
         assert end < where(name)  # the vLLM sections come after the core baseline section
     assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32", *baseline, *vllm}

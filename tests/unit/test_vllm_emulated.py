@@ -39,20 +39,30 @@ def check(impl, cfg, x, padded=None, errors=True, label=""):
     return want
 
 
-def _impls(cfg):
+def _impls(cfg, kernel="v2", pair_lanes=None):
     from kvaddr.engines.vllm import VllmStepPlanner
     from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
 
-    return VllmStepPlanner(**planner_kwargs(cfg)), VllmThreeLaunch(**planner_kwargs(cfg))
+    one = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel, pair_lanes=pair_lanes)
+    return one, VllmThreeLaunch(**planner_kwargs(cfg))
 
 
-def test_worked_example(emu):
+#: Both one-launch kernels (kvaddr_vllm_step and kvaddr_vllm_step_v2), v2 with each gather width.
+KERNELS = [("v1", None), ("v2", None), ("v2", 8), ("v2", 32)]
+
+
+@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}-{k[1] or 'auto'}")
+def kernel(request):
+    return request.param
+
+
+def test_worked_example(emu, kernel):
     cfg, x = worked_example()
-    one, three = _impls(cfg)
+    one, three = _impls(cfg, *kernel)
     check(one, cfg, x)
     check(three, cfg, x, errors=False)
     assert [L["name"] for L in emu.launches] == [
-        "kvaddr_vllm_step",
+        "kvaddr_vllm_step" if kernel[0] == "v1" else "kvaddr_vllm_step_v2",
         "kvaddr_vllm3_prepare",
         "kvaddr_vllm3_gather",
         "kvaddr_vllm3_slots",
@@ -60,9 +70,9 @@ def test_worked_example(emu):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_worked_example_dcp(emu, rank):
+def test_worked_example_dcp(emu, rank, kernel):
     cfg, x = worked_example(cp_size=2, cp_rank=rank)
-    one, three = _impls(cfg)
+    one, three = _impls(cfg, *kernel)
     check(one, cfg, x)
     check(three, cfg, x, errors=False)
 
@@ -105,7 +115,7 @@ def test_random_steps_match_the_reference(data):
 
 
 def _steps(data, rng, cfg, state, M, max_query, seed):
-    one, three = _impls(cfg)
+    one, three = _impls(cfg, *data.draw(st.sampled_from(KERNELS)))
     bad = data.draw(st.booleans())
     for step in range(3):
         n = data.draw(st.integers(0, M))
@@ -119,20 +129,24 @@ def _steps(data, rng, cfg, state, M, max_query, seed):
             check(three, cfg, x, padded, errors=False, label=label)
 
 
-def test_stale_rows_and_the_device_row_count(emu):
+def test_stale_rows_and_the_device_row_count(emu, kernel):
     rng = np.random.default_rng(3)
     cfg, state = random_case(rng, max_num_reqs=64, num_reqs=64, block_sizes=(4, 16), max_query=6, spare_tokens=400)
-    one, three = _impls(cfg)
+    one, three = _impls(cfg, *kernel)
     for n in [64, 5, 40, 0, 63, 1, 30]:
         x = new_batch(rng, cfg, state, n, max_query=6)
         padded = min(64, n + int(rng.integers(0, 9)))
         check(one, cfg, x, padded, label=f"one, num_reqs {n}")
         check(three, cfg, x, padded, errors=False, label=f"three, num_reqs {n}")
-        assert int(one._state.a[0]) == n  # rows holding data, for the next call
-    assert one._errors.a[0] == 0 and one._errors.a[1] == 2**64 - 1  # the live record is reset
+        if kernel[0] == "v1":
+            assert int(one._state.a[0]) == n  # rows holding data, for the next call
+        else:  # v2: every row past the batch is clean (fill 0), the batch's rows hold what they hold
+            assert (one._row_fill.a[:, n:] == 0).all()
+    if kernel[0] == "v1":
+        assert one._errors.a[0] == 0 and one._errors.a[1] == 2**64 - 1  # the live record is reset
 
 
-def test_bad_input_matrix_device_rows(emu):
+def test_bad_input_matrix_device_rows(emu, kernel):
     from kvaddr.engines.vllm_config import VllmStepConfig
     from tests.support.vllm_bad_input_matrix import ROWS
 
@@ -141,14 +155,31 @@ def test_bad_input_matrix_device_rows(emu):
             continue
         cfg_kw, x = row.make()
         cfg = VllmStepConfig(**cfg_kw)
-        one, _ = _impls(cfg)
+        one, _ = _impls(cfg, *kernel)
         want = check(one, cfg, x, row.num_reqs_padded, label=row.id)
         assert want.error_mask == row.bits, row.id
 
 
-def test_large_decode_batch(emu):
+@pytest.mark.parametrize("kernel", [("v1", None), ("v2", None)], ids=["v1", "v2"])
+def test_large_decode_batch(emu, kernel):
     rng = np.random.default_rng(8)
     cfg, x = random_case(rng, max_num_reqs=5000, num_reqs=4500, block_sizes=(16, 64), max_query=1, dummy_fraction=0.1)
-    one, three = _impls(cfg)
+    one, three = _impls(cfg, *kernel)
     check(one, cfg, x, 4600)
     check(three, cfg, x, 4600, errors=False)
+
+
+def test_caller_out_tables_are_zeroed_in_full_then_kept_clean(emu, kernel):
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from tests.support.vllm_fake_cupy import FakeArray
+
+    rng = np.random.default_rng(12)
+    cfg, state = random_case(rng, max_num_reqs=40, num_reqs=40, block_sizes=(4, 16), max_query=5, spare_tokens=300)
+    tables = [FakeArray(np.full((40, w), 77, np.int32)) for w in cfg.widths]
+    one = VllmStepPlanner(
+        **planner_kwargs(cfg), out={"input_block_tables": tables}, kernel=kernel[0], pair_lanes=kernel[1]
+    )
+    for n in [10, 0, 40, 3]:
+        x = new_batch(rng, cfg, state, n, max_query=5)
+        check(one, cfg, x, min(40, n + 4), label=f"num_reqs {n}")
+    assert one.outputs.input_block_tables[0] is tables[0]

@@ -33,7 +33,7 @@ def test_one_launch_struct_and_grid(fake):
     from kvaddr.engines.vllm import VllmStepPlanner
 
     _, d = _worked(G=2)
-    pl = VllmStepPlanner(4, 6, [4, 4], [4, 4], slot_mapping_enabled=[True, False], cp_size=2, cp_rank=1)
+    pl = VllmStepPlanner(4, 6, [4, 4], [4, 4], slot_mapping_enabled=[True, False], cp_size=2, cp_rank=1, kernel="v1")
     out = pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
     assert len(fake.launches) == 1
     L = fake.launches[0]
@@ -55,10 +55,74 @@ def test_one_launch_struct_and_grid(fake):
     assert (p["num_groups"], p["num_reqs"], p["num_reqs_padded"], p["max_num_reqs"], p["max_tokens"]) == (2, 2, 3, 4, 6)
     assert (p["cp_size"], p["cp_rank"], p["cp_interleave"], p["slot_is_32"]) == (2, 1, 1, 0)
     assert p["row_fill"][1] - p["row_fill"][0] == 4 * 4  # [G, M] int32
-    # the persistent scratch starts as "every row may be dirty" and a clean error record
-    assert pl._row_fill.a.tolist() == [[4] * 4, [4] * 4]
+    # the persistent scratch starts clean (the planner's tables are zeros) with a clean error record
+    assert pl._row_fill.a.tolist() == [[0] * 4, [0] * 4]
     assert pl._state.a.tolist() == [4, 0]
     assert pl._errors.a.tolist() == [0, 2**64 - 1, 0, 2**64 - 1]
+    assert p["errors"] == pl._errors.data.ptr and p["state"] == pl._state.data.ptr
+
+
+def test_v2_struct_grid_and_records(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    _, d = _worked(G=2)
+    pl = VllmStepPlanner(4, 600, [4, 4], [4, 4], cp_size=2, cp_rank=1)  # kernel="v2" by default
+    assert pl.kernel == "v2" and pl.kernel_name == "kvaddr_vllm_step_v2"
+    with pytest.raises(AttributeError):
+        pl.kernel = "v1"  # fixed at construction
+    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
+    L = fake.launches[-1]
+    p = L["params"]
+    assert L["fn"] == fake.names["kvaddr_vllm_step_v2"] and L["stream"] == 77 and L["block"] == 256
+    # ceil(600/256) = 3 token blocks + 1 request block + the gather: 2 groups x 2 real rows (not
+    # the padded 3: rows past the batch are the request role's) x 32 lanes, in 256-thread blocks
+    assert p["token_blocks"] == 3 and p["request_blocks"] == 1 and p["pair_lanes"] == 32
+    assert L["grid"] == (3 + 1 + 1, 1, 1)
+    # one (mask, first-bad key) record per warp of the token and request blocks
+    assert pl._records.a.shape == ((3 + 1) * 8, 2)
+    assert pl._records.a[:, 0].tolist() == [0] * 32 and pl._records.a[:, 1].tolist() == [2**64 - 1] * 32
+    assert p["errors"] == pl._records.data.ptr
+    assert pl.errors() == (0, 2**64 - 1)
+    pl._records.a[5] = [8, 77]
+    pl._records.a[9] = [1, 55]
+    assert pl.errors() == (9, 55)  # the host reduces the records: OR of the masks, least key
+    # the gather width is settable; a bad one is refused before the launch
+    pl.pair_lanes = 8
+    pl.compute(*(d[k] for k in NAMES))
+    p = fake.launches[-1]["params"]
+    assert p["pair_lanes"] == 8 and fake.launches[-1]["grid"] == (5, 1, 1)
+    with pytest.raises(ValueError, match=r"pair_lanes must be one of \(8, 16, 32\) or None, got 12"):
+        pl.pair_lanes = 12
+    assert pl.pair_lanes == 8
+    with pytest.raises(ValueError, match=r"pair_lanes must be one of"):
+        VllmStepPlanner(4, 6, [4], [4], pair_lanes=64)
+    with pytest.raises(ValueError, match=r"kernel must be one of \['v1', 'v2'\], got 'v3'"):
+        VllmStepPlanner(4, 6, [4], [4], kernel="v3")
+
+
+def test_a_caller_table_is_zeroed_in_full_by_the_first_call(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    mine = FakeArray(np.full((4, 5), 9, np.int32))
+    pl = VllmStepPlanner(4, 6, [4, 4], [4, 5], out={"input_block_tables": [None, mine]})
+    assert pl._row_fill.a.tolist() == [[0] * 4, [5] * 4]  # every entry of the caller's table may be non-zero
+    assert pl.outputs.input_block_tables[1] is mine
+
+
+def test_auto_pair_lanes():
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    lanes = VllmStepPlanner.auto_pair_lanes
+    assert [lanes(1), lanes(512), lanes(513), lanes(4096), lanes(4097), lanes(8192)] == [32, 32, 16, 16, 8, 8]
+
+
+@pytest.mark.parametrize("pairs", [1, 512, 513, 4096, 4097, 8192])
+def test_grid_uses_auto_pair_lanes(fake, pairs):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    pl = VllmStepPlanner(8192, 8, [4], [4])
+    pl.grid(pairs)
+    assert pl._params.pair_lanes == VllmStepPlanner.auto_pair_lanes(pairs)
 
 
 def test_identity_cache_and_replacements(fake):
