@@ -169,6 +169,13 @@ class StepPlanner:
             | (consts["KV_ATTN_PAGE_TABLE"] if "page_table" in groups else 0)
         )
         self._attn_stride = self.max_requests + 1
+        # Which metadata blocks run (docs/perf-notes.md): 1 = request-parallel (kv_meta_block2:
+        # one register pass over the lengths, a scan of the block's own requests, a group of
+        # _meta_lanes lanes copies each request's row), 0 = the first version (kv_meta_block:
+        # every block rescans all lengths, entry ranges with a binary search). Kept selectable
+        # until measured: benchmarks/bench_attention.py sets it with _set_meta_impl.
+        self._meta_impl = type(self)._META_IMPL_DEFAULT
+        self._meta_lanes = 32
         N = self.kv_indices_capacity or 1
         # E, the kv_indices entries of one metadata block: about two blocks per SM over
         # all caches' entries, at least 2048 (each block also reads every length once).
@@ -208,6 +215,26 @@ class StepPlanner:
         P.meta_per_cache = self._meta_per_cache  # int32
         P.meta_entries = self._meta_entries  # int32: E
         P.num_meta = self._num_meta  # int32
+        P.meta_impl = self._meta_impl  # int32: 1 request-parallel (kv_meta_block2), 0 first version
+        P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
+
+    #: Metadata implementation of new planners (1 request-parallel, 0 the first version); tests
+    #: and benchmarks switch it (tests/gpu/test_paged_attention_e2e_gpu.py runs both).
+    _META_IMPL_DEFAULT = 1
+
+    def _set_meta_impl(self, impl: int, lanes: int | None = None) -> None:
+        """Select the metadata blocks' implementation (0 first version, 1 request-parallel) and
+        kv_meta_block2's lanes per request (4, 8, 16 or 32); takes effect at the next launch
+        (a CUDA graph keeps what it captured)."""
+        if impl not in (0, 1):
+            raise ValueError(f"meta impl must be 0 or 1, got {impl!r}")
+        if lanes is not None and lanes not in (4, 8, 16, 32):
+            raise ValueError(f"meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
+        self._meta_impl = int(impl)
+        if lanes is not None:
+            self._meta_lanes = int(lanes)
+        self._params.meta_impl = self._meta_impl
+        self._params.meta_lanes = self._meta_lanes
 
     def _attention_outputs(self, bsz: int):
         """AttentionOutputs views for a batch of bsz (page_table set per call), None when off."""
