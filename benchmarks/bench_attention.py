@@ -17,8 +17,9 @@ graph; time per copy is the replay time (CUDA events, median of R replays) over 
 
 Both metadata implementations are timed in the same run (StepPlanner._set_meta_impl): "old"
 (0, kv_meta_block: every metadata block rescans all lengths) and "new" (1, kv_meta_block2:
-request-parallel, at each --lanes value); the verdict is the default implementation's
-(new, lanes 32), the other columns are for the perf notes.
+request-parallel, at each --lanes value) and "pf" (2: request-parallel with an L2 prefetch
+of the rows, at the first --lanes value); the verdict is the default implementation's (new,
+the first --lanes value), the other columns are for the perf notes.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def main(argv=None):
     ap.add_argument("--lanes", default="32,8", help="kv_meta_block2 lanes per request to time (first: the verdict)")
     a = ap.parse_args(argv)
     lanes = [int(x) for x in a.lanes.split(",") if x]
-    variants = [("old", 0, 32)] + [(f"new{n}", 1, n) for n in lanes]
+    variants = [("old", 0, 32)] + [(f"new{n}", 1, n) for n in lanes] + [(f"pf{lanes[0]}", 2, lanes[0])]
     verdict = f"new{lanes[0]}"
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)

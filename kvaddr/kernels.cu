@@ -46,8 +46,13 @@
 //   * Attention metadata (docs/attention.md, opt-in: KvStepParams::attention != 0):
 //     num_meta more blocks after the token blocks (kv_meta_block) write kv_indptr,
 //     kv_indices, kv_last_page_len, cu_seqlens_k and max_seqlen_q/k. They take no
-//     ticket and wait for no block (each scans all lengths itself, KV_TILE at a time);
-//     with attention off num_meta = 0 and the token blocks run exactly as before.
+//     ticket and wait for no block. KvStepParams::meta_impl picks how: 1 (default) or 2
+//     kv_meta_block2, request-parallel (one register pass over all lengths for the
+//     prefixes before the block's own requests, a scan of those, a group of lanes copies
+//     each request's row prefix; 2 also prefetches the rows into L2 first), 0 the first
+//     version kv_meta_block (each block scans all lengths KV_TILE at a time in shared
+//     memory and binary-searches each entry's request). With attention off num_meta = 0
+//     and the token blocks run exactly as before.
 //   * Errors: every warp writes one record (mask, first-bad key) of its own every
 //     launch, so no reset is needed; check() reduces the records on the host. The
 //     mask's bits are the KV_ERR_* below (kvaddr/errors.py's ERR_*, checked by a test).
@@ -143,6 +148,7 @@ struct KvStepParams {
     int meta_entries;                        // int32: E, kv_indices entries each metadata block writes
     int num_meta;                            // int32: metadata blocks after the token blocks (0 when off)
     int meta_impl;                           // int32: 1 = request-parallel metadata blocks (kv_meta_block2),
+                                             // 2 = the same with an L2 prefetch of the rows first,
                                              // 0 = the first version (kv_meta_block: every block rescans)
     int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
 };
@@ -884,7 +890,7 @@ struct __align__(16) KvMeta2Shared {
 union KvSharedAll {
     KvShared step;
     KvMetaShared meta;
-    KvMeta2Shared meta2;  // kv_meta_block2's (meta_impl = 1)
+    KvMeta2Shared meta2;  // kv_meta_block2's (meta_impl 1, 2)
 };
 
 // ceil(L / B) for L >= 0, B >= 1 (no overflow).
@@ -1163,10 +1169,17 @@ __device__ __forceinline__ void kv_meta_block(KvMetaShared& sm, const KvStepPara
 //   4. the pad: entries [max(k * E, total), min((k + 1) * E, N)) get -1 (fixed entry
 //      ranges, as kv_meta_block: every element of kv_indices written on every call);
 //   5. k = 0 writes entry bsz of kv_indptr / cu_seqlens_k (the totals of pass 1), block 0 the maxima.
+// With meta_impl = 2, between 1 and 2 the block prefetches into L2 the first copy round's
+// columns of its first KV_THREADS requests' rows (prefetch.global.L2; no result, no fault).
 // No block waits for another and no state is kept between launches.
 
 // Pass 1 of kv_meta_block2, per thread: saturating sums of tokens, L and pages of the
 // requests before r0 (bq, bl, bp), of all L and pages (tl, tp), and the maxima (mq, ml).
+// kv_meta_block2's lanes per request: 4, 8, 16 or 32 (anything else: 32).
+__device__ __forceinline__ int kv_meta_lanes(int lanes) {
+    return lanes == 4 || lanes == 8 || lanes == 16 ? lanes : 32;
+}
+
 struct KvMetaAcc {
     int bq, bl, bp, tl, tp, mq, ml;
     __device__ __forceinline__ void add(int d, int n, int b, int r0, int B) {
@@ -1306,10 +1319,24 @@ __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepPa
         p.max_seqlen[0] = mq;
         p.max_seqlen[1] = ml;
     }
+    // 1b. (meta_impl 2) L2 prefetch of the first copy round's row prefixes of the block's
+    // first KV_THREADS requests (a warp per request, a 128-byte line per lane): their DRAM
+    // latency overlaps the scan below. (Before pass 1 it costs the kernel 7 registers.)
+    if (fi && p.meta_impl == 2) {
+        const int cnt = min(KV_THREADS, r1 - r0), cols_max = KV_META_U * kv_meta_lanes(p.meta_lanes);
+#pragma unroll 1
+        for (int i = warp; i < cnt; i += KV_WARPS) {
+            const int d = __ldg(p.seq_lens_decoder + r0 + i), n = __ldg(p.seq_lens_this_time + r0 + i);
+            const int L = (d < 0) | (n < 0) ? 0 : kv_sat_add(d, n);
+            const int cols = min(min(kv_pages(L, B), width), cols_max);
+            const int* row = table + (i64)(r0 + i) * stride;
+#pragma unroll 1
+            for (int col = lane * 32; col < cols; col += 32 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + col));
+        }
+    }
     // 2. + 3. this block's requests, KV_THREADS at a time
-    int lanes = p.meta_lanes;
-    if (lanes != 4 && lanes != 8 && lanes != 16) lanes = 32;
-    const int group = tid / lanes, sub = tid - group * lanes, groups = KV_THREADS / lanes;
+    const int lanes = kv_meta_lanes(p.meta_lanes), group = tid / lanes, sub = tid - group * lanes;
+    const int groups = KV_THREADS / lanes;
     int* __restrict__ out = p.kv_indices + (i64)g * N;
 #pragma unroll 1
     for (int c0 = r0; c0 < r1; c0 += KV_THREADS) {
@@ -1408,7 +1435,7 @@ __device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
         const int num_chunks = (p.capacity + KV_TOKENS - 1) / KV_TOKENS;
         const int token_blocks = p.bsz <= KV_TILE ? num_chunks : num_chunks + (p.bsz + KV_TILE - 1) / KV_TILE;
         if ((int)blockIdx.x >= token_blocks) {
-            if (p.meta_impl == 1) kv_meta_block2(sh.meta2, p, (int)blockIdx.x - token_blocks, num_chunks);
+            if (p.meta_impl != 0) kv_meta_block2(sh.meta2, p, (int)blockIdx.x - token_blocks, num_chunks);
             else kv_meta_block(sh.meta, p, (int)blockIdx.x - token_blocks, num_chunks);
             return;
         }

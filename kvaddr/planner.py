@@ -218,16 +218,18 @@ class StepPlanner:
         P.meta_impl = self._meta_impl  # int32: 1 request-parallel (kv_meta_block2), 0 first version
         P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
 
-    #: Metadata implementation of new planners (1 request-parallel, 0 the first version); tests
+    #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
+    #: prefetch of the rows, 0 the first version); tests
     #: and benchmarks switch it (tests/gpu/test_paged_attention_e2e_gpu.py runs both).
     _META_IMPL_DEFAULT = 1
 
     def _set_meta_impl(self, impl: int, lanes: int | None = None) -> None:
-        """Select the metadata blocks' implementation (0 first version, 1 request-parallel) and
-        kv_meta_block2's lanes per request (4, 8, 16 or 32); takes effect at the next launch
-        (a CUDA graph keeps what it captured)."""
-        if impl not in (0, 1):
-            raise ValueError(f"meta impl must be 0 or 1, got {impl!r}")
+        """Select the metadata blocks' implementation (0 the first version, 1 request-parallel,
+        2 request-parallel with an L2 prefetch of the rows) and kv_meta_block2's lanes per
+        request (4, 8, 16 or 32); takes effect at the next launch (a CUDA graph keeps what it
+        captured). Outputs and error records are the same for all."""
+        if impl not in (0, 1, 2):
+            raise ValueError(f"meta impl must be 0, 1 or 2, got {impl!r}")
         if lanes is not None and lanes not in (4, 8, 16, 32):
             raise ValueError(f"meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
         self._meta_impl = int(impl)

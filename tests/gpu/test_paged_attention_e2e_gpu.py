@@ -389,9 +389,10 @@ def test_paged_attention_end_to_end_torch_can_fail():
     assert not report.ok and any("attention differs" in f or "negative page" in f for f in report.failures)
 
 
+@pytest.mark.parametrize("impl", [1, 2])
 @pytest.mark.parametrize("lanes", [4, 8, 16, 32])
-def test_request_parallel_lanes_match_the_reference(meta_impl, lanes):
-    """kv_meta_block2 with every lane count: mixed batches (prefills longer than one copy
+def test_request_parallel_lanes_match_the_reference(meta_impl, lanes, impl):
+    """kv_meta_block2 with every lane count, with and without the row prefetch: mixed batches (prefills longer than one copy
     round, idle requests, several caches), > 4096 requests, capacity overflow, bad values."""
     if meta_impl != 1:
         pytest.skip("lanes are a parameter of the request-parallel implementation only")
@@ -416,7 +417,7 @@ def test_request_parallel_lanes_match_the_reference(meta_impl, lanes):
             attention=case["attention"],
             kv_indices_capacity=case["kv_indices_capacity"],
         )
-        planner._set_meta_impl(1, lanes)
+        planner._set_meta_impl(impl, lanes)
         ref = _reference(case)
         _, out, mask, key, _ = _planner_step(case, planner)
         _assert_attention_equal(out.attention, ref.outputs.attention, f"lanes {lanes}, case {i}")
@@ -434,7 +435,7 @@ def test_both_implementations_agree_on_a_big_decode_step(meta_impl):
     case = dict(case, attention=ALL_GROUPS)
     ref = _reference(case)
     planner = None
-    for impl in (0, 1, 0, 1):
+    for impl in (0, 1, 0, 2, 1):
         if planner is not None:
             planner._set_meta_impl(impl)
         planner, out, mask, key, _ = _planner_step(case, planner)
