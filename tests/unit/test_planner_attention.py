@@ -108,7 +108,10 @@ def fake_planner(monkeypatch):
             ref = step_addressing(dec.copy(), q.copy(), [np.zeros((max(bsz, 1), 1), np.int32)], [1], P.capacity)
             meta_kernel_model._view(P.cu_seqlens_q, bsz + 1)[:] = ref.outputs.cu_seqlens_q
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
-            launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
+            if P.meta_impl == 0:  # the first version (tile: its KV_TILE)
+                launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
+            else:  # request-parallel (tile: its round of KV_THREADS requests)
+                launches.append((grid, meta_kernel_model.run_meta_blocks2(P, min(tile["size"], 256))))
 
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
     from kvaddr.planner import StepPlanner
@@ -128,7 +131,7 @@ def _reference(case, groups):
     )
 
 
-def _run(StepPlanner, launches, case, groups, planner=None):
+def _run(StepPlanner, launches, case, groups, planner=None, impl=None):
     if planner is None:
         planner = StepPlanner(
             max(len(case["seq_lens_decoder"]), 1),
@@ -137,6 +140,8 @@ def _run(StepPlanner, launches, case, groups, planner=None):
             attention=groups,
             kv_indices_capacity=case["kv_indices_capacity"],
         )
+    if impl is not None:
+        planner._set_meta_impl(impl)
     tables = [_dev(t) for t in case["block_tables"]]
     out = planner.compute(_dev(case["seq_lens_decoder"]), _dev(case["seq_lens_this_time"]), tables)
     return planner, out, tables
@@ -186,19 +191,20 @@ def _check(planner, out, tables, launches, case, groups, label):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]))
-def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile):
+@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1]))
+def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile, impl):
     StepPlanner, launches, t = fake_planner
     t["size"] = tile
-    planner, out, tables = _run(StepPlanner, launches, case, groups)
-    _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}")
+    planner, out, tables = _run(StepPlanner, launches, case, groups, impl=impl)
+    _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}, impl {impl}")
 
 
-def test_many_metadata_blocks_and_small_after_big(fake_planner):
+@pytest.mark.parametrize("impl", [0, 1])
+def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     StepPlanner, launches, t = fake_planner
     rng = np.random.default_rng(3)
     big = make_case(rng, bsz=300, block_sizes=[1, 4], spare_capacity=5000, max_ctx=200)
-    planner, out, tables = _run(StepPlanner, launches, big, ALL_GROUPS)
+    planner, out, tables = _run(StepPlanner, launches, big, ALL_GROUPS, impl=impl)
     assert planner._meta_per_cache * planner._meta_entries >= planner.kv_indices_capacity
     assert planner._meta_per_cache > 1 and planner._num_meta == 2 * planner._meta_per_cache
     _check(planner, out, tables, launches, big, ALL_GROUPS, "big")
@@ -231,6 +237,16 @@ def test_struct_fields_and_attention_off(fake_planner):
     assert v._params.attention == 2 and v._num_meta == 1 and v.kv_indices is None and v._params.kv_indices == 0
     pt = StepPlanner(8, 16, [4, 8, 16], attention="page_table")
     assert pt._num_meta == 3 and pt.kv_indptr is None and pt._params.attention == 4
+    # the metadata implementation: request-parallel with 32 lanes by default, switchable
+    assert (P.meta_impl, P.meta_lanes) == (StepPlanner._META_IMPL_DEFAULT, 32) == (1, 32)
+    on._set_meta_impl(0)
+    assert (P.meta_impl, P.meta_lanes) == (0, 32)
+    on._set_meta_impl(2, 8)
+    assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (2, 8, 2, 8)
+    with pytest.raises(ValueError, match="meta impl must be 0, 1 or 2"):
+        on._set_meta_impl(3)
+    with pytest.raises(ValueError, match="meta lanes must be 4, 8, 16 or 32"):
+        on._set_meta_impl(1, 12)
 
 
 # ---- the GPU baselines' EngineAttention: arguments against the kernels' C signatures, and a model ----
