@@ -18,8 +18,9 @@ graph; time per copy is the replay time (CUDA events, median of R replays) over 
 Both metadata implementations are timed in the same run (StepPlanner._set_meta_impl): "old"
 (0, kv_meta_block: every metadata block rescans all lengths) and "new" (1, kv_meta_block2:
 request-parallel, at each --lanes value) and "pf" (2: request-parallel with an L2 prefetch
-of the rows, at the first --lanes value); the verdict is the default implementation's (new,
-the first --lanes value), the other columns are for the perf notes.
+of the rows, at the first --lanes value) and "E4" (request-parallel with a quarter of the
+metadata blocks, E x 4); the verdict is the default implementation's (new, the first --lanes
+value, E as built), the other columns are for the perf notes.
 """
 
 from __future__ import annotations
@@ -65,7 +66,12 @@ def main(argv=None):
     ap.add_argument("--lanes", default="32,8", help="kv_meta_block2 lanes per request to time (first: the verdict)")
     a = ap.parse_args(argv)
     lanes = [int(x) for x in a.lanes.split(",") if x]
-    variants = [("old", 0, 32)] + [(f"new{n}", 1, n) for n in lanes] + [(f"pf{lanes[0]}", 2, lanes[0])]
+    # (name, meta_impl, lanes, E multiple): E x4 = a quarter of the metadata blocks, each 4x fatter
+    variants = (
+        [("old", 0, 32, 1)]
+        + [(f"new{n}", 1, n, 1) for n in lanes]
+        + [(f"pf{lanes[0]}", 2, lanes[0], 1), (f"new{lanes[0]}E4", 1, lanes[0], 4)]
+    )
     verdict = f"new{lanes[0]}"
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -87,8 +93,8 @@ def main(argv=None):
                     lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
                 )
                 row = dict(shape=label, caches=G, entries=pages, off_us=t_off, bound=1.5)
-                for name, impl, n in variants:
-                    on._set_meta_impl(impl, n)
+                for name, impl, n, mult in variants:
+                    on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult)
                     row[name + "_us"] = graph_time_per_copy(
                         lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
                     )
@@ -104,8 +110,8 @@ def main(argv=None):
         on = StepPlanner(bsz, total, [Bb], attention=("flashinfer",), kv_indices_capacity=pages)
         t_off = graph_time_per_copy(lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays)
         t_impl = {}
-        for name, impl, n in variants:
-            on._set_meta_impl(impl, n)
+        for name, impl, n, mult in variants:
+            on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult)
             t_impl[name] = graph_time_per_copy(
                 lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
             )

@@ -183,6 +183,8 @@ class StepPlanner:
         per = -(-N // max(1, -(-2 * sms // max(G, 1))))
         self._meta_entries = max(2048, -(-per // 256) * 256)
         self._meta_per_cache = -(-N // self._meta_entries) if fi else 1
+        self._meta_entries_min = self._meta_entries  # _set_meta_impl may only make E larger (fewer blocks)
+        self._kv_warps = consts["KV_WARPS"]
         if not groups:
             self._num_meta = 0
         elif fi or "page_table" in groups:
@@ -223,15 +225,40 @@ class StepPlanner:
     #: and benchmarks switch it (tests/gpu/test_paged_attention_e2e_gpu.py runs both).
     _META_IMPL_DEFAULT = 1
 
-    def _set_meta_impl(self, impl: int, lanes: int | None = None) -> None:
+    def _set_meta_impl(self, impl: int, lanes: int | None = None, entries: int | None = None) -> None:
         """Select the metadata blocks' implementation (0 the first version, 1 request-parallel,
-        2 request-parallel with an L2 prefetch of the rows) and kv_meta_block2's lanes per
-        request (4, 8, 16 or 32); takes effect at the next launch (a CUDA graph keeps what it
-        captured). Outputs and error records are the same for all."""
+        2 request-parallel with an L2 prefetch of the rows), kv_meta_block2's lanes per request
+        (4, 8, 16 or 32) and, with flashinfer, E (entries per metadata block, a multiple of 256
+        at least the E chosen at construction: fewer, fatter blocks). Takes effect at the next
+        launch (a CUDA graph keeps what it captured; capture again after a change of E, which
+        changes the grid). Outputs and error records are the same for all. A benchmarking hook,
+        not public API."""
         if impl not in (0, 1, 2):
             raise ValueError(f"meta impl must be 0, 1 or 2, got {impl!r}")
         if lanes is not None and lanes not in (4, 8, 16, 32):
             raise ValueError(f"meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
+        if entries is not None:
+            if "flashinfer" not in self.attention:
+                raise ValueError("meta entries (E) can only be set with attention 'flashinfer'")
+            if entries < self._meta_entries_min or entries % 256:
+                raise ValueError(
+                    f"meta entries must be a multiple of 256 and at least {self._meta_entries_min}, got {entries!r}"
+                )
+            N = self.kv_indices_capacity
+            self._meta_entries = int(entries)
+            self._meta_per_cache = -(-N // self._meta_entries)
+            self._num_meta = self.num_caches * self._meta_per_cache
+            # fewer blocks than the records were sized for: clear the records no block writes now
+            first = (self._num_chunks + self._max_tiles + self._num_meta) * self._kv_warps
+            import cupy
+
+            with cupy.cuda.Device(self.device):
+                self._records[2 * first :: 2] = 0
+                self._records[2 * first + 1 :: 2] = np.uint64(NO_ERROR_KEY)
+                cupy.cuda.get_current_stream().synchronize()
+            self._params.meta_per_cache = self._meta_per_cache
+            self._params.meta_entries = self._meta_entries
+            self._params.num_meta = self._num_meta
         self._meta_impl = int(impl)
         if lanes is not None:
             self._meta_lanes = int(lanes)

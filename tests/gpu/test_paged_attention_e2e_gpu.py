@@ -441,3 +441,21 @@ def test_both_implementations_agree_on_a_big_decode_step(meta_impl):
         planner, out, mask, key, _ = _planner_step(case, planner)
         _assert_attention_equal(out.attention, ref.outputs.attention, f"impl {impl}")
         _check_errors(mask, key, ref, f"impl {impl}")
+
+
+def test_fewer_fatter_metadata_blocks_match_the_reference(meta_impl):
+    """_set_meta_impl(entries=4 E) (a quarter of the blocks): the reference's outputs and error
+    records, after a step with more blocks wrote errors into records no block writes now."""
+    rng = np.random.default_rng(31)
+    bad = make_case(rng, bsz=700, block_sizes=[16, 3], bad="unallocated", spare_capacity=4)
+    good = make_case(rng, bsz=699, block_sizes=[16, 3], spare_capacity=4)
+    good = dict(good, kv_indices_capacity=bad["kv_indices_capacity"], capacity=bad["capacity"], attention=ALL_GROUPS)
+    bad = dict(bad, attention=ALL_GROUPS)
+    planner, out, mask, key, _ = _planner_step(bad)
+    _check_errors(mask, key, _reference(bad), "default E")
+    planner._set_meta_impl(meta_impl, entries=4 * planner._meta_entries)
+    for case, label in ((good, "4 E, good"), (bad, "4 E, bad")):
+        _, out, mask, key, _ = _planner_step(case, planner)
+        ref = _reference(case)
+        _assert_attention_equal(out.attention, ref.outputs.attention, label)
+        _check_errors(mask, key, ref, label)

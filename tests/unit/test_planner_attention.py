@@ -215,6 +215,40 @@ def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     _check(planner, out, tables, launches, small, ALL_GROUPS, "small after big")
 
 
+@pytest.mark.parametrize("impl", [0, 1])
+def test_fewer_fatter_metadata_blocks(fake_planner, impl):
+    """_set_meta_impl(entries=...): fewer blocks (grid, struct), stale records cleared, outputs
+    still the reference's; E below the construction's or not a multiple of 256 refused."""
+    StepPlanner, launches, _ = fake_planner
+    rng = np.random.default_rng(9)
+    # another bsz for the second step: the fake's scalar views (max_seqlen) are copies, cached per bsz
+    case = make_case(rng, bsz=299, block_sizes=[1, 4], spare_capacity=5000, max_ctx=200)
+    bad = make_case(rng, bsz=300, block_sizes=[1, 4], bad="unallocated", spare_capacity=5000, max_ctx=200)
+    case = dict(case, kv_indices_capacity=bad["kv_indices_capacity"], capacity=bad["capacity"])
+    planner, out, tables = _run(StepPlanner, launches, bad, ALL_GROUPS, impl=impl)
+    _check(planner, out, tables, launches, bad, ALL_GROUPS, "bad, default E")
+    E, blocks = planner._meta_entries, planner._num_meta
+    # poison every record slot: the ones the fewer blocks no longer write must come back clean
+    planner._records[0::2] = 7
+    planner._set_meta_impl(impl, entries=4 * E)
+    assert planner._meta_entries == planner._params.meta_entries == 4 * E
+    assert planner._num_meta == planner._params.num_meta == 2 * planner._meta_per_cache < blocks
+    assert planner.grid(300) == planner._num_chunks + planner._num_meta
+    first = (planner._num_chunks + planner._max_tiles + planner._num_meta) * 8
+    assert (np.asarray(planner._records)[2 * first :: 2] == 0).all()
+    assert (np.asarray(planner._records)[2 * first + 1 :: 2] == np.uint64(2**64 - 1)).all()
+    planner._records[: 2 * first] = np.tile(np.array([0, 2**64 - 1], np.uint64), first)  # the launch rewrites these
+    planner, out, tables = _run(StepPlanner, launches, case, ALL_GROUPS, planner)
+    _check(planner, out, tables, launches, case, ALL_GROUPS, "4 E")
+    with pytest.raises(ValueError, match="multiple of 256 and at least"):
+        planner._set_meta_impl(impl, entries=E - 256)
+    with pytest.raises(ValueError, match="multiple of 256 and at least"):
+        planner._set_meta_impl(impl, entries=4 * E + 1)
+    v = StepPlanner(8, 16, [4], attention="varlen")
+    with pytest.raises(ValueError, match="only be set with attention 'flashinfer'"):
+        v._set_meta_impl(1, entries=4096)
+
+
 def test_struct_fields_and_attention_off(fake_planner):
     StepPlanner, launches, _ = fake_planner
     off = StepPlanner(8, 16, [4, 8])
