@@ -231,8 +231,9 @@ class StepPlanner:
         (4, 8, 16 or 32) and, with flashinfer, E (entries per metadata block, a multiple of 256
         at least the E chosen at construction: fewer, fatter blocks). Takes effect at the next
         launch (a CUDA graph keeps what it captured; capture again after a change of E, which
-        changes the grid). Outputs and error records are the same for all. A benchmarking hook,
-        not public API."""
+        changes the grid; a BoundStep keeps the settings it was bound with, so bind after
+        this, and don't mix a BoundStep bound before a change of E with compute() after it).
+        Outputs and error records are the same for all. A benchmarking hook, not public API."""
         if impl not in (0, 1, 2):
             raise ValueError(f"meta impl must be 0, 1 or 2, got {impl!r}")
         if lanes is not None and lanes not in (4, 8, 16, 32):

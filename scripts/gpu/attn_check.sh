@@ -15,7 +15,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import cupy, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())" | tee -a "$OUT/env.txt"
-git log --oneline -1 | tee -a "$OUT/env.txt"
+(git log --oneline -1 2>/dev/null || echo "no git metadata") | tee -a "$OUT/env.txt"
 
 echo "== 1. attention GPU tests (both implementations)"
 timeout 240 python3 -m pytest -q -rs -p no:cacheprovider \
