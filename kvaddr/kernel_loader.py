@@ -179,6 +179,8 @@ class StepParams(ctypes.Structure):
         ("meta_per_cache", _I32),  # int32: metadata blocks per cache (>= 1 with attention)
         ("meta_entries", _I32),  # int32: E, kv_indices entries per metadata block
         ("num_meta", _I32),  # int32: metadata blocks after the token blocks (0 when off)
+        ("meta_impl", _I32),  # int32: 1 = request-parallel metadata blocks, 0 = the first version
+        ("meta_lanes", _I32),  # int32: lanes per request of the request-parallel copy (4, 8, 16, 32)
     ]
 
 

@@ -46,8 +46,13 @@
 //   * Attention metadata (docs/attention.md, opt-in: KvStepParams::attention != 0):
 //     num_meta more blocks after the token blocks (kv_meta_block) write kv_indptr,
 //     kv_indices, kv_last_page_len, cu_seqlens_k and max_seqlen_q/k. They take no
-//     ticket and wait for no block (each scans all lengths itself, KV_TILE at a time);
-//     with attention off num_meta = 0 and the token blocks run exactly as before.
+//     ticket and wait for no block. KvStepParams::meta_impl picks how: 1 (default) or 2
+//     kv_meta_block2, request-parallel (one register pass over all lengths for the
+//     prefixes before the block's own requests, a scan of those, a group of lanes copies
+//     each request's row prefix; 2 also prefetches the rows into L2 first), 0 the first
+//     version kv_meta_block (each block scans all lengths KV_TILE at a time in shared
+//     memory and binary-searches each entry's request). With attention off num_meta = 0
+//     and the token blocks run exactly as before.
 //   * Errors: every warp writes one record (mask, first-bad key) of its own every
 //     launch, so no reset is needed; check() reduces the records on the host. The
 //     mask's bits are the KV_ERR_* below (kvaddr/errors.py's ERR_*, checked by a test).
@@ -142,8 +147,12 @@ struct KvStepParams {
     int meta_per_cache;                      // int32: metadata blocks per cache (>= 1 when attention != 0)
     int meta_entries;                        // int32: E, kv_indices entries each metadata block writes
     int num_meta;                            // int32: metadata blocks after the token blocks (0 when off)
+    int meta_impl;                           // int32: 1 = request-parallel metadata blocks (kv_meta_block2),
+                                             // 2 = the same with an L2 prefetch of the rows first,
+                                             // 0 = the first version (kv_meta_block: every block rescans)
+    int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
 };
-static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 10 * 4,
+static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 12 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
 static_assert(alignof(KvStepParams) == 8, "KvStepParams is 8-byte aligned");
 static_assert(KV_MAX_CACHES == 4, "the struct, the ctypes mirror and the planner assume 4 caches");
@@ -862,10 +871,26 @@ struct __align__(16) KvMetaShared {
     int carry[4];             // prefixes (tokens, L, pages) of the tiles before; a tile's first page
 };
 
+// kv_meta_block2's shared memory (the request-parallel metadata blocks, below).
+#define KV_META_U 16  // kv_meta_block2: row entries in flight per lane (the copy)
+#define KV_META_R 4  // kv_meta_block2: requests in flight per thread and array (pass 1, scalar loads)
+#define KV_META_RV 2  // kv_meta_block2: int4 loads in flight per thread and array (pass 1, aligned lengths)
+
+struct __align__(16) KvMeta2Shared {
+    int start[KV_THREADS];         // first kv_indices entry of each staged request (saturated)
+    int pages[KV_THREADS];         // its pages
+    int token[KV_THREADS];         // its first token (cu_seqlens_q, the error key's token)
+    int red[7][KV_WARPS];          // per-warp partial sums / maxima of pass 1, then warp sums of the scan
+    int x[3][KV_THREADS];          // a round's (tokens, L, pages), then their exclusive in-warp prefixes
+    int carry[3];                  // prefixes (tokens, L, pages) of the requests before the round
+    int total;                     // total pages of the cache (pass 1), read by the pad
+};
+
 // The token blocks' and the metadata blocks' shared memory (a block is one or the other).
 union KvSharedAll {
     KvShared step;
     KvMetaShared meta;
+    KvMeta2Shared meta2;  // kv_meta_block2's (meta_impl 1, 2)
 };
 
 // ceil(L / B) for L >= 0, B >= 1 (no overflow).
@@ -1125,6 +1150,282 @@ __device__ __forceinline__ void kv_meta_block(KvMetaShared& sm, const KvStepPara
     kv_store_errors(err, p.error_records, num_chunks + p.max_tiles + m);
 }
 
+// ---- attention metadata, request-parallel (KvStepParams::meta_impl = 1, the default) ----
+//
+// Metadata block m works for cache g = m / meta_per_cache and k = m % meta_per_cache, as
+// kv_meta_block, but splits the requests, not the entries, among the blocks of a cache:
+//   1. one register pass over all lengths (striped, coalesced, 8 loads in flight per
+//      thread and array, no shared-memory pass): the saturating sums of tokens, L_b and
+//      pages of the requests before its range [r0, r1) (rq = ceil(bsz / meta_per_cache)
+//      requests per block), the total pages and the maxima; one barrier reduces them;
+//   2. its own requests, KV_THREADS at a time: one per thread, a block scan (warp
+//      shuffles + warp sums, one barrier) gives each its absolute prefixes; the thread
+//      writes kv_indptr, kv_last_page_len, cu_seqlens_k and checks bits 1 and 16 (keys
+//      as kv_meta_block) and stages (first page, pages, first token) in shared memory;
+//   3. groups of meta_lanes lanes (4, 8, 16 or 32) copy one request's row prefix each,
+//      entries [first page, min(first page + pages, N)): consecutive lanes, consecutive
+//      columns (coalesced row reads and writes, no search), KV_META_U loads in flight per
+//      lane; a column >= W_g gives -1 (bit 1 is the request's), a negative id -1 and bit 2;
+//   4. the pad: entries [max(k * E, total), min((k + 1) * E, N)) get -1 (fixed entry
+//      ranges, as kv_meta_block: every element of kv_indices written on every call);
+//   5. k = 0 writes entry bsz of kv_indptr / cu_seqlens_k (the totals of pass 1), block 0 the maxima.
+// With meta_impl = 2, between 1 and 2 the block prefetches into L2 the first copy round's
+// columns of its first KV_THREADS requests' rows (prefetch.global.L2; no result, no fault).
+// No block waits for another and no state is kept between launches.
+
+// Pass 1 of kv_meta_block2, per thread: saturating sums of tokens, L and pages of the
+// requests before r0 (bq, bl, bp), of all L and pages (tl, tp), and the maxima (mq, ml).
+// kv_meta_block2's lanes per request: 4, 8, 16 or 32 (anything else: 32).
+__device__ __forceinline__ int kv_meta_lanes(int lanes) {
+    return lanes == 4 || lanes == 8 || lanes == 16 ? lanes : 32;
+}
+
+struct KvMetaAcc {
+    int bq, bl, bp, tl, tp, mq, ml;
+    __device__ __forceinline__ void add(int d, int n, int b, int r0, int B) {
+        const bool bad = (d < 0) | (n < 0);
+        const int nn = bad ? 0 : n;
+        const int L = bad ? 0 : kv_sat_add(d, n);
+        const int P = kv_pages(L, B);
+        if (b < r0) {
+            bq = kv_sat_add(bq, nn);
+            bl = kv_sat_add(bl, L);
+            bp = kv_sat_add(bp, P);
+        }
+        tl = kv_sat_add(tl, L);
+        tp = kv_sat_add(tp, P);
+        mq = max(mq, nn);
+        ml = max(ml, L);
+    }
+};
+
+// Saturating sum over the lanes of a warp (butterfly: every lane gets the sum).
+__device__ __forceinline__ int kv_warp_sat_sum(int x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x = kv_sat_add(x, __shfl_xor_sync(0xffffffffu, x, off));
+    return x;
+}
+
+__device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepParams& p, int m, int num_chunks) {
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int bsz = p.bsz, N = p.kv_indices_capacity;
+    const int g = m / p.meta_per_cache, k = m - g * p.meta_per_cache;
+    const bool fi = (p.attention & KV_ATTN_FLASHINFER) != 0;
+    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+    const bool rows = (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0 && p.num_caches > 0;
+    const int* table;
+    i64 stride;
+    int width, B;
+    kv_meta_cache(p, g, table, stride, width, B);
+    const int rq = (bsz + p.meta_per_cache - 1) / p.meta_per_cache;
+    const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
+    // 1. sums before r0, total pages, maxima (one pass over all lengths, in registers;
+    // int4 loads when both length arrays are 16-byte aligned, then the bsz % 4 tail)
+    KvMetaAcc acc;
+    acc.bq = acc.bl = acc.bp = acc.tl = acc.tp = acc.mq = acc.ml = 0;
+    int scalar_from = 0;
+    if (((reinterpret_cast<u64>(p.seq_lens_decoder) | reinterpret_cast<u64>(p.seq_lens_this_time)) & 15ULL) == 0) {
+        const int nv = bsz >> 2;
+        const int4* __restrict__ d4 = reinterpret_cast<const int4*>(p.seq_lens_decoder);
+        const int4* __restrict__ n4 = reinterpret_cast<const int4*>(p.seq_lens_this_time);
+#pragma unroll 1
+        for (int v0 = 0; v0 < nv; v0 += KV_META_RV * KV_THREADS) {
+            int4 d[KV_META_RV], n[KV_META_RV];
+#pragma unroll
+            for (int u = 0; u < KV_META_RV; ++u) {
+                const int v = v0 + u * KV_THREADS + tid;
+                d[u] = make_int4(0, 0, 0, 0);
+                n[u] = make_int4(0, 0, 0, 0);
+                if (v < nv) {
+                    d[u] = __ldg(d4 + v);
+                    n[u] = __ldg(n4 + v);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < KV_META_RV; ++u) {  // zeros past nv add nothing
+                const int b = 4 * (v0 + u * KV_THREADS + tid);
+                acc.add(d[u].x, n[u].x, b, r0, B);
+                acc.add(d[u].y, n[u].y, b + 1, r0, B);
+                acc.add(d[u].z, n[u].z, b + 2, r0, B);
+                acc.add(d[u].w, n[u].w, b + 3, r0, B);
+            }
+        }
+        scalar_from = nv << 2;
+    }
+#pragma unroll 1
+    for (int b0 = scalar_from; b0 < bsz; b0 += KV_META_R * KV_THREADS) {
+        int d[KV_META_R], n[KV_META_R];
+#pragma unroll
+        for (int u = 0; u < KV_META_R; ++u) {
+            const int b = b0 + u * KV_THREADS + tid;
+            d[u] = 0;
+            n[u] = 0;
+            if (b < bsz) {
+                d[u] = __ldg(p.seq_lens_decoder + b);
+                n[u] = __ldg(p.seq_lens_this_time + b);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KV_META_R; ++u) acc.add(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B);
+    }
+    int bq = acc.bq, bl = acc.bl, bp = acc.bp, tl = acc.tl, tp = acc.tp, mq = acc.mq, ml = acc.ml;
+    bq = kv_warp_sat_sum(bq);
+    bl = kv_warp_sat_sum(bl);
+    bp = kv_warp_sat_sum(bp);
+    tl = kv_warp_sat_sum(tl);
+    tp = kv_warp_sat_sum(tp);
+    mq = __reduce_max_sync(0xffffffffu, mq);
+    ml = __reduce_max_sync(0xffffffffu, ml);
+    if (lane == 0) {
+        sm.red[0][warp] = bq;
+        sm.red[1][warp] = bl;
+        sm.red[2][warp] = bp;
+        sm.red[3][warp] = tp;
+        sm.red[4][warp] = mq;
+        sm.red[5][warp] = ml;
+        sm.red[6][warp] = tl;
+    }
+    __syncthreads();
+    // block-uniform: prefixes (tokens, L, pages) before the next staged request; total L and pages
+    int cq = 0, cl = 0, cp = 0, total_l = 0, total = 0;
+    mq = 0;
+    ml = 0;
+#pragma unroll
+    for (int i = 0; i < KV_WARPS; ++i) {
+        cq = kv_sat_add(cq, sm.red[0][i]);
+        cl = kv_sat_add(cl, sm.red[1][i]);
+        cp = kv_sat_add(cp, sm.red[2][i]);
+        total = kv_sat_add(total, sm.red[3][i]);
+        total_l = kv_sat_add(total_l, sm.red[6][i]);
+        mq = max(mq, sm.red[4][i]);
+        ml = max(ml, sm.red[5][i]);
+    }
+    if (tid == 0) {  // read after the barriers below
+        sm.total = total;
+        sm.carry[0] = cq;
+        sm.carry[1] = cl;
+        sm.carry[2] = cp;
+    }
+    const i64 row_off = (i64)g * p.attn_stride;
+    // 5. entry bsz, the maxima (before the barriers below: sm.red is reused)
+    if (k == 0 && tid == 0) {
+        if (fi) p.kv_indptr[row_off + bsz] = total;
+        if (varlen) p.cu_seqlens_k[bsz] = total_l;
+    }
+    if (varlen && m == 0 && tid == 0) {
+        p.max_seqlen[0] = mq;
+        p.max_seqlen[1] = ml;
+    }
+    // 1b. (meta_impl 2) L2 prefetch of the first copy round's row prefixes of the block's
+    // first KV_THREADS requests (a warp per request, a 128-byte line per lane): their DRAM
+    // latency overlaps the scan below. (Before pass 1 it costs the kernel 7 registers.)
+    if (fi && p.meta_impl == 2) {
+        const int cnt = min(KV_THREADS, r1 - r0), cols_max = KV_META_U * kv_meta_lanes(p.meta_lanes);
+#pragma unroll 1
+        for (int i = warp; i < cnt; i += KV_WARPS) {
+            const int d = __ldg(p.seq_lens_decoder + r0 + i), n = __ldg(p.seq_lens_this_time + r0 + i);
+            const int L = (d < 0) | (n < 0) ? 0 : kv_sat_add(d, n);
+            const int cols = min(min(kv_pages(L, B), width), cols_max);
+            const int* row = table + (i64)(r0 + i) * stride;
+#pragma unroll 1
+            for (int col = lane * 32; col < cols; col += 32 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + col));
+        }
+    }
+    // 2. + 3. this block's requests, KV_THREADS at a time
+    const int lanes = kv_meta_lanes(p.meta_lanes), group = tid / lanes, sub = tid - group * lanes;
+    const int groups = KV_THREADS / lanes;
+    int* __restrict__ out = p.kv_indices + (i64)g * N;
+#pragma unroll 1
+    for (int c0 = r0; c0 < r1; c0 += KV_THREADS) {
+        const int cnt = min(KV_THREADS, r1 - c0);
+        const int b = c0 + tid;
+        int nn = 0, L = 0;
+        if (tid < cnt) {
+            const int d = __ldg(p.seq_lens_decoder + b), n = __ldg(p.seq_lens_this_time + b);
+            const bool bad = (d < 0) | (n < 0);
+            nn = bad ? 0 : n;
+            L = bad ? 0 : kv_sat_add(d, n);
+        }
+        const int P = kv_pages(L, B);
+        __syncthreads();  // the last round's sm.x, sm.red and staged requests are no longer read
+        sm.x[0][tid] = nn;
+        sm.x[1][tid] = L;
+        sm.x[2][tid] = P;
+        // block scan of (tokens, L, pages), one at a time (few live registers): warp
+        // shuffles, the warp totals in sm.red, the exclusive in-warp prefix back in sm.x
+#pragma unroll 1
+        for (int v = 0; v < 3; ++v) {
+            const int inc = kv_warp_inclusive(sm.x[v][tid]);
+            if (lane == 31) sm.red[v][warp] = inc;
+            const int ex = __shfl_up_sync(0xffffffffu, inc, 1);  // exact (a saturated sum minus a part is not)
+            sm.x[v][tid] = lane == 0 ? 0 : ex;
+        }
+        __syncthreads();
+        int before, T;
+        kv_warp_prefix(sm.red[0], warp, before, T);
+        const int xq = kv_sat_add(sm.carry[0], kv_sat_add(before, sm.x[0][tid]));  // absolute exclusive prefixes
+        kv_warp_prefix(sm.red[1], warp, before, T);
+        const int xl = kv_sat_add(sm.carry[1], kv_sat_add(before, sm.x[1][tid]));
+        kv_warp_prefix(sm.red[2], warp, before, T);
+        const int xp = kv_sat_add(sm.carry[2], kv_sat_add(before, sm.x[2][tid]));
+        if (tid < cnt) {
+            if (fi) {
+                p.kv_indptr[row_off + b] = xp;
+                p.kv_last_page_len[row_off + b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+                if (xp <= N && N < kv_sat_add(xp, P)) err.flag(KV_ERR_KV_INDICES_CAPACITY, xq, b, g);
+            }
+            if (rows && P > width) err.flag(KV_ERR_BLOCK_INDEX, xq, b, g);
+            if (varlen) p.cu_seqlens_k[b] = xl;
+            sm.start[tid] = xp;
+            sm.pages[tid] = P;
+            sm.token[tid] = xq;
+        }
+        __syncthreads();  // staged; every thread has read sm.carry
+        if (tid < 3) {    // the next round's carries (read after its second barrier)
+            kv_warp_prefix(sm.red[tid], 0, before, T);
+            sm.carry[tid] = kv_sat_add(sm.carry[tid], T);
+        }
+        if (!fi) continue;
+#pragma unroll 1
+        for (int i = group; i < cnt; i += groups) {
+            const int s0 = sm.start[i];
+            const int end = s0 < N ? min(sm.pages[i], N - s0) : 0;  // entries of this row below N
+            const int rb = c0 + i;
+            const int* __restrict__ row = table + (i64)rb * stride;
+#pragma unroll 1
+            for (int col0 = sub; col0 < end; col0 += KV_META_U * lanes) {
+                int v[KV_META_U];
+#pragma unroll
+                for (int u = 0; u < KV_META_U; ++u) {
+                    const int col = col0 + u * lanes;
+                    v[u] = -1;
+                    if (col < end && col < width) v[u] = __ldg(row + col);
+                }
+#pragma unroll
+                for (int u = 0; u < KV_META_U; ++u) {
+                    const int col = col0 + u * lanes;
+                    if (col < end) {
+                        if (col < width && v[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, sm.token[i], rb, g);
+                        out[s0 + col] = v[u] < 0 ? -1 : v[u];
+                    }
+                }
+            }
+        }
+    }
+    // 4. the pad of this block's fixed entry range
+    if (fi) {
+        __syncthreads();  // sm.total (when this block had no requests, no barrier since pass 1)
+        const int e_lo = (int)min((i64)k * p.meta_entries, (i64)N);
+        const int e_hi = (int)min((i64)e_lo + p.meta_entries, (i64)N);
+#pragma unroll 1
+        for (int e = max(e_lo, sm.total) + tid; e < e_hi; e += KV_THREADS) out[e] = -1;
+    }
+    kv_store_errors(err, p.error_records, num_chunks + p.max_tiles + m);
+}
+
 // The fused step from its parameter struct: every field read by name, the caches
 // gathered into registers (KvCaches), position_ids typed PosT.
 template <typename PosT>
@@ -1134,7 +1435,8 @@ __device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
         const int num_chunks = (p.capacity + KV_TOKENS - 1) / KV_TOKENS;
         const int token_blocks = p.bsz <= KV_TILE ? num_chunks : num_chunks + (p.bsz + KV_TILE - 1) / KV_TILE;
         if ((int)blockIdx.x >= token_blocks) {
-            kv_meta_block(sh.meta, p, (int)blockIdx.x - token_blocks, num_chunks);
+            if (p.meta_impl != 0) kv_meta_block2(sh.meta2, p, (int)blockIdx.x - token_blocks, num_chunks);
+            else kv_meta_block(sh.meta, p, (int)blockIdx.x - token_blocks, num_chunks);
             return;
         }
     }

@@ -169,6 +169,13 @@ class StepPlanner:
             | (consts["KV_ATTN_PAGE_TABLE"] if "page_table" in groups else 0)
         )
         self._attn_stride = self.max_requests + 1
+        # Which metadata blocks run (docs/perf-notes.md): 1 = request-parallel (kv_meta_block2:
+        # one register pass over the lengths, a scan of the block's own requests, a group of
+        # _meta_lanes lanes copies each request's row), 0 = the first version (kv_meta_block:
+        # every block rescans all lengths, entry ranges with a binary search). Kept selectable
+        # until measured: benchmarks/bench_attention.py sets it with _set_meta_impl.
+        self._meta_impl = type(self)._META_IMPL_DEFAULT
+        self._meta_lanes = 32
         N = self.kv_indices_capacity or 1
         # E, the kv_indices entries of one metadata block: about two blocks per SM over
         # all caches' entries, at least 2048 (each block also reads every length once).
@@ -176,6 +183,8 @@ class StepPlanner:
         per = -(-N // max(1, -(-2 * sms // max(G, 1))))
         self._meta_entries = max(2048, -(-per // 256) * 256)
         self._meta_per_cache = -(-N // self._meta_entries) if fi else 1
+        self._meta_entries_min = self._meta_entries  # _set_meta_impl may only make E larger (fewer blocks)
+        self._kv_warps = consts["KV_WARPS"]
         if not groups:
             self._num_meta = 0
         elif fi or "page_table" in groups:
@@ -208,6 +217,54 @@ class StepPlanner:
         P.meta_per_cache = self._meta_per_cache  # int32
         P.meta_entries = self._meta_entries  # int32: E
         P.num_meta = self._num_meta  # int32
+        P.meta_impl = self._meta_impl  # int32: 1 request-parallel (kv_meta_block2), 0 first version
+        P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
+
+    #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
+    #: prefetch of the rows, 0 the first version); tests
+    #: and benchmarks switch it (tests/gpu/test_paged_attention_e2e_gpu.py runs both).
+    _META_IMPL_DEFAULT = 1
+
+    def _set_meta_impl(self, impl: int, lanes: int | None = None, entries: int | None = None) -> None:
+        """Select the metadata blocks' implementation (0 the first version, 1 request-parallel,
+        2 request-parallel with an L2 prefetch of the rows), kv_meta_block2's lanes per request
+        (4, 8, 16 or 32) and, with flashinfer, E (entries per metadata block, a multiple of 256
+        at least the E chosen at construction: fewer, fatter blocks). Takes effect at the next
+        launch (a CUDA graph keeps what it captured; capture again after a change of E, which
+        changes the grid; a BoundStep keeps the settings it was bound with, so bind after
+        this, and don't mix a BoundStep bound before a change of E with compute() after it).
+        Outputs and error records are the same for all. A benchmarking hook, not public API."""
+        if impl not in (0, 1, 2):
+            raise ValueError(f"meta impl must be 0, 1 or 2, got {impl!r}")
+        if lanes is not None and lanes not in (4, 8, 16, 32):
+            raise ValueError(f"meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
+        if entries is not None:
+            if "flashinfer" not in self.attention:
+                raise ValueError("meta entries (E) can only be set with attention 'flashinfer'")
+            if entries < self._meta_entries_min or entries % 256:
+                raise ValueError(
+                    f"meta entries must be a multiple of 256 and at least {self._meta_entries_min}, got {entries!r}"
+                )
+            N = self.kv_indices_capacity
+            self._meta_entries = int(entries)
+            self._meta_per_cache = -(-N // self._meta_entries)
+            self._num_meta = self.num_caches * self._meta_per_cache
+            # fewer blocks than the records were sized for: clear the records no block writes now
+            first = (self._num_chunks + self._max_tiles + self._num_meta) * self._kv_warps
+            import cupy
+
+            with cupy.cuda.Device(self.device):
+                self._records[2 * first :: 2] = 0
+                self._records[2 * first + 1 :: 2] = np.uint64(NO_ERROR_KEY)
+                cupy.cuda.get_current_stream().synchronize()
+            self._params.meta_per_cache = self._meta_per_cache
+            self._params.meta_entries = self._meta_entries
+            self._params.num_meta = self._num_meta
+        self._meta_impl = int(impl)
+        if lanes is not None:
+            self._meta_lanes = int(lanes)
+        self._params.meta_impl = self._meta_impl
+        self._params.meta_lanes = self._meta_lanes
 
     def _attention_outputs(self, bsz: int):
         """AttentionOutputs views for a batch of bsz (page_table set per call), None when off."""

@@ -122,3 +122,27 @@ def poison(strategy):
             buf = getattr(owner, name, None) if owner is not None else None
             if buf is not None and buf.size:
                 buf.fill(0x5A5A5A5A)
+
+
+#: The attention metadata implementations (StepPlanner._META_IMPL_DEFAULT): 0 the first
+#: version (kv_meta_block), 1 the request-parallel one (kv_meta_block2, the default).
+META_IMPLS = (0, 1)
+
+
+def meta_impl_fixture():
+    """A module-scoped autouse fixture that runs every test of the module once per metadata
+    implementation (new planners, strategies' included, get it as their default). Module
+    scope: hypothesis tests accept it (no function-scoped fixture)."""
+
+    @pytest.fixture(scope="module", autouse=True, params=META_IMPLS, ids=[f"meta{i}" for i in META_IMPLS])
+    def meta_impl(request):
+        from kvaddr.planner import StepPlanner
+
+        saved = StepPlanner._META_IMPL_DEFAULT
+        StepPlanner._META_IMPL_DEFAULT = request.param
+        try:
+            yield request.param
+        finally:
+            StepPlanner._META_IMPL_DEFAULT = saved
+
+    return meta_impl

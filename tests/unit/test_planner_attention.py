@@ -108,7 +108,10 @@ def fake_planner(monkeypatch):
             ref = step_addressing(dec.copy(), q.copy(), [np.zeros((max(bsz, 1), 1), np.int32)], [1], P.capacity)
             meta_kernel_model._view(P.cu_seqlens_q, bsz + 1)[:] = ref.outputs.cu_seqlens_q
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
-            launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
+            if P.meta_impl == 0:  # the first version (tile: its KV_TILE)
+                launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
+            else:  # request-parallel (tile: its round of KV_THREADS requests)
+                launches.append((grid, meta_kernel_model.run_meta_blocks2(P, min(tile["size"], 256))))
 
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
     from kvaddr.planner import StepPlanner
@@ -128,7 +131,7 @@ def _reference(case, groups):
     )
 
 
-def _run(StepPlanner, launches, case, groups, planner=None):
+def _run(StepPlanner, launches, case, groups, planner=None, impl=None):
     if planner is None:
         planner = StepPlanner(
             max(len(case["seq_lens_decoder"]), 1),
@@ -137,6 +140,8 @@ def _run(StepPlanner, launches, case, groups, planner=None):
             attention=groups,
             kv_indices_capacity=case["kv_indices_capacity"],
         )
+    if impl is not None:
+        planner._set_meta_impl(impl)
     tables = [_dev(t) for t in case["block_tables"]]
     out = planner.compute(_dev(case["seq_lens_decoder"]), _dev(case["seq_lens_this_time"]), tables)
     return planner, out, tables
@@ -186,19 +191,20 @@ def _check(planner, out, tables, launches, case, groups, label):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]))
-def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile):
+@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1]))
+def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile, impl):
     StepPlanner, launches, t = fake_planner
     t["size"] = tile
-    planner, out, tables = _run(StepPlanner, launches, case, groups)
-    _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}")
+    planner, out, tables = _run(StepPlanner, launches, case, groups, impl=impl)
+    _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}, impl {impl}")
 
 
-def test_many_metadata_blocks_and_small_after_big(fake_planner):
+@pytest.mark.parametrize("impl", [0, 1])
+def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     StepPlanner, launches, t = fake_planner
     rng = np.random.default_rng(3)
     big = make_case(rng, bsz=300, block_sizes=[1, 4], spare_capacity=5000, max_ctx=200)
-    planner, out, tables = _run(StepPlanner, launches, big, ALL_GROUPS)
+    planner, out, tables = _run(StepPlanner, launches, big, ALL_GROUPS, impl=impl)
     assert planner._meta_per_cache * planner._meta_entries >= planner.kv_indices_capacity
     assert planner._meta_per_cache > 1 and planner._num_meta == 2 * planner._meta_per_cache
     _check(planner, out, tables, launches, big, ALL_GROUPS, "big")
@@ -207,6 +213,40 @@ def test_many_metadata_blocks_and_small_after_big(fake_planner):
     t["size"] = 2
     planner, out, tables = _run(StepPlanner, launches, small, ALL_GROUPS, planner)
     _check(planner, out, tables, launches, small, ALL_GROUPS, "small after big")
+
+
+@pytest.mark.parametrize("impl", [0, 1])
+def test_fewer_fatter_metadata_blocks(fake_planner, impl):
+    """_set_meta_impl(entries=...): fewer blocks (grid, struct), stale records cleared, outputs
+    still the reference's; E below the construction's or not a multiple of 256 refused."""
+    StepPlanner, launches, _ = fake_planner
+    rng = np.random.default_rng(9)
+    # another bsz for the second step: the fake's scalar views (max_seqlen) are copies, cached per bsz
+    case = make_case(rng, bsz=299, block_sizes=[1, 4], spare_capacity=5000, max_ctx=200)
+    bad = make_case(rng, bsz=300, block_sizes=[1, 4], bad="unallocated", spare_capacity=5000, max_ctx=200)
+    case = dict(case, kv_indices_capacity=bad["kv_indices_capacity"], capacity=bad["capacity"])
+    planner, out, tables = _run(StepPlanner, launches, bad, ALL_GROUPS, impl=impl)
+    _check(planner, out, tables, launches, bad, ALL_GROUPS, "bad, default E")
+    E, blocks = planner._meta_entries, planner._num_meta
+    # poison every record slot: the ones the fewer blocks no longer write must come back clean
+    planner._records[0::2] = 7
+    planner._set_meta_impl(impl, entries=4 * E)
+    assert planner._meta_entries == planner._params.meta_entries == 4 * E
+    assert planner._num_meta == planner._params.num_meta == 2 * planner._meta_per_cache < blocks
+    assert planner.grid(300) == planner._num_chunks + planner._num_meta
+    first = (planner._num_chunks + planner._max_tiles + planner._num_meta) * 8
+    assert (np.asarray(planner._records)[2 * first :: 2] == 0).all()
+    assert (np.asarray(planner._records)[2 * first + 1 :: 2] == np.uint64(2**64 - 1)).all()
+    planner._records[: 2 * first] = np.tile(np.array([0, 2**64 - 1], np.uint64), first)  # the launch rewrites these
+    planner, out, tables = _run(StepPlanner, launches, case, ALL_GROUPS, planner)
+    _check(planner, out, tables, launches, case, ALL_GROUPS, "4 E")
+    with pytest.raises(ValueError, match="multiple of 256 and at least"):
+        planner._set_meta_impl(impl, entries=E - 256)
+    with pytest.raises(ValueError, match="multiple of 256 and at least"):
+        planner._set_meta_impl(impl, entries=4 * E + 1)
+    v = StepPlanner(8, 16, [4], attention="varlen")
+    with pytest.raises(ValueError, match="only be set with attention 'flashinfer'"):
+        v._set_meta_impl(1, entries=4096)
 
 
 def test_struct_fields_and_attention_off(fake_planner):
@@ -231,6 +271,16 @@ def test_struct_fields_and_attention_off(fake_planner):
     assert v._params.attention == 2 and v._num_meta == 1 and v.kv_indices is None and v._params.kv_indices == 0
     pt = StepPlanner(8, 16, [4, 8, 16], attention="page_table")
     assert pt._num_meta == 3 and pt.kv_indptr is None and pt._params.attention == 4
+    # the metadata implementation: request-parallel with 32 lanes by default, switchable
+    assert (P.meta_impl, P.meta_lanes) == (StepPlanner._META_IMPL_DEFAULT, 32) == (1, 32)
+    on._set_meta_impl(0)
+    assert (P.meta_impl, P.meta_lanes) == (0, 32)
+    on._set_meta_impl(2, 8)
+    assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (2, 8, 2, 8)
+    with pytest.raises(ValueError, match="meta impl must be 0, 1 or 2"):
+        on._set_meta_impl(3)
+    with pytest.raises(ValueError, match="meta lanes must be 4, 8, 16 or 32"):
+        on._set_meta_impl(1, 12)
 
 
 # ---- the GPU baselines' EngineAttention: arguments against the kernels' C signatures, and a model ----
