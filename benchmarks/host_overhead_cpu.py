@@ -75,50 +75,52 @@ def fake_cupy_array_class():
 
 
 def install_fake_cupy():
+    """A ``cupy`` module just big enough for ``StepPlanner.__init__`` and ``compute()``: arrays are
+    the slot-based stand-ins above, ``launchKernel`` a no-op; returns the no-op."""
+    ndarray = fake_cupy_array_class()
+
     def noop(*_args):
         return None
 
+    class _Ctx:
+        def __init__(self, *_a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
     driver = types.SimpleNamespace(launchKernel=noop)
-    stream = types.SimpleNamespace(ptr=0)
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
     cuda = types.ModuleType("cupy.cuda")
     cuda.driver = driver
+    cuda.Device = _Ctx
     cuda.get_current_stream = lambda: stream
-    cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    cuda.runtime = types.SimpleNamespace(
+        getDevice=lambda: 0, getDeviceCount=lambda: 1, getDeviceProperties=lambda i: {"multiProcessorCount": 132}
+    )
     cp = types.ModuleType("cupy")
     cp.cuda = cuda
+    cp.ndarray = ndarray
+    cp.zeros = lambda shape, dtype=np.float64: ndarray(shape if isinstance(shape, tuple) else (shape,), dtype)
+    cp.full = lambda shape, _v, dtype=np.float64: cp.zeros(shape, dtype)
+    cp.asarray = lambda a: ndarray(np.asarray(a).shape, np.asarray(a).dtype)
     sys.modules["cupy"], sys.modules["cupy.cuda"], sys.modules["cupy.cuda.driver"] = cp, cuda, driver
     return noop
 
 
-def planner_without_gpu(max_requests, capacity, block_sizes):
-    """A StepPlanner whose __init__ ran on stand-ins: the Python path of compute() is real."""
-    from kvaddr import kernel_loader
+def planner_without_gpu(max_requests, capacity, block_sizes, **kw):
+    """A StepPlanner built by its real ``__init__`` on the fake CuPy (install_fake_cupy() first):
+    the Python path of compute() is real, the launch a no-op. Returns ``(planner, ndarray class)``."""
+    from kvaddr import device, kernel_loader
     from kvaddr.planner import StepPlanner
 
-    ndarray = fake_cupy_array_class()
-    p = object.__new__(StepPlanner)
-    consts = kernel_loader.constants()
-    p.max_requests, p.capacity, p.block_sizes = max_requests, capacity, tuple(block_sizes)
-    p.num_caches, p.position_dtype, p.device = len(block_sizes), np.dtype(np.int64), 0
-    p._threads, p._tile = consts["KV_THREADS"], consts["KV_TILE"]
-    p._num_chunks = -(-capacity // consts["KV_TOKENS"])
-    p._max_tiles = 0
-    p._fn = types.SimpleNamespace(ptr=0xF00)
-    for name, shape, dt in (
-        ("cu_seqlens_q", (max_requests + 1,), np.int32),
-        ("num_tokens", (), np.int32),
-        ("batch_id_per_token", (capacity,), np.int32),
-        ("position_ids", (capacity,), np.int64),
-        ("seq_lens_kv", (max_requests,), np.int32),
-        ("slot_mapping", (len(block_sizes), capacity), np.int64),
-    ):
-        setattr(p, name, ndarray(shape, dt))
-    P = p._params = kernel_loader.StepParams()
-    P.capacity, P.num_caches = capacity, len(block_sizes)
-    p._p_tables, p._p_strides, p._p_widths = P.block_tables, P.table_stride, P.max_blocks
-    p._launcher = kernel_loader.Launcher(p._fn, P, by_value=True)
-    p._views = {}
-    return p, ndarray
+    cp = sys.modules["cupy"]
+    device._checked[:] = [cp, 1]  # require_cuda: one device
+    kernel_loader.get_function = lambda name, dev=None: types.SimpleNamespace(ptr=0xF00)
+    return StepPlanner(max_requests, capacity, block_sizes, **kw), cp.ndarray
 
 
 def per_call_us(fn, n: int, repeats: int) -> tuple[float, list]:
