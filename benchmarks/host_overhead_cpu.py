@@ -164,6 +164,39 @@ def ab_compute(path, planner, dec, q, table, stream, n, repeats) -> dict:
     return {label: (statistics.median(v), v) for label, v in samples.items()}
 
 
+def ab_memo(planner, dec, q, table, stream, n, repeats) -> dict:
+    """compute() with and without its memo of checked inputs (``planner.memoize_checks``),
+    alternating sample by sample: the path before the memo against the path after."""
+    samples = {"compute(), memoize_checks=False (every check)": [], "compute(), memoize_checks=True": []}
+
+    def fn():
+        planner.compute(dec, q, table, stream=stream)
+
+    for _ in range(repeats):
+        for label, on in zip(samples, (False, True)):
+            planner.memoize_checks = on
+            planner._memo = None
+            samples[label].append(per_call_us(fn, n, 1)[0])
+    planner.memoize_checks = True
+    return {label: (statistics.median(v), v) for label, v in samples.items()}
+
+
+def dispatch_floor(torch, n, repeats) -> tuple:
+    """``torch.ops.<lib>.step.default`` with kvaddr's schema and a no-op Python kernel: what
+    torch's dispatcher alone costs per call of the op on this host (CPU tensors)."""
+    from kvaddr.torch.ops import SCHEMA
+
+    lib = torch.library.Library("kvaddr_host_bench", "DEF")
+    lib.define(SCHEMA)
+    lib.impl("step", lambda *a: None, "CPU")
+    op = torch.ops.kvaddr_host_bench.step.default
+    d = torch.zeros(4, dtype=torch.int32)
+    args = (d, d, [d], [64, 64], d, d, d, d, d, d, torch.zeros(4, dtype=torch.int64))
+    result = per_call_us(lambda: op(*args), n, repeats)
+    lib._destroy()
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=3000, help="calls per sample")
@@ -193,9 +226,11 @@ def main(argv=None) -> int:
     rows["compute() (full checks), stream=None"] = per_call_us(
         lambda: planner.compute(dec, q, table), args.n, args.repeats
     )
-    rows["compute(), two tables"] = per_call_us(
-        lambda: planner.compute(dec, q, [table, table], stream=stream), args.n, args.repeats
+    tables2 = [table, table]
+    rows["compute(), two tables (one list)"] = per_call_us(
+        lambda: planner.compute(dec, q, tables2, stream=stream), args.n, args.repeats
     )
+    rows.update(ab_memo(planner, dec, q, table, stream, args.n, args.repeats))
     if args.ab:
         rows.update(ab_compute(args.ab, planner, dec, q, table, stream, args.n, args.repeats))
     bound = planner.bind(dec, q, table, stream=stream) if hasattr(planner, "bind") else None
@@ -231,6 +266,7 @@ def main(argv=None) -> int:
         rows["torch op CUDA kernel body, remembered args"] = per_call_us(
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n, args.repeats
         )
+        rows["torch dispatcher alone (same schema, no-op kernel)"] = dispatch_floor(torch, args.n, args.repeats)
         ops.set_debug(True)
         rows["torch op CUDA kernel body, debug (full checks)"] = per_call_us(
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n // 4, args.repeats

@@ -373,6 +373,9 @@ class StepPlanner:
             bsz,  # 8
             self.grid(bsz),  # 9
             tables if "page_table" in self.attention else None,  # 10
+            self._launcher._fast,  # 11: launchKernel (None: older CuPy, through the Launcher)
+            self._launcher._fptr if self._launcher._fast is not None else 0,  # 12
+            self._launcher._params_ptr,  # 13
         )
 
     def launch_args(
@@ -443,7 +446,11 @@ class StepPlanner:
             and list(map(m[5], m[6])) == m[7]
         ):
             bsz = m[8]
-            self._launcher(m[9], self._threads, stream)
+            launch = m[11]
+            if launch is None:
+                self._launcher(m[9], self._threads, stream)
+            else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
+                launch(m[12], m[9], 1, 1, self._threads, 1, 1, 0, stream, m[13], 0)
             if m[10] is not None:  # page_table: rows [0, bsz) of these tables (a binding may have set others)
                 self._set_page_table(m[10], bsz)
             out = self._views.get(bsz)

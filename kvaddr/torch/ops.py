@@ -483,3 +483,28 @@ _lib.define(SCHEMA)
 _lib.impl("step", _step_cpu, "CPU")
 _lib.impl("step", _step_cuda, "CUDA")
 torch.library.register_fake("kvaddr::step", _step_fake, lib=_lib)
+
+_autograd_lib: list = [None]
+
+
+def set_autograd_fallthrough(on: bool = True) -> None:
+    """Let the op's calls skip the Autograd dispatch key (on by default).
+
+    The op has no derivative and reads only int32 tensors (none can require grad), so
+    autograd has nothing to record; without a kernel for the key torch runs its generic
+    autograd fallback on every call, which costs host time. With the fallthrough the
+    dispatcher goes straight on to the backend kernel; the mutated tensors' version
+    counters are bumped either way, and ``opcheck`` passes either way. ``False`` removes
+    the registration (``benchmarks/bench_host.py`` times both).
+    """
+    fallthrough = getattr(torch.library, "fallthrough_kernel", None)
+    if on and _autograd_lib[0] is None and fallthrough is not None:
+        lib = torch.library.Library("kvaddr", "IMPL")
+        lib.impl("step", fallthrough, "Autograd")
+        _autograd_lib[0] = lib
+    elif not on and _autograd_lib[0] is not None:
+        _autograd_lib[0]._destroy()
+        _autograd_lib[0] = None
+
+
+set_autograd_fallthrough(True)
