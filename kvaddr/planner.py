@@ -417,8 +417,15 @@ class StepPlanner:
         -------
         StepOutputs
             CuPy views of this planner's buffers (overwritten by the next call).
+
+        Notes
+        -----
+        The checks run in full on a call with new argument objects; the same objects as
+        the last checked call, each with an unchanged pointer, device, shape, strides
+        and dtype, skip them (they would pass again). The planner keeps a reference to
+        the last inputs. ``memoize_checks = False`` checks every call.
         """
-        # Stream: a raw handle as is; the same stream object as last time from the memo.
+        # Stream: a raw handle as is; the same CuPy or torch stream object as last time: its handle.
         if stream.__class__ is not int:
             if stream is None:
                 stream = self._current_stream().ptr
@@ -426,7 +433,8 @@ class StepPlanner:
                 stream = self._stream_ptr
             else:
                 handle = stream_handle(stream)
-                self._stream_obj, self._stream_ptr = stream, handle
+                if type(stream).__module__.startswith(("cupy", "torch")):  # their handles never change
+                    self._stream_obj, self._stream_ptr = stream, handle
                 stream = handle
         # Fast path: the same argument objects as the last checked call, each array's signature
         # unchanged, so every check passes as it did and the parameter block already holds them.

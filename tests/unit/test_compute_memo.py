@@ -218,6 +218,20 @@ def test_streams(fake):
     for s, want in ((s1, 0x77), (s1, 0x77), (s2, 0x78), (12, 12), (s1, 0x77)):
         p.compute(dec, q, table, stream=s)
         assert _last(fake)["stream"] == want
+    s1.cuda_stream = 0x79  # an object of unknown kind may change its handle: not remembered
+    p.compute(dec, q, table, stream=s1)
+    assert _last(fake)["stream"] == 0x79
+
+    class CupyLikeStream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    CupyLikeStream.__module__ = "cupy.cuda.stream"
+    c = CupyLikeStream(0x80)
+    p.compute(dec, q, table, stream=c)
+    assert p._stream_obj is c and p._stream_ptr == 0x80
+    p.compute(dec, q, table, stream=c)
+    assert _last(fake)["stream"] == 0x80
     p.compute(dec, q, table)  # None: CuPy's current stream, looked up at each call
     assert _last(fake)["stream"] == 0x51
     fake.current.ptr = 0x52
