@@ -361,6 +361,8 @@ class StepPlanner:
         sig = signature_getter(arrays) if self.memoize_checks else None
         if sig is None:
             return
+        launcher = self._launcher
+        fast = getattr(launcher, "_fast", None) if type(launcher) is kernel_loader.Launcher else None
         self._memo = (
             dec,  # 0
             q,  # 1
@@ -373,9 +375,9 @@ class StepPlanner:
             bsz,  # 8
             self.grid(bsz),  # 9
             tables if "page_table" in self.attention else None,  # 10
-            self._launcher._fast,  # 11: launchKernel (None: older CuPy, through the Launcher)
-            self._launcher._fptr if self._launcher._fast is not None else 0,  # 12
-            self._launcher._params_ptr,  # 13
+            fast,  # 11: launchKernel (None: older CuPy, or another launcher: call self._launcher)
+            getattr(launcher, "_fptr", 0),  # 12
+            getattr(launcher, "_params_ptr", 0),  # 13
         )
 
     def launch_args(
