@@ -348,6 +348,8 @@ class StepPlanner:
         anything else runs the full checks again. Arrays without a cheap signature
         (``__cuda_array_interface__``, DLPack, mixed CuPy and torch) are never memoised.
         """
+        if not self.memoize_checks:
+            return
         tables: list = []
         items = None
         if self.num_caches:
@@ -358,7 +360,7 @@ class StepPlanner:
         for t in tables:
             if all(t is not a for a in arrays):
                 arrays.append(t)
-        sig = signature_getter(arrays) if self.memoize_checks else None
+        sig = signature_getter(arrays)
         if sig is None:
             return
         launcher = self._launcher
