@@ -149,11 +149,12 @@ def ab_compute(path, planner, dec, q, table, stream, n, repeats) -> dict:
     other = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other)
     names = ("check_info", "describe", "normalize_tables", "stream_handle")
-    samples = {"compute(), --ab validation.py": [], "compute(), this validation.py": []}
+    samples = {"compute(), no memo, --ab validation.py": [], "compute(), no memo, this validation.py": []}
 
     def fn():
         planner.compute(dec, q, table, stream=stream)
 
+    planner.memoize_checks, planner._memo = False, None  # time the checks themselves
     for _ in range(repeats * 3):
         for label, mod in zip(samples, (other, validation)):
             for name in names:
@@ -161,6 +162,7 @@ def ab_compute(path, planner, dec, q, table, stream, n, repeats) -> dict:
             samples[label].append(per_call_us(fn, n, 1)[0])
     for name in names:
         setattr(planner_module, name, getattr(validation, name))
+    planner.memoize_checks = True
     return {label: (statistics.median(v), v) for label, v in samples.items()}
 
 
