@@ -11,9 +11,14 @@ Rows (every one launched on the same CUDA stream, inputs persistent, one decode 
   (``cupy.cuda.driver.launchKernel`` with a prebuilt parameter array, as the planner launches);
 * ``RawKernel, 1 block, 11 args``: a one-block CuPy kernel with 11 arguments (CuPy converts each);
 * ``BoundStep.launch``: the bound fast path (``planner.bind(...)`` once, then ``launch(bsz)``);
-* ``compute() (CuPy)`` / ``compute() (torch)``: ``StepPlanner.compute`` with full checks;
+* ``compute() (CuPy)`` / ``compute() (torch)``: ``StepPlanner.compute`` with full checks
+  (memoised: the same input objects with unchanged pointer, shape, strides, dtype and device
+  skip re-running them); ``compute() (CuPy), no memo``: every check on every call
+  (``planner.memoize_checks = False``, the path before the memo);
 * ``torch op (eager)``: ``torch.ops.kvaddr.step.default`` with persistent tensors, on torch's
-  current stream (``kvaddr.torch.step``, which also slices the outputs, is shown too).
+  current stream (``kvaddr.torch.step``, which also slices the outputs, is shown too);
+  ``torch op (eager), autograd fallback``: the same without the op's Autograd fallthrough
+  (``kvaddr.torch.set_autograd_fallthrough(False)``, the registration before it).
 
 Host time: ``time.perf_counter`` around N calls with no synchronisation in between, then
 one synchronisation outside the clock; per call = elapsed / N. Rows are measured in turn,
@@ -97,6 +102,7 @@ def main(argv=None) -> int:
 
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = {}
+    setups, teardowns = {}, {}  # per row: run before / after its samples (off the clock)
     with stream:
         dec, q, table = cupy.asarray(dec_h), cupy.asarray(q_h), cupy.asarray(table_h)
         empty_raw = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
@@ -118,6 +124,10 @@ def main(argv=None) -> int:
         bound = planner.bind(dec, q, table, stream=stream)
         rows["BoundStep.launch"] = lambda: bound.launch(bsz)
         rows["compute() (CuPy)"] = lambda: planner.compute(dec, q, table, stream=stream)
+        # the path before the memo of checked inputs: every check on every call
+        planner_nomemo = StepPlanner(bsz, capacity, [B, B])
+        planner_nomemo.memoize_checks = False
+        rows["compute() (CuPy), no memo"] = lambda: planner_nomemo.compute(dec, q, table, stream=stream)
 
         torch = None
         try:
@@ -134,6 +144,10 @@ def main(argv=None) -> int:
             op = torch.ops.kvaddr.step.default
             tables, sizes, outs = [tt], [B, B], bufs.outputs_args
             rows["torch op (eager)"] = lambda: op(td, tq, tables, sizes, *outs)
+            # the same op through torch's generic autograd fallback (no Autograd fallthrough)
+            rows["torch op (eager), autograd fallback"] = lambda: op(td, tq, tables, sizes, *outs)
+            setups["torch op (eager), autograd fallback"] = lambda: kt.set_autograd_fallthrough(False)
+            teardowns["torch op (eager), autograd fallback"] = lambda: kt.set_autograd_fallthrough(True)
             rows["kvaddr.torch.step (op + views)"] = lambda: kt.step(td, tq, tt, bufs)
 
         def sync():
@@ -151,16 +165,23 @@ def main(argv=None) -> int:
             sync()
             assert np.array_equal(bufs.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping), "torch op != reference"
 
-        for fn in rows.values():
+        def nothing():
+            pass
+
+        for k, fn in rows.items():
+            setups.get(k, nothing)()
             for _ in range(a.warmup):
                 fn()
             sync()
+            teardowns.get(k, nothing)()
         batch = {k: [] for k in rows}
         single = {k: [] for k in rows}
         for _ in range(a.repeats):
             for k, fn in rows.items():
+                setups.get(k, nothing)()
                 batch[k].append(per_call_samples(fn, sync, a.n))
                 single[k].extend(single_call_samples(fn, sync, 200))
+                teardowns.get(k, nothing)()
 
     yard = statistics.median(batch["empty RawKernel"])
     results = []
@@ -183,13 +204,13 @@ def main(argv=None) -> int:
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"host time per eager call, {dev}, CuPy {cupy.__version__}, bsz {bsz}, two caches (B = {B})")
     print(f"median of {a.repeats} samples of {a.n} back-to-back calls; single = median of one-call samples")
-    print(f"{'row':<32}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
+    print(f"{'row':<38}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
     failed = False
     for r in results:
         b = "" if r["bound"] is None else f"<= {r['bound']:.1f}x  {r['verdict']}"
         failed |= r["verdict"] == "FAIL"
         print(
-            f"{r['row']:<32}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
+            f"{r['row']:<38}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
             f"{r['ratio_vs_empty_rawkernel']:>9.2f}  {b}"
         )
     if a.json:

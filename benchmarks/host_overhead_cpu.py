@@ -75,50 +75,52 @@ def fake_cupy_array_class():
 
 
 def install_fake_cupy():
+    """A ``cupy`` module just big enough for ``StepPlanner.__init__`` and ``compute()``: arrays are
+    the slot-based stand-ins above, ``launchKernel`` a no-op; returns the no-op."""
+    ndarray = fake_cupy_array_class()
+
     def noop(*_args):
         return None
 
+    class _Ctx:
+        def __init__(self, *_a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
     driver = types.SimpleNamespace(launchKernel=noop)
-    stream = types.SimpleNamespace(ptr=0)
+    stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
     cuda = types.ModuleType("cupy.cuda")
     cuda.driver = driver
+    cuda.Device = _Ctx
     cuda.get_current_stream = lambda: stream
-    cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    cuda.runtime = types.SimpleNamespace(
+        getDevice=lambda: 0, getDeviceCount=lambda: 1, getDeviceProperties=lambda i: {"multiProcessorCount": 132}
+    )
     cp = types.ModuleType("cupy")
     cp.cuda = cuda
+    cp.ndarray = ndarray
+    cp.zeros = lambda shape, dtype=np.float64: ndarray(shape if isinstance(shape, tuple) else (shape,), dtype)
+    cp.full = lambda shape, _v, dtype=np.float64: cp.zeros(shape, dtype)
+    cp.asarray = lambda a: ndarray(np.asarray(a).shape, np.asarray(a).dtype)
     sys.modules["cupy"], sys.modules["cupy.cuda"], sys.modules["cupy.cuda.driver"] = cp, cuda, driver
     return noop
 
 
-def planner_without_gpu(max_requests, capacity, block_sizes):
-    """A StepPlanner whose __init__ ran on stand-ins: the Python path of compute() is real."""
-    from kvaddr import kernel_loader
+def planner_without_gpu(max_requests, capacity, block_sizes, **kw):
+    """A StepPlanner built by its real ``__init__`` on the fake CuPy (install_fake_cupy() first):
+    the Python path of compute() is real, the launch a no-op. Returns ``(planner, ndarray class)``."""
+    from kvaddr import device, kernel_loader
     from kvaddr.planner import StepPlanner
 
-    ndarray = fake_cupy_array_class()
-    p = object.__new__(StepPlanner)
-    consts = kernel_loader.constants()
-    p.max_requests, p.capacity, p.block_sizes = max_requests, capacity, tuple(block_sizes)
-    p.num_caches, p.position_dtype, p.device = len(block_sizes), np.dtype(np.int64), 0
-    p._threads, p._tile = consts["KV_THREADS"], consts["KV_TILE"]
-    p._num_chunks = -(-capacity // consts["KV_TOKENS"])
-    p._max_tiles = 0
-    p._fn = types.SimpleNamespace(ptr=0xF00)
-    for name, shape, dt in (
-        ("cu_seqlens_q", (max_requests + 1,), np.int32),
-        ("num_tokens", (), np.int32),
-        ("batch_id_per_token", (capacity,), np.int32),
-        ("position_ids", (capacity,), np.int64),
-        ("seq_lens_kv", (max_requests,), np.int32),
-        ("slot_mapping", (len(block_sizes), capacity), np.int64),
-    ):
-        setattr(p, name, ndarray(shape, dt))
-    P = p._params = kernel_loader.StepParams()
-    P.capacity, P.num_caches = capacity, len(block_sizes)
-    p._p_tables, p._p_strides, p._p_widths = P.block_tables, P.table_stride, P.max_blocks
-    p._launcher = kernel_loader.Launcher(p._fn, P, by_value=True)
-    p._views = {}
-    return p, ndarray
+    cp = sys.modules["cupy"]
+    device._checked[:] = [cp, 1]  # require_cuda: one device
+    kernel_loader.get_function = lambda name, dev=None: types.SimpleNamespace(ptr=0xF00)
+    return StepPlanner(max_requests, capacity, block_sizes, **kw), cp.ndarray
 
 
 def per_call_us(fn, n: int, repeats: int) -> tuple[float, list]:
@@ -147,11 +149,12 @@ def ab_compute(path, planner, dec, q, table, stream, n, repeats) -> dict:
     other = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other)
     names = ("check_info", "describe", "normalize_tables", "stream_handle")
-    samples = {"compute(), --ab validation.py": [], "compute(), this validation.py": []}
+    samples = {"compute(), no memo, --ab validation.py": [], "compute(), no memo, this validation.py": []}
 
     def fn():
         planner.compute(dec, q, table, stream=stream)
 
+    planner.memoize_checks, planner._memo = False, None  # time the checks themselves
     for _ in range(repeats * 3):
         for label, mod in zip(samples, (other, validation)):
             for name in names:
@@ -159,7 +162,41 @@ def ab_compute(path, planner, dec, q, table, stream, n, repeats) -> dict:
             samples[label].append(per_call_us(fn, n, 1)[0])
     for name in names:
         setattr(planner_module, name, getattr(validation, name))
+    planner.memoize_checks = True
     return {label: (statistics.median(v), v) for label, v in samples.items()}
+
+
+def ab_memo(planner, dec, q, table, stream, n, repeats) -> dict:
+    """compute() with and without its memo of checked inputs (``planner.memoize_checks``),
+    alternating sample by sample: the path before the memo against the path after."""
+    samples = {"compute(), memoize_checks=False (every check)": [], "compute(), memoize_checks=True": []}
+
+    def fn():
+        planner.compute(dec, q, table, stream=stream)
+
+    for _ in range(repeats):
+        for label, on in zip(samples, (False, True)):
+            planner.memoize_checks = on
+            planner._memo = None
+            samples[label].append(per_call_us(fn, n, 1)[0])
+    planner.memoize_checks = True
+    return {label: (statistics.median(v), v) for label, v in samples.items()}
+
+
+def dispatch_floor(torch, n, repeats) -> tuple:
+    """``torch.ops.<lib>.step.default`` with kvaddr's schema and a no-op Python kernel: what
+    torch's dispatcher alone costs per call of the op on this host (CPU tensors)."""
+    from kvaddr.torch.ops import SCHEMA
+
+    lib = torch.library.Library("kvaddr_host_bench", "DEF")
+    lib.define(SCHEMA)
+    lib.impl("step", lambda *a: None, "CPU")
+    op = torch.ops.kvaddr_host_bench.step.default
+    d = torch.zeros(4, dtype=torch.int32)
+    args = (d, d, [d], [64, 64], d, d, d, d, d, d, torch.zeros(4, dtype=torch.int64))
+    result = per_call_us(lambda: op(*args), n, repeats)
+    lib._destroy()
+    return result
 
 
 def main(argv=None) -> int:
@@ -191,9 +228,11 @@ def main(argv=None) -> int:
     rows["compute() (full checks), stream=None"] = per_call_us(
         lambda: planner.compute(dec, q, table), args.n, args.repeats
     )
-    rows["compute(), two tables"] = per_call_us(
-        lambda: planner.compute(dec, q, [table, table], stream=stream), args.n, args.repeats
+    tables2 = [table, table]
+    rows["compute(), two tables (one list)"] = per_call_us(
+        lambda: planner.compute(dec, q, tables2, stream=stream), args.n, args.repeats
     )
+    rows.update(ab_memo(planner, dec, q, table, stream, args.n, args.repeats))
     if args.ab:
         rows.update(ab_compute(args.ab, planner, dec, q, table, stream, args.n, args.repeats))
     bound = planner.bind(dec, q, table, stream=stream) if hasattr(planner, "bind") else None
@@ -229,6 +268,7 @@ def main(argv=None) -> int:
         rows["torch op CUDA kernel body, remembered args"] = per_call_us(
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n, args.repeats
         )
+        rows["torch dispatcher alone (same schema, no-op kernel)"] = dispatch_floor(torch, args.n, args.repeats)
         ops.set_debug(True)
         rows["torch op CUDA kernel body, debug (full checks)"] = per_call_us(
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n // 4, args.repeats

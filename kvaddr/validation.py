@@ -145,6 +145,48 @@ def describe(name: str, x) -> ArrayInfo:
     )
 
 
+def _cupy_signature(x) -> tuple:
+    m = x.data
+    return (m.ptr, m.device_id, x.shape, x.strides, x.dtype)
+
+
+def _cupy_signature_no_device_id(x) -> tuple:  # a MemoryPointer-like without device_id
+    return (x.data.ptr, x.device.id, x.shape, x.strides, x.dtype)
+
+
+def _torch_signature(x) -> tuple:
+    return (x.data_ptr(), x.get_device(), x.shape, x.stride(), x.dtype)
+
+
+def signature_getter(arrays):
+    """A function reading an array's exact signature, for memoising the checks of ``arrays``.
+
+    The signature is ``(pointer, device, shape, strides, dtype)`` read straight from the
+    array's own attributes: everything :func:`describe` and :func:`check_info` look at.
+    Two equal signatures of one array object mean the same checks pass (and the same
+    pointer is launched), so a caller holding a reference to the object (its ``id``
+    cannot be reused) may skip the checks while the signature stays equal. Returns one
+    function for all of ``arrays`` (all CuPy or all PyTorch), or None (mixed kinds,
+    ``__cuda_array_interface__`` and DLPack objects: those are described every time).
+    """
+    getter = None
+    for x in arrays:
+        cls = type(x)
+        kind = _KINDS.get(cls)
+        if kind is None:
+            kind = _KINDS[cls] = _kind_of(cls)
+        if kind == _CUPY:
+            g = _cupy_signature if hasattr(x.data, "device_id") else _cupy_signature_no_device_id
+        elif kind == _TORCH:
+            g = _torch_signature
+        else:
+            return None
+        if getter is not None and g is not getter:
+            return None
+        getter = g
+    return getter
+
+
 def _device_of_pointer(ptr: int) -> int:
     if ptr == 0:
         return -2  # empty array: no device to check

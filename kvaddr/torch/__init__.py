@@ -18,10 +18,19 @@ Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/
 from kvaddr.torch.ops import (
     StepBuffers,
     clear_cache,
+    set_autograd_fallthrough,
     set_debug,
     step,
     workspace_errors,
     workspace_size,
 )
 
-__all__ = ["StepBuffers", "clear_cache", "set_debug", "step", "workspace_errors", "workspace_size"]
+__all__ = [
+    "StepBuffers",
+    "clear_cache",
+    "set_autograd_fallthrough",
+    "set_debug",
+    "step",
+    "workspace_errors",
+    "workspace_size",
+]

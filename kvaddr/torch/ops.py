@@ -423,12 +423,31 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws):
 
 
 def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
-    key = (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
-    entry = _cache.get(key)
+    # The hot path: a remembered argument set (same objects, same block sizes) on a one-GPU host
+    # launches straight from the entry (the BoundStep's prebuilt parameter array, its bsz and
+    # grid fixed at the bind: nothing is written, nothing allocated beyond the key).
+    entry = _cache.get(
+        (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
+    )
+    if entry is not None and entry[1] == block_sizes and not entry[4]:
+        entry[5](entry[6], entry[7], 1, 1, entry[8], 1, 1, 0, _raw_stream(entry[2]), entry[9], 0)
+        return
+    _step_cuda_checked(entry, dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+
+
+def _step_cuda_checked(entry, dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
+    """A new argument set (checked and remembered), debug mode, or a host with several GPUs."""
     if entry is None or entry[1] != block_sizes or _state["debug"]:
+        key = (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
         bound = _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+        multi = _state["multi_device"]
+        if multi is None:
+            multi = _state["multi_device"] = torch.cuda.device_count() > 1
+        # (bound, block sizes, device, weak refs, several GPUs, then what the hot path launches with:
+        # launchKernel, function, grid, threads, kernelParams)
+        launch = (bound._launch_kernel, bound._fptr, bound.grid(bound.max_bsz), bound._threads, bound._params_ptr)
         if _state["debug"]:
-            entry = (bound, None, dec.device.index, ())
+            entry = (bound, None, dec.device.index, (), multi, *launch)
         else:
             # Weak references, each forgetting the entry when its tensor dies: an id in the key
             # is never reused by a live entry, and the cache keeps no tensor (or clone) alive.
@@ -436,16 +455,13 @@ def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -
                 _cache.pop(key, None)
 
             refs = tuple(weakref.ref(t, forget) for t in (dec, q, cu, nt, batch, pos, kv, slots, ws, *tables))
-            entry = (bound, list(block_sizes), dec.device.index, refs)
+            entry = (bound, list(block_sizes), dec.device.index, refs, multi, *launch)
             with _lock:
                 if len(_cache) >= CACHE_SIZE:
                     _cache.clear()
                 _cache[key] = entry
     dev = entry[2]
-    multi = _state["multi_device"]
-    if multi is None:
-        multi = _state["multi_device"] = torch.cuda.device_count() > 1
-    if multi and torch.cuda.current_device() != dev:
+    if entry[4] and torch.cuda.current_device() != dev:
         with torch.cuda.device(dev):
             entry[0].launch(None, _raw_stream(dev))
         return
@@ -467,3 +483,28 @@ _lib.define(SCHEMA)
 _lib.impl("step", _step_cpu, "CPU")
 _lib.impl("step", _step_cuda, "CUDA")
 torch.library.register_fake("kvaddr::step", _step_fake, lib=_lib)
+
+_autograd_lib: list = [None]
+
+
+def set_autograd_fallthrough(on: bool = True) -> None:
+    """Let the op's calls skip the Autograd dispatch key (on by default).
+
+    The op has no derivative and reads only int32 tensors (none can require grad), so
+    autograd has nothing to record; without a kernel for the key torch runs its generic
+    autograd fallback on every call, which costs host time. With the fallthrough the
+    dispatcher goes straight on to the backend kernel; the mutated tensors' version
+    counters are bumped either way, and ``opcheck`` passes either way. ``False`` removes
+    the registration (``benchmarks/bench_host.py`` times both).
+    """
+    fallthrough = getattr(torch.library, "fallthrough_kernel", None)
+    if on and _autograd_lib[0] is None and fallthrough is not None:
+        lib = torch.library.Library("kvaddr", "IMPL")
+        lib.impl("step", fallthrough, "Autograd")
+        _autograd_lib[0] = lib
+    elif not on and _autograd_lib[0] is not None:
+        _autograd_lib[0]._destroy()
+        _autograd_lib[0] = None
+
+
+set_autograd_fallthrough(True)

@@ -176,3 +176,91 @@ def fake_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "kvaddr.strategies.gpu", fake_strategies)
     monkeypatch.setattr(kvaddr.strategies, "gpu", fake_strategies, raising=False)
     return state
+
+
+# -- a fake CuPy for StepPlanner's host path (compute()'s checks, memo and launch) ------------
+
+
+class _FakeMem:
+    __slots__ = ("device_id", "ptr")
+
+    def __init__(self, ptr, device_id):
+        self.ptr, self.device_id = ptr, device_id
+
+
+class FakeDeviceArray:
+    """A NumPy array dressed as a CuPy one: ``data.ptr`` is the host address, ``data.device_id`` is
+    ``dev``. Its metadata can be changed in place, as CuPy's ``shape`` setter (or a torch
+    ``resize_``/``set_``/``as_strided_``) does: assign another NumPy array to ``a`` (new
+    pointer, shape, strides or dtype) or another ordinal to ``dev``."""
+
+    def __init__(self, a, dev=0):
+        self.a, self.dev = a, dev
+
+    @property
+    def data(self):
+        return _FakeMem(self.a.ctypes.data, self.dev)
+
+    shape = property(lambda self: self.a.shape)
+    strides = property(lambda self: self.a.strides)
+    itemsize = property(lambda self: self.a.itemsize)
+    dtype = property(lambda self: self.a.dtype)
+    size = property(lambda self: self.a.size)
+    device = property(lambda self: FakeDevice(self.dev))
+
+    def __getitem__(self, k):
+        return FakeDeviceArray(self.a[k], self.dev)
+
+
+FakeDeviceArray.__module__ = "cupy._core.core"
+
+
+class _PlannerStream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def synchronize(self):
+        pass
+
+
+def install_planner_fake(monkeypatch):
+    """Install a CuPy in which ``StepPlanner`` builds on FakeDeviceArrays and launches are recorded.
+
+    Returns a namespace: ``launches`` (one dict per launchKernel call: grid, block, stream and
+    a copy of the StepParams struct it received), ``current`` (set ``current.ptr`` to change
+    CuPy's current stream) and ``array(values, dtype=int32, dev=0)``.
+    """
+    import ctypes
+
+    from kvaddr import device
+
+    launches = []
+
+    def launch(fptr, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
+        launches.append(
+            dict(
+                grid=gx,
+                block=bx,
+                stream=stream,
+                params=kernel_loader.StepParams.from_buffer_copy(kernel_loader.StepParams.from_address(arg0)),
+            )
+        )
+
+    current = _PlannerStream(0x51)
+    cp = fake_cupy()
+    cp.cuda.driver = types.SimpleNamespace(launchKernel=launch)
+    cp.cuda.get_current_stream = lambda: current
+    cp.zeros = lambda shape, dtype: FakeDeviceArray(np.zeros(shape, dtype))
+    cp.full = lambda shape, v, dtype: FakeDeviceArray(np.full(shape, v, dtype))
+    cp.asarray = lambda a: FakeDeviceArray(np.array(a))
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cp.cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.function", types.SimpleNamespace(CPointer=lambda addr: addr))
+    monkeypatch.setattr(device, "_checked", [cp, 2])  # require_cuda: two devices
+    monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: types.SimpleNamespace(ptr=0xF00))
+    return types.SimpleNamespace(
+        launches=launches,
+        current=current,
+        array=lambda values, dtype=np.int32, dev=0: FakeDeviceArray(np.array(values, dtype), dev),
+    )

@@ -454,3 +454,80 @@ def test_a_remembered_set_is_forgotten_when_a_tensor_dies_and_keeps_none_alive(f
     gc.collect()
     assert ref() is None  # the cache did not keep the tensor alive
     assert len(ops._cache) == 0  # and forgot the set (its id may be reused now)
+
+
+@requires_torch
+def test_a_remembered_set_launches_exactly_as_its_first_call(fake_cuda_launch):
+    import ctypes
+
+    from kvaddr import kernel_loader
+    from kvaddr.torch import ops
+
+    args = _args()
+    ops._step_cuda(*args)
+    first = fake_cuda_launch[0]
+    P = kernel_loader.StepParams.from_address(ctypes.c_void_p.from_address(first[9]).value)
+    before = bytes(P)
+    for _ in range(3):
+        ops._step_cuda(*args)
+    assert len(fake_cuda_launch) == 4 and all(c == first for c in fake_cuda_launch)
+    assert bytes(P) == before and P.bsz == 3  # the hot path writes nothing into the struct
+    args[2] = list(args[2])  # a new list of the same tables (the dispatcher builds one per call)
+    ops._step_cuda(*args)
+    assert fake_cuda_launch[-1] == first
+
+
+@requires_torch
+def test_a_host_with_several_gpus_takes_the_checked_path(fake_cuda_launch, monkeypatch):
+    import torch
+
+    from kvaddr.torch import ops
+
+    monkeypatch.setitem(ops._state, "multi_device", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # (a CPU tensor's device index)
+    seen = []
+    real = ops._step_cuda_checked
+    monkeypatch.setattr(ops, "_step_cuda_checked", lambda *a: seen.append(a[0] is None) or real(*a))
+    args = _args()
+    for _ in range(3):
+        ops._step_cuda(*args)
+    assert seen == [True, False, False] and len(fake_cuda_launch) == 3
+    assert all(c == fake_cuda_launch[0] for c in fake_cuda_launch)
+
+
+@requires_torch
+def test_autograd_fallthrough_is_switchable_and_opcheck_passes_both_ways():
+    import torch
+    from torch.library import opcheck
+
+    import kvaddr.torch as kt
+
+    def autograd_line():
+        dump = torch._C._dispatch_dump("kvaddr::step")
+        return [line for line in dump.splitlines() if line.startswith("Autograd")]
+
+    rng = np.random.default_rng(3)
+    case = random_step(rng, bsz=5, num_caches=1)
+    bufs = kt.StepBuffers(8, case["capacity"], case["block_sizes"][:1], device="cpu")
+    tables = case["block_tables"] if isinstance(case["block_tables"], list) else [case["block_tables"]]
+    args = (
+        torch.from_numpy(case["seq_lens_decoder"]),
+        torch.from_numpy(case["seq_lens_this_time"]),
+        [torch.from_numpy(np.ascontiguousarray(tables[0]))],
+        case["block_sizes"][:1],
+        *bufs.outputs_args,
+    )
+    try:
+        for on in (True, False, True):
+            kt.set_autograd_fallthrough(on)
+            lines = autograd_line()
+            assert bool(lines) == on and all("fallthrough" in line for line in lines), lines
+            result = opcheck(torch.ops.kvaddr.step.default, args)
+            assert all(v == "SUCCESS" for v in result.values()), result
+            v = bufs.slot_mapping._version
+            torch.ops.kvaddr.step.default(*args)
+            assert bufs.slot_mapping._version > v, "a mutated output's version counter was not bumped"
+            ref = _ref(dict(case, block_tables=tables[0], block_sizes=case["block_sizes"][:1]))
+            assert np.array_equal(bufs.slot_mapping.numpy(), ref.outputs.slot_mapping)
+    finally:
+        kt.set_autograd_fallthrough(True)

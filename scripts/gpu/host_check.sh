@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 15's host time, round 2 (helper "host"): on a GPU machine, from the repository root.
+#   OUT=/some/dir bash scripts/gpu/host_check.sh
+# 1. the GPU tests this change touches: compute()'s memo of checked inputs
+#    (tests/gpu/test_compute_memo_gpu.py), the bound launch, the torch op (opcheck, compile,
+#    graph capture), and compute() against the reference (integration, bad inputs);
+# 2. the host-time benchmark (benchmarks/bench_host.py): one run, every row side by side,
+#    with "compute() (CuPy), no memo" (the path before) and "torch op (eager), autograd
+#    fallback" (the registration before) next to the new ones;
+# 3. benchmarks/host_overhead_cpu.py on the same host (kvaddr's Python alone, driver faked).
+# Logs under $OUT (default /tmp/kvaddr-host). About 2-3 minutes.
+set -u
+OUT=${OUT:-/tmp/kvaddr-host}
+mkdir -p "$OUT"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
+status=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env.txt"
+python3 -c "import cupy, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__)" | tee -a "$OUT/env.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$OUT/env.txt"
+
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider \
+  tests/gpu/test_compute_memo_gpu.py tests/gpu/test_bound_step_gpu.py tests/gpu/test_torch_ops_gpu.py \
+  tests/gpu/test_gpu_integration.py tests/gpu/test_bad_inputs_gpu.py > "$OUT/pytest_gpu.log" 2>&1 || status=1
+tail -n 15 "$OUT/pytest_gpu.log"
+
+timeout 180 python3 benchmarks/bench_host.py --json "$OUT/bench_host.json" 2>&1 | tee "$OUT/bench_host.log"
+rc=${PIPESTATUS[0]}
+echo "bench_host.py: exit $rc (1 = a bound of issue 15 missed)"
+[[ $rc == 0 || $rc == 1 ]] || status=1
+
+timeout 120 python3 benchmarks/host_overhead_cpu.py --n 2000 --repeats 15 --json "$OUT/host_overhead_cpu.json" \
+  2>&1 | tee "$OUT/host_overhead_cpu.log" || status=1
+exit $status
