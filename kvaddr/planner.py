@@ -110,6 +110,12 @@ class StepPlanner:
         self._tile = tile
         self._num_chunks = -(-self.capacity // tokens)
         self._max_tiles = -(-self.max_requests // tile) if self.max_requests > tile else 0
+        # The single-block kernel (v9) writes one error record per warp (up to KV_SB_WARPS of
+        # them); kvaddr_step_* clears records [num_chunks, num_chunks + max_tiles) every
+        # launch, so padding max_tiles keeps every record either kernel may write cleared
+        # by the other.
+        warps_per_block = consts["KV_WARPS"]
+        self._max_tiles = max(self._max_tiles, -(-consts["KV_SB_WARPS"] // warps_per_block) - self._num_chunks)
         C = self.capacity
         with cupy.cuda.Device(self.device):
             self._fn = kernel_loader.get_function(
@@ -157,6 +163,63 @@ class StepPlanner:
         self._p_tables, self._p_strides, self._p_widths = P.block_tables, P.table_stride, P.max_blocks
         self._launcher = kernel_loader.Launcher(self._fn, P, by_value=True)
         self._views: dict = {}
+        self.use_kernel(type(self).step_kernel)
+
+    # -- kernel selection (docs/perf-notes.md, v8 and v9) ---------------------
+    #: Which fused-step design :meth:`compute` launches: ``"v9"`` (default) runs batches of
+    #: at most ``KV_SB_THREADS`` requests (and capacity <= :attr:`one_block_max_capacity`, no
+    #: attention outputs) in ONE block (``kvaddr_step1_c{G}_*``, instantiated per cache
+    #: count) and larger ones with ``kvaddr_step_*``; ``"v8"`` always runs ``kvaddr_step_*``.
+    #: Change it on an instance with :meth:`use_kernel`.
+    step_kernel: str = "v9"
+    #: The largest capacity C the single-block kernel (v9) takes on (its block writes
+    #: every one of the C tokens, KV_SB_THREADS at a time).
+    one_block_max_capacity: int = 4096
+
+    def use_kernel(self, version: str, *, max_capacity: int | None = None) -> None:
+        """Choose the fused-step design :meth:`compute` launches: ``"v8"`` or ``"v9"``.
+
+        Parameters
+        ----------
+        version : {"v8", "v9"}
+            ``"v9"``: one block for small batches (see :attr:`step_kernel`), ``"v8"``: the
+            multi-block kernel for every batch. Outputs and error records are the same.
+        max_capacity : int, optional
+            Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
+        """
+        if version not in ("v8", "v9"):
+            raise ValueError(f"version must be 'v8' or 'v9', got {version!r}")
+        self.step_kernel = version
+        if max_capacity is not None:
+            self.one_block_max_capacity = check_int("max_capacity", max_capacity, lo=1, hi=INT32_MAX - 1)
+        consts = kernel_loader.constants()
+        limit = consts["KV_SB_THREADS"]
+        # bsz <= _one_max_bsz runs in one block (-1: never).
+        self._one_max_bsz = (
+            min(limit, self.max_requests)
+            if version == "v9" and self._num_meta == 0 and self.capacity <= self.one_block_max_capacity
+            else -1
+        )
+        self._one_threads = limit
+        self._one_launcher = None
+        if self._one_max_bsz >= 0:
+            suffix = "i64" if self.position_dtype == np.int64 else "i32"
+            self._one_name = f"kvaddr_step1_c{self.num_caches}_{suffix}"
+            fn = kernel_loader.get_function(self._one_name, self.device)
+            self._one_launcher = kernel_loader.Launcher(fn, self._params, by_value=True)
+
+    def kernel_for(self, bsz: int) -> tuple[str, int, int]:
+        """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests."""
+        if bsz <= self._one_max_bsz:
+            return self._one_name, 1, self._one_block_threads(bsz)
+        name = "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32"
+        return name, self.grid(bsz), self._threads
+
+    def _one_block_threads(self, bsz: int) -> int:
+        """Threads of the single-block launch: a multiple of 32 covering bsz and, up to
+        KV_SB_THREADS, the capacity."""
+        n = max(bsz, self.capacity, 32)
+        return min(self._one_threads, (n + 31) & ~31)
 
     # -- attention outputs (docs/attention.md) ------------------------------
     def _attention_buffers(self, cupy, consts) -> None:
@@ -365,7 +428,10 @@ class StepPlanner:
             CuPy views of this planner's buffers (overwritten by the next call).
         """
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
-        self._launcher(self.grid(bsz), self._threads, stream_handle(stream))
+        if bsz <= self._one_max_bsz:  # v9: one block does the whole step
+            self._one_launcher(1, self._one_block_threads(bsz), stream_handle(stream))
+        else:
+            self._launcher(self.grid(bsz), self._threads, stream_handle(stream))
         return self._outputs(bsz)
 
     def bind(
