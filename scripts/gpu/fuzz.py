@@ -30,7 +30,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=20261129)
     ap.add_argument("--max-bsz", type=int, default=200)
+    ap.add_argument(
+        "--kernels",
+        default="v8,v9,v9-any",
+        help="fused-step designs to check (StepPlanner.use_kernel): v8, v9 (one block for small batches up to"
+        " one_block_max_capacity), v9-any (one block whatever the capacity); comma-separated",
+    )
     a = ap.parse_args(argv)
+    kernels = [k for k in a.kernels.split(",") if k]
+    for k in kernels:
+        if k not in ("v8", "v9", "v9-any"):
+            ap.error(f"--kernels: unknown design {k!r} (v8, v9, v9-any)")
 
     from kvaddr.strategies.gpu import STRATEGY_NAMES, make_strategy
     from kvaddr.strategies.names import not_run_reason
@@ -59,19 +69,23 @@ def main(argv=None) -> int:
             s = make_strategy(
                 name, max_requests=max(bsz, 1), capacity=case["capacity"], block_sizes=case["block_sizes"], num_layers=1
             )
-            out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-            try:
-                assert_outputs_equal(out, ref.outputs, f"seed {seed}/{name}")
-                if name == "fused":
-                    got = s.planner.errors()
-                    if got != (ref.error_mask, ref.error_key):
-                        raise AssertionError(
-                            f"seed {seed}/fused: error record {got} != {(ref.error_mask, ref.error_key)}"
-                        )
-            except AssertionError as exc:
-                mismatches += 1
-                print(f"MISMATCH {exc}", flush=True)
-            checked += 1
+            for kernel in kernels if name == "fused" else [None]:
+                label = f"seed {seed}/{name}" + (f" [{kernel}]" if kernel else "")
+                if kernel == "v9-any":
+                    s.planner.use_kernel("v9", max_capacity=2**31 - 2)
+                elif kernel:
+                    s.planner.use_kernel(kernel)
+                out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+                try:
+                    assert_outputs_equal(out, ref.outputs, label)
+                    if name == "fused":
+                        got = s.planner.errors()
+                        if got != (ref.error_mask, ref.error_key):
+                            raise AssertionError(f"{label}: error record {got} != {(ref.error_mask, ref.error_key)}")
+                except AssertionError as exc:
+                    mismatches += 1
+                    print(f"MISMATCH {exc}", flush=True)
+                checked += 1
         if (i + 1) % 1000 == 0:
             print(f"{i + 1} steps, {mismatches} mismatches, {time.perf_counter() - t0:.0f} s", flush=True)
     print(
