@@ -1242,18 +1242,20 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         d = p.seq_lens_decoder[tid];
         n = p.seq_lens_this_time[tid];
     }
-    const bool bad = (d < 0) | (n < 0);
-    const bool guess = (tid < bsz) & (tid < capacity) & !bad & (n > 0);
-    int blk[G > 0 ? G : 1];
-    blk[0] = -1;
-    if (guess) kv1_load_blocks<G>(p, tid, (i64)d, blk);
-    {  // the multi-block kernel's records past this block's warps: cleared (they may be stale)
+    // While the lengths fly: the other kernel's records past this block's warps, cleared
+    // (they may be stale).
+    {
         const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
         for (int i = (T >> 5) + tid; i < n_rec; i += T) {
             p.error_records[2 * i] = 0;
             p.error_records[2 * i + 1] = KV_NO_ERROR;
         }
     }
+    const bool bad = (d < 0) | (n < 0);
+    const bool guess = (tid < bsz) & (tid < capacity) & !bad & (n > 0);
+    int blk[G > 0 ? G : 1];
+    blk[0] = -1;
+    if (guess) kv1_load_blocks<G>(p, tid, (i64)d, blk);
 
     // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
     const int len = bad ? 0 : n;
