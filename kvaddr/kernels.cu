@@ -1170,13 +1170,13 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
 // another. Thread i owns request i:
 //   1. One round trip: its lengths; the decode guess (token i is request i, at position
 //      seq_lens_decoder[i]) issues its block-table loads at once.
-//   2. A warp-shuffle scan, one barrier, every warp scans the warp totals itself: each
+//   2. A warp-shuffle scan, one barrier (none for one warp), every warp scans the warp totals: each
 //      thread has its request's exclusive and inclusive prefix, writes cu_seqlens_q,
 //      seq_lens_kv and the request's errors (bits 4 and 8), and, if the guess holds
 //      (prefix == i and the request runs a token), writes token i from the loads of 1.
 //      Padding tokens [num_tokens, C) are written before the second barrier too.
-//   3. A second barrier (the prefixes in shared memory); the tokens the guess did not
-//      cover binary-search their request there.
+//   3. A second barrier (a __syncwarp for one warp: the prefixes in shared memory); the
+//      tokens the guess did not cover binary-search their request there.
 // Error records: warp w writes record w every launch; records [warps, n_rec) (those of
 // the multi-block kernel) are cleared, so check() reads the same thing whichever kernel
 // ran last (the planner allocates at least KV_SB_THREADS / 32 records). Not for launches
@@ -1267,18 +1267,23 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     }
     int ex = __shfl_up_sync(0xffffffffu, x, 1);
     if (lane == 0) ex = 0;
-    if (lane == 31) s.warp_sums[warp] = x;
     if (tid < bsz) s.dec[tid] = d;
-    __syncthreads();
-    int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
+    int total, before = 0;
+    if (T == 32) {  // one warp (bsz <= 32 and C <= 32): no barrier, no shared round
+        total = __shfl_sync(0xffffffffu, x, 31);
+    } else {
+        if (lane == 31) s.warp_sums[warp] = x;
+        __syncthreads();
+        int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, w, off);
-        if (lane >= off) w = kv_sat_add(w, y);
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, off);
+            if (lane >= off) w = kv_sat_add(w, y);
+        }
+        total = __shfl_sync(0xffffffffu, w, 31);
+        before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
+        if (warp == 0) before = 0;
     }
-    const int total = __shfl_sync(0xffffffffu, w, 31);
-    int before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
-    if (warp == 0) before = 0;
     const int start = kv_sat_add(before, ex), end = kv_sat_add(before, x);
     const int end_tok = min(total, capacity);
     if (tid < bsz) {
@@ -1296,7 +1301,15 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         if (t >= end_tok) kv1_store_pad<G, PosT>(p, t);
 
     // 3. the tokens the guess did not cover: search their request.
-    if (__syncthreads_or(!hit & (tid < end_tok)) | (end_tok > T)) {
+    const int miss = !hit & (tid < end_tok);
+    bool search;
+    if (T == 32) {
+        __syncwarp();  // s.cu and s.dec visible to the warp
+        search = __any_sync(0xffffffffu, miss);
+    } else {
+        search = __syncthreads_or(miss);
+    }
+    if (search | (end_tok > T)) {
         for (int t = tid; t < end_tok; t += T) {
             if (t == tid && hit) continue;
             int lo = 0, hi = bsz;  // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
