@@ -1176,7 +1176,8 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
 //      (prefix == i and the request runs a token), writes token i from the loads of 1.
 //      Padding tokens [num_tokens, C) are written before the second barrier too.
 //   3. A second barrier (a __syncwarp for one warp: the prefixes in shared memory); the
-//      tokens the guess did not cover binary-search their request there.
+//      tokens the guess did not cover try "token t is request t / n0" (n0: request 0's
+//      tokens), else binary-search their request there.
 // Error records: warp w writes record w every launch; records [warps, n_rec) (those of
 // the multi-block kernel) are cleared, so check() reads the same thing whichever kernel
 // ran last (the planner allocates at least KV_SB_THREADS / 32 records). Not for launches
@@ -1310,9 +1311,17 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         search = __syncthreads_or(miss);
     }
     if (search | (end_tok > T)) {
+        const int n0 = bsz > 1 ? s.cu[1] : 0;  // request 0's tokens (a uniform batch: every request's)
         for (int t = tid; t < end_tok; t += T) {
             if (t == tid && hit) continue;
             int lo = 0, hi = bsz;  // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
+            if (n0 > 0) {  // guess: token t is request t / n0 (uniform speculative decoding, equal chunks)
+                const int g = (int)((unsigned int)t / (unsigned int)n0);
+                if (g < bsz && s.cu[g] <= t && (g + 1 == bsz || t < s.cu[g + 1])) {
+                    lo = g;
+                    hi = g + 1;
+                }
+            }
             while (hi - lo > 1) {
                 const int mid = (lo + hi) >> 1;
                 if (s.cu[mid] <= t) lo = mid; else hi = mid;
