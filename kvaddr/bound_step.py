@@ -70,6 +70,7 @@ class BoundStep:
         "_launch_kernel",
         "_names",
         "_num_chunks",
+        "_one_block",
         "_outputs",
         "_params_array",
         "_params_ptr",
@@ -101,6 +102,7 @@ class BoundStep:
         debug: bool = False,
         launch_kernel: Callable | None = None,
         hold: bool = True,
+        one_block: tuple[int, int, int] | None = None,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -154,6 +156,12 @@ class BoundStep:
         self._outputs = outputs
         self._debug = bool(debug)
         self._fptr = int(fptr)
+        # The single-block kernel (StepPlanner v9): (fptr, largest bsz it runs, capacity C);
+        # bsz up to that runs <<<1, T>>> with T = max(bsz, C, 32) rounded up to a warp, <= 1024.
+        if one_block is None:
+            self._one_block = (0, -1, 1)
+        else:
+            self._one_block = (int(one_block[0]), int(one_block[1]), int(one_block[2]))
         # kernelParams: one pointer, to the struct (passed by value; the driver copies its
         # bytes at launch, so rewriting bsz right after a launch, or while a CUDA graph is
         # being captured, is safe).
@@ -166,7 +174,10 @@ class BoundStep:
         self._launch_kernel = launch_kernel
 
     def grid(self, bsz: int) -> int:
-        """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.grid`)."""
+        """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`: 1 where
+        the single-block kernel runs)."""
+        if bsz <= self._one_block[1]:
+            return 1
         if bsz <= self._tile:
             return self._num_chunks + self._extra
         return self._num_chunks + -(-bsz // self._tile) + self._extra
@@ -203,6 +214,13 @@ class BoundStep:
         elif stream.__class__ is not int:
             stream = stream_handle(stream)
         self.params.bsz = bsz
+        one = self._one_block
+        if bsz <= one[1]:
+            n = max(bsz, one[2], 32)
+            threads = min(1024, (n + 31) & ~31)
+            self._launch_kernel(one[0], 1, 1, 1, threads, 1, 1, 0, stream, self._params_ptr, 0)
+            out = self._outputs
+            return None if out is None else out(bsz)
         tile = self._tile
         grid = (self._num_chunks if bsz <= tile else self._num_chunks + (bsz + tile - 1) // tile) + self._extra
         self._launch_kernel(self._fptr, grid, 1, 1, self._threads, 1, 1, 0, stream, self._params_ptr, 0)

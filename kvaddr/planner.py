@@ -494,6 +494,9 @@ class StepPlanner:
             stream=stream,
             outputs=outputs,
             debug=debug,
+            one_block=None
+            if self._one_launcher is None
+            else (int(self._one_launcher.fn.ptr), self._one_max_bsz, self.capacity),
         )
 
     def errors(self, stream: Any = None) -> tuple[int, int]:
