@@ -115,7 +115,8 @@ def test_switching_kernels_leaves_no_stale_error_record():
     rng = np.random.default_rng(7)
     bad = random_step(rng, bsz=600, block_sizes=[16, 16], errors=True, mix=("decode", "spec"))
     bad["seq_lens_decoder"][599] = -1  # the last warp of the single block too
-    good = random_step(rng, bsz=600, block_sizes=[16, 16], mix=("decode", "spec"))
+    good = random_step(rng, bsz=600, block_sizes=[16, 16], mix=("decode", "spec"))  # <= 2400 tokens
+    good["seq_lens_this_time"][:] = np.minimum(good["seq_lens_this_time"], 3)  # <= 1800 tokens: no error
     big = random_step(rng, bsz=1500, block_sizes=[16, 16], mix=("decode",))
     for case in (bad, good, big):
         case["capacity"] = 2048
@@ -148,25 +149,29 @@ def test_graph_replay_follows_changing_inputs(kernel):
     d = cupy.zeros(200, np.int32)
     q = cupy.zeros(200, np.int32)
     tables = [cupy.full((202, width), -1, np.int32) for _ in range(2)]
+    cupy.cuda.runtime.deviceSynchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         p.compute(d, q, tables, stream=stream)
+        stream.synchronize()
         stream.begin_capture()
         p.compute(d, q, tables, stream=stream)
         graph = stream.end_capture()
     for i, c in enumerate(cases):
         c = dict(c, capacity=cap)
-        d.set(c["seq_lens_decoder"])
-        q.set(c["seq_lens_this_time"])
         host_tables = []
         for g in range(2):
             t = c["block_tables"][g]
             full = np.full((202, width), -1, np.int32)
             full[: t.shape[0], : t.shape[1]] = t
-            tables[g].set(full)
             host_tables.append(full)
         ref = reference(dict(c, block_tables=host_tables))
-        graph.launch(stream)
+        with stream:  # the copies and the replay on one stream, in order
+            d.set(c["seq_lens_decoder"], stream=stream)
+            q.set(c["seq_lens_this_time"], stream=stream)
+            for g in range(2):
+                tables[g].set(host_tables[g], stream=stream)
+            graph.launch(stream)
         stream.synchronize()
         assert_outputs_equal(p._outputs(200), ref.outputs, f"replay {i} [{kernel}]")
         assert p.errors() == (ref.error_mask, ref.error_key), f"replay {i} [{kernel}]"
