@@ -175,8 +175,10 @@ class StepPlanner:
     #: The largest capacity C the single-block kernel (v9) takes on (its block writes
     #: every one of the C tokens, KV_SB_THREADS at a time).
     one_block_max_capacity: int = 4096
+    #: The largest batch the single-block kernel (v9) takes on (at most KV_SB_THREADS).
+    one_block_max_requests: int = 1024
 
-    def use_kernel(self, version: str, *, max_capacity: int | None = None) -> None:
+    def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
         """Choose the fused-step design :meth:`compute` launches: ``"v8"`` or ``"v9"``.
 
         Parameters
@@ -186,6 +188,8 @@ class StepPlanner:
             multi-block kernel for every batch. Outputs and error records are the same.
         max_capacity : int, optional
             Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
+        max_requests : int, optional
+            Overrides :attr:`one_block_max_requests` for this planner (v9 only; 0 to 1024).
         """
         if version not in ("v8", "v9"):
             raise ValueError(f"version must be 'v8' or 'v9', got {version!r}")
@@ -194,9 +198,11 @@ class StepPlanner:
             self.one_block_max_capacity = check_int("max_capacity", max_capacity, lo=1, hi=INT32_MAX - 1)
         consts = kernel_loader.constants()
         limit = consts["KV_SB_THREADS"]
+        if max_requests is not None:
+            self.one_block_max_requests = check_int("max_requests", max_requests, lo=0, hi=limit)
         # bsz <= _one_max_bsz runs in one block (-1: never).
         self._one_max_bsz = (
-            min(limit, self.max_requests)
+            min(limit, self.max_requests, self.one_block_max_requests)
             if version == "v9" and self._num_meta == 0 and self.capacity <= self.one_block_max_capacity
             else -1
         )

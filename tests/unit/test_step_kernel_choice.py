@@ -91,3 +91,15 @@ def test_records_cover_every_warp_of_the_single_block(planner_cls, max_requests,
     assert n_rec >= consts["KV_SB_WARPS"] and p._records.size == 2 * n_rec
     tiles = -(-max_requests // consts["KV_TILE"]) if max_requests > consts["KV_TILE"] else 0
     assert p._params.max_tiles >= tiles and p._tile_status.size >= max(tiles, 1)
+
+
+def test_the_single_block_batch_limit_is_a_planner_knob(planner_cls):
+    StepPlanner, launches = planner_cls
+    p = StepPlanner(2000, 1024, [16])
+    assert p.kernel_for(1024)[0] == "kvaddr_step1_c1_i64" and p.kernel_for(1025)[0] == "kvaddr_step_i64"
+    p.use_kernel("v9", max_requests=256)
+    assert p.kernel_for(256)[:2] == ("kvaddr_step1_c1_i64", 1) and p.kernel_for(257)[0] == "kvaddr_step_i64"
+    _compute(p, 300, 1)
+    assert launches[-1][0] == "kvaddr_step_i64"
+    with pytest.raises(ValueError, match="max_requests"):
+        p.use_kernel("v9", max_requests=1025)
