@@ -102,7 +102,7 @@ class BoundStep:
         debug: bool = False,
         launch_kernel: Callable | None = None,
         hold: bool = True,
-        one_block: tuple[int, int, int] | None = None,
+        one_block: tuple[int, int, int, int] | None = None,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -156,12 +156,13 @@ class BoundStep:
         self._outputs = outputs
         self._debug = bool(debug)
         self._fptr = int(fptr)
-        # The single-block kernel (StepPlanner v9): (fptr, largest bsz it runs, capacity C);
-        # bsz up to that runs <<<1, T>>> with T = max(bsz, C, 32) rounded up to a warp, <= 1024.
+        # The small-batch kernel (StepPlanner v9): (fptr, largest bsz it runs, capacity C,
+        # narrowest block); bsz up to that runs <<<ceil(C / T), T>>> with T = max(bsz,
+        # min(C, narrowest), 32) rounded up to a warp, at most 1024 (StepPlanner.kernel_for).
         if one_block is None:
-            self._one_block = (0, -1, 1)
+            self._one_block = (0, -1, 1, 256)
         else:
-            self._one_block = (int(one_block[0]), int(one_block[1]), int(one_block[2]))
+            self._one_block = tuple(int(v) for v in one_block)
         # kernelParams: one pointer, to the struct (passed by value; the driver copies its
         # bytes at launch, so rewriting bsz right after a launch, or while a CUDA graph is
         # being captured, is safe).
@@ -174,10 +175,11 @@ class BoundStep:
         self._launch_kernel = launch_kernel
 
     def grid(self, bsz: int) -> int:
-        """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`: 1 where
-        the single-block kernel runs)."""
-        if bsz <= self._one_block[1]:
-            return 1
+        """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`)."""
+        one = self._one_block
+        if bsz <= one[1]:
+            threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
+            return (one[2] + threads - 1) // threads
         if bsz <= self._tile:
             return self._num_chunks + self._extra
         return self._num_chunks + -(-bsz // self._tile) + self._extra
@@ -216,9 +218,9 @@ class BoundStep:
         self.params.bsz = bsz
         one = self._one_block
         if bsz <= one[1]:
-            n = max(bsz, one[2], 32)
-            threads = min(1024, (n + 31) & ~31)
-            self._launch_kernel(one[0], 1, 1, 1, threads, 1, 1, 0, stream, self._params_ptr, 0)
+            threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
+            grid = (one[2] + threads - 1) // threads
+            self._launch_kernel(one[0], grid, 1, 1, threads, 1, 1, 0, stream, self._params_ptr, 0)
             out = self._outputs
             return None if out is None else out(bsz)
         tile = self._tile

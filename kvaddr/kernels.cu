@@ -1161,28 +1161,30 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
     kv_step_params<int>(params);
 }
 
-// ---- v9: the single-block step for small batches (docs/perf-notes.md, "v9") ----
+// ---- v9: the small-batch step (docs/perf-notes.md, "v9") ----
 //
 // kvaddr_step1_c{G}_i64 / _i32, G = 0..4 caches (a template parameter: no per-cache loop
-// or predicate at run time; the planner picks the kernel by name). ONE block of T
-// threads (T a multiple of 32, bsz <= T <= KV_SB_THREADS, chosen by the planner) does the
-// whole step for bsz <= KV_SB_THREADS requests, so no block ever tests or waits for
-// another. Thread i owns request i:
-//   1. One round trip: its lengths; the decode guess (token i is request i, at position
-//      seq_lens_decoder[i]) issues its block-table loads at once.
+// or predicate at run time; the planner picks the kernel by name). For bsz <= KV_SB_THREADS
+// requests: blocks of T threads (T a multiple of 32, bsz <= T <= KV_SB_THREADS, chosen by
+// the planner: T = max(bsz, min(C, 256), 32) rounded up), grid = ceil(C / T), a token per
+// thread (token blockIdx.x * T + threadIdx.x). Every block scans all bsz lengths itself
+// (one request per thread), so no block tests or waits for another; with C <= T it is ONE
+// block. Thread i owns request i:
+//   1. One round trip: its lengths; in block 0 the decode guess (token i is request i, at
+//      position seq_lens_decoder[i]) issues its block-table loads at once.
 //   2. A warp-shuffle scan, one barrier (none for one warp), every warp scans the warp totals: each
-//      thread has its request's exclusive and inclusive prefix, writes cu_seqlens_q,
-//      seq_lens_kv and the request's errors (bits 4 and 8), and, if the guess holds
-//      (prefix == i and the request runs a token), writes token i from the loads of 1.
-//      Padding tokens [num_tokens, C) are written before the second barrier too.
+//      thread has its request's exclusive and inclusive prefix; block 0 writes cu_seqlens_q,
+//      seq_lens_kv and the request errors (bits 4 and 8), and, if the guess holds (prefix ==
+//      i and the request runs a token), token i from the loads of 1. Padding tokens
+//      [num_tokens, C) are written before the second barrier too.
 //   3. A second barrier (a __syncwarp for one warp: the prefixes in shared memory); the
 //      tokens the guess did not cover try "token t is request t / n0" (n0: request 0's
 //      tokens), else binary-search their request there.
-// Error records: warp w writes record w every launch; records [warps, n_rec) (those of
-// the multi-block kernel) are cleared, so check() reads the same thing whichever kernel
-// ran last (the planner allocates at least KV_SB_THREADS / 32 records). Not for launches
-// with attention metadata (the planner uses kvaddr_step_* there). CUDA-graph safe: no
-// state outlives the launch.
+// Error records: warp w of block k writes record k * T / 32 + w every launch; block 0
+// clears the records past them (the multi-block kernel's, or a wider launch's), so check()
+// reads the same thing whichever kernel ran last (the planner sizes the records for both).
+// Not for launches with attention metadata (the planner uses kvaddr_step_* there).
+// CUDA-graph safe: no state outlives the launch.
 #define KV_SB_THREADS 1024
 #define KV_SB_WARPS 32  // KV_SB_THREADS / 32
 
@@ -1233,6 +1235,9 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     __shared__ KvOneShared s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
     const int bsz = p.bsz, capacity = p.capacity;
+    const bool first = blockIdx.x == 0;       // the block that writes the per-request outputs
+    const i64 t64 = (i64)blockIdx.x * T + tid;  // this thread's token (capacity: none; no int overflow)
+    const int t = t64 < capacity ? (int)t64 : capacity;
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
@@ -1243,17 +1248,17 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         d = p.seq_lens_decoder[tid];
         n = p.seq_lens_this_time[tid];
     }
-    // While the lengths fly: the other kernel's records past this block's warps, cleared
-    // (they may be stale).
-    {
+    // While the lengths fly, block 0 clears the records past this launch's warps (the
+    // multi-block kernel's, or a wider launch's: they may be stale).
+    if (first) {
         const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
-        for (int i = (T >> 5) + tid; i < n_rec; i += T) {
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
             p.error_records[2 * i] = 0;
             p.error_records[2 * i + 1] = KV_NO_ERROR;
         }
     }
     const bool bad = (d < 0) | (n < 0);
-    const bool guess = (tid < bsz) & (tid < capacity) & !bad & (n > 0);
+    const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
     if (guess) kv1_load_blocks<G>(p, tid, (i64)d, blk);
@@ -1287,22 +1292,23 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     }
     const int start = kv_sat_add(before, ex), end = kv_sat_add(before, x);
     const int end_tok = min(total, capacity);
-    if (tid < bsz) {
-        s.cu[tid] = start;
-        p.seq_lens_kv[tid] = bad ? 0 : kv_sat_add(d, n);
-        kv_write_request(tid, start, end, bad ? -1 : d, capacity, p.cu_seqlens_q, err);
+    if (tid < bsz) s.cu[tid] = start;
+    if (first) {
+        if (tid < bsz) {
+            p.seq_lens_kv[tid] = bad ? 0 : kv_sat_add(d, n);
+            kv_write_request(tid, start, end, bad ? -1 : d, capacity, p.cu_seqlens_q, err);
+        }
+        if (tid == 0) {
+            p.cu_seqlens_q[bsz] = total;
+            *p.num_tokens = end_tok;
+        }
     }
-    if (tid == 0) {
-        p.cu_seqlens_q[bsz] = total;
-        *p.num_tokens = end_tok;
-    }
-    const bool hit = guess & (start == tid);  // token tid is request tid's first (tid < end_tok)
-    if (hit) kv1_store_token<G, PosT>(p, tid, tid, (i64)d, blk, err);
-    for (int t = tid; t < capacity; t += T)
-        if (t >= end_tok) kv1_store_pad<G, PosT>(p, t);
+    const bool hit = guess & (start == tid);  // token tid (block 0) is request tid's first (tid < end_tok)
+    if (hit) kv1_store_token<G, PosT>(p, t, tid, (i64)d, blk, err);
+    else if (t < capacity && t >= end_tok) kv1_store_pad<G, PosT>(p, t);
 
     // 3. the tokens the guess did not cover: search their request.
-    const int miss = !hit & (tid < end_tok);
+    const int miss = !hit & (t < end_tok);
     bool search;
     if (T == 32) {
         __syncwarp();  // s.cu and s.dec visible to the warp
@@ -1310,30 +1316,27 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     } else {
         search = __syncthreads_or(miss);
     }
-    if (search | (end_tok > T)) {
+    if (search && miss) {
+        int lo = 0, hi = bsz;  // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
         const int n0 = bsz > 1 ? s.cu[1] : 0;  // request 0's tokens (a uniform batch: every request's)
-        for (int t = tid; t < end_tok; t += T) {
-            if (t == tid && hit) continue;
-            int lo = 0, hi = bsz;  // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
-            if (n0 > 0) {  // guess: token t is request t / n0 (uniform speculative decoding, equal chunks)
-                const int g = (int)((unsigned int)t / (unsigned int)n0);
-                if (g < bsz && s.cu[g] <= t && (g + 1 == bsz || t < s.cu[g + 1])) {
-                    lo = g;
-                    hi = g + 1;
-                }
+        if (n0 > 0) {  // guess: token t is request t / n0 (uniform speculative decoding, equal chunks)
+            const int g = (int)((unsigned int)t / (unsigned int)n0);
+            if (g < bsz && s.cu[g] <= t && (g + 1 == bsz || t < s.cu[g + 1])) {
+                lo = g;
+                hi = g + 1;
             }
-            while (hi - lo > 1) {
-                const int mid = (lo + hi) >> 1;
-                if (s.cu[mid] <= t) lo = mid; else hi = mid;
-            }
-            const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
-            int b2[G > 0 ? G : 1];
-            kv1_load_blocks<G>(p, lo, pos, b2);
-            kv1_store_token<G, PosT>(p, t, lo, pos, b2, err);
         }
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s.cu[mid] <= t) lo = mid; else hi = mid;
+        }
+        const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
+        int b2[G > 0 ? G : 1];
+        kv1_load_blocks<G>(p, lo, pos, b2);
+        kv1_store_token<G, PosT>(p, t, lo, pos, b2, err);
     }
 
-    // Errors: warp w's record w.
+    // Errors: warp w of block k writes record k * (T / 32) + w.
     const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
     if (mask) {
 #pragma unroll
@@ -1343,12 +1346,13 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         }
     }
     if (lane == 0) {
-        p.error_records[2 * warp] = mask;
-        p.error_records[2 * warp + 1] = mask ? err.key : KV_NO_ERROR;
+        const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
+        p.error_records[2 * i] = mask;
+        p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
     }
 }
 
-// The single-block step per cache count G and position type: <<<1, T>>>, one parameter.
+// The small-batch step per cache count G and position type: <<<ceil(C / T), T>>>, one parameter.
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i64(const KvStepParams params) {
     kv_step_one<0, i64>(params);

@@ -110,12 +110,13 @@ class StepPlanner:
         self._tile = tile
         self._num_chunks = -(-self.capacity // tokens)
         self._max_tiles = -(-self.max_requests // tile) if self.max_requests > tile else 0
-        # The single-block kernel (v9) writes one error record per warp (up to KV_SB_WARPS of
-        # them); kvaddr_step_* clears records [num_chunks, num_chunks + max_tiles) every
-        # launch, so padding max_tiles keeps every record either kernel may write cleared
-        # by the other.
-        warps_per_block = consts["KV_WARPS"]
-        self._max_tiles = max(self._max_tiles, -(-consts["KV_SB_WARPS"] // warps_per_block) - self._num_chunks)
+        # The small-batch kernel (v9) writes one error record per warp: ceil(C / T) blocks of
+        # T threads (T >= min(C, 256) and <= KV_SB_THREADS), so fewer than max(KV_SB_WARPS,
+        # (C + KV_SB_THREADS) / 32) records. kvaddr_step_* clears records [num_chunks,
+        # num_chunks + max_tiles) every launch, so padding max_tiles keeps every record
+        # either kernel may write cleared by the other.
+        sb_records = max(consts["KV_SB_WARPS"], -(-(self.capacity + consts["KV_SB_THREADS"]) // 32))
+        self._max_tiles = max(self._max_tiles, -(-sb_records // consts["KV_WARPS"]) - self._num_chunks)
         C = self.capacity
         with cupy.cuda.Device(self.device):
             self._fn = kernel_loader.get_function(
@@ -167,14 +168,18 @@ class StepPlanner:
 
     # -- kernel selection (docs/perf-notes.md, v8 and v9) ---------------------
     #: Which fused-step design :meth:`compute` launches: ``"v9"`` (default) runs batches of
-    #: at most ``KV_SB_THREADS`` requests (and capacity <= :attr:`one_block_max_capacity`, no
-    #: attention outputs) in ONE block (``kvaddr_step1_c{G}_*``, instantiated per cache
-    #: count) and larger ones with ``kvaddr_step_*``; ``"v8"`` always runs ``kvaddr_step_*``.
+    #: at most ``KV_SB_THREADS`` requests (no attention outputs) with the small-batch kernel
+    #: (``kvaddr_step1_c{G}_*``, instantiated per cache count: ONE block when C <= T, else
+    #: ceil(C / T) blocks that never wait for each other) and larger ones with
+    #: ``kvaddr_step_*``; ``"v8"`` always runs ``kvaddr_step_*``.
     #: Change it on an instance with :meth:`use_kernel`.
     step_kernel: str = "v9"
-    #: The largest capacity C the single-block kernel (v9) takes on (its block writes
-    #: every one of the C tokens, KV_SB_THREADS at a time).
-    one_block_max_capacity: int = 4096
+    #: The largest capacity C the small-batch kernel (v9) takes on (no limit by default:
+    #: ceil(C / T) blocks, a token per thread, each block scanning the bsz <= 1024 lengths).
+    one_block_max_capacity: int = INT32_MAX
+    #: The narrowest block of the small-batch kernel when C is larger than the batch
+    #: (T = max(bsz, min(C, this), 32) rounded up to a warp, at most KV_SB_THREADS).
+    one_block_min_threads: int = 256
     #: The largest batch the single-block kernel (v9) takes on (at most KV_SB_THREADS).
     one_block_max_requests: int = 1024
 
@@ -217,14 +222,15 @@ class StepPlanner:
     def kernel_for(self, bsz: int) -> tuple[str, int, int]:
         """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests."""
         if bsz <= self._one_max_bsz:
-            return self._one_name, 1, self._one_block_threads(bsz)
+            threads = self._one_block_threads(bsz)
+            return self._one_name, -(-self.capacity // threads), threads
         name = "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32"
         return name, self.grid(bsz), self._threads
 
     def _one_block_threads(self, bsz: int) -> int:
-        """Threads of the single-block launch: a multiple of 32 covering bsz and, up to
-        KV_SB_THREADS, the capacity."""
-        n = max(bsz, self.capacity, 32)
+        """Threads per block of the small-batch launch: a multiple of 32 covering bsz and
+        min(C, one_block_min_threads), at most KV_SB_THREADS (grid: ceil(C / threads))."""
+        n = max(bsz, min(self.capacity, self.one_block_min_threads), 32)
         return min(self._one_threads, (n + 31) & ~31)
 
     # -- attention outputs (docs/attention.md) ------------------------------
@@ -434,8 +440,9 @@ class StepPlanner:
             CuPy views of this planner's buffers (overwritten by the next call).
         """
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
-        if bsz <= self._one_max_bsz:  # v9: one block does the whole step
-            self._one_launcher(1, self._one_block_threads(bsz), stream_handle(stream))
+        if bsz <= self._one_max_bsz:  # v9: the small-batch kernel (one block when C <= threads)
+            threads = self._one_block_threads(bsz)
+            self._one_launcher(-(-self.capacity // threads), threads, stream_handle(stream))
         else:
             self._launcher(self.grid(bsz), self._threads, stream_handle(stream))
         return self._outputs(bsz)
@@ -502,7 +509,7 @@ class StepPlanner:
             debug=debug,
             one_block=None
             if self._one_launcher is None
-            else (int(self._one_launcher.fn.ptr), self._one_max_bsz, self.capacity),
+            else (int(self._one_launcher.fn.ptr), self._one_max_bsz, self.capacity, self.one_block_min_threads),
         )
 
     def errors(self, stream: Any = None) -> tuple[int, int]:

@@ -32,15 +32,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-bsz", type=int, default=200)
     ap.add_argument(
         "--kernels",
-        default="v8,v9,v9-any",
-        help="fused-step designs to check (StepPlanner.use_kernel): v8, v9 (one block for small batches up to"
-        " one_block_max_capacity), v9-any (one block whatever the capacity); comma-separated",
+        default="v8,v9,v9-wide",
+        help="fused-step designs to check (StepPlanner.use_kernel): v8, v9 (the small-batch kernel up to 1024"
+        " requests), v9-wide (the same with 1024-thread blocks); comma-separated",
     )
     a = ap.parse_args(argv)
     kernels = [k for k in a.kernels.split(",") if k]
     for k in kernels:
-        if k not in ("v8", "v9", "v9-any"):
-            ap.error(f"--kernels: unknown design {k!r} (v8, v9, v9-any)")
+        if k not in ("v8", "v9", "v9-wide"):
+            ap.error(f"--kernels: unknown design {k!r} (v8, v9, v9-wide)")
 
     from kvaddr.strategies.gpu import STRATEGY_NAMES, make_strategy
     from kvaddr.strategies.names import not_run_reason
@@ -71,8 +71,9 @@ def main(argv=None) -> int:
             )
             for kernel in kernels if name == "fused" else [None]:
                 label = f"seed {seed}/{name}" + (f" [{kernel}]" if kernel else "")
-                if kernel == "v9-any":
-                    s.planner.use_kernel("v9", max_capacity=2**31 - 2)
+                if kernel == "v9-wide":
+                    s.planner.one_block_min_threads = 1024
+                    s.planner.use_kernel("v9")
                 elif kernel:
                     s.planner.use_kernel(kernel)
                 out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])

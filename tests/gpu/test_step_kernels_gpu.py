@@ -10,9 +10,9 @@ import pytest
 from tests.support.gpu import assert_outputs_equal, poison, reference, requires_gpu, to_device
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 
-#: v8; v9 as shipped (one block up to one_block_max_capacity); v9 with no capacity limit
-#: (every small batch in one block, so large capacities run the single-block kernel too).
-KERNELS = ["v8", "v9", "v9-any-capacity"]
+#: v8; v9 as shipped (blocks of max(bsz, min(C, 256)) threads); v9 with 1024-thread blocks
+#: (one block whenever C <= 1024; several 1024-thread blocks above).
+KERNELS = ["v8", "v9", "v9-wide"]
 EDGE = edge_cases()
 
 
@@ -21,8 +21,9 @@ def _planner(kernel, case, max_requests=None, position_dtype=np.int64):
 
     bsz = case["seq_lens_decoder"].shape[0]
     p = StepPlanner(max(max_requests or bsz, 1), case["capacity"], case["block_sizes"], position_dtype=position_dtype)
-    if kernel == "v9-any-capacity":
-        p.use_kernel("v9", max_capacity=2**31 - 2)
+    if kernel == "v9-wide":
+        p.one_block_min_threads = 1024
+        p.use_kernel("v9")
     else:
         p.use_kernel(kernel)
     return p
@@ -40,10 +41,11 @@ def _run(kernel, case, label, position_dtype=np.int64, max_requests=None):
     p = _planner(kernel, case, max_requests, position_dtype)
     bsz = case["seq_lens_decoder"].shape[0]
     name, blocks, threads = p.kernel_for(bsz)
-    if kernel == "v8" or bsz > 1024 or (kernel == "v9" and case["capacity"] > p.one_block_max_capacity):
+    if kernel == "v8" or bsz > 1024:
         assert name.startswith("kvaddr_step_i") and blocks == p.grid(bsz), f"{label}: {name}"
     else:
-        assert name.startswith("kvaddr_step1_c") and blocks == 1 and bsz <= threads <= 1024, f"{label}: {name}"
+        assert name.startswith("kvaddr_step1_c") and bsz <= threads <= 1024, f"{label}: {name}"
+        assert blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks} x {threads}"
     poison(p)
     out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], _tables(dev, case))
     cupy.cuda.get_current_stream().synchronize()
@@ -100,7 +102,7 @@ def test_every_cache_count_runs_its_own_single_block_kernel(num_caches):
     if case is None:
         case = random_step(rng, bsz=300, num_caches=1)
         case = dict(case, block_tables=np.zeros((300, 1), np.int32), block_sizes=[])
-    p = _run("v9-any-capacity", case, f"{num_caches} caches")
+    p = _run("v9", case, f"{num_caches} caches")
     assert p.kernel_for(300)[0] == f"kvaddr_step1_c{num_caches}_i64"
 
 

@@ -41,21 +41,26 @@ def test_small_batches_run_one_block_of_the_cache_count_kernel(planner_cls, cach
     suffix = "i64" if dtype == np.int64 else "i32"
     p = StepPlanner(5000, 2048, [16] * caches, position_dtype=dtype)
     assert p.step_kernel == "v9"
-    for bsz, threads in ((0, 2048), (1, 2048), (64, 2048), (1024, 2048)):
+    for bsz, grid, threads in ((0, 8, 256), (1, 8, 256), (64, 8, 256), (300, 7, 320), (1024, 2, 1024)):
         _compute(p, bsz, caches)
-        fn, grid, block, _ = launches[-1]
-        want = (f"kvaddr_step1_c{caches}_{suffix}", 1, min(1024, threads))
-        assert (fn, grid, block) == want == p.kernel_for(bsz), bsz
+        want = (f"kvaddr_step1_c{caches}_{suffix}", grid, threads)
+        assert launches[-1][:3] == want == p.kernel_for(bsz), bsz
     _compute(p, 1025, caches)
     assert launches[-1][:3] == (f"kvaddr_step_{suffix}", p.grid(1025), 256) == p.kernel_for(1025)
 
 
 def test_threads_cover_the_batch_and_the_capacity_in_warps(planner_cls):
     StepPlanner, launches = planner_cls
-    for cap, bsz, want in ((1, 1, 32), (33, 1, 64), (64, 64, 64), (8, 100, 128), (1000, 1000, 1024), (4096, 3, 1024)):
+    cases = [(1, 1, 1, 32), (33, 1, 1, 64), (64, 64, 1, 64), (8, 100, 1, 128), (1000, 1000, 1, 1024)]
+    cases += [(4096, 3, 16, 256), (257, 3, 2, 256), (16384, 256, 64, 256), (5000, 700, 8, 704)]
+    for cap, bsz, grid, threads in cases:
         p = StepPlanner(1024, cap, [16])
         _compute(p, bsz, 1)
-        assert launches[-1][1:3] == (1, want), (cap, bsz)
+        assert launches[-1][1:3] == (grid, threads), (cap, bsz)
+    p = StepPlanner(1024, 4096, [16])
+    p.one_block_min_threads = 1024  # wider blocks: a single one up to C = 1024
+    _compute(p, 3, 1)
+    assert launches[-1][1:3] == (4, 1024)
 
 
 def test_v8_large_capacity_and_attention_take_the_multi_block_kernel(planner_cls):
@@ -69,12 +74,12 @@ def test_v8_large_capacity_and_attention_take_the_multi_block_kernel(planner_cls
     assert launches[-1][:3] == ("kvaddr_step1_c2_i64", 1, 64)
     with pytest.raises(ValueError, match="version must be 'v8' or 'v9'"):
         p.use_kernel("v7")
-    big = StepPlanner(64, 4097, [16])  # capacity above one_block_max_capacity
+    big = StepPlanner(64, 4097, [16])
+    _compute(big, 64, 1)
+    assert launches[-1][:3] == ("kvaddr_step1_c1_i64", 17, 256)
+    big.use_kernel("v9", max_capacity=4096)  # capacity above the limit: the multi-block kernel
     _compute(big, 64, 1)
     assert launches[-1][0] == "kvaddr_step_i64"
-    big.use_kernel("v9", max_capacity=1 << 20)
-    _compute(big, 64, 1)
-    assert launches[-1][:3] == ("kvaddr_step1_c1_i64", 1, 1024)
     on = StepPlanner(64, 64, [16], attention="varlen")
     assert on.kernel_for(64)[0] == "kvaddr_step_i64"
 
@@ -89,6 +94,11 @@ def test_records_cover_every_warp_of_the_single_block(planner_cls, max_requests,
     p = StepPlanner(max_requests, capacity, [16])
     n_rec = (p._num_chunks + p._params.max_tiles) * consts["KV_WARPS"]
     assert n_rec >= consts["KV_SB_WARPS"] and p._records.size == 2 * n_rec
+    for min_threads in (32, 256, 1024):
+        p.one_block_min_threads = min_threads
+        for bsz in {0, 1, 31, 33, 255, 257, 1000, 1024} & set(range(min(max_requests, 1024) + 1)):
+            _, grid, threads = p.kernel_for(bsz)
+            assert grid * threads // 32 <= n_rec, (bsz, grid, threads)
     tiles = -(-max_requests // consts["KV_TILE"]) if max_requests > consts["KV_TILE"] else 0
     assert p._params.max_tiles >= tiles and p._tile_status.size >= max(tiles, 1)
 
@@ -98,7 +108,7 @@ def test_the_single_block_batch_limit_is_a_planner_knob(planner_cls):
     p = StepPlanner(2000, 1024, [16])
     assert p.kernel_for(1024)[0] == "kvaddr_step1_c1_i64" and p.kernel_for(1025)[0] == "kvaddr_step_i64"
     p.use_kernel("v9", max_requests=256)
-    assert p.kernel_for(256)[:2] == ("kvaddr_step1_c1_i64", 1) and p.kernel_for(257)[0] == "kvaddr_step_i64"
+    assert p.kernel_for(256) == ("kvaddr_step1_c1_i64", 4, 256) and p.kernel_for(257)[0] == "kvaddr_step_i64"
     _compute(p, 300, 1)
     assert launches[-1][0] == "kvaddr_step_i64"
     with pytest.raises(ValueError, match="max_requests"):
