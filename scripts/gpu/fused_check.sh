@@ -18,10 +18,10 @@ timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_step_ker
   tests/gpu/test_gpu_strategies.py tests/gpu/test_bound_step_gpu.py > "$OUT/pytest.log" 2>&1 || status=1
 tail -n 15 "$OUT/pytest.log"
 
-echo "== 2. compute-sanitizer memcheck and racecheck (worked examples, edge cases, switching kernels)"
+echo "== 2. compute-sanitizer memcheck and racecheck (v9: worked examples, edge cases, cache counts; switching)"
 for tool in memcheck racecheck; do
-  timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_step_kernels_gpu.py -k "worked_examples or edge_cases or switching or every_cache_count" \
+  timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_step_kernels_gpu.py -k "(v9 and (worked_examples or edge_cases)) or switching or every_cache_count" \
     > "$OUT/sanitize_$tool.log" 2>&1
   rc=$?
   echo "compute-sanitizer $tool: exit $rc"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize_$tool.log" | tail -n 3
