@@ -117,6 +117,9 @@ def planner_without_gpu(max_requests, capacity, block_sizes):
     P.capacity, P.num_caches = capacity, len(block_sizes)
     p._p_tables, p._p_strides, p._p_widths = P.block_tables, P.table_stride, P.max_blocks
     p._launcher = kernel_loader.Launcher(p._fn, P, by_value=True)
+    # v9 (the default): the small-batch kernel's launcher, as StepPlanner.use_kernel("v9") sets it
+    p._one_max_bsz, p._one_threads = min(consts["KV_SB_THREADS"], max_requests), consts["KV_SB_THREADS"]
+    p._one_launcher = kernel_loader.Launcher(types.SimpleNamespace(ptr=0xF01), P, by_value=True)
     p._views = {}
     return p, ndarray
 
