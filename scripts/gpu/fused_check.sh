@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 git log --oneline -1 | tee -a "$OUT/env.txt"
 
 echo "== 1. GPU tests: both kernels against the reference, and the suites that run the fused step"
-timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_step_kernels_gpu.py \
+KVADDR_GPU_EXAMPLES=${KVADDR_GPU_EXAMPLES:-120} timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_step_kernels_gpu.py \
   tests/gpu/test_bad_inputs_gpu.py tests/gpu/test_kernel_params_gpu.py tests/gpu/test_gpu_integration.py \
   tests/gpu/test_gpu_strategies.py tests/gpu/test_bound_step_gpu.py > "$OUT/pytest.log" 2>&1 || status=1
 tail -n 15 "$OUT/pytest.log"

@@ -4,8 +4,12 @@ request kind, errors, block ids near 2**31, strided tables, 0-4 caches, both pos
 dtypes), the bad-input matrix's device rows, switching kernels between launches (stale
 error records), graph replay. Skipped without a GPU. See docs/perf-notes.md (v9)."""
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.gpu import assert_outputs_equal, poison, reference, requires_gpu, to_device
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
@@ -200,3 +204,21 @@ def test_bad_input_matrix_rows(kernel):
         if row.bits:
             with pytest.raises(AddressingError):
                 p.check()
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=min(200, int(os.environ.get("KVADDR_GPU_EXAMPLES", "200"))), deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    errors=st.booleans(),
+    over=st.booleans(),
+    big=st.booleans(),
+    bsz=st.sampled_from([None, None, 1, 32, 33, 1024, 1025]),
+    uniform=st.sampled_from([None, None, None, 0, 1, 2, 5]),
+)
+def test_hypothesis_steps(kernel, seed, errors, over, big, bsz, uniform):
+    rng = np.random.default_rng(seed)
+    kw = {} if bsz is None else dict(bsz=bsz, mix=("decode", "spec", "idle"))
+    case = random_step(rng, max_bsz=300, errors=errors, over_capacity=over, big_ids=big, uniform=uniform, **kw)
+    _run(kernel, case, f"seed {seed}", max_requests=case["seq_lens_decoder"].shape[0] + 3)
