@@ -70,6 +70,7 @@ class BoundStep:
         "_launch_kernel",
         "_names",
         "_num_chunks",
+        "_one_block",
         "_outputs",
         "_params_array",
         "_params_ptr",
@@ -101,6 +102,7 @@ class BoundStep:
         debug: bool = False,
         launch_kernel: Callable | None = None,
         hold: bool = True,
+        one_block: tuple[int, int, int, int] | None = None,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -154,6 +156,13 @@ class BoundStep:
         self._outputs = outputs
         self._debug = bool(debug)
         self._fptr = int(fptr)
+        # The small-batch kernel (StepPlanner v9): (fptr, largest bsz it runs, capacity C,
+        # narrowest block); bsz up to that runs <<<ceil(C / T), T>>> with T = max(bsz,
+        # min(C, narrowest), 32) rounded up to a warp, at most 1024 (StepPlanner.kernel_for).
+        if one_block is None:
+            self._one_block = (0, -1, 1, 256)
+        else:
+            self._one_block = tuple(int(v) for v in one_block)
         # kernelParams: one pointer, to the struct (passed by value; the driver copies its
         # bytes at launch, so rewriting bsz right after a launch, or while a CUDA graph is
         # being captured, is safe).
@@ -166,7 +175,11 @@ class BoundStep:
         self._launch_kernel = launch_kernel
 
     def grid(self, bsz: int) -> int:
-        """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.grid`)."""
+        """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`)."""
+        one = self._one_block
+        if bsz <= one[1]:
+            threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
+            return (one[2] + threads - 1) // threads
         if bsz <= self._tile:
             return self._num_chunks + self._extra
         return self._num_chunks + -(-bsz // self._tile) + self._extra
@@ -203,6 +216,13 @@ class BoundStep:
         elif stream.__class__ is not int:
             stream = stream_handle(stream)
         self.params.bsz = bsz
+        one = self._one_block
+        if bsz <= one[1]:
+            threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
+            grid = (one[2] + threads - 1) // threads
+            self._launch_kernel(one[0], grid, 1, 1, threads, 1, 1, 0, stream, self._params_ptr, 0)
+            out = self._outputs
+            return None if out is None else out(bsz)
         tile = self._tile
         grid = (self._num_chunks if bsz <= tile else self._num_chunks + (bsz + tile - 1) // tile) + self._extra
         self._launch_kernel(self._fptr, grid, 1, 1, self._threads, 1, 1, 0, stream, self._params_ptr, 0)

@@ -18,6 +18,8 @@ SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 KERNEL_NAMES = (
     "kvaddr_step_i64",
     "kvaddr_step_i32",
+    # the single-block step (v9), one kernel per cache count and position type
+    *(f"kvaddr_step1_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
     "kvaddr_slots_i64",
     "kvaddr_slots_i32",
     "kvaddr_where_pad",

@@ -1463,6 +1463,239 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
     kv_step_params<int>(params);
 }
 
+// ---- v9: the small-batch step (docs/perf-notes.md, "v9") ----
+//
+// kvaddr_step1_c{G}_i64 / _i32, G = 0..4 caches (a template parameter: no per-cache loop
+// or predicate at run time; the planner picks the kernel by name). For bsz <= KV_SB_THREADS
+// requests: blocks of T threads (T a multiple of 32, bsz <= T <= KV_SB_THREADS, chosen by
+// the planner: T = max(bsz, min(C, 256), 32) rounded up), grid = ceil(C / T), a token per
+// thread (token blockIdx.x * T + threadIdx.x). Every block scans all bsz lengths itself
+// (one request per thread), so no block tests or waits for another; with C <= T it is ONE
+// block. Thread i owns request i:
+//   1. One round trip: its lengths; in block 0 the decode guess (token i is request i, at
+//      position seq_lens_decoder[i]) issues its block-table loads at once.
+//   2. A warp-shuffle scan, one barrier (none for one warp), every warp scans the warp totals: each
+//      thread has its request's exclusive and inclusive prefix; block 0 writes cu_seqlens_q,
+//      seq_lens_kv and the request errors (bits 4 and 8), and, if the guess holds (prefix ==
+//      i and the request runs a token), token i from the loads of 1. Padding tokens
+//      [num_tokens, C) are written before the second barrier too.
+//   3. A second barrier (a __syncwarp for one warp: the prefixes in shared memory); the
+//      tokens the guess did not cover try "token t is request t / n0" (n0: request 0's
+//      tokens), else binary-search their request there.
+// Error records: warp w of block k writes record k * T / 32 + w every launch; block 0
+// clears the records past them (the multi-block kernel's, or a wider launch's), so check()
+// reads the same thing whichever kernel ran last (the planner sizes the records for both).
+// Not for launches with attention metadata (the planner uses kvaddr_step_* there).
+// CUDA-graph safe: no state outlives the launch.
+#define KV_SB_THREADS 1024
+#define KV_SB_WARPS 32  // KV_SB_THREADS / 32
+
+struct KvOneShared {
+    int cu[KV_SB_THREADS];       // exclusive prefix of request i (i < bsz)
+    int dec[KV_SB_THREADS];      // seq_lens_decoder[i] (searched tokens only read good requests)
+    int warp_sums[KV_SB_WARPS];  // inclusive total of each warp
+};
+
+// Block ids of request b's position pos in caches 0..G-1 (-1 where the index is beyond
+// the row: the store sees that from pos again).
+template <int G>
+__device__ __forceinline__ void kv1_load_blocks(const KvStepParams& p, int b, i64 pos, int (&blk)[G > 0 ? G : 1]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        i64 idx, off;
+        kv_divmod(pos, p.block_size[g], idx, off);
+        blk[g] = idx < p.max_blocks[g] ? p.block_tables[g][(i64)b * p.table_stride[g] + idx] : -1;
+    }
+}
+
+template <int G, typename PosT>
+__device__ __forceinline__ void kv1_store_token(const KvStepParams& p, int t, int b, i64 pos,
+                                                const int (&blk)[G > 0 ? G : 1], KvErr& err) {
+    p.batch_id_per_token[t] = b;
+    static_cast<PosT*>(p.position_ids)[t] = (PosT)pos;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        i64 idx, off, slot = -1;
+        kv_divmod(pos, p.block_size[g], idx, off);
+        if (idx >= p.max_blocks[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
+        else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
+        else slot = (i64)blk[g] * p.block_size[g] + off;
+        p.slot_mapping[(i64)g * p.capacity + t] = slot;
+    }
+}
+
+template <int G, typename PosT>
+__device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
+    p.batch_id_per_token[t] = -1;
+    static_cast<PosT*>(p.position_ids)[t] = 0;
+#pragma unroll
+    for (int g = 0; g < G; ++g) p.slot_mapping[(i64)g * p.capacity + t] = -1;
+}
+
+template <int G, typename PosT>
+__device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
+    __shared__ KvOneShared s;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
+    const int bsz = p.bsz, capacity = p.capacity;
+    const bool first = blockIdx.x == 0;       // the block that writes the per-request outputs
+    const i64 t64 = (i64)blockIdx.x * T + tid;  // this thread's token (capacity: none; no int overflow)
+    const int t = t64 < capacity ? (int)t64 : capacity;
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+
+    // 1. one round trip: request tid's lengths and the decode guess's block ids.
+    int d = 0, n = 0;
+    if (tid < bsz) {
+        d = p.seq_lens_decoder[tid];
+        n = p.seq_lens_this_time[tid];
+    }
+    // While the lengths fly, block 0 clears the records past this launch's warps (the
+    // multi-block kernel's, or a wider launch's: they may be stale).
+    if (first) {
+        const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
+            p.error_records[2 * i] = 0;
+            p.error_records[2 * i + 1] = KV_NO_ERROR;
+        }
+    }
+    const bool bad = (d < 0) | (n < 0);
+    const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
+    int blk[G > 0 ? G : 1];
+    blk[0] = -1;
+    if (guess) kv1_load_blocks<G>(p, tid, (i64)d, blk);
+
+    // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
+    const int len = bad ? 0 : n;
+    int x = len;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x = kv_sat_add(x, y);
+    }
+    int ex = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) ex = 0;
+    if (tid < bsz) s.dec[tid] = d;
+    int total, before = 0;
+    if (T == 32) {  // one warp (bsz <= 32 and C <= 32): no barrier, no shared round
+        total = __shfl_sync(0xffffffffu, x, 31);
+    } else {
+        if (lane == 31) s.warp_sums[warp] = x;
+        __syncthreads();
+        int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, off);
+            if (lane >= off) w = kv_sat_add(w, y);
+        }
+        total = __shfl_sync(0xffffffffu, w, 31);
+        before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
+        if (warp == 0) before = 0;
+    }
+    const int start = kv_sat_add(before, ex), end = kv_sat_add(before, x);
+    const int end_tok = min(total, capacity);
+    if (tid < bsz) s.cu[tid] = start;
+    if (first) {
+        if (tid < bsz) {
+            p.seq_lens_kv[tid] = bad ? 0 : kv_sat_add(d, n);
+            kv_write_request(tid, start, end, bad ? -1 : d, capacity, p.cu_seqlens_q, err);
+        }
+        if (tid == 0) {
+            p.cu_seqlens_q[bsz] = total;
+            *p.num_tokens = end_tok;
+        }
+    }
+    const bool hit = guess & (start == tid);  // token tid (block 0) is request tid's first (tid < end_tok)
+    if (hit) kv1_store_token<G, PosT>(p, t, tid, (i64)d, blk, err);
+    else if (t < capacity && t >= end_tok) kv1_store_pad<G, PosT>(p, t);
+
+    // 3. the tokens the guess did not cover: search their request.
+    const int miss = !hit & (t < end_tok);
+    bool search;
+    if (T == 32) {
+        __syncwarp();  // s.cu and s.dec visible to the warp
+        search = __any_sync(0xffffffffu, miss);
+    } else {
+        search = __syncthreads_or(miss);
+    }
+    if (search && miss) {
+        int lo = 0, hi = bsz;  // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
+        const int n0 = bsz > 1 ? s.cu[1] : 0;  // request 0's tokens (a uniform batch: every request's)
+        if (n0 > 0) {  // guess: token t is request t / n0 (uniform speculative decoding, equal chunks)
+            const int g = (int)((unsigned int)t / (unsigned int)n0);
+            if (g < bsz && s.cu[g] <= t && (g + 1 == bsz || t < s.cu[g + 1])) {
+                lo = g;
+                hi = g + 1;
+            }
+        }
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s.cu[mid] <= t) lo = mid; else hi = mid;
+        }
+        const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
+        int b2[G > 0 ? G : 1];
+        kv1_load_blocks<G>(p, lo, pos, b2);
+        kv1_store_token<G, PosT>(p, t, lo, pos, b2, err);
+    }
+
+    // Errors: warp w of block k writes record k * (T / 32) + w.
+    const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
+    if (mask) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+            err.key = k < err.key ? k : err.key;
+        }
+    }
+    if (lane == 0) {
+        const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
+        p.error_records[2 * i] = mask;
+        p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
+    }
+}
+
+// The small-batch step per cache count G and position type: <<<ceil(C / T), T>>>, one parameter.
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i64(const KvStepParams params) {
+    kv_step_one<0, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c1_i64(const KvStepParams params) {
+    kv_step_one<1, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c2_i64(const KvStepParams params) {
+    kv_step_one<2, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c3_i64(const KvStepParams params) {
+    kv_step_one<3, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i64(const KvStepParams params) {
+    kv_step_one<4, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i32(const KvStepParams params) {
+    kv_step_one<0, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c1_i32(const KvStepParams params) {
+    kv_step_one<1, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c2_i32(const KvStepParams params) {
+    kv_step_one<2, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c3_i32(const KvStepParams params) {
+    kv_step_one<3, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i32(const KvStepParams params) {
+    kv_step_one<4, int>(params);
+}
+
 // ============================================================================
 // BASELINE (MEASUREMENT) KERNELS: what the fused step is measured against. Not
 // part of the fused step; launched by kvaddr/strategies/gpu.py and the benchmarks.

@@ -112,6 +112,13 @@ class StepPlanner:
         self._tile = tile
         self._num_chunks = -(-self.capacity // tokens)
         self._max_tiles = -(-self.max_requests // tile) if self.max_requests > tile else 0
+        # The small-batch kernel (v9) writes one error record per warp: ceil(C / T) blocks of
+        # T threads (T >= min(C, 256) and <= KV_SB_THREADS), so fewer than max(KV_SB_WARPS,
+        # (C + KV_SB_THREADS) / 32) records. kvaddr_step_* clears records [num_chunks,
+        # num_chunks + max_tiles) every launch, so padding max_tiles keeps every record
+        # either kernel may write cleared by the other.
+        sb_records = max(consts["KV_SB_WARPS"], -(-(self.capacity + consts["KV_SB_THREADS"]) // 32))
+        self._max_tiles = max(self._max_tiles, -(-sb_records // consts["KV_WARPS"]) - self._num_chunks)
         C = self.capacity
         with cupy.cuda.Device(self.device):
             self._fn = kernel_loader.get_function(
@@ -168,6 +175,82 @@ class StepPlanner:
         self._stream_obj: Any = None
         self._stream_ptr = 0
         self._current_stream = cupy.cuda.get_current_stream
+        self.use_kernel(type(self).step_kernel)
+
+    # -- kernel selection (docs/perf-notes.md, v8 and v9) ---------------------
+    #: Which fused-step design :meth:`compute` launches: ``"v9"`` (default) runs batches of
+    #: at most ``KV_SB_THREADS`` requests (no attention outputs) with the small-batch kernel
+    #: (``kvaddr_step1_c{G}_*``, instantiated per cache count: ONE block when C <= T, else
+    #: ceil(C / T) blocks that never wait for each other) and larger ones with
+    #: ``kvaddr_step_*``; ``"v8"`` always runs ``kvaddr_step_*``.
+    #: Change it on an instance with :meth:`use_kernel`.
+    step_kernel: str = "v9"
+    #: The largest capacity C the small-batch kernel (v9) takes on (no limit by default:
+    #: ceil(C / T) blocks, a token per thread, each block scanning the bsz <= 1024 lengths).
+    one_block_max_capacity: int = INT32_MAX
+    #: The narrowest block of the small-batch kernel when C is larger than the batch
+    #: (T = max(bsz, min(C, this), 32) rounded up to a warp, at most KV_SB_THREADS).
+    one_block_min_threads: int = 256
+    #: The largest batch the single-block kernel (v9) takes on (at most KV_SB_THREADS).
+    one_block_max_requests: int = 1024
+
+    def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
+        """Choose the fused-step design :meth:`compute` launches: ``"v8"`` or ``"v9"``.
+
+        Parameters
+        ----------
+        version : {"v8", "v9"}
+            ``"v9"``: one block for small batches (see :attr:`step_kernel`), ``"v8"``: the
+            multi-block kernel for every batch. Outputs and error records are the same.
+        max_capacity : int, optional
+            Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
+        max_requests : int, optional
+            Overrides :attr:`one_block_max_requests` for this planner (v9 only; 0 to 1024).
+        """
+        if version not in ("v8", "v9"):
+            raise ValueError(f"version must be 'v8' or 'v9', got {version!r}")
+        self.step_kernel = version
+        self._memo = None  # compute()'s memo holds the launch the old choice made
+        if max_capacity is not None:
+            self.one_block_max_capacity = check_int("max_capacity", max_capacity, lo=1, hi=INT32_MAX - 1)
+        consts = kernel_loader.constants()
+        limit = consts["KV_SB_THREADS"]
+        if max_requests is not None:
+            self.one_block_max_requests = check_int("max_requests", max_requests, lo=0, hi=limit)
+        # bsz <= _one_max_bsz runs in one block (-1: never).
+        self._one_max_bsz = (
+            min(limit, self.max_requests, self.one_block_max_requests)
+            if version == "v9" and self._num_meta == 0 and self.capacity <= self.one_block_max_capacity
+            else -1
+        )
+        self._one_threads = limit
+        self._one_launcher = None
+        if self._one_max_bsz >= 0:
+            suffix = "i64" if self.position_dtype == np.int64 else "i32"
+            self._one_name = f"kvaddr_step1_c{self.num_caches}_{suffix}"
+            fn = kernel_loader.get_function(self._one_name, self.device)
+            self._one_launcher = kernel_loader.Launcher(fn, self._params, by_value=True)
+
+    def kernel_for(self, bsz: int) -> tuple[str, int, int]:
+        """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests."""
+        if bsz <= self._one_max_bsz:
+            threads = self._one_block_threads(bsz)
+            return self._one_name, -(-self.capacity // threads), threads
+        name = "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32"
+        return name, self.grid(bsz), self._threads
+
+    def _launch_plan(self, bsz: int) -> tuple:
+        """``(launcher, blocks, threads)`` of :meth:`compute`'s launch for ``bsz`` requests (see :meth:`kernel_for`)."""
+        if bsz <= self._one_max_bsz:  # v9: the small-batch kernel (one block when C <= threads)
+            threads = self._one_block_threads(bsz)
+            return self._one_launcher, -(-self.capacity // threads), threads
+        return self._launcher, self.grid(bsz), self._threads
+
+    def _one_block_threads(self, bsz: int) -> int:
+        """Threads per block of the small-batch launch: a multiple of 32 covering bsz and
+        min(C, one_block_min_threads), at most KV_SB_THREADS (grid: ceil(C / threads))."""
+        n = max(bsz, min(self.capacity, self.one_block_min_threads), 32)
+        return min(self._one_threads, (n + 31) & ~31)
 
     # -- attention outputs (docs/attention.md) ------------------------------
     def _attention_buffers(self, cupy, consts) -> None:
@@ -421,7 +504,7 @@ class StepPlanner:
         sig = signature_getter(arrays)
         if sig is None:
             return
-        launcher = self._launcher
+        launcher, grid, threads = self._launch_plan(bsz)
         fast = getattr(launcher, "_fast", None) if type(launcher) is kernel_loader.Launcher else None
         self._memo = (
             dec,  # 0
@@ -433,11 +516,13 @@ class StepPlanner:
             arrays,  # 6
             [sig(a) for a in arrays],  # 7
             bsz,  # 8
-            self.grid(bsz),  # 9
+            grid,  # 9
             tables if "page_table" in self.attention else None,  # 10
-            fast,  # 11: launchKernel (None: older CuPy, or another launcher: call self._launcher)
+            fast,  # 11: launchKernel (None: older CuPy, or another launcher: call m[14])
             getattr(launcher, "_fptr", 0),  # 12
             getattr(launcher, "_params_ptr", 0),  # 13
+            launcher,  # 14: the kernel _launch_plan chose for bsz (v8 or v9)
+            threads,  # 15
         )
 
     def launch_args(
@@ -518,15 +603,16 @@ class StepPlanner:
             bsz = m[8]
             launch = m[11]
             if launch is None:
-                self._launcher(m[9], self._threads, stream)
+                m[14](m[9], m[15], stream)
             else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
-                launch(m[12], m[9], 1, 1, self._threads, 1, 1, 0, stream, m[13], 0)
+                launch(m[12], m[9], 1, 1, m[15], 1, 1, 0, stream, m[13], 0)
             if m[10] is not None:  # page_table: rows [0, bsz) of these tables (a binding may have set others)
                 self._set_page_table(m[10], bsz)
             out = self._views.get(bsz)
             return self._outputs(bsz) if out is None or m[10] is not None else out
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
-        self._launcher(self.grid(bsz), self._threads, stream)
+        launcher, grid, threads = self._launch_plan(bsz)
+        launcher(grid, threads, stream)
         return self._outputs(bsz)
 
     def bind(
@@ -589,6 +675,9 @@ class StepPlanner:
             stream=stream,
             outputs=outputs,
             debug=debug,
+            one_block=None
+            if self._one_launcher is None
+            else (int(self._one_launcher.fn.ptr), self._one_max_bsz, self.capacity, self.one_block_min_threads),
         )
 
     def errors(self, stream: Any = None) -> tuple[int, int]:

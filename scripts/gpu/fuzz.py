@@ -30,7 +30,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=20261129)
     ap.add_argument("--max-bsz", type=int, default=200)
+    ap.add_argument(
+        "--kernels",
+        default="v8,v9,v9-wide",
+        help="fused-step designs to check (StepPlanner.use_kernel): v8, v9 (the small-batch kernel up to 1024"
+        " requests), v9-wide (the same with 1024-thread blocks); comma-separated",
+    )
     a = ap.parse_args(argv)
+    kernels = [k for k in a.kernels.split(",") if k]
+    for k in kernels:
+        if k not in ("v8", "v9", "v9-wide"):
+            ap.error(f"--kernels: unknown design {k!r} (v8, v9, v9-wide)")
 
     from kvaddr.strategies.gpu import STRATEGY_NAMES, make_strategy
     from kvaddr.strategies.names import not_run_reason
@@ -59,19 +69,24 @@ def main(argv=None) -> int:
             s = make_strategy(
                 name, max_requests=max(bsz, 1), capacity=case["capacity"], block_sizes=case["block_sizes"], num_layers=1
             )
-            out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-            try:
-                assert_outputs_equal(out, ref.outputs, f"seed {seed}/{name}")
-                if name == "fused":
-                    got = s.planner.errors()
-                    if got != (ref.error_mask, ref.error_key):
-                        raise AssertionError(
-                            f"seed {seed}/fused: error record {got} != {(ref.error_mask, ref.error_key)}"
-                        )
-            except AssertionError as exc:
-                mismatches += 1
-                print(f"MISMATCH {exc}", flush=True)
-            checked += 1
+            for kernel in kernels if name == "fused" else [None]:
+                label = f"seed {seed}/{name}" + (f" [{kernel}]" if kernel else "")
+                if kernel == "v9-wide":
+                    s.planner.one_block_min_threads = 1024
+                    s.planner.use_kernel("v9")
+                elif kernel:
+                    s.planner.use_kernel(kernel)
+                out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+                try:
+                    assert_outputs_equal(out, ref.outputs, label)
+                    if name == "fused":
+                        got = s.planner.errors()
+                        if got != (ref.error_mask, ref.error_key):
+                            raise AssertionError(f"{label}: error record {got} != {(ref.error_mask, ref.error_key)}")
+                except AssertionError as exc:
+                    mismatches += 1
+                    print(f"MISMATCH {exc}", flush=True)
+                checked += 1
         if (i + 1) % 1000 == 0:
             print(f"{i + 1} steps, {mismatches} mismatches, {time.perf_counter() - t0:.0f} s", flush=True)
     print(

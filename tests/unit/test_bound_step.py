@@ -264,3 +264,25 @@ def test_a_binding_that_does_not_hold_its_arrays(fake_runtime):
     with pytest.raises(ValueError, match=r"check_bound needs a BoundStep that holds its arrays"):
         b.check_bound()
     assert set(b.bound) == {"seq_lens_decoder", "seq_lens_this_time", "block_tables"}
+
+
+def test_the_single_block_kernel_runs_up_to_its_batch_size(fake_runtime):
+    """StepPlanner v9's bind: bsz up to one_block[1] runs <<<ceil(C / T), T>>> of the small-batch
+    kernel (T = max(bsz, min(C, 256), 32) rounded up to a warp, at most 1024), larger ones v8's grid."""
+    rows = TILE + 5
+    rec = Recorder()
+    b = bind(rows, max_requests=rows, launch=rec, one_block=(0xB0B, 1024, 40, 256))
+    for bsz, want in ((0, (0xB0B, 1, 64)), (1, (0xB0B, 1, 64)), (65, (0xB0B, 1, 96)), (1024, (0xB0B, 1, 1024))):
+        b.launch(bsz)
+        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
+        assert (fptr, gx, bx) == want and b.grid(bsz) == 1, bsz
+        assert b.params.bsz == bsz
+    wide = bind(rows, max_requests=rows, launch=rec, one_block=(0xB0B, 1024, 3000, 256))
+    for bsz, want in ((5, (0xB0B, 12, 256)), (300, (0xB0B, 10, 320)), (1024, (0xB0B, 3, 1024))):
+        wide.launch(bsz)
+        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
+        assert (fptr, gx, bx) == want and wide.grid(bsz) == gx, bsz
+    for bsz in (1025, TILE, rows):
+        b.launch(bsz)
+        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
+        assert (fptr, gx, bx) == (0xF00, b.grid(bsz), 256) and gx == (3 if bsz <= TILE else 3 + -(-bsz // TILE)), bsz

@@ -231,7 +231,8 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
     def where(name):
         return re.search(rf"__global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(", src).start()
 
-    for name in ("kvaddr_step_i64", "kvaddr_step_i32"):
+    single_block = {f"kvaddr_step1_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)}
+    for name in ("kvaddr_step_i64", "kvaddr_step_i32", *single_block):
         assert lib < where(name) < base
     engine = {f"kvaddr_engine_{k}" for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page", "max")}
     baseline = {
@@ -253,7 +254,7 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
     )
     for name in vllm:
         assert end < where(name)  # the vLLM sections come after the core baseline section
-    assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32", *baseline, *vllm}
+    assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32", *single_block, *baseline, *vllm}
 
 
 def test_ablate_step_source_patches_still_apply():

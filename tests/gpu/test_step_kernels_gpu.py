@@ -1,0 +1,224 @@
+"""The fused step's two designs, v8 (multi-block) and v9 (one block for bsz <= 1024),
+against the NumPy reference: worked examples, edge cases, seeded random steps (every
+request kind, errors, block ids near 2**31, strided tables, 0-4 caches, both position
+dtypes), the bad-input matrix's device rows, switching kernels between launches (stale
+error records), graph replay. Skipped without a GPU. See docs/perf-notes.md (v9)."""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.gpu import assert_outputs_equal, poison, reference, requires_gpu, to_device
+from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
+
+#: v8; v9 as shipped (blocks of max(bsz, min(C, 256)) threads); v9 with 1024-thread blocks
+#: (one block whenever C <= 1024; several 1024-thread blocks above).
+KERNELS = ["v8", "v9", "v9-wide"]
+EDGE = edge_cases()
+
+
+def _planner(kernel, case, max_requests=None, position_dtype=np.int64):
+    from kvaddr import StepPlanner
+
+    bsz = case["seq_lens_decoder"].shape[0]
+    p = StepPlanner(max(max_requests or bsz, 1), case["capacity"], case["block_sizes"], position_dtype=position_dtype)
+    if kernel == "v9-wide":
+        p.one_block_min_threads = 1024
+        p.use_kernel("v9")
+    else:
+        p.use_kernel(kernel)
+    return p
+
+
+def _tables(dev, case):
+    return dev["block_tables"] if case["block_sizes"] else None
+
+
+def _run(kernel, case, label, position_dtype=np.int64, max_requests=None):
+    import cupy
+
+    ref = reference(case, position_dtype=position_dtype)
+    dev = to_device(case)
+    p = _planner(kernel, case, max_requests, position_dtype)
+    bsz = case["seq_lens_decoder"].shape[0]
+    name, blocks, threads = p.kernel_for(bsz)
+    if kernel == "v8" or bsz > 1024:
+        assert name.startswith("kvaddr_step_i") and blocks == p.grid(bsz), f"{label}: {name}"
+    else:
+        assert name.startswith("kvaddr_step1_c") and bsz <= threads <= 1024, f"{label}: {name}"
+        assert blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks} x {threads}"
+    poison(p)
+    out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], _tables(dev, case))
+    cupy.cuda.get_current_stream().synchronize()
+    assert_outputs_equal(out, ref.outputs, f"{label} [{kernel}, {name}]")
+    assert p.errors() == (ref.error_mask, ref.error_key), f"{label} [{kernel}, {name}]: error record"
+    return p
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("index", range(len(WORKED_EXAMPLES)))
+def test_worked_examples(kernel, index):
+    label, case = WORKED_EXAMPLES[index][0], WORKED_EXAMPLES[index][1]
+    _run(kernel, case, f"worked example {label}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("name", sorted(EDGE))
+def test_edge_cases(kernel, name):
+    _run(kernel, EDGE[name], name)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("position_dtype", [np.int64, np.int32])
+def test_random_steps(kernel, position_dtype):
+    rng = np.random.default_rng(1616 + (position_dtype == np.int32))
+    for i in range(60):
+        kw = {}
+        r = i % 6
+        if r == 1:
+            kw = dict(uniform=int(rng.integers(0, 4)))
+        elif r == 2:
+            kw = dict(errors=True)
+        elif r == 3:
+            kw = dict(over_capacity=True)
+        elif r == 4:
+            kw = dict(big_ids=True, num_caches=int(rng.integers(0, 5)))
+        elif r == 5:
+            kw = dict(mix=("decode",), bsz=int(rng.choice([1, 31, 32, 33, 64, 255, 1000, 1023, 1024, 1025])))
+        case = random_step(rng, max_bsz=int(rng.choice([8, 100, 1024])), **kw)
+        if position_dtype == np.int32 and case["block_sizes"] and int(case["seq_lens_decoder"].max(initial=0)) > 2**30:
+            continue
+        # a planner larger than the batch, as engines size them
+        _run(kernel, case, f"random step {i} {kw}", position_dtype, max_requests=case["seq_lens_decoder"].shape[0] + 7)
+
+
+@requires_gpu
+@pytest.mark.parametrize("num_caches", [0, 1, 2, 3, 4])
+def test_every_cache_count_runs_its_own_single_block_kernel(num_caches):
+    rng = np.random.default_rng(40 + num_caches)
+    case = random_step(rng, bsz=300, num_caches=num_caches, errors=num_caches % 2 == 1) if num_caches else None
+    if case is None:
+        case = random_step(rng, bsz=300, num_caches=1)
+        case = dict(case, block_tables=np.zeros((300, 1), np.int32), block_sizes=[])
+    p = _run("v9", case, f"{num_caches} caches")
+    assert p.kernel_for(300)[0] == f"kvaddr_step1_c{num_caches}_i64"
+
+
+@requires_gpu
+def test_switching_kernels_leaves_no_stale_error_record():
+    """An erroneous step in one kernel, then a clean one in the other (and back): the
+    clean step's error record is clean whichever kernel wrote the previous one."""
+    import cupy
+
+    from kvaddr import StepPlanner
+
+    rng = np.random.default_rng(7)
+    bad = random_step(rng, bsz=600, block_sizes=[16, 16], errors=True, mix=("decode", "spec"))
+    bad["seq_lens_decoder"][599] = -1  # the last warp of the single block too
+    good = random_step(rng, bsz=600, block_sizes=[16, 16], mix=("decode", "spec"))  # <= 2400 tokens
+    good["seq_lens_this_time"][:] = np.minimum(good["seq_lens_this_time"], 3)  # <= 1800 tokens: no error
+    big = random_step(rng, bsz=1500, block_sizes=[16, 16], mix=("decode",))
+    for case in (bad, good, big):
+        case["capacity"] = 2048
+    p = StepPlanner(1500, 2048, [16, 16])
+    for order in (("v9", "v8"), ("v8", "v9")):
+        for first, second in ((bad, good), (bad, big), (big, good)):
+            for kernel, case in zip(order, (first, second)):
+                p.use_kernel(kernel)
+                ref = reference(case)
+                dev = to_device(case)
+                out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+                cupy.cuda.get_current_stream().synchronize()
+                assert_outputs_equal(out, ref.outputs, f"{order} {kernel}")
+                assert p.errors() == (ref.error_mask, ref.error_key), f"{order} {kernel}: error record"
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", ["v8", "v9"])
+def test_graph_replay_follows_changing_inputs(kernel):
+    import cupy
+
+    from kvaddr import StepPlanner
+
+    rng = np.random.default_rng(99)
+    cases = [random_step(rng, bsz=200, block_sizes=[64, 16], shared_table=False, errors=i == 1) for i in range(3)]
+    cap = max(c["capacity"] for c in cases)
+    width = max(t.shape[1] for c in cases for t in c["block_tables"])
+    p = StepPlanner(200, cap, [64, 16])
+    p.use_kernel(kernel)
+    d = cupy.zeros(200, np.int32)
+    q = cupy.zeros(200, np.int32)
+    tables = [cupy.full((202, width), -1, np.int32) for _ in range(2)]
+    cupy.cuda.runtime.deviceSynchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        p.compute(d, q, tables, stream=stream)
+        stream.synchronize()
+        stream.begin_capture()
+        p.compute(d, q, tables, stream=stream)
+        graph = stream.end_capture()
+    for i, c in enumerate(cases):
+        c = dict(c, capacity=cap)
+        host_tables = []
+        for g in range(2):
+            t = c["block_tables"][g]
+            full = np.full((202, width), -1, np.int32)
+            full[: t.shape[0], : t.shape[1]] = t
+            host_tables.append(full)
+        ref = reference(dict(c, block_tables=host_tables))
+        with stream:  # the copies and the replay on one stream, in order
+            d.set(c["seq_lens_decoder"], stream=stream)
+            q.set(c["seq_lens_this_time"], stream=stream)
+            for g in range(2):
+                tables[g].set(host_tables[g], stream=stream)
+            graph.launch(stream)
+        stream.synchronize()
+        assert_outputs_equal(p._outputs(200), ref.outputs, f"replay {i} [{kernel}]")
+        assert p.errors() == (ref.error_mask, ref.error_key), f"replay {i} [{kernel}]"
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", ["v8", "v9"])
+def test_bad_input_matrix_rows(kernel):
+    from kvaddr import AddressingError
+    from tests.support.bad_input_matrix import ROWS, reference_for
+
+    rows = [r for r in ROWS if "gpu" in r.where and r.kind != "host" and r.id != "other-device"]
+    rows = [r for r in rows if "attention" not in r.make()]
+    assert rows
+    for row in rows:
+        case = row.make()
+        ref = reference_for(case)
+        dev = to_device(case)
+        bsz = case["seq_lens_decoder"].shape[0]
+        p = _planner(kernel, case, max(bsz, 1))
+        out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        assert_outputs_equal(out, ref.outputs, f"{row.id} [{kernel}]")
+        assert p.errors() == (ref.error_mask, ref.error_key), f"{row.id} [{kernel}]"
+        if row.bits:
+            with pytest.raises(AddressingError):
+                p.check()
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=min(200, int(os.environ.get("KVADDR_GPU_EXAMPLES", "200"))), deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    errors=st.booleans(),
+    over=st.booleans(),
+    big=st.booleans(),
+    bsz=st.sampled_from([None, None, 1, 32, 33, 1024, 1025]),
+    uniform=st.sampled_from([None, None, None, 0, 1, 2, 5]),
+)
+def test_hypothesis_steps(kernel, seed, errors, over, big, bsz, uniform):
+    rng = np.random.default_rng(seed)
+    kw = {} if bsz is None else dict(bsz=bsz, mix=("decode", "spec", "idle"))
+    case = random_step(rng, max_bsz=300, errors=errors, over_capacity=over, big_ids=big, uniform=uniform, **kw)
+    _run(kernel, case, f"seed {seed}", max_requests=case["seq_lens_decoder"].shape[0] + 3)
