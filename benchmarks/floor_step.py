@@ -282,7 +282,7 @@ def main(argv=None) -> int:
                 ref = types.SimpleNamespace(**ref, errors=planner.errors(stream))
                 # v9 (the single-block kernel where it applies): every output and the error record as v8's.
                 planner9 = StepPlanner(bsz, cap, [B] * G)
-                planner9.use_kernel("v9")
+                planner9.use_kernel("v9", max_requests=1024)
                 kernel9 = planner9.kernel_for(bsz)[0]
                 got9 = planner9.compute(dec, q, table, stream=stream)
                 stream.synchronize()
@@ -352,7 +352,7 @@ def main(argv=None) -> int:
                 t_v9_wide, geometry9 = None, planner9.kernel_for(bsz)
                 planner9w = StepPlanner(bsz, cap, [B] * G)
                 planner9w.one_block_min_threads = 1024
-                planner9w.use_kernel("v9")
+                planner9w.use_kernel("v9", max_requests=1024)
                 if planner9w.kernel_for(bsz) != geometry9:
                     got9 = planner9w.compute(dec, q, table, stream=stream)
                     stream.synchronize()

@@ -192,7 +192,7 @@ class StepPlanner:
     #: (T = max(bsz, min(C, this), 32) rounded up to a warp, at most KV_SB_THREADS).
     one_block_min_threads: int = 256
     #: The largest batch the single-block kernel (v9) takes on (at most KV_SB_THREADS).
-    one_block_max_requests: int = 1024
+    one_block_max_requests: int = 256  # measured: one block loses to v8 at 1024 (docs/perf-notes.md, v9)
 
     def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
         """Choose the fused-step design :meth:`compute` launches: ``"v8"`` or ``"v9"``.

@@ -24,7 +24,17 @@ def planner_cls(fake_planner, monkeypatch):  # noqa: F811
             launches.append((self.fn, grid, block, self.args.bsz))
 
     monkeypatch.setattr(kernel_loader, "Launcher", RecordingLauncher)
+    # The geometry tests below reach the kernel's own limit (KV_SB_THREADS = 1024 requests);
+    # the shipped default cut-off is lower (test_default_cut_off_is_the_measured_one).
+    monkeypatch.setattr(StepPlanner, "one_block_max_requests", 1024)
     return StepPlanner, launches
+
+
+def test_default_cut_off_is_the_measured_one(fake_planner):  # noqa: F811
+    StepPlanner, _, _ = fake_planner
+    assert StepPlanner.one_block_max_requests == 256  # v9 loses to v8 at 1024 on the H200 (perf-notes)
+    p = StepPlanner(2000, 2000, [16])
+    assert p.kernel_for(256)[0] == "kvaddr_step1_c1_i64" and p.kernel_for(257)[0] == "kvaddr_step_i64"
 
 
 def _compute(p, bsz, caches):
