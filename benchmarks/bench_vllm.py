@@ -150,6 +150,7 @@ def main(argv=None):
                     for L, impl in fixed.items()
                 }
                 h_one = host_time_per_call(run_one, stream, a.calls)
+                assert one._memo is not None, "v2's host time was not on the memoised path"
                 h_old = host_time_per_call(run_old, stream, a.calls)
                 h_core = host_time_per_call(run_core, stream, a.calls)
                 one.memoize_checks = False  # (forgets the memo)

@@ -563,6 +563,15 @@ class VllmStepPlanner:
         -------
         VllmStepOutputs
             The persistent output buffers (``out=`` tensors where given).
+
+        Notes
+        -----
+        The checks run in full on a call with new argument objects (a list of tables or of
+        num_blocks counts by its items); the same objects as the last checked call, each
+        array with an unchanged pointer, device, shape, strides and dtype, skip them (they
+        would pass again) and launch from the parameter block as it is, with only
+        ``num_reqs_padded`` and the stream taken per call. The planner keeps a reference to
+        the last inputs. ``memoize_checks = False`` checks every call.
         """
         # Stream: a raw handle as is; the same CuPy or torch stream object as last time: its handle.
         if stream.__class__ is not int:
