@@ -14,7 +14,9 @@ Shapes: decode batches of 64, 1024 and 4096 requests and 256 requests carrying 1
 tokens (kvaddr.measure.vllm_workload), each with 1 group (B = 16) and 2 groups
 (B = 16 and 64). Targets (issue 13): vllm-one <= 1.3x core; vllm-three / vllm-one >= 4.
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
-against StepPlanner.compute on the same batch; target <= 1.2x. Every implementation is
+against StepPlanner.compute on the same batch; target <= 1.2x. Both planners memoise their
+checked inputs (the same objects with unchanged signatures skip the checks); each is also
+timed with ``memoize_checks = False`` (every call checked: "no memo"). Every implementation is
 first checked against the NumPy reference on the same batch (outputs and error record).
 The exit status is 0 when v2 meets every target.
 """
@@ -148,8 +150,15 @@ def main(argv=None):
                     for L, impl in fixed.items()
                 }
                 h_one = host_time_per_call(run_one, stream, a.calls)
+                assert one._memo is not None, "v2's host time was not on the memoised path"
                 h_old = host_time_per_call(run_old, stream, a.calls)
                 h_core = host_time_per_call(run_core, stream, a.calls)
+                one.memoize_checks = False  # (forgets the memo)
+                h_one_nm = host_time_per_call(run_one, stream, a.calls)
+                one.memoize_checks = True
+                core.memoize_checks, core._memo = False, None  # (StepPlanner keeps a memo made before)
+                h_core_nm = host_time_per_call(run_core, stream, a.calls)
+                core.memoize_checks = True
                 auto = one._params.pair_lanes
                 row = dict(
                     shape=shape_text,
@@ -166,10 +175,13 @@ def main(argv=None):
                         **{f"vllm_one_lanes{L}": t for L, t in t_fixed.items()},
                     ),
                     pair_lanes_auto=auto,
-                    eager_host_us=dict(vllm_one=h_one, vllm_v1=h_old, core=h_core),
+                    eager_host_us=dict(
+                        vllm_one=h_one, vllm_v1=h_old, core=h_core, vllm_one_no_memo=h_one_nm, core_no_memo=h_core_nm
+                    ),
                     one_vs_core=t_one / t_core,
                     three_vs_one=t_three / t_one,
                     host_one_vs_core=h_one / h_core,
+                    host_one_no_memo_vs_core_no_memo=h_one_nm / h_core_nm,
                     v1_vs_core=t_old / t_core,
                     three_vs_v1=t_three / t_old,
                     targets_met=dict(
@@ -186,7 +198,7 @@ def main(argv=None):
                     f"{'':>20}v2: one/core {t_one / t_core:5.2f} (<=1.3)  three/one {t_three / t_one:5.2f} (>=4)  "
                     f"| v1: one/core {t_old / t_core:5.2f}  three/one {t_three / t_old:5.2f}  "
                     f"| eager host us: v2 {h_one:6.2f} v1 {h_old:6.2f} core {h_core:6.2f} "
-                    f"v2/core {h_one / h_core:5.2f} (<=1.2)",
+                    f"v2/core {h_one / h_core:5.2f} (<=1.2) | no memo: v2 {h_one_nm:6.2f} core {h_core_nm:6.2f}",
                     flush=True,
                 )
     if a.json:

@@ -11,6 +11,7 @@ inside ``torch.cuda.graph`` / CuPy stream capture.
 from __future__ import annotations
 
 import ctypes
+from operator import is_
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from kvaddr.engines.vllm_config import (
     per_group,
 )
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
-from kvaddr.validation import cupy_stream, describe, stream_handle
+from kvaddr.validation import cupy_stream, describe, signature_getter, stream_handle
 
 __all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
 
@@ -46,6 +47,18 @@ _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _G = VLLM_MAX_GROUPS
 _IDX_DTYPES = (INT32, INT64)
+_SEQ = (list, tuple)
+
+
+def _state_signature(x) -> tuple | None:
+    """``(getter, signature)`` of a remembered request-state array, or None where the
+    array has no cheap exact signature (it is then remembered by identity only)."""
+    getter = signature_getter((x,))
+    return None if getter is None else (getter, getter(x))
+
+
+def _changed(x, state_sig) -> bool:
+    return state_sig is not None and state_sig[0](x) != state_sig[1]
 
 
 class VllmStepParams(ctypes.Structure):
@@ -181,6 +194,13 @@ class VllmStepPlanner:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
         self._kernel = kernel
+        # compute()'s memo of the last checked call (see _remember) and of the last stream
+        # object's handle; CuPy's current-stream getter looked up once.
+        self._memo: tuple | None = None
+        self._memoize = True
+        self._stream_obj = None
+        self._stream_ptr = 0
+        self._current_stream = cupy.cuda.get_current_stream
         self.pair_lanes = pair_lanes  # checked by the property's setter
         if type(self)._load_functions is VllmStepPlanner._load_functions:
             self.kernel_name = KERNELS[kernel]
@@ -341,6 +361,7 @@ class VllmStepPlanner:
     # -- per call -------------------------------------------------------------------
     def _prepare(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded):
         """Check the inputs and write them into the parameter block; returns (num_reqs, padded)."""
+        self._memo = None  # the parameter block is being rewritten: forget the last call first
         cfg, dev, p, tx = self.config, self.device, self._params, self._texts
         M, G = cfg.max_num_reqs, cfg.num_groups
         idx = check_vector(
@@ -362,10 +383,14 @@ class VllmStepPlanner:
         )
         # The request state (num_computed_tokens, block tables, num_blocks) is the engine's
         # persistent buffers: each object is checked the first time it is seen and then
-        # remembered by identity (a reference is held), so a step re-checks only
-        # idx_mapping and query_start_loc. (Changing a remembered array's shape in place,
-        # e.g. torch's resize_(), is not seen: pass a new object instead.)
-        if num_computed_tokens is not self._seen_nct:
+        # remembered by identity (a reference is held) with its exact signature (pointer,
+        # device, shape, strides, dtype; objects without a cheap one, such as
+        # __cuda_array_interface__ wrappers, by identity only), so a step re-checks only
+        # idx_mapping and query_start_loc, and a remembered array changed in place (torch's
+        # resize_(), set_(), CuPy's shape setter) is checked again.
+        seen = self._seen_nct
+        if seen is None or num_computed_tokens is not seen[0] or _changed(num_computed_tokens, seen[1]):
+            self._seen_nct = None
             p.num_computed_tokens = check_vector(
                 "num_computed_tokens",
                 describe("num_computed_tokens", num_computed_tokens),
@@ -373,27 +398,34 @@ class VllmStepPlanner:
                 shape_text=tx["rows"],
                 device=dev,
             ).ptr
-            self._seen_nct = num_computed_tokens
+            self._seen_nct = (num_computed_tokens, _state_signature(num_computed_tokens))
         seen = self._seen_tables
         tables = block_tables if type(block_tables) in (list, tuple) and len(block_tables) == G else None
         if tables is None:
             tables = per_group("block_tables", block_tables, G, allow_stacked=False)
         for g in range(G):
             t = tables[g]
-            if t is seen[g]:
+            s = seen[g]
+            if s is not None and t is s[0] and not _changed(t, s[1]):
                 continue
+            seen[g] = None
             name = tx["table_names"][g]
             W = cfg.widths[g]
             info = check_matrix(name, describe(name, t), min_rows=M, cols=W, shape_text=tx["tables"][g], device=dev)
             self._f_block_table[g] = info.ptr
             self._f_table_stride[g] = info.strides[0] if info.shape[0] > 1 else W
-            seen[g] = t
-        if num_blocks is not self._seen_nb_obj or (
-            type(num_blocks) in (list, tuple)  # the same list: its elements may have been replaced
-            and any(a is not b for a, b in zip(num_blocks, self._seen_nb_items))
+            seen[g] = (t, _state_signature(t))
+        seen = self._seen_nb
+        if (
+            seen is None
+            or num_blocks is not seen[0]
+            or (
+                type(num_blocks) in (list, tuple)  # the same list: its elements may have been replaced
+                and (len(num_blocks) != len(seen[1]) or any(a is not b for a, b in zip(num_blocks, seen[1])))
+            )
+            or any(_changed(a, sig) for a, sig in zip(seen[2], seen[3]))
         ):
             self._set_num_blocks(num_blocks)
-            self._seen_nb_obj = num_blocks
         padded = n if num_reqs_padded is None else check_num_reqs_padded(num_reqs_padded, n, M)
         p.idx_mapping = idx.ptr
         p.idx_is_64 = idx.dtype == INT64
@@ -407,7 +439,7 @@ class VllmStepPlanner:
         M, G = cfg.max_num_reqs, cfg.num_groups
         nbs = per_group("num_blocks", num_blocks, G, allow_stacked=True)
         nbp = self._f_num_blocks
-        self._seen_nb_obj = None  # until every check passed
+        self._seen_nb = None  # until every check passed
         if len(nbs) == 1 and (G > 1 or len(getattr(nbs[0], "shape", ())) == 2):
             info = describe("num_blocks", nbs[0])
             if info.dtype != INT32 or len(info.shape) != 2 or info.shape[0] != G or info.shape[1] < M:
@@ -432,13 +464,25 @@ class VllmStepPlanner:
                 ptrs.append(check_vector(name, describe(name, nb), min_length=M, shape_text=tx["rows"], device=dev).ptr)
         for g, ptr in enumerate(ptrs):
             nbp[g] = ptr
-        self._seen_nb_items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
+        items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
+        self._seen_nb = (num_blocks, items, tuple(nbs), tuple(_state_signature(a) for a in nbs))
 
     def forget_inputs(self) -> None:
-        """Drop the remembered request-state arrays (the next call checks them again)."""
-        self._seen_nct = self._seen_nb_obj = None
+        """Drop the remembered inputs (the next call checks every array again)."""
+        self._memo = None
+        self._seen_nct = self._seen_nb = None
         self._seen_tables = [None] * self.config.num_groups
-        self._seen_nb_items = ()
+
+    @property
+    def memoize_checks(self) -> bool:
+        """Let compute() skip the checks for the same inputs with unchanged signatures (see
+        ``_remember``; default True); False checks every call (the path before the memo)."""
+        return self._memoize
+
+    @memoize_checks.setter
+    def memoize_checks(self, on: bool) -> None:
+        self._memoize = bool(on)
+        self._memo = None
 
     @property
     def kernel(self) -> str:
@@ -455,6 +499,7 @@ class VllmStepPlanner:
         if lanes is not None and lanes not in PAIR_LANES:
             raise ValueError(f"pair_lanes must be one of {PAIR_LANES} or None, got {lanes!r}")
         self._pair_lanes = lanes
+        self._memo = None  # the memo holds the grid, which the lanes change
 
     @staticmethod
     def auto_pair_lanes(pairs: int) -> int:
@@ -474,7 +519,9 @@ class VllmStepPlanner:
         if self.kernel == "v2":
             pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
             lanes = self._pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
-            p.pair_lanes = lanes
+            if p.pair_lanes != lanes:
+                p.pair_lanes = lanes
+                self._memo = None  # the memo's grid was for the lanes in the struct
             return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS)
         rows = max(num_reqs_padded, 1)
         return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS))
@@ -516,12 +563,110 @@ class VllmStepPlanner:
         -------
         VllmStepOutputs
             The persistent output buffers (``out=`` tensors where given).
+
+        Notes
+        -----
+        The checks run in full on a call with new argument objects (a list of tables or of
+        num_blocks counts by its items); the same objects as the last checked call, each
+        array with an unchanged pointer, device, shape, strides and dtype, skip them (they
+        would pass again) and launch from the parameter block as it is, with only
+        ``num_reqs_padded`` and the stream taken per call. The planner keeps a reference to
+        the last inputs. ``memoize_checks = False`` checks every call.
         """
+        # Stream: a raw handle as is; the same CuPy or torch stream object as last time: its handle.
+        if stream.__class__ is not int:
+            if stream is None:
+                stream = self._current_stream().ptr
+            elif stream is self._stream_obj:
+                stream = self._stream_ptr
+            else:
+                handle = stream_handle(stream)
+                if type(stream).__module__.startswith(("cupy", "torch")):  # their handles never change
+                    self._stream_obj, self._stream_ptr = stream, handle
+                stream = handle
+        # Fast path: the same argument objects as the last checked call, each array's signature
+        # unchanged, so every check passes as it did and the parameter block already holds them;
+        # only num_reqs_padded (checked here as check_num_reqs_padded does) and the stream vary.
+        m = self._memo
+        if m is not None:
+            form, objects, sig, sigs, lo, hi, grid, launch, fptr, args_ptr = m
+            # The arguments as the memo lists them: a sequence of tables or of num_blocks by its
+            # items (a list may have been changed in place), an array as itself.
+            if form == 0:
+                ok = block_tables.__class__ in _SEQ and num_blocks.__class__ in _SEQ
+                cur = [idx_mapping, query_start_loc, num_computed_tokens, *block_tables, *num_blocks] if ok else ()
+            elif form == 1:
+                ok = block_tables.__class__ in _SEQ
+                cur = [idx_mapping, query_start_loc, num_computed_tokens, *block_tables, num_blocks] if ok else ()
+            elif form == 2:
+                ok = num_blocks.__class__ in _SEQ
+                cur = [idx_mapping, query_start_loc, num_computed_tokens, block_tables, *num_blocks] if ok else ()
+            else:
+                cur = [idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks]
+            if (
+                len(cur) == len(objects)
+                and all(map(is_, cur, objects))
+                and (num_reqs_padded is None or (num_reqs_padded.__class__ is int and lo <= num_reqs_padded <= hi))
+                and list(map(sig, objects)) == sigs
+            ):
+                padded = lo if num_reqs_padded is None else num_reqs_padded
+                self._params.num_reqs_padded = padded
+                if grid is None:  # v1: its grid follows num_reqs_padded
+                    grid = self.grid(padded, lo)
+                if launch is None:
+                    self._fns["step"](grid, 1, THREADS, stream)
+                else:  # cuLaunchKernel straight (StructLaunch.__call__, inlined)
+                    launch(fptr, grid, 1, 1, THREADS, 1, 1, 0, stream, args_ptr, 0)
+                return self.outputs
         n, padded = self._prepare(
             idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
         )
-        self._fns["step"](self.grid(padded, n), 1, THREADS, stream_handle(stream))
+        grid = self.grid(padded, n)
+        self._fns["step"](grid, 1, THREADS, stream)
+        self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
         return self.outputs
+
+    def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
+        """Memoise the inputs just checked and launched, for compute()'s fast path.
+
+        The memo holds the argument objects themselves (so their ids stay theirs), the
+        items of a sequence of tables or of num_blocks (a list may be changed in place), and
+        each array's exact signature (pointer, device, shape, strides, dtype: everything the
+        checks and the parameter block depend on, see ``validation.signature_getter``).
+        compute() skips the checks only when the same objects come back with equal
+        signatures; anything else runs the full checks again. Arrays without a cheap
+        signature (``__cuda_array_interface__``, DLPack, mixed CuPy and torch) are never
+        memoised, and neither is anything while ``memoize_checks`` is False.
+        """
+        if not self._memoize:
+            return
+        # A plain list or tuple is remembered by its items (the fast path's form 0-2); a
+        # subclass is never memoised (it may change how it is iterated).
+        t_seq, nb_seq = block_tables.__class__ in _SEQ, num_blocks.__class__ in _SEQ
+        if (not t_seq and isinstance(block_tables, (list, tuple))) or (
+            not nb_seq and isinstance(num_blocks, (list, tuple))
+        ):
+            return
+        objects = [idx_mapping, query_start_loc, num_computed_tokens]
+        objects += block_tables if t_seq else [block_tables]
+        objects += num_blocks if nb_seq else [num_blocks]
+        sig = signature_getter(objects)
+        if sig is None:
+            return
+        step = self._fns["step"]
+        fast = type(step) is StructLaunch
+        self._memo = (
+            (0 if nb_seq else 1) if t_seq else (2 if nb_seq else 3),  # form: which arguments are sequences
+            objects,  # the argument objects, sequences by their items
+            sig,  # the signature getter (validation.signature_getter)
+            [sig(a) for a in objects],  # their signatures (pointer, device, shape, strides, dtype)
+            n,  # num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
+            self.config.max_num_reqs,  # num_reqs_padded's upper bound
+            grid if self._v2 else None,  # v2's grid (lanes by num_reqs); None: v1's follows num_reqs_padded
+            step._launch if fast else None,  # launchKernel (None: another launcher, called as is)
+            step._fptr if fast else 0,
+            step._args_ptr if fast else 0,
+        )
 
     def errors(self, stream=None) -> tuple[int, int]:
         """Synchronise; the last step's ``(error_mask, first_bad_key)``."""

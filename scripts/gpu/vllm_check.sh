@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM step on a GPU machine, from the repository root (issue 13's acceptance run):
-#   1. the vLLM GPU tests (both one-launch kernels, v2 and v1, the three-launch baseline and
+#   1. the vLLM GPU tests (both one-launch kernels, v2 and v1, compute()'s memo, the three-launch baseline and
 #      the engine profile) against the NumPy reference;
 #   2. compute-sanitizer memcheck and racecheck over a focused subset of them (every kernel
 #      role, stale rows, CUDA-graph replays, the bad-input matrix, corrupted inputs);
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -c "import cupy, numpy, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/env.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$OUT/env.txt"
 
-TESTS="tests/gpu/test_vllm_step.py tests/gpu/test_vllm_three_launch.py tests/gpu/test_profile_engine_vllm_gpu.py"
+TESTS="tests/gpu/test_vllm_step.py tests/gpu/test_vllm_memo.py tests/gpu/test_vllm_three_launch.py tests/gpu/test_profile_engine_vllm_gpu.py"
 # The new kernel (v2) only: v1 is unchanged. No torch tests under the sanitizer (slow start,
 # nothing kernel-specific that the CuPy ones miss).
 SUBSET="(worked_example or dummy_requests or int32_slots or sequence_of_steps or errors_are_reset \

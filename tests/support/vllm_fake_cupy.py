@@ -32,10 +32,13 @@ class _Dev:
 
 
 class FakeArray:
-    """A NumPy array dressed as a CuPy one."""
+    """A NumPy array dressed as a CuPy one. ``a`` (the array: pointer, shape, strides,
+    dtype) and ``dev`` (the device ordinal) may be replaced in place, as CuPy's shape
+    setter or torch's ``set_``/``resize_`` change an array object's metadata."""
 
-    def __init__(self, a):
+    def __init__(self, a, dev=0):
         self.a = a
+        self.dev = dev
 
     @property
     def data(self):
@@ -45,7 +48,7 @@ class FakeArray:
     strides = property(lambda self: self.a.strides)
     itemsize = property(lambda self: self.a.itemsize)
     dtype = property(lambda self: self.a.dtype)
-    device = property(lambda self: _Dev(0))
+    device = property(lambda self: _Dev(self.dev))
     size = property(lambda self: self.a.size)
     ndim = property(lambda self: self.a.ndim)
 
