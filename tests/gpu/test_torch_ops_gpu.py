@@ -359,12 +359,15 @@ def test_step_returns_the_same_views_per_bsz_on_cuda():
 
     case, bufs, dec, q, table = _args(bsz=40, seed=3)
     a = step(dec, q, table, bufs)
-    b = step(dec, q, table, bufs)
-    c = step(dec[:20], q[:20], table, bufs)
     torch.cuda.synchronize()
-    assert a is b and a is not c and c.seq_lens_kv.shape == (20,)
     ref = reference(dict(case, block_tables=np.ascontiguousarray(case["block_tables"])))
     np.testing.assert_array_equal(a.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping)
+    np.testing.assert_array_equal(a.seq_lens_kv.cpu().numpy(), ref.outputs.seq_lens_kv)
+    b = step(dec, q, table, bufs)
+    c = step(dec[:20], q[:20], table, bufs)  # another bsz: other views (of the same storage)
+    torch.cuda.synchronize()
+    assert a is b and a is not c and c.seq_lens_kv.shape == (20,) and c.cu_seqlens_q.shape == (21,)
+    assert c.slot_mapping is a.slot_mapping is bufs.slot_mapping
 
 
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
