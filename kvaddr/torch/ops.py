@@ -338,6 +338,8 @@ def step(seq_lens_decoder, seq_lens_this_time, block_tables, buffers: StepBuffer
     if buffers.block_sizes:
         if isinstance(block_tables, torch.Tensor):
             _op_one(seq_lens_decoder, seq_lens_this_time, block_tables, buffers.storage, buffers.layout)
+        elif block_tables is None:  # the op names what is missing
+            _op_tables(seq_lens_decoder, seq_lens_this_time, [], buffers.storage, buffers.layout)
         elif len(block_tables) == 1:
             _op_one(seq_lens_decoder, seq_lens_this_time, block_tables[0], buffers.storage, buffers.layout)
         else:

@@ -469,3 +469,15 @@ def test_step_into_checks_before_launching_and_forgets_dead_tensors(fake_cuda_la
     args[0] = None
     gc.collect()
     assert ref() is None and len(ops._cache) == 0
+
+
+def test_step_without_tables_for_buffers_with_caches_names_the_argument():
+    import torch
+
+    import kvaddr.torch as kt
+
+    bufs = kt.StepBuffers(4, 16, [4, 2], device="cpu")
+    dec = torch.tensor([5, 0, 9], dtype=torch.int32)
+    for tables in (None, []):
+        with pytest.raises(ValueError, match=r"block_tables must be one table or 2 .*got 0 tables"):
+            kt.step(dec, dec, tables, bufs)
