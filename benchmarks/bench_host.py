@@ -15,10 +15,15 @@ Rows (every one launched on the same CUDA stream, inputs persistent, one decode 
   (memoised: the same input objects with unchanged pointer, shape, strides, dtype and device
   skip re-running them); ``compute() (CuPy), no memo``: every check on every call
   (``planner.memoize_checks = False``, the path before the memo);
-* ``torch op (eager)``: ``torch.ops.kvaddr.step.default`` with persistent tensors, on torch's
-  current stream (``kvaddr.torch.step``, which also slices the outputs, is shown too);
-  ``torch op (eager), autograd fallback``: the same without the op's Autograd fallthrough
-  (``kvaddr.torch.set_autograd_fallthrough(False)``, the registration before it).
+* ``torch op (eager)``: ``torch.ops.kvaddr.step_into.default`` (the packed op: one table, the
+  outputs in one mutated tensor ``StepBuffers.storage``, an int layout handle; 5 arguments) with
+  persistent tensors, on torch's current stream; ``.tables overload``: ``step_into.tables``
+  (a list of tables); ``old schema kvaddr::step``: the op before (11 arguments, one tensor per
+  output), on the same buffers; ``autograd fallback``: ``step_into`` without the op's Autograd
+  fallthrough (``kvaddr.torch.set_autograd_fallthrough(False)``);
+* ``kvaddr.torch.step (op + views)``: the documented entry point (its views kept per bsz);
+  ``views per call``: the op plus ``StepBuffers.outputs(bsz)`` (the views built every call, as
+  ``step()`` did before).
 
 Host time: ``time.perf_counter`` around N calls with no synchronisation in between, then
 one synchronisation outside the clock; per call = elapsed / N. Rows are measured in turn,
@@ -141,14 +146,22 @@ def main(argv=None) -> int:
             td, tq, tt = (torch.from_dlpack(x) for x in (dec, q, table))
             rows["compute() (torch)"] = lambda: planner.compute(td, tq, tt, stream=handle)
             bufs = kt.StepBuffers(bsz, capacity, [B, B], device=td.device)
-            op = torch.ops.kvaddr.step.default
+            op = torch.ops.kvaddr.step_into.default
+            op_tables = torch.ops.kvaddr.step_into.tables
+            op_old = torch.ops.kvaddr.step.default
             tables, sizes, outs = [tt], [B, B], bufs.outputs_args
-            rows["torch op (eager)"] = lambda: op(td, tq, tables, sizes, *outs)
+            storage, layout = bufs.storage, bufs.layout
+            rows["torch op (eager)"] = lambda: op(td, tq, tt, storage, layout)
+            rows["torch op (eager), .tables overload"] = lambda: op_tables(td, tq, tables, storage, layout)
+            # the op before (11 arguments, one tensor per output): same buffers, same launch
+            rows["torch op (eager), old schema kvaddr::step"] = lambda: op_old(td, tq, tables, sizes, *outs)
             # the same op through torch's generic autograd fallback (no Autograd fallthrough)
-            rows["torch op (eager), autograd fallback"] = lambda: op(td, tq, tables, sizes, *outs)
+            rows["torch op (eager), autograd fallback"] = lambda: op(td, tq, tt, storage, layout)
             setups["torch op (eager), autograd fallback"] = lambda: kt.set_autograd_fallthrough(False)
             teardowns["torch op (eager), autograd fallback"] = lambda: kt.set_autograd_fallthrough(True)
             rows["kvaddr.torch.step (op + views)"] = lambda: kt.step(td, tq, tt, bufs)
+            # the views built per call (what step() did before it kept them per bsz)
+            rows["kvaddr.torch.step, views per call"] = lambda: (op(td, tq, tt, storage, layout), bufs.outputs(bsz))
 
         def sync():
             stream.synchronize()
@@ -161,9 +174,23 @@ def main(argv=None) -> int:
         sync()
         assert np.array_equal(out.slot_mapping.get(), ref.outputs.slot_mapping), "bound launch != reference"
         if "torch op (eager)" in rows:
-            rows["torch op (eager)"]()
+            for k in (
+                "torch op (eager)",
+                "torch op (eager), .tables overload",
+                "torch op (eager), old schema kvaddr::step",
+            ):
+                bufs.slot_mapping.fill_(-5)
+                bufs.position_ids.fill_(-5)
+                rows[k]()
+                sync()
+                assert np.array_equal(bufs.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping), f"{k} != reference"
+                assert np.array_equal(bufs.position_ids.cpu().numpy(), ref.outputs.position_ids), f"{k} != reference"
+            got = kt.step(td, tq, tt, bufs)
             sync()
-            assert np.array_equal(bufs.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping), "torch op != reference"
+            assert got is kt.step(td, tq, tt, bufs), "step() built new views for the same bsz"
+            assert np.array_equal(got.seq_lens_kv.cpu().numpy(), ref.outputs.seq_lens_kv), "step() != reference"
+            assert int(got.num_tokens) == int(ref.outputs.num_tokens), "step() != reference"
+            assert bufs.errors() == (ref.error_mask, ref.error_key), "torch op's error record != reference"
 
         def nothing():
             pass
@@ -204,13 +231,13 @@ def main(argv=None) -> int:
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"host time per eager call, {dev}, CuPy {cupy.__version__}, bsz {bsz}, two caches (B = {B})")
     print(f"median of {a.repeats} samples of {a.n} back-to-back calls; single = median of one-call samples")
-    print(f"{'row':<38}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
+    print(f"{'row':<44}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
     failed = False
     for r in results:
         b = "" if r["bound"] is None else f"<= {r['bound']:.1f}x  {r['verdict']}"
         failed |= r["verdict"] == "FAIL"
         print(
-            f"{r['row']:<38}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
+            f"{r['row']:<44}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
             f"{r['ratio_vs_empty_rawkernel']:>9.2f}  {b}"
         )
     if a.json:

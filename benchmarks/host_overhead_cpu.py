@@ -199,6 +199,44 @@ def dispatch_floor(torch, n, repeats) -> tuple:
     return result
 
 
+def ab_ops(torch, ops, bufs, tdec, tq, ttab, n, repeats) -> dict:
+    """The op through torch's dispatcher with its real CUDA kernel body (registered for CPU on a scratch
+    library, launch faked): the old schema (``kvaddr::step``, 11 arguments) against the packed one
+    (``kvaddr::step_into``, 5 arguments), and ``kvaddr.torch.step`` on the packed one; interleaved
+    sample by sample."""
+    lib = torch.library.Library("kvaddr_host_ab", "DEF")
+    lib.define(ops.SCHEMA)
+    lib.define(ops.SCHEMA_INTO)
+    lib.define(ops.SCHEMA_INTO_TABLES)
+    lib.impl("step", ops._step_cuda, "CPU")
+    lib.impl("step_into", ops._into_cuda, "CPU")
+    lib.impl("step_into.tables", ops._into_tables_cuda, "CPU")
+    for name in ("step", "step_into", "step_into.tables"):
+        lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    ns = torch.ops.kvaddr_host_ab
+    old, one, many = ns.step.default, ns.step_into.default, ns.step_into.tables
+    tables, sizes, outs, st, lay = [ttab], bufs.block_sizes, bufs.outputs_args, bufs.storage, bufs.layout
+    real = ops._op_one, ops._op_tables
+    ops._op_one, ops._op_tables = one, many  # kvaddr.torch.step on the scratch ops
+    fns = {
+        "torch op, old schema (step, 11 args): dispatcher + CUDA body": lambda: old(tdec, tq, tables, sizes, *outs),
+        "torch op step_into (5 args): dispatcher + CUDA body": lambda: one(tdec, tq, ttab, st, lay),
+        "torch op step_into.tables (5 args): dispatcher + CUDA body": lambda: many(tdec, tq, tables, st, lay),
+        "kvaddr.torch.step (step_into + cached views)": lambda: ops.step(tdec, tq, ttab, bufs),
+    }
+    samples = {k: [] for k in fns}
+    try:
+        for fn in fns.values():
+            per_call_us(fn, n, 1)
+        for _ in range(repeats):
+            for k, fn in fns.items():
+                samples[k].append(per_call_us(fn, n, 1)[0])
+    finally:
+        ops._op_one, ops._op_tables = real
+        lib._destroy()
+    return {k: (statistics.median(v), v) for k, v in samples.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=3000, help="calls per sample")
@@ -268,7 +306,11 @@ def main(argv=None) -> int:
         rows["torch op CUDA kernel body, remembered args"] = per_call_us(
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n, args.repeats
         )
-        rows["torch dispatcher alone (same schema, no-op kernel)"] = dispatch_floor(torch, args.n, args.repeats)
+        rows["torch op step_into CUDA kernel body, remembered args"] = per_call_us(
+            lambda: ops._into_cuda(tdec, tq, ttab, bufs.storage, bufs.layout), args.n, args.repeats
+        )
+        rows.update(ab_ops(torch, ops, bufs, tdec, tq, ttab, args.n, args.repeats))
+        rows["torch dispatcher alone (old schema, no-op kernel)"] = dispatch_floor(torch, args.n, args.repeats)
         ops.set_debug(True)
         rows["torch op CUDA kernel body, debug (full checks)"] = per_call_us(
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n // 4, args.repeats

@@ -1,6 +1,14 @@
-"""``torch.ops.kvaddr.step``: the fused step as a PyTorch op (CUDA, CPU, fake).
+"""``torch.ops.kvaddr.step_into`` and ``torch.ops.kvaddr.step``: the fused step as PyTorch ops (CUDA, CPU, fake).
 
-The op **mutates its output arguments** (the caller's tensors, marked ``Tensor(x!)`` in
+``step_into(seq_lens_decoder, seq_lens_this_time, block_table, out, layout)`` (and its
+``.tables`` overload, a list of tables) is the packed op: every output and the workspace sit in
+ONE mutated int64 tensor ``out`` (:attr:`StepBuffers.storage`, each array 256-byte aligned),
+and ``layout`` (:attr:`StepBuffers.layout`) is an int naming the packing. Five arguments: torch's
+dispatcher costs per argument, so it is the cheaper eager call. Its values and checks are those
+of ``step`` below, applied to the views of ``out`` (plus: ``out`` must be that layout's storage,
+bsz <= max_requests). :func:`step` calls it.
+
+The first op, ``step``, takes one mutated argument per output. It **mutates its output arguments** (the caller's tensors, marked ``Tensor(x!)`` in
 the schema) and returns nothing; it never returns views of hidden buffers, so
 ``torch.compile`` (functionalization), ``torch.cuda.graph`` and ``opcheck`` see every
 write. The kernel's device state (error records, the large-batch tickets) lives in the
@@ -50,6 +58,17 @@ SCHEMA = (
     "step(Tensor seq_lens_decoder, Tensor seq_lens_this_time, Tensor[] block_tables, int[] block_sizes, "
     "Tensor(a!) cu_seqlens_q, Tensor(b!) num_tokens, Tensor(c!) batch_id_per_token, Tensor(d!) position_ids, "
     "Tensor(e!) seq_lens_kv, Tensor(f!) slot_mapping, Tensor(g!) workspace) -> ()"
+)
+#: The packed op: the outputs and the workspace in ONE mutated int64 tensor (``StepBuffers.storage``),
+#: its layout named by an int handle (``StepBuffers.layout``). Fewer arguments: less dispatcher time.
+SCHEMA_INTO = (
+    "step_into(Tensor seq_lens_decoder, Tensor seq_lens_this_time, Tensor block_table, Tensor(a!) out, "
+    "int layout) -> ()"
+)
+#: ``step_into.tables``: the same with one table per cache (or ``[]`` for positions only).
+SCHEMA_INTO_TABLES = (
+    "step_into.tables(Tensor seq_lens_decoder, Tensor seq_lens_this_time, Tensor[] block_tables, "
+    "Tensor(a!) out, int layout) -> ()"
 )
 #: Argument sets the CUDA kernel remembers before it forgets them all.
 CACHE_SIZE = 1024
@@ -122,8 +141,87 @@ def workspace_errors(workspace: torch.Tensor, capacity: int) -> tuple[int, int]:
     return mask, key
 
 
+#: Byte alignment of each array inside ``StepBuffers.storage`` (cudaMalloc's).
+_ALIGN = 256
+#: The fields of a packed layout, in storage order (the workspace first).
+_FIELDS = (
+    "workspace",
+    "slot_mapping",
+    "position_ids",
+    "cu_seqlens_q",
+    "num_tokens",
+    "batch_id_per_token",
+    "seq_lens_kv",
+)
+
+
+class _Layout:
+    """Where each output sits inside a packed ``StepBuffers.storage`` (int64 words)."""
+
+    __slots__ = ("block_sizes", "capacity", "max_requests", "offsets", "position_int64", "words")
+
+    def __init__(self, capacity: int, max_requests: int, block_sizes: tuple, position_int64: bool) -> None:
+        C, M, G = capacity, max_requests, len(block_sizes)
+        self.capacity, self.max_requests, self.block_sizes = C, M, tuple(block_sizes)
+        self.position_int64 = position_int64
+        sizes = {
+            "workspace": 8 * workspace_size(C, M),
+            "slot_mapping": 8 * G * C,
+            "position_ids": (8 if position_int64 else 4) * C,
+            "cu_seqlens_q": 4 * (M + 1),
+            "num_tokens": 4,
+            "batch_id_per_token": 4 * C,
+            "seq_lens_kv": 4 * M,
+        }
+        off, self.offsets = 0, {}
+        for name in _FIELDS:
+            self.offsets[name] = off  # bytes
+            off = -(-(off + sizes[name]) // _ALIGN) * _ALIGN
+        self.words = off // 8
+
+    def key(self) -> tuple:
+        return (self.capacity, self.max_requests, self.block_sizes, self.position_int64)
+
+    def views(self, out):
+        """``(cu_seqlens_q, num_tokens, batch_id_per_token, position_ids, seq_lens_kv, slot_mapping,
+        workspace)``: views of ``out`` (the old op's last seven arguments; fake tensors too)."""
+        C, M, G, o = self.capacity, self.max_requests, len(self.block_sizes), self.offsets
+        i32 = out.view(torch.int32)
+        pos = out if self.position_int64 else i32
+        psz = 8 if self.position_int64 else 4
+        return (
+            i32[o["cu_seqlens_q"] // 4 : o["cu_seqlens_q"] // 4 + M + 1],
+            i32[o["num_tokens"] // 4],
+            i32[o["batch_id_per_token"] // 4 : o["batch_id_per_token"] // 4 + C],
+            pos[o["position_ids"] // psz : o["position_ids"] // psz + C],
+            i32[o["seq_lens_kv"] // 4 : o["seq_lens_kv"] // 4 + M],
+            out[o["slot_mapping"] // 8 : o["slot_mapping"] // 8 + G * C].view(G, C),
+            out[: workspace_size(C, M)],
+        )
+
+
+#: Every layout a StepBuffers registered; ``StepBuffers.layout`` is an index into it (process-wide).
+_layouts: list = []
+_layout_ids: dict = {}
+
+
+def _register_layout(layout: _Layout) -> int:
+    with _lock:
+        h = _layout_ids.get(layout.key())
+        if h is None:
+            h = _layout_ids[layout.key()] = len(_layouts)
+            _layouts.append(layout)
+        return h
+
+
+def _layout_of(handle) -> _Layout:
+    if isinstance(handle, int) and 0 <= handle < len(_layouts):
+        return _layouts[handle]
+    raise ValueError(f"layout must be a StepBuffers.layout handle (an int in [0, {len(_layouts)})), got {handle!r}")
+
+
 class StepBuffers:
-    """The op's output tensors and workspace, allocated once (persistent across steps).
+    """The op's outputs and workspace, allocated once (persistent across steps), packed in one tensor.
 
     Parameters
     ----------
@@ -139,6 +237,11 @@ class StepBuffers:
 
     Attributes
     ----------
+    storage : int64 [words]
+        Everything below, packed (each array 256-byte aligned): the one tensor
+        ``torch.ops.kvaddr.step_into`` mutates.
+    layout : int
+        The handle of the packing (the op's ``layout`` argument; equal for equal parameters).
     cu_seqlens_q : int32 [max_requests + 1]
     num_tokens : int32 [] (0-d)
     batch_id_per_token : int32 [C]
@@ -146,6 +249,7 @@ class StepBuffers:
     seq_lens_kv : int32 [max_requests]
     slot_mapping : int64 [num_caches, C]
     workspace : int64 [workspace_size(C, max_requests)]
+        Views of ``storage`` (built once: the same objects every step).
     """
 
     def __init__(
@@ -159,22 +263,31 @@ class StepBuffers:
         if position_dtype not in (torch.int64, torch.int32):
             raise TypeError(f"position_dtype must be torch.int64 or torch.int32, got {position_dtype}")
         dev = torch.device(device)
-        C, M, G = self.capacity, self.max_requests, len(self.block_sizes)
-        self.cu_seqlens_q = torch.zeros(M + 1, dtype=torch.int32, device=dev)
-        self.num_tokens = torch.zeros((), dtype=torch.int32, device=dev)
-        self.batch_id_per_token = torch.full((C,), -1, dtype=torch.int32, device=dev)
-        self.position_ids = torch.zeros(C, dtype=position_dtype, device=dev)
-        self.seq_lens_kv = torch.zeros(M, dtype=torch.int32, device=dev)
-        self.slot_mapping = torch.full((G, C), -1, dtype=torch.int64, device=dev)
-        self.workspace = torch.empty(workspace_size(C, M), dtype=torch.int64, device=dev)
+        C, M = self.capacity, self.max_requests
+        lay = _Layout(C, M, tuple(self.block_sizes), position_dtype == torch.int64)
+        self.layout = _register_layout(lay)
+        self._layout = lay
+        self.storage = torch.zeros(lay.words, dtype=torch.int64, device=dev)
+        (
+            self.cu_seqlens_q,
+            self.num_tokens,
+            self.batch_id_per_token,
+            self.position_ids,
+            self.seq_lens_kv,
+            self.slot_mapping,
+            self.workspace,
+        ) = lay.views(self.storage)
+        self.batch_id_per_token.fill_(-1)
+        self.slot_mapping.fill_(-1)
         _init_workspace(self.workspace, _max_tiles(M))
+        self._views: dict = {}  # bsz -> StepOutputs (eager step())
         if dev.type == "cuda":
             # Initialised on torch's current stream; the op may run on another one.
             torch.cuda.current_stream(dev).synchronize()
 
     @property
     def outputs_args(self) -> tuple:
-        """The op's mutated arguments, in schema order."""
+        """The old op's (``torch.ops.kvaddr.step``) mutated arguments, in schema order (views of ``storage``)."""
         return (
             self.cu_seqlens_q,
             self.num_tokens,
@@ -186,7 +299,7 @@ class StepBuffers:
         )
 
     def outputs(self, bsz: int) -> StepOutputs:
-        """Views of the step's outputs for ``bsz`` requests (torch tensors)."""
+        """Views of the step's outputs for ``bsz`` requests (torch tensors; new objects each call)."""
         return StepOutputs(
             cu_seqlens_q=self.cu_seqlens_q[: bsz + 1],
             num_tokens=self.num_tokens,
@@ -207,24 +320,42 @@ class StepBuffers:
             raise AddressingError(mask, key)
 
 
+#: Views per bsz a StepBuffers keeps for eager :func:`step` before it forgets them all.
+VIEWS_CACHE_SIZE = 256
+
+
 def step(seq_lens_decoder, seq_lens_this_time, block_tables, buffers: StepBuffers) -> StepOutputs:
-    """Run ``torch.ops.kvaddr.step`` into ``buffers``; return views of its outputs.
+    """Run ``torch.ops.kvaddr.step_into`` into ``buffers``; return views of its outputs.
 
     ``block_tables``: one int32 table for every cache, or a sequence of one per cache
     (ignored by a positions-only ``buffers``). Traceable by ``torch.compile``.
+
+    Eager calls return the **same** :class:`StepOutputs` (the same view objects) for the
+    same bsz every time: the views are built once per bsz (at most ``VIEWS_CACHE_SIZE``
+    kept). Under ``torch.compile`` the views are taken from the mutated ``buffers.storage``
+    in the graph.
     """
-    if isinstance(block_tables, torch.Tensor):
-        block_tables = [block_tables]
-    elif block_tables is None:
-        block_tables = []
-    torch.ops.kvaddr.step.default(
-        seq_lens_decoder,
-        seq_lens_this_time,
-        list(block_tables) if buffers.block_sizes else [],
-        buffers.block_sizes,
-        *buffers.outputs_args,
-    )
-    return buffers.outputs(seq_lens_decoder.shape[0])
+    if buffers.block_sizes:
+        if isinstance(block_tables, torch.Tensor):
+            _op_one(seq_lens_decoder, seq_lens_this_time, block_tables, buffers.storage, buffers.layout)
+        elif block_tables is None:  # the op names what is missing
+            _op_tables(seq_lens_decoder, seq_lens_this_time, [], buffers.storage, buffers.layout)
+        elif len(block_tables) == 1:
+            _op_one(seq_lens_decoder, seq_lens_this_time, block_tables[0], buffers.storage, buffers.layout)
+        else:
+            _op_tables(seq_lens_decoder, seq_lens_this_time, list(block_tables), buffers.storage, buffers.layout)
+    else:
+        _op_tables(seq_lens_decoder, seq_lens_this_time, [], buffers.storage, buffers.layout)
+    bsz = seq_lens_decoder.shape[0]
+    if torch.compiler.is_compiling():
+        cu, nt, batch, pos, kv, slots, _ = buffers._layout.views(buffers.storage)
+        return StepOutputs(cu[: bsz + 1], nt, batch, pos, kv[:bsz], slots)
+    out = buffers._views.get(bsz)
+    if out is None:
+        if len(buffers._views) >= VIEWS_CACHE_SIZE:
+            buffers._views.clear()
+        out = buffers._views[bsz] = buffers.outputs(bsz)
+    return out
 
 
 # -- checks (on metadata only: they run on fake tensors too) ---------------------------
@@ -332,6 +463,22 @@ def _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> tu
     return bsz, C, tables, tiles
 
 
+def _check_into(dec, out, layout) -> tuple:
+    """The packed op's own checks (layout handle, ``out``, bsz); return the old op's seven views of ``out``."""
+    lay = _layout_of(layout)
+    if out.dtype != torch.int64 or out.dim() != 1 or not out.is_contiguous() or out.shape[0] != lay.words:
+        raise ValueError(
+            f"out must be the StepBuffers.storage of this layout: a contiguous int64 vector of {lay.words} words, "
+            f"got {out.dtype} with shape {tuple(out.shape)}"
+        )
+    if dec.dim() == 1 and dec.shape[0] > lay.max_requests:
+        raise ValueError(
+            f"seq_lens_decoder must have at most max_requests = {lay.max_requests} entries "
+            f"(the StepBuffers' layout), got {dec.shape[0]}"
+        )
+    return lay, lay.views(out)
+
+
 # -- implementations -------------------------------------------------------------------
 
 
@@ -361,6 +508,24 @@ def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) ->
     rec = ws[_records_offset(tiles) :]
     rec[0] = res.error_mask
     rec[1] = res.error_key - (1 << 64) if res.error_key >= 1 << 63 else res.error_key
+
+
+def _into_fake(dec, q, table, out, layout) -> None:
+    _into_tables_fake(dec, q, [table], out, layout)
+
+
+def _into_tables_fake(dec, q, tables, out, layout) -> None:
+    lay, views = _check_into(dec, out, layout)
+    _check(dec, q, tables, lay.block_sizes, *views)
+
+
+def _into_cpu(dec, q, table, out, layout) -> None:
+    _into_tables_cpu(dec, q, [table], out, layout)
+
+
+def _into_tables_cpu(dec, q, tables, out, layout) -> None:
+    lay, views = _check_into(dec, out, layout)
+    _step_cpu(dec, q, tables, lay.block_sizes, *views)
 
 
 _lock = threading.Lock()
@@ -440,32 +605,75 @@ def _step_cuda_checked(entry, dec, q, tables, block_sizes, cu, nt, batch, pos, k
     if entry is None or entry[1] != block_sizes or _state["debug"]:
         key = (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
         bound = _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
-        multi = _state["multi_device"]
-        if multi is None:
-            multi = _state["multi_device"] = torch.cuda.device_count() > 1
-        # (bound, block sizes, device, weak refs, several GPUs, then what the hot path launches with:
-        # launchKernel, function, grid, threads, kernelParams)
-        launch = (bound._launch_kernel, bound._fptr, bound.grid(bound.max_bsz), bound._threads, bound._params_ptr)
-        if _state["debug"]:
-            entry = (bound, None, dec.device.index, (), multi, *launch)
-        else:
-            # Weak references, each forgetting the entry when its tensor dies: an id in the key
-            # is never reused by a live entry, and the cache keeps no tensor (or clone) alive.
-            def forget(_ref, key=key):
-                _cache.pop(key, None)
+        entry = _remember(
+            key, bound, list(block_sizes), (dec, q, cu, nt, batch, pos, kv, slots, ws, *tables), dec.device.index
+        )
+    _launch_entry(entry)
 
-            refs = tuple(weakref.ref(t, forget) for t in (dec, q, cu, nt, batch, pos, kv, slots, ws, *tables))
-            entry = (bound, list(block_sizes), dec.device.index, refs, multi, *launch)
-            with _lock:
-                if len(_cache) >= CACHE_SIZE:
-                    _cache.clear()
-                _cache[key] = entry
+
+def _remember(key, bound, block_sizes, tensors, dev) -> tuple:
+    """The cache entry of a bound argument set (stored unless in debug mode)."""
+    multi = _state["multi_device"]
+    if multi is None:
+        multi = _state["multi_device"] = torch.cuda.device_count() > 1
+    # (bound, block sizes, device, weak refs, several GPUs, then what the hot path launches with:
+    # launchKernel, function, grid, threads, kernelParams)
+    launch = (bound._launch_kernel, bound._fptr, bound.grid(bound.max_bsz), bound._threads, bound._params_ptr)
+    if _state["debug"]:
+        return (bound, None, dev, (), multi, *launch)
+
+    # Weak references, each forgetting the entry when its tensor dies: an id in the key
+    # is never reused by a live entry, and the cache keeps no tensor (or clone) alive.
+    def forget(_ref, key=key):
+        _cache.pop(key, None)
+
+    refs = tuple(weakref.ref(t, forget) for t in tensors)
+    entry = (bound, block_sizes, dev, refs, multi, *launch)
+    with _lock:
+        if len(_cache) >= CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = entry
+    return entry
+
+
+def _launch_entry(entry) -> None:
     dev = entry[2]
     if entry[4] and torch.cuda.current_device() != dev:
         with torch.cuda.device(dev):
             entry[0].launch(None, _raw_stream(dev))
         return
     entry[0].launch(None, _raw_stream(dev))
+
+
+def _into_cuda(dec, q, table, out, layout) -> None:
+    # The packed op's hot path: as _step_cuda's, keyed by (layout, the four tensors' ids).
+    entry = _cache.get((layout, id(dec), id(q), id(out), id(table)))
+    if entry is not None and not entry[4]:
+        entry[5](entry[6], entry[7], 1, 1, entry[8], 1, 1, 0, _raw_stream(entry[2]), entry[9], 0)
+        return
+    _into_cuda_checked(entry, dec, q, [table], out, layout)
+
+
+def _into_tables_cuda(dec, q, tables, out, layout) -> None:
+    entry = _cache.get((layout, id(dec), id(q), id(out), *map(id, tables)))
+    if entry is not None and not entry[4]:
+        entry[5](entry[6], entry[7], 1, 1, entry[8], 1, 1, 0, _raw_stream(entry[2]), entry[9], 0)
+        return
+    _into_cuda_checked(entry, dec, q, tables, out, layout)
+
+
+def _into_cuda_checked(entry, dec, q, tables, out, layout) -> None:
+    """The packed op's new argument set, debug mode, or a host with several GPUs.
+
+    Keys start with the layout handle (a small int), the old op's with an id (an address):
+    the two ops share the cache without colliding.
+    """
+    if entry is None or _state["debug"]:
+        key = (layout, id(dec), id(q), id(out), *map(id, tables))
+        lay, views = _check_into(dec, out, layout)
+        bound = _bind(dec, q, tables, list(lay.block_sizes), *views)
+        entry = _remember(key, bound, lay.block_sizes, (dec, q, out, *tables), dec.device.index)
+    _launch_entry(entry)
 
 
 def _raw_stream_slow(dev: int) -> int:
@@ -483,6 +691,16 @@ _lib.define(SCHEMA)
 _lib.impl("step", _step_cpu, "CPU")
 _lib.impl("step", _step_cuda, "CUDA")
 torch.library.register_fake("kvaddr::step", _step_fake, lib=_lib)
+_lib.define(SCHEMA_INTO)
+_lib.define(SCHEMA_INTO_TABLES)
+_lib.impl("step_into", _into_cpu, "CPU")
+_lib.impl("step_into", _into_cuda, "CUDA")
+_lib.impl("step_into.tables", _into_tables_cpu, "CPU")
+_lib.impl("step_into.tables", _into_tables_cuda, "CUDA")
+torch.library.register_fake("kvaddr::step_into", _into_fake, lib=_lib)
+torch.library.register_fake("kvaddr::step_into.tables", _into_tables_fake, lib=_lib)
+_op_one = torch.ops.kvaddr.step_into.default
+_op_tables = torch.ops.kvaddr.step_into.tables
 
 _autograd_lib: list = [None]
 
@@ -500,7 +718,8 @@ def set_autograd_fallthrough(on: bool = True) -> None:
     fallthrough = getattr(torch.library, "fallthrough_kernel", None)
     if on and _autograd_lib[0] is None and fallthrough is not None:
         lib = torch.library.Library("kvaddr", "IMPL")
-        lib.impl("step", fallthrough, "Autograd")
+        for name in ("step", "step_into", "step_into.tables"):
+            lib.impl(name, fallthrough, "Autograd")
         _autograd_lib[0] = lib
     elif not on and _autograd_lib[0] is not None:
         _autograd_lib[0]._destroy()

@@ -115,7 +115,8 @@ def test_torch_inputs_changed_in_place_are_seen():
         planner.compute(dec, qq, table)
 
 
-def test_torch_op_hot_path_follows_contents():
+@pytest.mark.parametrize("which", ["step", "step_into"])
+def test_torch_op_hot_path_follows_contents(which):
     torch = pytest.importorskip("torch")
     from kvaddr.torch import StepBuffers
 
@@ -128,7 +129,10 @@ def test_torch_op_hot_path_follows_contents():
     for step in range(4):
         d, q, t = _host(rng, 50, 50, 16)
         dec.copy_(torch.from_numpy(d)), qq.copy_(torch.from_numpy(q)), table.copy_(torch.from_numpy(t))
-        op(dec, qq, tables, SIZES, *args)
+        if which == "step":
+            op(dec, qq, tables, SIZES, *args)
+        else:
+            torch.ops.kvaddr.step_into.default(dec, qq, table, bufs.storage, bufs.layout)
         torch.cuda.synchronize()
         ref = _ref(d, q, t)
         assert np.array_equal(bufs.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping), f"step {step}"

@@ -283,3 +283,178 @@ def test_readme_snippet():
         )
     )
     assert_outputs_equal(out, ref.outputs, "README bound launch")
+
+
+# -- the packed op, torch.ops.kvaddr.step_into (StepBuffers.storage, an int layout handle) --------
+
+
+@pytest.mark.parametrize("position_dtype", ["int64", "int32"])
+@pytest.mark.parametrize(
+    "seed, bsz, num_caches, errors",
+    [
+        (11, 1, 1, False),
+        (12, 37, 2, True),
+        (13, 0, 1, False),
+        (14, 300, 0, False),
+        (15, 4097, 3, True),
+        (16, 9000, 4, False),
+    ],
+)
+def test_step_into_equals_the_old_op_and_the_reference_on_cuda(position_dtype, seed, bsz, num_caches, errors):
+    import torch
+
+    from kvaddr.torch import StepBuffers
+    from tests.support.torch_ops import case_tensors
+
+    case = _case(seed, bsz, num_caches, errors)
+    dtype = getattr(torch, position_dtype)
+    dec, q, tables = case_tensors(case, "cuda")
+    sizes = case["block_sizes"]
+    new = StepBuffers(bsz + 3, case["capacity"], sizes, position_dtype=dtype, device="cuda")
+    old = StepBuffers(bsz + 3, case["capacity"], sizes, position_dtype=dtype, device="cuda")
+    from kvaddr.torch import ops
+
+    for b in (new, old):  # poison every output word; a valid (initial) workspace
+        b.storage.fill_(0x5A5A5A5A)
+        ops._init_workspace(b.workspace, ops._max_tiles(bsz + 3))
+    torch.cuda.synchronize()
+    if sizes and all(t is tables[0] for t in tables):
+        torch.ops.kvaddr.step_into.default(dec, q, tables[0], new.storage, new.layout)
+    else:
+        torch.ops.kvaddr.step_into.tables(dec, q, tables if sizes else [], new.storage, new.layout)
+    torch.ops.kvaddr.step.default(dec, q, tables if sizes else [], list(sizes), *old.outputs_args)
+    torch.cuda.synchronize()
+    label = f"seed {seed} bsz {bsz} caches {num_caches} {position_dtype}"
+    ws = new.workspace.numel()  # the workspace's device state may differ (dynamic tile tickets): errors() below
+    assert torch.equal(new.storage[ws:], old.storage[ws:]), label  # every output word, padding included
+    assert new.errors() == old.errors(), label
+    ref = reference(case, position_dtype=np.int64 if position_dtype == "int64" else np.int32)
+    out = new.outputs(bsz)
+    host = type(ref.outputs)(
+        *(getattr(out, f).cpu().numpy() for f in ref.outputs.__dataclass_fields__ if f != "attention")
+    )
+    assert_outputs_equal(host, ref.outputs, label)
+    assert new.errors() == (ref.error_mask, ref.error_key), label
+
+
+@pytest.mark.parametrize("overload", ["default", "tables"])
+def test_opcheck_step_into_on_cuda(overload):
+    import torch
+    from torch.library import opcheck
+
+    for dtype in (torch.int64, torch.int32):
+        _, bufs, dec, q, table = _args(position_dtype=dtype)
+        if overload == "default":
+            result = opcheck(torch.ops.kvaddr.step_into.default, (dec, q, table, bufs.storage, bufs.layout))
+        else:
+            t2 = table.flip(0).contiguous()
+            result = opcheck(torch.ops.kvaddr.step_into.tables, (dec, q, [table, t2], bufs.storage, bufs.layout))
+        assert all(v == "SUCCESS" for v in result.values()), result
+
+
+def test_step_returns_the_same_views_per_bsz_on_cuda():
+    import torch
+
+    from kvaddr.torch import step
+
+    case, bufs, dec, q, table = _args(bsz=40, seed=3)
+    a = step(dec, q, table, bufs)
+    torch.cuda.synchronize()
+    ref = reference(dict(case, block_tables=np.ascontiguousarray(case["block_tables"])))
+    np.testing.assert_array_equal(a.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping)
+    np.testing.assert_array_equal(a.seq_lens_kv.cpu().numpy(), ref.outputs.seq_lens_kv)
+    b = step(dec, q, table, bufs)
+    c = step(dec[:20], q[:20], table, bufs)  # another bsz: other views (of the same storage)
+    torch.cuda.synchronize()
+    assert a is b and a is not c and c.seq_lens_kv.shape == (20,) and c.cu_seqlens_q.shape == (21,)
+    assert c.slot_mapping is a.slot_mapping is bufs.slot_mapping
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_step_into_tables_compiled_inside_a_cuda_graph(backend):
+    """Two distinct tables (the .tables overload) through torch.compile(fullgraph=True), then the
+    compiled function captured in torch.cuda.graph and replayed on new contents."""
+    import torch
+
+    from kvaddr.torch import StepBuffers, step
+
+    rng = np.random.default_rng(21)
+    case = random_step(rng, bsz=48, num_caches=2, shared_table=False, block_sizes=[16, 32])
+    from tests.support.torch_ops import case_tensors
+
+    dec, q, tables = case_tensors(case, "cuda")
+    t0, t1 = (t.contiguous().clone() for t in tables)
+    bufs = StepBuffers(64, case["capacity"], [16, 32], device="cuda")
+
+    def prepare(dec, q, t0, t1):
+        out = step(dec, q, [t0, t1], bufs)
+        return out.slot_mapping * 1, out.position_ids + 0, out.cu_seqlens_q + 0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(prepare, fullgraph=True, backend=backend)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            compiled(dec, q, t0, t1)  # compile, remember the argument set
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = compiled(dec, q, t0, t1)
+    for i in range(3):
+        c = random_step(rng, bsz=48, num_caches=2, shared_table=False, block_sizes=[16, 32], errors=i == 1)
+        new = []
+        for t, src in zip((t0, t1), c["block_tables"]):
+            tt = np.full(tuple(t.shape), -1, np.int32)
+            src = np.asarray(src)
+            r, w = min(src.shape[0], tt.shape[0]), min(src.shape[1], tt.shape[1])
+            tt[:r, :w] = src[:r, :w]
+            t.copy_(torch.from_numpy(tt))
+            new.append(tt)
+        dec.copy_(torch.from_numpy(c["seq_lens_decoder"]))
+        q.copy_(torch.from_numpy(c["seq_lens_this_time"]))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = reference(
+            dict(
+                seq_lens_decoder=c["seq_lens_decoder"],
+                seq_lens_this_time=c["seq_lens_this_time"],
+                block_tables=new,
+                block_sizes=[16, 32],
+                capacity=case["capacity"],
+            )
+        )
+        np.testing.assert_array_equal(outs[0].cpu().numpy(), ref.outputs.slot_mapping, f"replay {i}")
+        np.testing.assert_array_equal(outs[1].cpu().numpy(), ref.outputs.position_ids, f"replay {i}")
+        np.testing.assert_array_equal(outs[2].cpu().numpy(), ref.outputs.cu_seqlens_q, f"replay {i}")
+        assert bufs.errors() == (ref.error_mask, ref.error_key)
+
+
+def test_proposed_readme_snippet_step_into():
+    """The README text proposed in /work/handoff/host.md (Round 2), as written."""
+    import torch
+
+    import kvaddr.torch  # registers torch.ops.kvaddr.step and step_into
+    from kvaddr.torch import StepBuffers
+
+    M, C = 256, 8192
+    bufs = StepBuffers(M, C, block_sizes=[64], device="cuda")  # every output packed in bufs.storage
+    dec = torch.zeros(M, dtype=torch.int32, device="cuda")
+    q = torch.ones(M, dtype=torch.int32, device="cuda")
+    table = torch.arange(M * 128, dtype=torch.int32, device="cuda").reshape(M, 128)
+
+    out = kvaddr.torch.step(dec, q, table, bufs)  # eager: one op call, the same views for the same bsz
+    torch.ops.kvaddr.step_into(dec, q, table, bufs.storage, bufs.layout)  # the op itself
+    bufs.check()
+    ref = reference(
+        dict(
+            seq_lens_decoder=dec.cpu().numpy(),
+            seq_lens_this_time=q.cpu().numpy(),
+            block_tables=table.cpu().numpy(),
+            block_sizes=[64],
+            capacity=C,
+        )
+    )
+    np.testing.assert_array_equal(out.position_ids.cpu().numpy(), ref.outputs.position_ids)
+    np.testing.assert_array_equal(out.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping)
+    np.testing.assert_array_equal(bufs.slot_mapping.cpu().numpy(), ref.outputs.slot_mapping)
