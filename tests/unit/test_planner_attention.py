@@ -108,9 +108,10 @@ def fake_planner(monkeypatch):
             ref = step_addressing(dec.copy(), q.copy(), [np.zeros((max(bsz, 1), 1), np.int32)], [1], P.capacity)
             meta_kernel_model._view(P.cu_seqlens_q, bsz + 1)[:] = ref.outputs.cu_seqlens_q
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
-            if P.meta_impl == 0:  # the first version (tile: its KV_TILE)
+            if P.meta_impl & 255 == 0:  # the first version (tile: its KV_TILE)
                 launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
-            else:  # request-parallel (tile: its round of KV_THREADS requests)
+            else:  # request-parallel (tile: its round of KV_THREADS requests); impl 3 (kv_meta_block3)
+                # writes what block2 writes with one round (it runs only where rq <= KV_THREADS)
                 launches.append((grid, meta_kernel_model.run_meta_blocks2(P, min(tile["size"], 256))))
 
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
@@ -199,7 +200,7 @@ def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, gr
     _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}, impl {impl}")
 
 
-@pytest.mark.parametrize("impl", [0, 1])
+@pytest.mark.parametrize("impl", [0, 1, 3])
 def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     StepPlanner, launches, t = fake_planner
     rng = np.random.default_rng(3)
@@ -215,7 +216,7 @@ def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     _check(planner, out, tables, launches, small, ALL_GROUPS, "small after big")
 
 
-@pytest.mark.parametrize("impl", [0, 1])
+@pytest.mark.parametrize("impl", [0, 1, 3])
 def test_fewer_fatter_metadata_blocks(fake_planner, impl):
     """_set_meta_impl(entries=...): fewer blocks (grid, struct), stale records cleared, outputs
     still the reference's; E below the construction's or not a multiple of 256 refused."""
@@ -277,10 +278,30 @@ def test_struct_fields_and_attention_off(fake_planner):
     assert (P.meta_impl, P.meta_lanes) == (0, 32)
     on._set_meta_impl(2, 8)
     assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (2, 8, 2, 8)
-    with pytest.raises(ValueError, match="meta impl must be 0, 1 or 2"):
-        on._set_meta_impl(3)
+    on._set_meta_impl(3, 16)
+    assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (3, 16, 3, 16)
+    # timing ablations (impl 3 only): bits above the implementation, cleared by the next call
+    on._set_meta_impl(3, ablate=StepPlanner.META_NO_PREFIX | StepPlanner.META_NO_COPY)
+    assert P.meta_impl == 3 | 256 | 512 and on._meta_impl == 3
+    on._set_meta_impl(3)
+    assert P.meta_impl == 3
+    with pytest.raises(ValueError, match="meta impl must be 0, 1, 2 or 3"):
+        on._set_meta_impl(4)
     with pytest.raises(ValueError, match="meta lanes must be 4, 8, 16 or 32"):
         on._set_meta_impl(1, 12)
+    with pytest.raises(ValueError, match="meta ablate must be a combination of 256 and 512"):
+        on._set_meta_impl(1, ablate=StepPlanner.META_NO_COPY)
+    with pytest.raises(ValueError, match="meta ablate must be a combination of 256 and 512"):
+        on._set_meta_impl(3, ablate=1024)
+    assert P.meta_impl == 3  # a refused call changes nothing
+
+
+def test_meta_ablation_bits_are_the_kernels():
+    from kvaddr.planner import StepPlanner
+
+    c = kernel_loader.constants()
+    assert (c["KV_META_NO_PREFIX"], c["KV_META_NO_COPY"]) == (StepPlanner.META_NO_PREFIX, StepPlanner.META_NO_COPY)
+    assert c["KV_META_IMPL_MASK"] == 255 and (StepPlanner.META_NO_PREFIX | StepPlanner.META_NO_COPY) & 255 == 0
 
 
 # ---- the GPU baselines' EngineAttention: arguments against the kernels' C signatures, and a model ----
