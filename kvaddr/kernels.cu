@@ -1195,20 +1195,28 @@ __device__ __forceinline__ int kv_meta_lanes(int lanes) {
     return lanes == 4 || lanes == 8 || lanes == 16 ? lanes : 32;
 }
 
+// min(a + b, KV_INT_MAX) for a, b in [0, KV_INT_MAX] (= kv_sat_add there; the unsigned sum
+// cannot wrap): one add and one min.
+__device__ __forceinline__ int kv_sat_add_nn(int a, int b) {
+    return (int)min((unsigned int)a + (unsigned int)b, (unsigned int)KV_INT_MAX);
+}
+
 struct KvMetaAcc {
     int bq, bl, bp, tl, tp, mq, ml;
-    __device__ __forceinline__ void add(int d, int n, int b, int r0, int B) {
+    // POW2: B = 1 << sh (pages by a shift, not a division; the common block sizes)
+    template <bool POW2>
+    __device__ __forceinline__ void add(int d, int n, int b, int r0, int B, int sh) {
         const bool bad = (d < 0) | (n < 0);
         const int nn = bad ? 0 : n;
-        const int L = bad ? 0 : kv_sat_add(d, n);
-        const int P = kv_pages(L, B);
+        const int L = bad ? 0 : kv_sat_add_nn(d, n);
+        const int P = POW2 ? (int)(((unsigned int)L + (unsigned int)(B - 1)) >> sh) : kv_pages(L, B);
         if (b < r0) {
-            bq = kv_sat_add(bq, nn);
-            bl = kv_sat_add(bl, L);
-            bp = kv_sat_add(bp, P);
+            bq = kv_sat_add_nn(bq, nn);
+            bl = kv_sat_add_nn(bl, L);
+            bp = kv_sat_add_nn(bp, P);
         }
-        tl = kv_sat_add(tl, L);
-        tp = kv_sat_add(tp, P);
+        tl = kv_sat_add_nn(tl, L);
+        tp = kv_sat_add_nn(tp, P);
         mq = max(mq, nn);
         ml = max(ml, L);
     }
@@ -1224,7 +1232,9 @@ __device__ __forceinline__ int kv_warp_sat_sum(int x) {
 // Pass 1 of kv_meta_block2/3: one pass over all bsz lengths in registers (striped,
 // coalesced; int4 loads when both length arrays are 16-byte aligned, then the bsz % 4
 // tail), accumulated into acc (this thread's part; the caller reduces across threads).
-__device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, int r0, int B, KvMetaAcc& acc) {
+template <bool POW2>
+__device__ __forceinline__ void kv_meta_pass1_t(const KvStepParams& p, int bsz, int r0, int B, int sh,
+                                                KvMetaAcc& acc) {
     const int tid = threadIdx.x;
     acc.bq = acc.bl = acc.bp = acc.tl = acc.tp = acc.mq = acc.ml = 0;
     int scalar_from = 0;
@@ -1248,10 +1258,10 @@ __device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, in
 #pragma unroll
             for (int u = 0; u < KV_META_RV; ++u) {  // zeros past nv add nothing
                 const int b = 4 * (v0 + u * KV_THREADS + tid);
-                acc.add(d[u].x, n[u].x, b, r0, B);
-                acc.add(d[u].y, n[u].y, b + 1, r0, B);
-                acc.add(d[u].z, n[u].z, b + 2, r0, B);
-                acc.add(d[u].w, n[u].w, b + 3, r0, B);
+                acc.add<POW2>(d[u].x, n[u].x, b, r0, B, sh);
+                acc.add<POW2>(d[u].y, n[u].y, b + 1, r0, B, sh);
+                acc.add<POW2>(d[u].z, n[u].z, b + 2, r0, B, sh);
+                acc.add<POW2>(d[u].w, n[u].w, b + 3, r0, B, sh);
             }
         }
         scalar_from = nv << 2;
@@ -1270,8 +1280,14 @@ __device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, in
             }
         }
 #pragma unroll
-        for (int u = 0; u < KV_META_R; ++u) acc.add(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B);
+        for (int u = 0; u < KV_META_R; ++u) acc.add<POW2>(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B, sh);
     }
+}
+
+// Pass 1 with the pages by a shift when B is a power of two (a uniform branch), else a division.
+__device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, int r0, int B, KvMetaAcc& acc) {
+    if ((B & (B - 1)) == 0) kv_meta_pass1_t<true>(p, bsz, r0, B, __ffs(B) - 1, acc);
+    else kv_meta_pass1_t<false>(p, bsz, r0, B, 0, acc);
 }
 
 __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepParams& p, int m, int num_chunks) {
