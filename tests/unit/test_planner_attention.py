@@ -110,8 +110,9 @@ def fake_planner(monkeypatch):
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
             if P.meta_impl & 255 == 0:  # the first version (tile: its KV_TILE)
                 launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
-            else:  # request-parallel (tile: its round of KV_THREADS requests); impl 3 (kv_meta_block3)
-                # writes what block2 writes with one round (it runs only where rq <= KV_THREADS)
+            elif P.meta_impl & 255 == 3:  # one round (kv_meta_block3; block2 where rq > KV_THREADS)
+                launches.append((grid, meta_kernel_model.run_meta_blocks3(P, pre=min(tile["size"], 16))))
+            else:  # request-parallel (tile: its round of KV_THREADS requests)
                 launches.append((grid, meta_kernel_model.run_meta_blocks2(P, min(tile["size"], 256))))
 
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
@@ -192,12 +193,43 @@ def _check(planner, out, tables, launches, case, groups, label):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1]))
+@given(
+    mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1, 3])
+)
 def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile, impl):
     StepPlanner, launches, t = fake_planner
     t["size"] = tile
     planner, out, tables = _run(StepPlanner, launches, case, groups, impl=impl)
     _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}, impl {impl}")
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
+def test_one_round_blocks_match_the_reference(fake_planner, lanes):
+    """kv_meta_block3's model (impl 3) at every lane count: many blocks of a few long rows
+    (B = 1: rows longer than the pre-barrier columns, several requests per group), a block of
+    exactly KV_THREADS requests (several warps' totals), one more (the block2 fallback),
+    unallocated pages in long rows, capacity overflow."""
+    StepPlanner, launches, t = fake_planner
+    t["size"] = 4096  # 16 columns per lane before the barrier, as the kernel
+    rng = np.random.default_rng(40 + lanes)
+    cases = [
+        make_case(rng, bsz=250, block_sizes=[1, 4], max_ctx=300, spare_capacity=2),
+        make_case(rng, bsz=256, block_sizes=[16], spare_capacity=2),
+        make_case(rng, bsz=257, block_sizes=[16], spare_capacity=2),
+        make_case(rng, bsz=120, block_sizes=[1], max_ctx=600, bad="unallocated", spare_capacity=2),
+    ]
+    cases.append(dict(cases[0], kv_indices_capacity=cases[0]["kv_indices_capacity"] * 2 // 3))
+    for i, case in enumerate(cases):
+        planner = StepPlanner(
+            len(case["seq_lens_decoder"]),
+            case["capacity"],
+            case["block_sizes"],
+            attention=ALL_GROUPS,
+            kv_indices_capacity=case["kv_indices_capacity"],
+        )
+        planner._set_meta_impl(3, lanes)
+        planner, out, tables = _run(StepPlanner, launches, case, ALL_GROUPS, planner)
+        _check(planner, out, tables, launches, case, ALL_GROUPS, f"lanes {lanes}, case {i}")
 
 
 @pytest.mark.parametrize("impl", [0, 1, 3])
