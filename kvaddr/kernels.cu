@@ -1203,8 +1203,10 @@ __device__ __forceinline__ int kv_sat_add_nn(int a, int b) {
 
 struct KvMetaAcc {
     int bq, bl, bp, tl, tp, mq, ml;
-    // POW2: B = 1 << sh (pages by a shift, not a division; the common block sizes)
-    template <bool POW2>
+    // POW2: B = 1 << sh (pages by a shift, not a division; the common block sizes).
+    // VL: the block writes varlen outputs (cache 0 with varlen): only then are bl, tl and the
+    // maxima read, so only then accumulated (they stay 0 otherwise).
+    template <bool POW2, bool VL>
     __device__ __forceinline__ void add(int d, int n, int b, int r0, int B, int sh) {
         const bool bad = (d < 0) | (n < 0);
         const int nn = bad ? 0 : n;
@@ -1212,13 +1214,15 @@ struct KvMetaAcc {
         const int P = POW2 ? (int)(((unsigned int)L + (unsigned int)(B - 1)) >> sh) : kv_pages(L, B);
         if (b < r0) {
             bq = kv_sat_add_nn(bq, nn);
-            bl = kv_sat_add_nn(bl, L);
+            if (VL) bl = kv_sat_add_nn(bl, L);
             bp = kv_sat_add_nn(bp, P);
         }
-        tl = kv_sat_add_nn(tl, L);
         tp = kv_sat_add_nn(tp, P);
-        mq = max(mq, nn);
-        ml = max(ml, L);
+        if (VL) {
+            tl = kv_sat_add_nn(tl, L);
+            mq = max(mq, nn);
+            ml = max(ml, L);
+        }
     }
 };
 
@@ -1232,7 +1236,7 @@ __device__ __forceinline__ int kv_warp_sat_sum(int x) {
 // Pass 1 of kv_meta_block2/3: one pass over all bsz lengths in registers (striped,
 // coalesced; int4 loads when both length arrays are 16-byte aligned, then the bsz % 4
 // tail), accumulated into acc (this thread's part; the caller reduces across threads).
-template <bool POW2>
+template <bool POW2, bool VL>
 __device__ __forceinline__ void kv_meta_pass1_t(const KvStepParams& p, int bsz, int r0, int B, int sh,
                                                 KvMetaAcc& acc) {
     const int tid = threadIdx.x;
@@ -1258,10 +1262,10 @@ __device__ __forceinline__ void kv_meta_pass1_t(const KvStepParams& p, int bsz, 
 #pragma unroll
             for (int u = 0; u < KV_META_RV; ++u) {  // zeros past nv add nothing
                 const int b = 4 * (v0 + u * KV_THREADS + tid);
-                acc.add<POW2>(d[u].x, n[u].x, b, r0, B, sh);
-                acc.add<POW2>(d[u].y, n[u].y, b + 1, r0, B, sh);
-                acc.add<POW2>(d[u].z, n[u].z, b + 2, r0, B, sh);
-                acc.add<POW2>(d[u].w, n[u].w, b + 3, r0, B, sh);
+                acc.add<POW2, VL>(d[u].x, n[u].x, b, r0, B, sh);
+                acc.add<POW2, VL>(d[u].y, n[u].y, b + 1, r0, B, sh);
+                acc.add<POW2, VL>(d[u].z, n[u].z, b + 2, r0, B, sh);
+                acc.add<POW2, VL>(d[u].w, n[u].w, b + 3, r0, B, sh);
             }
         }
         scalar_from = nv << 2;
@@ -1280,14 +1284,22 @@ __device__ __forceinline__ void kv_meta_pass1_t(const KvStepParams& p, int bsz, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < KV_META_R; ++u) acc.add<POW2>(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B, sh);
+        for (int u = 0; u < KV_META_R; ++u) acc.add<POW2, VL>(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B, sh);
     }
 }
 
-// Pass 1 with the pages by a shift when B is a power of two (a uniform branch), else a division.
-__device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, int r0, int B, KvMetaAcc& acc) {
-    if ((B & (B - 1)) == 0) kv_meta_pass1_t<true>(p, bsz, r0, B, __ffs(B) - 1, acc);
-    else kv_meta_pass1_t<false>(p, bsz, r0, B, 0, acc);
+// Pass 1 with the pages by a shift when B is a power of two (a uniform branch), else a
+// division; the varlen sums (bl, tl) and maxima only for a block that writes varlen outputs
+// (varlen: cache 0 with KV_ATTN_VARLEN); else they are 0.
+__device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, int r0, int B, bool varlen,
+                                              KvMetaAcc& acc) {
+    if ((B & (B - 1)) == 0) {
+        if (varlen) kv_meta_pass1_t<true, true>(p, bsz, r0, B, __ffs(B) - 1, acc);
+        else kv_meta_pass1_t<true, false>(p, bsz, r0, B, __ffs(B) - 1, acc);
+    } else {
+        if (varlen) kv_meta_pass1_t<false, true>(p, bsz, r0, B, 0, acc);
+        else kv_meta_pass1_t<false, false>(p, bsz, r0, B, 0, acc);
+    }
 }
 
 __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepParams& p, int m, int num_chunks) {
@@ -1308,7 +1320,7 @@ __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepPa
     const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
     // 1. sums before r0, total pages, maxima (one pass over all lengths, in registers)
     KvMetaAcc acc;
-    kv_meta_pass1(p, bsz, r0, B, acc);
+    kv_meta_pass1(p, bsz, r0, B, varlen, acc);
     int bq = acc.bq, bl = acc.bl, bp = acc.bp, tl = acc.tl, tp = acc.tp, mq = acc.mq, ml = acc.ml;
     bq = kv_warp_sat_sum(bq);
     bl = kv_warp_sat_sum(bl);
@@ -1531,7 +1543,7 @@ __device__ __forceinline__ void kv_meta_block3(KvMeta3Shared& sm, const KvStepPa
     }
     // pass 1: sums before r0, totals, maxima (all lengths; skipped by the ablation bit)
     KvMetaAcc acc;
-    if ((p.meta_impl & KV_META_NO_PREFIX) == 0) kv_meta_pass1(p, bsz, r0, B, acc);
+    if ((p.meta_impl & KV_META_NO_PREFIX) == 0) kv_meta_pass1(p, bsz, r0, B, varlen, acc);
     else acc.bq = acc.bl = acc.bp = acc.tl = acc.tp = acc.mq = acc.ml = 0;
     // b. the group's first request: its first row columns in flight across the barrier
     const int gP = kv_pages((gd < 0) | (gn < 0) ? 0 : kv_sat_add(gd, gn), B);  // 0 without a request
