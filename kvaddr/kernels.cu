@@ -897,6 +897,7 @@ struct __align__(16) KvMeta2Shared {
 // kv_meta_block3's shared memory (meta_impl 3: one round, below).
 struct __align__(16) KvMeta3Shared {
     int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of the block's request tid
+    int pages[KV_THREADS];  // pages of the block's request tid (the copy loop's rows, no reload)
     int red[10][KV_WARPS];  // per-warp partials of pass 1 (7), then the warps' totals of the block's requests (3)
 };
 
@@ -1566,6 +1567,7 @@ __device__ __forceinline__ void kv_meta_block3(KvMeta3Shared& sm, const KvStepPa
         sm.x[0][tid] = lane == 0 ? 0 : eq;
         sm.x[1][tid] = lane == 0 ? 0 : el;
         sm.x[2][tid] = lane == 0 ? 0 : ep;
+        sm.pages[tid] = P0;
         if (lane == 31) {
             sm.red[7][warp] = iq;
             sm.red[8][warp] = il;
@@ -1648,13 +1650,8 @@ __device__ __forceinline__ void kv_meta_block3(KvMeta3Shared& sm, const KvStepPa
             const int s0 = kv_sat_add(cp, kv_sat_add(kv_meta_sum_before(sm.red[9], wi), sm.x[2][i]));
             const int tok = kv_sat_add(cq, kv_sat_add(kv_meta_sum_before(sm.red[7], wi), sm.x[0][i]));
             const int rb = r0 + i;
-            int P = gP, col_from = sub + KV_META_PRE * lanes;
-            if (i != group) {
-                const int d = __ldg(p.seq_lens_decoder + rb), n = __ldg(p.seq_lens_this_time + rb);
-                P = kv_pages((d < 0) | (n < 0) ? 0 : kv_sat_add(d, n), B);
-                col_from = sub;
-            }
-            const int end = s0 < N ? min(P, N - s0) : 0;  // entries of this row below N
+            const int col_from = i == group ? sub + KV_META_PRE * lanes : sub;
+            const int end = s0 < N ? min(sm.pages[i], N - s0) : 0;  // entries of this row below N
             const int* __restrict__ row = table + (i64)rb * stride;
 #pragma unroll 1
             for (int col0 = col_from; col0 < end; col0 += KV_META_U * lanes) {
