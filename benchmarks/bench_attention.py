@@ -19,8 +19,13 @@ Both metadata implementations are timed in the same run (StepPlanner._set_meta_i
 (0, kv_meta_block: every metadata block rescans all lengths) and "new" (1, kv_meta_block2:
 request-parallel, at each --lanes value) and "pf" (2: request-parallel with an L2 prefetch
 of the rows, at the first --lanes value) and "E4" (request-parallel with a quarter of the
-metadata blocks, E x 4); the verdict is the default implementation's (new, the first --lanes
-value, E as built), the other columns are for the perf notes.
+metadata blocks, E x 4), and "one" (3, kv_meta_block3: request-parallel in one round, one
+barrier, the first row loads in flight across it) at each --lanes3 value, with its timing
+ablations (at the first --lanes3 value; their outputs are wrong, timing only): "-np" without the
+pass over all lengths, "-nc" without the row copy, "-nb" without both (the block's skeleton).
+The verdict (and the exit status) is the default implementation's (new, the first --lanes value,
+E as built); a second verdict column gives the first "one" variant's, and "best" the fastest
+variant with correct outputs; the other columns are for the perf notes.
 """
 
 from __future__ import annotations
@@ -63,16 +68,26 @@ def main(argv=None):
     ap.add_argument("--copies", type=int, default=200)
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--lanes", default="32,8", help="kv_meta_block2 lanes per request to time (first: the verdict)")
+    ap.add_argument("--lanes", default="32", help="kv_meta_block2 lanes per request to time (first: the verdict)")
+    ap.add_argument("--lanes3", default="32,16,8", help="kv_meta_block3 lanes per request to time (first: ablations)")
     a = ap.parse_args(argv)
     lanes = [int(x) for x in a.lanes.split(",") if x]
-    # (name, meta_impl, lanes, E multiple): E x4 = a quarter of the metadata blocks, each 4x fatter
+    lanes3 = [int(x) for x in a.lanes3.split(",") if x]
+    NP, NC = StepPlanner.META_NO_PREFIX, StepPlanner.META_NO_COPY
+    # (name, meta_impl, lanes, E multiple, ablate): E x4 = a quarter of the metadata blocks, each 4x fatter
     variants = (
-        [("old", 0, 32, 1)]
-        + [(f"new{n}", 1, n, 1) for n in lanes]
-        + [(f"pf{lanes[0]}", 2, lanes[0], 1), (f"new{lanes[0]}E4", 1, lanes[0], 4)]
+        [("old", 0, 32, 1, 0)]
+        + [(f"new{n}", 1, n, 1, 0) for n in lanes]
+        + [(f"pf{lanes[0]}", 2, lanes[0], 1, 0), (f"new{lanes[0]}E4", 1, lanes[0], 4, 0)]
+        + [(f"one{n}", 3, n, 1, 0) for n in lanes3]
+        + [
+            (f"one{lanes3[0]}{tag}", 3, lanes3[0], 1, bits)
+            for tag, bits in (("-np", NP), ("-nc", NC), ("-nb", NP | NC))
+        ]
     )
+    ablated = {v[0] for v in variants if v[4]}
     verdict = f"new{lanes[0]}"
+    verdict3 = f"one{lanes3[0]}"
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
@@ -93,12 +108,14 @@ def main(argv=None):
                     lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
                 )
                 row = dict(shape=label, caches=G, entries=pages, off_us=t_off, bound=1.5)
-                for name, impl, n, mult in variants:
-                    on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult)
+                for name, impl, n, mult, bits in variants:
+                    on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult, ablate=bits)
                     row[name + "_us"] = graph_time_per_copy(
                         lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
                     )
-                    on.check(stream)
+                    if not bits:  # an ablation's outputs (and so its records) are wrong by design
+                        on.check(stream)
+                on._set_meta_impl(1, lanes[0], entries=on._meta_entries_min)
                 row["on_us"] = row[verdict + "_us"]
                 row["ratio"] = row["on_us"] / t_off
                 rows.append(row)
@@ -110,12 +127,13 @@ def main(argv=None):
         on = StepPlanner(bsz, total, [Bb], attention=("flashinfer",), kv_indices_capacity=pages)
         t_off = graph_time_per_copy(lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays)
         t_impl = {}
-        for name, impl, n, mult in variants:
-            on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult)
+        for name, impl, n, mult, bits in variants:
+            on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult, ablate=bits)
             t_impl[name] = graph_time_per_copy(
                 lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
             )
-            on.check(stream)
+            if not bits:
+                on.check(stream)
         t_on = t_impl[verdict]
         nbytes = pages * 4
         src = cupy.arange(pages, dtype=np.int32)
@@ -145,17 +163,26 @@ def main(argv=None):
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
     names = [v[0] for v in variants]
-    head = "".join(f"{n + ' us':>10}{n + '/off':>10}" for n in names)
-    print(f"{'shape':<24}{'caches':>7}{'entries':>10}{'off us':>10}{head}  verdict ({verdict}, <= 1.5)")
     ok = True
-    for r in rows:
-        good = r["ratio"] <= r["bound"]
-        ok &= good
-        cols = "".join(f"{r[n + '_us']:>10.3f}{r[n + '_us'] / r['off_us']:>10.2f}" for n in names)
-        print(
-            f"{r['shape']:<24}{r['caches']:>7}{r['entries']:>10}{r['off_us']:>10.3f}{cols}"
-            f"  {'ok' if good else 'OVER BOUND'}"
-        )
+    for unit in ("us", "/off"):  # two tables: times, then ratios to off
+        head = "".join(f"{n:>11}" for n in names)
+        tail = f"  {verdict} (<= 1.5)  {verdict3}  best" if unit == "/off" else ""
+        print(f"{'shape [' + unit + ']':<24}{'caches':>7}{'entries':>10}{'off us':>9}{head}{tail}")
+        for r in rows:
+            off = r["off_us"]
+            cols = "".join(f"{(r[n + '_us'] if unit == 'us' else r[n + '_us'] / off):>11.3f}" for n in names)
+            line = f"{r['shape']:<24}{r['caches']:>7}{r['entries']:>10}{off:>9.3f}{cols}"
+            if unit == "/off":
+                good = r["ratio"] <= r["bound"]
+                ok &= good
+                good3 = r[verdict3 + "_us"] / off <= r["bound"]
+                best = min((n for n in names if n not in ablated), key=lambda n: r[n + "_us"])
+                r["best"] = best
+                line += (
+                    f"  {'ok' if good else 'OVER BOUND':<17}{'ok' if good3 else 'OVER':<7}"
+                    f"{best} {r[best + '_us'] / off:.2f}"
+                )
+            print(line)
     for n in names:
         v = big["variants"][n]
         print(f"kv_indices, {big['shape']}, {n}: fused {v['on_us']:.2f} us, {v['share']:.0%} of the copy's bandwidth")

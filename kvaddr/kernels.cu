@@ -51,7 +51,8 @@
 //     prefixes before the block's own requests, a scan of those, a group of lanes copies
 //     each request's row prefix; 2 also prefetches the rows into L2 first), 0 the first
 //     version kv_meta_block (each block scans all lengths KV_TILE at a time in shared
-//     memory and binary-searches each entry's request). With attention off num_meta = 0
+//     memory and binary-searches each entry's request), 3 kv_meta_block3 (block2's
+//     work in one round: one barrier, the first row loads in flight across it). With attention off num_meta = 0
 //     and the token blocks run exactly as before.
 //   * Errors: every warp writes one record (mask, first-bad key) of its own every
 //     launch, so no reset is needed; check() reduces the records on the host. The
@@ -149,7 +150,10 @@ struct KvStepParams {
     int num_meta;                            // int32: metadata blocks after the token blocks (0 when off)
     int meta_impl;                           // int32: 1 = request-parallel metadata blocks (kv_meta_block2),
                                              // 2 = the same with an L2 prefetch of the rows first,
-                                             // 0 = the first version (kv_meta_block: every block rescans)
+                                             // 3 = one round (kv_meta_block3; block2 when a block has
+                                             // more than KV_THREADS requests), 0 = the first version
+                                             // (kv_meta_block: every block rescans); bits 256/512:
+                                             // KV_META_NO_PREFIX / KV_META_NO_COPY (timing ablations)
     int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
 };
 static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 12 * 4,
@@ -872,6 +876,10 @@ struct __align__(16) KvMetaShared {
 };
 
 // kv_meta_block2's shared memory (the request-parallel metadata blocks, below).
+#define KV_META_IMPL_MASK 255  // KvStepParams::meta_impl & mask: the implementation (0..3)
+#define KV_META_NO_PREFIX 256  // ablation bit of meta_impl (kv_meta_block3 only): no pass 1
+#define KV_META_NO_COPY 512  // ablation bit of meta_impl (kv_meta_block3 only): no row copy
+#define KV_META_PRE 16 // kv_meta_block3: row columns per lane loaded before the barrier
 #define KV_META_U 16  // kv_meta_block2: row entries in flight per lane (the copy)
 #define KV_META_R 4  // kv_meta_block2: requests in flight per thread and array (pass 1, scalar loads)
 #define KV_META_RV 2  // kv_meta_block2: int4 loads in flight per thread and array (pass 1, aligned lengths)
@@ -886,11 +894,19 @@ struct __align__(16) KvMeta2Shared {
     int total;                     // total pages of the cache (pass 1), read by the pad
 };
 
+// kv_meta_block3's shared memory (meta_impl 3: one round, below).
+struct __align__(16) KvMeta3Shared {
+    int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of the block's request tid
+    int pages[KV_THREADS];  // pages of the block's request tid (the copy loop's rows, no reload)
+    int red[10][KV_WARPS];  // per-warp partials of pass 1 (7), then the warps' totals of the block's requests (3)
+};
+
 // The token blocks' and the metadata blocks' shared memory (a block is one or the other).
 union KvSharedAll {
     KvShared step;
     KvMetaShared meta;
     KvMeta2Shared meta2;  // kv_meta_block2's (meta_impl 1, 2)
+    KvMeta3Shared meta3;  // kv_meta_block3's (meta_impl 3)
 };
 
 // ceil(L / B) for L >= 0, B >= 1 (no overflow).
@@ -1180,22 +1196,34 @@ __device__ __forceinline__ int kv_meta_lanes(int lanes) {
     return lanes == 4 || lanes == 8 || lanes == 16 ? lanes : 32;
 }
 
+// min(a + b, KV_INT_MAX) for a, b in [0, KV_INT_MAX] (= kv_sat_add there; the unsigned sum
+// cannot wrap): one add and one min.
+__device__ __forceinline__ int kv_sat_add_nn(int a, int b) {
+    return (int)min((unsigned int)a + (unsigned int)b, (unsigned int)KV_INT_MAX);
+}
+
 struct KvMetaAcc {
     int bq, bl, bp, tl, tp, mq, ml;
-    __device__ __forceinline__ void add(int d, int n, int b, int r0, int B) {
+    // POW2: B = 1 << sh (pages by a shift, not a division; the common block sizes).
+    // VL: the block writes varlen outputs (cache 0 with varlen): only then are bl, tl and the
+    // maxima read, so only then accumulated (they stay 0 otherwise).
+    template <bool POW2, bool VL>
+    __device__ __forceinline__ void add(int d, int n, int b, int r0, int B, int sh) {
         const bool bad = (d < 0) | (n < 0);
         const int nn = bad ? 0 : n;
-        const int L = bad ? 0 : kv_sat_add(d, n);
-        const int P = kv_pages(L, B);
+        const int L = bad ? 0 : kv_sat_add_nn(d, n);
+        const int P = POW2 ? (int)(((unsigned int)L + (unsigned int)(B - 1)) >> sh) : kv_pages(L, B);
         if (b < r0) {
-            bq = kv_sat_add(bq, nn);
-            bl = kv_sat_add(bl, L);
-            bp = kv_sat_add(bp, P);
+            bq = kv_sat_add_nn(bq, nn);
+            if (VL) bl = kv_sat_add_nn(bl, L);
+            bp = kv_sat_add_nn(bp, P);
         }
-        tl = kv_sat_add(tl, L);
-        tp = kv_sat_add(tp, P);
-        mq = max(mq, nn);
-        ml = max(ml, L);
+        tp = kv_sat_add_nn(tp, P);
+        if (VL) {
+            tl = kv_sat_add_nn(tl, L);
+            mq = max(mq, nn);
+            ml = max(ml, L);
+        }
     }
 };
 
@@ -1206,25 +1234,13 @@ __device__ __forceinline__ int kv_warp_sat_sum(int x) {
     return x;
 }
 
-__device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepParams& p, int m, int num_chunks) {
-    KvErr err;
-    err.mask = 0u;
-    err.key = KV_NO_ERROR;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int bsz = p.bsz, N = p.kv_indices_capacity;
-    const int g = m / p.meta_per_cache, k = m - g * p.meta_per_cache;
-    const bool fi = (p.attention & KV_ATTN_FLASHINFER) != 0;
-    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
-    const bool rows = (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0 && p.num_caches > 0;
-    const int* table;
-    i64 stride;
-    int width, B;
-    kv_meta_cache(p, g, table, stride, width, B);
-    const int rq = (bsz + p.meta_per_cache - 1) / p.meta_per_cache;
-    const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
-    // 1. sums before r0, total pages, maxima (one pass over all lengths, in registers;
-    // int4 loads when both length arrays are 16-byte aligned, then the bsz % 4 tail)
-    KvMetaAcc acc;
+// Pass 1 of kv_meta_block2/3: one pass over all bsz lengths in registers (striped,
+// coalesced; int4 loads when both length arrays are 16-byte aligned, then the bsz % 4
+// tail), accumulated into acc (this thread's part; the caller reduces across threads).
+template <bool POW2, bool VL>
+__device__ __forceinline__ void kv_meta_pass1_t(const KvStepParams& p, int bsz, int r0, int B, int sh,
+                                                KvMetaAcc& acc) {
+    const int tid = threadIdx.x;
     acc.bq = acc.bl = acc.bp = acc.tl = acc.tp = acc.mq = acc.ml = 0;
     int scalar_from = 0;
     if (((reinterpret_cast<u64>(p.seq_lens_decoder) | reinterpret_cast<u64>(p.seq_lens_this_time)) & 15ULL) == 0) {
@@ -1247,10 +1263,10 @@ __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepPa
 #pragma unroll
             for (int u = 0; u < KV_META_RV; ++u) {  // zeros past nv add nothing
                 const int b = 4 * (v0 + u * KV_THREADS + tid);
-                acc.add(d[u].x, n[u].x, b, r0, B);
-                acc.add(d[u].y, n[u].y, b + 1, r0, B);
-                acc.add(d[u].z, n[u].z, b + 2, r0, B);
-                acc.add(d[u].w, n[u].w, b + 3, r0, B);
+                acc.add<POW2, VL>(d[u].x, n[u].x, b, r0, B, sh);
+                acc.add<POW2, VL>(d[u].y, n[u].y, b + 1, r0, B, sh);
+                acc.add<POW2, VL>(d[u].z, n[u].z, b + 2, r0, B, sh);
+                acc.add<POW2, VL>(d[u].w, n[u].w, b + 3, r0, B, sh);
             }
         }
         scalar_from = nv << 2;
@@ -1269,8 +1285,43 @@ __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepPa
             }
         }
 #pragma unroll
-        for (int u = 0; u < KV_META_R; ++u) acc.add(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B);
+        for (int u = 0; u < KV_META_R; ++u) acc.add<POW2, VL>(d[u], n[u], b0 + u * KV_THREADS + tid, r0, B, sh);
     }
+}
+
+// Pass 1 with the pages by a shift when B is a power of two (a uniform branch), else a
+// division; the varlen sums (bl, tl) and maxima only for a block that writes varlen outputs
+// (varlen: cache 0 with KV_ATTN_VARLEN); else they are 0.
+__device__ __forceinline__ void kv_meta_pass1(const KvStepParams& p, int bsz, int r0, int B, bool varlen,
+                                              KvMetaAcc& acc) {
+    if ((B & (B - 1)) == 0) {
+        if (varlen) kv_meta_pass1_t<true, true>(p, bsz, r0, B, __ffs(B) - 1, acc);
+        else kv_meta_pass1_t<true, false>(p, bsz, r0, B, __ffs(B) - 1, acc);
+    } else {
+        if (varlen) kv_meta_pass1_t<false, true>(p, bsz, r0, B, 0, acc);
+        else kv_meta_pass1_t<false, false>(p, bsz, r0, B, 0, acc);
+    }
+}
+
+__device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepParams& p, int m, int num_chunks) {
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int bsz = p.bsz, N = p.kv_indices_capacity;
+    const int g = m / p.meta_per_cache, k = m - g * p.meta_per_cache;
+    const bool fi = (p.attention & KV_ATTN_FLASHINFER) != 0;
+    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+    const bool rows = (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0 && p.num_caches > 0;
+    const int* table;
+    i64 stride;
+    int width, B;
+    kv_meta_cache(p, g, table, stride, width, B);
+    const int rq = (bsz + p.meta_per_cache - 1) / p.meta_per_cache;
+    const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
+    // 1. sums before r0, total pages, maxima (one pass over all lengths, in registers)
+    KvMetaAcc acc;
+    kv_meta_pass1(p, bsz, r0, B, varlen, acc);
     int bq = acc.bq, bl = acc.bl, bp = acc.bp, tl = acc.tl, tp = acc.tp, mq = acc.mq, ml = acc.ml;
     bq = kv_warp_sat_sum(bq);
     bl = kv_warp_sat_sum(bl);
@@ -1322,7 +1373,7 @@ __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepPa
     // 1b. (meta_impl 2) L2 prefetch of the first copy round's row prefixes of the block's
     // first KV_THREADS requests (a warp per request, a 128-byte line per lane): their DRAM
     // latency overlaps the scan below. (Before pass 1 it costs the kernel 7 registers.)
-    if (fi && p.meta_impl == 2) {
+    if (fi && p.meta_impl == 2) {  // (meta_impl unmasked: the ablation bits are kv_meta_block3's)
         const int cnt = min(KV_THREADS, r1 - r0), cols_max = KV_META_U * kv_meta_lanes(p.meta_lanes);
 #pragma unroll 1
         for (int i = warp; i < cnt; i += KV_WARPS) {
@@ -1426,6 +1477,212 @@ __device__ __forceinline__ void kv_meta_block2(KvMeta2Shared& sm, const KvStepPa
     kv_store_errors(err, p.error_records, num_chunks + p.max_tiles + m);
 }
 
+// ---- attention metadata in one round (KvStepParams::meta_impl = 3) ----
+//
+// kv_meta_block2's outputs, error records and work split (block (g, k) owns requests
+// [r0, r1), rq = ceil(bsz / meta_per_cache)), for rq <= KV_THREADS (kv_step_params sends
+// larger rq to kv_meta_block2), with a shorter chain of dependent round trips and barriers:
+//   a. every thread loads its own request's lengths (request r0 + tid) and every group of
+//      meta_lanes lanes the lengths of its first request (r0 + group), in the same round
+//      trip as pass 1's first loads (kv_meta_pass1, as kv_meta_block2's);
+//   b. right after pass 1 the group issues the loads of that request's first
+//      KV_META_PRE * lanes row columns (in-bounds columns < min(pages, W_g): the addresses
+//      need no prefix, only the write positions do): they are in flight during the warp
+//      reductions, the scans and the barrier (issued before pass 1 instead, they cost the
+//      kernel 8-21 registers on sm_90: 88-101 > the token path's 80);
+//   c. in-warp shuffle scans of the own requests' (tokens, L, pages) go to shared memory
+//      with pass 1's per-warp partials: ONE barrier, after which every thread knows the
+//      absolute prefixes of any request of the block (pass 1's sums before r0 + the warp
+//      totals before + the in-warp exclusive prefix);
+//   d. the stores of the loaded row columns (bit 2), the per-request outputs and bits 1/16,
+//      entry bsz / maxima, the rest of the rows (block2's copy loop), the pad.
+// Per launch that is: 2 dependent round trips (lengths, then rows) and 1 barrier before
+// the first kv_indices store when every block's rows fit in KV_META_PRE * lanes columns and
+// bsz <= 2048 (kv_meta_block2: 4 round trips and 4 barriers), and nothing shared-memory
+// one value at a time.
+// Ablation bits (KvStepParams::meta_impl above KV_META_IMPL_MASK; benchmarks only, the
+// outputs are then wrong): KV_META_NO_PREFIX skips pass 1 (prefixes 0, no pad),
+// KV_META_NO_COPY skips the row loads and kv_indices stores.
+
+// Sum (saturating) of w[0..upto) (block-uniform reads from shared memory).
+__device__ __forceinline__ int kv_meta_sum_before(const int* w, int upto) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < KV_WARPS; ++i)
+        if (i < upto) s = kv_sat_add(s, w[i]);
+    return s;
+}
+
+__device__ __forceinline__ void kv_meta_block3(KvMeta3Shared& sm, const KvStepParams& p, int m, int num_chunks) {
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int bsz = p.bsz, N = p.kv_indices_capacity;
+    const int g = m / p.meta_per_cache, k = m - g * p.meta_per_cache;
+    const bool fi = (p.attention & KV_ATTN_FLASHINFER) != 0;
+    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+    const bool rows = (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0 && p.num_caches > 0;
+    const bool copy = fi && (p.meta_impl & KV_META_NO_COPY) == 0;
+    const int* table;
+    i64 stride;
+    int width, B;
+    kv_meta_cache(p, g, table, stride, width, B);
+    const int rq = (bsz + p.meta_per_cache - 1) / p.meta_per_cache;
+    const int r0 = (int)min((i64)k * rq, (i64)bsz), own = min(r0 + rq, bsz) - r0;  // own <= KV_THREADS
+    const int lanes = kv_meta_lanes(p.meta_lanes), group = tid / lanes, sub = tid - group * lanes;
+    const int groups = KV_THREADS / lanes;
+    // a. lengths of this thread's request and of the group's first one (in flight during pass 1)
+    int d0 = 0, n0 = 0, gd = 0, gn = 0;
+    if (tid < own) {
+        d0 = __ldg(p.seq_lens_decoder + r0 + tid);
+        n0 = __ldg(p.seq_lens_this_time + r0 + tid);
+    }
+    if (copy && group < own) {
+        gd = __ldg(p.seq_lens_decoder + r0 + group);
+        gn = __ldg(p.seq_lens_this_time + r0 + group);
+    }
+    // pass 1: sums before r0, totals, maxima (all lengths; skipped by the ablation bit)
+    KvMetaAcc acc;
+    if ((p.meta_impl & KV_META_NO_PREFIX) == 0) kv_meta_pass1(p, bsz, r0, B, varlen, acc);
+    else acc.bq = acc.bl = acc.bp = acc.tl = acc.tp = acc.mq = acc.ml = 0;
+    // b. the group's first request: its first row columns in flight across the barrier
+    const int gP = kv_pages((gd < 0) | (gn < 0) ? 0 : kv_sat_add(gd, gn), B);  // 0 without a request
+    const int gcols = min(gP, width);
+    const int* __restrict__ grow = table + (i64)(r0 + group) * stride;  // dereferenced only for group < own
+    int v[KV_META_PRE];
+#pragma unroll
+    for (int u = 0; u < KV_META_PRE; ++u) {
+        const int col = sub + u * lanes;
+        v[u] = -1;
+        if (col < gcols) v[u] = __ldg(grow + col);
+    }
+    // c. in-warp scans of the own requests, pass 1's warp partials; one barrier
+    const bool bad0 = (d0 < 0) | (n0 < 0);
+    const int nn0 = bad0 ? 0 : n0, L0 = bad0 ? 0 : kv_sat_add(d0, n0), P0 = kv_pages(L0, B);
+    {
+        const int iq = kv_warp_inclusive(nn0), il = kv_warp_inclusive(L0), ip = kv_warp_inclusive(P0);
+        const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
+                  ep = __shfl_up_sync(0xffffffffu, ip, 1);  // exact exclusive prefixes
+        sm.x[0][tid] = lane == 0 ? 0 : eq;
+        sm.x[1][tid] = lane == 0 ? 0 : el;
+        sm.x[2][tid] = lane == 0 ? 0 : ep;
+        sm.pages[tid] = P0;
+        if (lane == 31) {
+            sm.red[7][warp] = iq;
+            sm.red[8][warp] = il;
+            sm.red[9][warp] = ip;
+        }
+    }
+    {
+        const int bq = kv_warp_sat_sum(acc.bq), bl = kv_warp_sat_sum(acc.bl), bp = kv_warp_sat_sum(acc.bp);
+        const int tl = kv_warp_sat_sum(acc.tl), tp = kv_warp_sat_sum(acc.tp);
+        const int mq = __reduce_max_sync(0xffffffffu, acc.mq), ml = __reduce_max_sync(0xffffffffu, acc.ml);
+        if (lane == 0) {
+            sm.red[0][warp] = bq;
+            sm.red[1][warp] = bl;
+            sm.red[2][warp] = bp;
+            sm.red[3][warp] = tp;
+            sm.red[4][warp] = mq;
+            sm.red[5][warp] = ml;
+            sm.red[6][warp] = tl;
+        }
+    }
+    __syncthreads();  // the only barrier: nothing in shared memory is written after it
+    const int cq = kv_meta_sum_before(sm.red[0], KV_WARPS), cp = kv_meta_sum_before(sm.red[2], KV_WARPS);
+    const i64 row_off = (i64)g * p.attn_stride;
+    int* __restrict__ out = p.kv_indices + (i64)g * N;
+    if (copy) {
+        // the group's requests i = group, group + groups, ...: the first one's loaded columns
+        // (stored here, before the loop: v is dead in it), then (block2's copy loop) the rest
+        // of its row and the other requests' rows
+        if (group < own) {
+            const int wi = group >> 5;
+            const int s0 = kv_sat_add(cp, kv_sat_add(kv_meta_sum_before(sm.red[9], wi), sm.x[2][group]));
+            const int tok = kv_sat_add(cq, kv_sat_add(kv_meta_sum_before(sm.red[7], wi), sm.x[0][group]));
+            const int end = s0 < N ? min(gP, N - s0) : 0;
+#pragma unroll
+            for (int u = 0; u < KV_META_PRE; ++u) {
+                const int col = sub + u * lanes;
+                if (col < end) {
+                    if (col < width && v[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, r0 + group, g);
+                    out[s0 + col] = v[u] < 0 ? -1 : v[u];
+                }
+            }
+        }
+    }
+    // d. this thread's request: absolute prefixes, per-request outputs, bits 1 and 16
+    if (tid < own) {
+        const int b = r0 + tid;
+        const int xq = kv_sat_add(cq, kv_sat_add(kv_meta_sum_before(sm.red[7], warp), sm.x[0][tid]));
+        const int xp = kv_sat_add(cp, kv_sat_add(kv_meta_sum_before(sm.red[9], warp), sm.x[2][tid]));
+        if (fi) {
+            p.kv_indptr[row_off + b] = xp;
+            p.kv_last_page_len[row_off + b] = L0 > 0 ? (int)((unsigned int)(L0 - 1) % (unsigned int)B) + 1 : 0;
+            if (xp <= N && N < kv_sat_add(xp, P0)) err.flag(KV_ERR_KV_INDICES_CAPACITY, xq, b, g);
+        }
+        if (rows && P0 > width) err.flag(KV_ERR_BLOCK_INDEX, xq, b, g);
+        if (varlen) {
+            const int cl = kv_meta_sum_before(sm.red[1], KV_WARPS);
+            p.cu_seqlens_k[b] = kv_sat_add(cl, kv_sat_add(kv_meta_sum_before(sm.red[8], warp), sm.x[1][tid]));
+        }
+    }
+    int total = kv_meta_sum_before(sm.red[3], KV_WARPS);
+    if ((p.meta_impl & KV_META_NO_PREFIX) != 0) total = N;  // ablation: no pad
+    if (tid == 0) {  // entry bsz (block k = 0), the maxima (block 0)
+        if (k == 0 && fi) p.kv_indptr[row_off + bsz] = total;
+        if (k == 0 && varlen) p.cu_seqlens_k[bsz] = kv_meta_sum_before(sm.red[6], KV_WARPS);
+        if (varlen && m == 0) {
+            int mq = 0, ml = 0;
+#pragma unroll
+            for (int i = 0; i < KV_WARPS; ++i) {
+                mq = max(mq, sm.red[4][i]);
+                ml = max(ml, sm.red[5][i]);
+            }
+            p.max_seqlen[0] = mq;
+            p.max_seqlen[1] = ml;
+        }
+    }
+    if (copy) {
+#pragma unroll 1
+        for (int i = group; i < own; i += groups) {
+            const int wi = i >> 5;
+            const int s0 = kv_sat_add(cp, kv_sat_add(kv_meta_sum_before(sm.red[9], wi), sm.x[2][i]));
+            const int tok = kv_sat_add(cq, kv_sat_add(kv_meta_sum_before(sm.red[7], wi), sm.x[0][i]));
+            const int rb = r0 + i;
+            const int col_from = i == group ? sub + KV_META_PRE * lanes : sub;
+            const int end = s0 < N ? min(sm.pages[i], N - s0) : 0;  // entries of this row below N
+            const int* __restrict__ row = table + (i64)rb * stride;
+#pragma unroll 1
+            for (int col0 = col_from; col0 < end; col0 += KV_META_U * lanes) {
+                int w[KV_META_U];
+#pragma unroll
+                for (int u = 0; u < KV_META_U; ++u) {
+                    const int col = col0 + u * lanes;
+                    w[u] = -1;
+                    if (col < end && col < width) w[u] = __ldg(row + col);
+                }
+#pragma unroll
+                for (int u = 0; u < KV_META_U; ++u) {
+                    const int col = col0 + u * lanes;
+                    if (col < end) {
+                        if (col < width && w[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, rb, g);
+                        out[s0 + col] = w[u] < 0 ? -1 : w[u];
+                    }
+                }
+            }
+        }
+    }
+    // the pad of this block's fixed entry range
+    if (fi) {
+        const int e_lo = (int)min((i64)k * p.meta_entries, (i64)N);
+        const int e_hi = (int)min((i64)e_lo + p.meta_entries, (i64)N);
+#pragma unroll 1
+        for (int e = max(e_lo, total) + tid; e < e_hi; e += KV_THREADS) out[e] = -1;
+    }
+    kv_store_errors(err, p.error_records, num_chunks + p.max_tiles + m);
+}
+
 // The fused step from its parameter struct: every field read by name, the caches
 // gathered into registers (KvCaches), position_ids typed PosT.
 template <typename PosT>
@@ -1435,7 +1692,10 @@ __device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
         const int num_chunks = (p.capacity + KV_TOKENS - 1) / KV_TOKENS;
         const int token_blocks = p.bsz <= KV_TILE ? num_chunks : num_chunks + (p.bsz + KV_TILE - 1) / KV_TILE;
         if ((int)blockIdx.x >= token_blocks) {
-            if (p.meta_impl != 0) kv_meta_block2(sh.meta2, p, (int)blockIdx.x - token_blocks, num_chunks);
+            const int impl = p.meta_impl & KV_META_IMPL_MASK;
+            if (impl == 3 && (p.bsz + p.meta_per_cache - 1) / p.meta_per_cache <= KV_THREADS)
+                kv_meta_block3(sh.meta3, p, (int)blockIdx.x - token_blocks, num_chunks);
+            else if (impl != 0) kv_meta_block2(sh.meta2, p, (int)blockIdx.x - token_blocks, num_chunks);
             else kv_meta_block(sh.meta, p, (int)blockIdx.x - token_blocks, num_chunks);
             return;
         }

@@ -267,9 +267,11 @@ class StepPlanner:
         # one register pass over the lengths, a scan of the block's own requests, a group of
         # _meta_lanes lanes copies each request's row), 0 = the first version (kv_meta_block:
         # every block rescans all lengths, entry ranges with a binary search). Kept selectable
-        # until measured: benchmarks/bench_attention.py sets it with _set_meta_impl.
+        # until measured: benchmarks/bench_attention.py sets it with _set_meta_impl. 3 = one
+        # round (kv_meta_block3: one barrier, the first row loads in flight across it).
         self._meta_impl = type(self)._META_IMPL_DEFAULT
         self._meta_lanes = 32
+        self._meta_ablate = 0  # KV_META_NO_PREFIX / KV_META_NO_COPY bits (timing only; impl 3)
         N = self.kv_indices_capacity or 1
         # E, the kv_indices entries of one metadata block: about two blocks per SM over
         # all caches' entries, at least 2048 (each block also reads every length once).
@@ -311,25 +313,34 @@ class StepPlanner:
         P.meta_per_cache = self._meta_per_cache  # int32
         P.meta_entries = self._meta_entries  # int32: E
         P.num_meta = self._num_meta  # int32
-        P.meta_impl = self._meta_impl  # int32: 1 request-parallel (kv_meta_block2), 0 first version
+        P.meta_impl = self._meta_impl | self._meta_ablate  # int32: 1/2 kv_meta_block2, 3 block3, 0 first version
         P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
 
     #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
-    #: prefetch of the rows, 0 the first version); tests
+    #: prefetch of the rows, 3 request-parallel in one round, 0 the first version); tests
     #: and benchmarks switch it (tests/gpu/test_paged_attention_e2e_gpu.py runs both).
     _META_IMPL_DEFAULT = 1
+    #: _set_meta_impl's ablate bits (kernels.cu's KV_META_NO_PREFIX / KV_META_NO_COPY; timing only)
+    META_NO_PREFIX = 256
+    META_NO_COPY = 512
 
-    def _set_meta_impl(self, impl: int, lanes: int | None = None, entries: int | None = None) -> None:
+    def _set_meta_impl(self, impl: int, lanes: int | None = None, entries: int | None = None, ablate: int = 0) -> None:
         """Select the metadata blocks' implementation (0 the first version, 1 request-parallel,
-        2 request-parallel with an L2 prefetch of the rows), kv_meta_block2's lanes per request
+        2 request-parallel with an L2 prefetch of the rows, 3 request-parallel in one round:
+        kv_meta_block3, or kv_meta_block2 where a block has more than KV_THREADS requests), the lanes per request
         (4, 8, 16 or 32) and, with flashinfer, E (entries per metadata block, a multiple of 256
         at least the E chosen at construction: fewer, fatter blocks). Takes effect at the next
         launch (a CUDA graph keeps what it captured; capture again after a change of E, which
         changes the grid; a BoundStep keeps the settings it was bound with, so bind after
         this, and don't mix a BoundStep bound before a change of E with compute() after it).
-        Outputs and error records are the same for all. A benchmarking hook, not public API."""
-        if impl not in (0, 1, 2):
-            raise ValueError(f"meta impl must be 0, 1 or 2, got {impl!r}")
+        Outputs and error records are the same for all. ``ablate`` (impl 3 only; timing, the
+        outputs are then WRONG): META_NO_PREFIX (256) skips the pass over all lengths,
+        META_NO_COPY (512) the kv_indices row copy; 0 (the default) for real use.
+        A benchmarking hook, not public API."""
+        if impl not in (0, 1, 2, 3):
+            raise ValueError(f"meta impl must be 0, 1, 2 or 3, got {impl!r}")
+        if ablate & ~(self.META_NO_PREFIX | self.META_NO_COPY) or (ablate and impl != 3):
+            raise ValueError(f"meta ablate must be a combination of 256 and 512, with impl 3 only, got {ablate!r}")
         if lanes is not None and lanes not in (4, 8, 16, 32):
             raise ValueError(f"meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
         self._memo = None  # compute()'s memo holds the grid, which E changes
@@ -356,9 +367,10 @@ class StepPlanner:
             self._params.meta_entries = self._meta_entries
             self._params.num_meta = self._num_meta
         self._meta_impl = int(impl)
+        self._meta_ablate = int(ablate)
         if lanes is not None:
             self._meta_lanes = int(lanes)
-        self._params.meta_impl = self._meta_impl
+        self._params.meta_impl = self._meta_impl | self._meta_ablate
         self._params.meta_lanes = self._meta_lanes
 
     def _attention_outputs(self, bsz: int):

@@ -1,6 +1,6 @@
 """A few attention steps for compute-sanitizer (memcheck, racecheck): every metadata
 implementation (StepPlanner._set_meta_impl: 0 the first version, 1 request-parallel,
-2 with the row prefetch) and lane counts, on batches that reach every branch of the
+2 with the row prefetch, 3 in one round) and lane counts, on batches that reach every branch of the
 metadata blocks, each compared with the NumPy reference. Few launches (the sanitizers are
 slow); exits 1 on a mismatch.
 
@@ -18,7 +18,7 @@ from kvaddr.reference import step_addressing
 from tests.support.attention_cases import ALL_GROUPS, make_case
 from tests.support.gpu import assert_attention_equal, assert_outputs_equal, to_device
 
-VARIANTS = [(0, 32), (1, 32), (1, 4), (2, 8)]
+VARIANTS = [(0, 32), (1, 32), (1, 4), (2, 8), (3, 32), (3, 4)]
 
 
 def cases():
@@ -33,6 +33,8 @@ def cases():
     yield "narrow row", make_case(rng, bsz=60, block_sizes=[4, 16], bad="narrow-row", spare_capacity=2)
     yield "empty batch", make_case(rng, bsz=0, block_sizes=[4], spare_capacity=2)
     yield "4500 requests", big
+    # impl 3 (kv_meta_block3) with rows longer than its pre-barrier loads and several requests per group
+    yield "long rows, B = 1", make_case(rng, bsz=120, block_sizes=[1], max_ctx=600, spare_capacity=2)
 
 
 def main() -> int:

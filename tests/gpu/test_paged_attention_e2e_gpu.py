@@ -5,7 +5,7 @@ capacity overflow, more than 4096 and more than 16384 requests), every element w
 kv_indices capacity (guard words), attention off = the same addressing, the GPU baselines'
 engine-style metadata, and the end-to-end paged-attention test with PyTorch's
 scaled_dot_product_attention. Every test runs once per metadata implementation
-(StepPlanner._META_IMPL_DEFAULT 0 and 1: the module fixture meta_impl).
+(StepPlanner._META_IMPL_DEFAULT 0, 1 and 3: the module fixture meta_impl).
 
 Skips, with the reason, without a GPU or (the end-to-end tests) without PyTorch.
 """
@@ -30,7 +30,7 @@ from tests.support.paged_attention import Simulation, TorchBackend, run_e2e
 
 pytestmark = requires_gpu
 
-# every test once per metadata implementation (0 the first version, 1 request-parallel)
+# every test once per metadata implementation (0 the first version, 1 request-parallel, 3 in one round)
 meta_impl = meta_impl_fixture()
 
 GROUP_SUBSETS = [
@@ -389,11 +389,14 @@ def test_paged_attention_end_to_end_torch_can_fail():
     assert not report.ok and any("attention differs" in f or "negative page" in f for f in report.failures)
 
 
-@pytest.mark.parametrize("impl", [1, 2])
+@pytest.mark.parametrize("impl", [1, 2, 3])
 @pytest.mark.parametrize("lanes", [4, 8, 16, 32])
 def test_request_parallel_lanes_match_the_reference(meta_impl, lanes, impl):
-    """kv_meta_block2 with every lane count, with and without the row prefetch: mixed batches (prefills longer than one copy
-    round, idle requests, several caches), > 4096 requests, capacity overflow, bad values."""
+    """kv_meta_block2 with every lane count, with and without the row prefetch, and kv_meta_block3
+    (impl 3): mixed batches (prefills longer than one copy round, idle requests, several caches),
+    > 4096 requests, capacity overflow, bad values; for impl 3 also blocks of exactly KV_THREADS
+    requests (block3) and one more (block2), and many blocks of a few long rows each (B = 1:
+    rows longer than the columns block3 loads before its barrier, several requests per group)."""
     if meta_impl != 1:
         pytest.skip("lanes are a parameter of the request-parallel implementation only")
     rng = np.random.default_rng(100 + lanes)
@@ -405,6 +408,10 @@ def test_request_parallel_lanes_match_the_reference(meta_impl, lanes, impl):
         make_case(rng, bsz=200, block_sizes=[4], bad="negative-length", spare_capacity=2),
         make_case(rng, bsz=300, block_sizes=[4, 16], bad="narrow-row", spare_capacity=2),
         make_case(rng, bsz=0, block_sizes=[4], spare_capacity=2),
+        make_case(rng, bsz=250, block_sizes=[1, 4], max_ctx=300, spare_capacity=2),
+        make_case(rng, bsz=256, block_sizes=[16], spare_capacity=2),
+        make_case(rng, bsz=257, block_sizes=[16], spare_capacity=2),
+        make_case(rng, bsz=120, block_sizes=[1], max_ctx=600, bad="unallocated", spare_capacity=2),
     ]
     over = dict(cases[0], kv_indices_capacity=max(cases[0]["kv_indices_capacity"] * 2 // 3, 1))
     for i, case in enumerate([*cases, over]):
@@ -435,7 +442,7 @@ def test_both_implementations_agree_on_a_big_decode_step(meta_impl):
     case = dict(case, attention=ALL_GROUPS)
     ref = _reference(case)
     planner = None
-    for impl in (0, 1, 0, 2, 1):
+    for impl in (0, 1, 3, 0, 2, 3, 1):
         if planner is not None:
             planner._set_meta_impl(impl)
         planner, out, mask, key, _ = _planner_step(case, planner)

@@ -126,7 +126,7 @@ def poison(strategy):
 
 #: The attention metadata implementations (StepPlanner._META_IMPL_DEFAULT): 0 the first
 #: version (kv_meta_block), 1 the request-parallel one (kv_meta_block2, the default).
-META_IMPLS = (0, 1)
+META_IMPLS = (0, 1, 3)  # the first version, request-parallel, request-parallel in one round
 
 
 def meta_impl_fixture():

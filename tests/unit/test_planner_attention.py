@@ -108,8 +108,10 @@ def fake_planner(monkeypatch):
             ref = step_addressing(dec.copy(), q.copy(), [np.zeros((max(bsz, 1), 1), np.int32)], [1], P.capacity)
             meta_kernel_model._view(P.cu_seqlens_q, bsz + 1)[:] = ref.outputs.cu_seqlens_q
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
-            if P.meta_impl == 0:  # the first version (tile: its KV_TILE)
+            if P.meta_impl & 255 == 0:  # the first version (tile: its KV_TILE)
                 launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
+            elif P.meta_impl & 255 == 3:  # one round (kv_meta_block3; block2 where rq > KV_THREADS)
+                launches.append((grid, meta_kernel_model.run_meta_blocks3(P, pre=min(tile["size"], 16))))
             else:  # request-parallel (tile: its round of KV_THREADS requests)
                 launches.append((grid, meta_kernel_model.run_meta_blocks2(P, min(tile["size"], 256))))
 
@@ -191,7 +193,9 @@ def _check(planner, out, tables, launches, case, groups, label):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1]))
+@given(
+    mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1, 3])
+)
 def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile, impl):
     StepPlanner, launches, t = fake_planner
     t["size"] = tile
@@ -199,7 +203,36 @@ def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, gr
     _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}, impl {impl}")
 
 
-@pytest.mark.parametrize("impl", [0, 1])
+@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
+def test_one_round_blocks_match_the_reference(fake_planner, lanes):
+    """kv_meta_block3's model (impl 3) at every lane count: many blocks of a few long rows
+    (B = 1: rows longer than the pre-barrier columns, several requests per group), a block of
+    exactly KV_THREADS requests (several warps' totals), one more (the block2 fallback),
+    unallocated pages in long rows, capacity overflow."""
+    StepPlanner, launches, t = fake_planner
+    t["size"] = 4096  # 16 columns per lane before the barrier, as the kernel
+    rng = np.random.default_rng(40 + lanes)
+    cases = [
+        make_case(rng, bsz=250, block_sizes=[1, 4], max_ctx=300, spare_capacity=2),
+        make_case(rng, bsz=256, block_sizes=[16], spare_capacity=2),
+        make_case(rng, bsz=257, block_sizes=[16], spare_capacity=2),
+        make_case(rng, bsz=120, block_sizes=[1], max_ctx=600, bad="unallocated", spare_capacity=2),
+    ]
+    cases.append(dict(cases[0], kv_indices_capacity=cases[0]["kv_indices_capacity"] * 2 // 3))
+    for i, case in enumerate(cases):
+        planner = StepPlanner(
+            len(case["seq_lens_decoder"]),
+            case["capacity"],
+            case["block_sizes"],
+            attention=ALL_GROUPS,
+            kv_indices_capacity=case["kv_indices_capacity"],
+        )
+        planner._set_meta_impl(3, lanes)
+        planner, out, tables = _run(StepPlanner, launches, case, ALL_GROUPS, planner)
+        _check(planner, out, tables, launches, case, ALL_GROUPS, f"lanes {lanes}, case {i}")
+
+
+@pytest.mark.parametrize("impl", [0, 1, 3])
 def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     StepPlanner, launches, t = fake_planner
     rng = np.random.default_rng(3)
@@ -215,7 +248,7 @@ def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
     _check(planner, out, tables, launches, small, ALL_GROUPS, "small after big")
 
 
-@pytest.mark.parametrize("impl", [0, 1])
+@pytest.mark.parametrize("impl", [0, 1, 3])
 def test_fewer_fatter_metadata_blocks(fake_planner, impl):
     """_set_meta_impl(entries=...): fewer blocks (grid, struct), stale records cleared, outputs
     still the reference's; E below the construction's or not a multiple of 256 refused."""
@@ -277,10 +310,30 @@ def test_struct_fields_and_attention_off(fake_planner):
     assert (P.meta_impl, P.meta_lanes) == (0, 32)
     on._set_meta_impl(2, 8)
     assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (2, 8, 2, 8)
-    with pytest.raises(ValueError, match="meta impl must be 0, 1 or 2"):
-        on._set_meta_impl(3)
+    on._set_meta_impl(3, 16)
+    assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (3, 16, 3, 16)
+    # timing ablations (impl 3 only): bits above the implementation, cleared by the next call
+    on._set_meta_impl(3, ablate=StepPlanner.META_NO_PREFIX | StepPlanner.META_NO_COPY)
+    assert P.meta_impl == 3 | 256 | 512 and on._meta_impl == 3
+    on._set_meta_impl(3)
+    assert P.meta_impl == 3
+    with pytest.raises(ValueError, match="meta impl must be 0, 1, 2 or 3"):
+        on._set_meta_impl(4)
     with pytest.raises(ValueError, match="meta lanes must be 4, 8, 16 or 32"):
         on._set_meta_impl(1, 12)
+    with pytest.raises(ValueError, match="meta ablate must be a combination of 256 and 512"):
+        on._set_meta_impl(1, ablate=StepPlanner.META_NO_COPY)
+    with pytest.raises(ValueError, match="meta ablate must be a combination of 256 and 512"):
+        on._set_meta_impl(3, ablate=1024)
+    assert P.meta_impl == 3  # a refused call changes nothing
+
+
+def test_meta_ablation_bits_are_the_kernels():
+    from kvaddr.planner import StepPlanner
+
+    c = kernel_loader.constants()
+    assert (c["KV_META_NO_PREFIX"], c["KV_META_NO_COPY"]) == (StepPlanner.META_NO_PREFIX, StepPlanner.META_NO_COPY)
+    assert c["KV_META_IMPL_MASK"] == 255 and (StepPlanner.META_NO_PREFIX | StepPlanner.META_NO_COPY) & 255 == 0
 
 
 # ---- the GPU baselines' EngineAttention: arguments against the kernels' C signatures, and a model ----
