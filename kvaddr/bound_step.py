@@ -74,6 +74,7 @@ class BoundStep:
         "_outputs",
         "_params_array",
         "_params_ptr",
+        "_plans",
         "_stream",
         "_threads",
         "_tile",
@@ -173,6 +174,7 @@ class BoundStep:
 
             launch_kernel = driver.launchKernel
         self._launch_kernel = launch_kernel
+        self._plans: dict = {}  # bsz -> (fptr, blocks, threads), filled by launch()
 
     def grid(self, bsz: int) -> int:
         """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`)."""
@@ -205,8 +207,11 @@ class BoundStep:
         """
         if bsz is None:
             bsz = self._bsz_default
-        elif not 0 <= bsz <= self.max_bsz:
-            raise ValueError(f"bsz must be an int in [0, {self.max_bsz}] (the bound rows), got {bsz!r}")
+        plan = self._plans.get(bsz)  # (kernel, blocks, threads) of a bsz launched before
+        if plan is None:
+            if not 0 <= bsz <= self.max_bsz:
+                raise ValueError(f"bsz must be an int in [0, {self.max_bsz}] (the bound rows), got {bsz!r}")
+            plan = self._plans[bsz] = self._plan(bsz)
         if self._debug:
             self.check_bound()
         if stream is None:
@@ -216,18 +221,17 @@ class BoundStep:
         elif stream.__class__ is not int:
             stream = stream_handle(stream)
         self.params.bsz = bsz
+        self._launch_kernel(plan[0], plan[1], 1, 1, plan[2], 1, 1, 0, stream, self._params_ptr, 0)
+        out = self._outputs
+        return None if out is None else out(bsz)
+
+    def _plan(self, bsz: int) -> tuple:
+        """``(function pointer, blocks, threads)`` of the launch for ``bsz`` requests."""
         one = self._one_block
         if bsz <= one[1]:
             threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
-            grid = (one[2] + threads - 1) // threads
-            self._launch_kernel(one[0], grid, 1, 1, threads, 1, 1, 0, stream, self._params_ptr, 0)
-            out = self._outputs
-            return None if out is None else out(bsz)
-        tile = self._tile
-        grid = (self._num_chunks if bsz <= tile else self._num_chunks + (bsz + tile - 1) // tile) + self._extra
-        self._launch_kernel(self._fptr, grid, 1, 1, self._threads, 1, 1, 0, stream, self._params_ptr, 0)
-        out = self._outputs
-        return None if out is None else out(bsz)
+            return one[0], (one[2] + threads - 1) // threads, threads
+        return self._fptr, self.grid(bsz), self._threads
 
     def check_bound(self) -> None:
         """Re-describe every bound array; raise ValueError if one changed since ``bind``.

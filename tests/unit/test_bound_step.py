@@ -149,6 +149,23 @@ def test_bsz_out_of_range_is_refused_before_launching(fake_runtime, bsz, exc, me
     assert rec.calls == [] and b.params.bsz == 5
 
 
+def test_a_remembered_launch_plan_never_admits_a_bad_bsz(fake_runtime):
+    # launch() remembers each bsz's (kernel, blocks, threads); a refused bsz is never remembered,
+    # and the same bsz again launches the same geometry.
+    rows = 2 * TILE
+    rec = Recorder()
+    b = bind(rows, max_requests=rows, launch=rec)
+    for _ in range(2):
+        for bsz in (rows + 1, -1):
+            with pytest.raises(ValueError, match="bsz must be an int"):
+                b.launch(bsz)
+        b.launch(TILE + 1)
+        assert rec.calls[-1][1] == b.grid(TILE + 1) and b.params.bsz == TILE + 1
+        b.launch(1)
+        assert rec.calls[-1][1] == b.grid(1) and b.params.bsz == 1
+    assert len(rec.calls) == 4
+
+
 def test_a_non_int_bsz_is_refused(fake_runtime):
     b = bind(5)
     with pytest.raises(TypeError):
