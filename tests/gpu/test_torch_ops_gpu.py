@@ -430,8 +430,8 @@ def test_step_into_tables_compiled_inside_a_cuda_graph(backend):
         assert bufs.errors() == (ref.error_mask, ref.error_key)
 
 
-def test_proposed_readme_snippet_step_into():
-    """The README text proposed in /work/handoff/host.md (Round 2), as written."""
+def test_readme_snippet_step_into():
+    """README's step_into snippet (section "From PyTorch"), as written."""
     import torch
 
     import kvaddr.torch  # registers torch.ops.kvaddr.step and step_into
