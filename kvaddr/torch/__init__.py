@@ -15,6 +15,10 @@ workspace) -> ()``
     The same with one mutated argument per output (``StepBuffers.outputs_args``, or your own
     tensors); more host time per eager call (more arguments through torch's dispatcher).
 
+``StepBuffers(..., attention=..., kv_indices_capacity=...)`` packs the attention metadata
+(docs/attention.md) too: ``step_into`` writes it in the same launch and :func:`step` returns it in
+``StepOutputs.attention`` (``page_table``: views of the input tables; docs/torch.md).
+
 Both **mutate the caller's tensors** (``Tensor(a!)`` in the schema) and return nothing: allocate
 them once (:class:`StepBuffers`) and pass the same tensors every step. CUDA: the fused kernel on
 torch's current stream; CPU: the NumPy reference; Meta/fake: shape checks only, so
