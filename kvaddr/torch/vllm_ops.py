@@ -423,27 +423,38 @@ def _planner_for(out: torch.Tensor, lay: _VllmLayout):
     planner._params.errors = records.data_ptr()
     planner._hold_records = records
 
+    multi = _state["multi_device"]
+    if multi is None:
+        multi = _state["multi_device"] = torch.cuda.is_available() and torch.cuda.device_count() > 1
+
     def forget(_ref, key=key):
         _planners.pop(key, None)
 
     with _lock:
         if len(_planners) >= CACHE_SIZE:
             _planners.clear()
-        _planners[key] = (planner, weakref.ref(out, forget))
+        # (planner, weak reference to out, several GPUs on the host, out's device)
+        _planners[key] = (planner, weakref.ref(out, forget), multi, dev)
     return planner
 
 
 def _cuda(idx, qsl, nct, tables, nb, padded, out, layout) -> None:
+    # The hot path: the planner of this out object (its memo skips the checks of the same input
+    # tensors), launched on torch's current stream of out's device.
     entry = _planners.get((layout, id(out)))
+    if entry is None or entry[1]() is not out or entry[2]:
+        _cuda_checked(entry, idx, qsl, nct, tables, nb, padded, out, layout)
+        return
+    entry[0].compute(idx, qsl, nct, tables, nb, padded, stream=_raw_stream(entry[3]))
+
+
+def _cuda_checked(entry, idx, qsl, nct, tables, nb, padded, out, layout) -> None:
+    """A new out (its planner built after the checks), or a host with several GPUs."""
     if entry is None or entry[1]() is not out:
-        planner = _planner_for(out, _check(idx, qsl, nct, tables, nb, padded, out, layout))
-    else:
-        planner = entry[0]
-    dev = out.device.index
-    multi = _state["multi_device"]
-    if multi is None:
-        multi = _state["multi_device"] = torch.cuda.device_count() > 1
-    if multi and torch.cuda.current_device() != dev:
+        _planner_for(out, _check(idx, qsl, nct, tables, nb, padded, out, layout))
+        entry = _planners[(layout, id(out))]
+    planner, dev = entry[0], entry[3]
+    if entry[2] and torch.cuda.current_device() != dev:
         with torch.cuda.device(dev):
             planner.compute(idx, qsl, nct, tables, nb, padded, stream=_raw_stream(dev))
         return
