@@ -24,6 +24,12 @@ them once (:class:`StepBuffers`) and pass the same tensors every step. CUDA: the
 torch's current stream; CPU: the NumPy reference; Meta/fake: shape checks only, so
 ``torch.compile(fullgraph=True)`` traces them without a graph break.
 
+``torch.ops.kvaddr.vllm_step_into(idx_mapping, query_start_loc, num_computed_tokens, block_tables,
+num_blocks, num_reqs_padded, out, layout) -> ()``
+    The vLLM step (docs/vllm.md) into ``out`` = :attr:`VllmStepBuffers.storage` (every output and
+    the error records packed), ``layout`` = :attr:`VllmStepBuffers.layout`. :func:`vllm_step` calls
+    it and returns the views (:mod:`kvaddr.torch.vllm_ops`).
+
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
 
@@ -36,13 +42,18 @@ from kvaddr.torch.ops import (
     workspace_errors,
     workspace_size,
 )
+from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
+
+# torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).
 
 __all__ = [
     "StepBuffers",
+    "VllmStepBuffers",
     "clear_cache",
     "set_autograd_fallthrough",
     "set_debug",
     "step",
+    "vllm_step",
     "workspace_errors",
     "workspace_size",
 ]

@@ -5,7 +5,8 @@
 #    kvaddr::step: reference, old == new, opcheck, compile, graph capture, the README snippets;
 #    step_into's attention outputs: tests/gpu/test_torch_attention_gpu.py, its own log),
 #    compute()'s memo of checked inputs (tests/gpu/test_compute_memo_gpu.py), the bound launch,
-#    and compute() against the reference (integration, bad inputs);
+#    and compute() against the reference (integration, bad inputs), and the vLLM step's torch op
+#    kvaddr::vllm_step_into (tests/gpu/test_torch_vllm_ops_gpu.py);
 # 2. the host-time benchmark (benchmarks/bench_host.py): one run, every row side by side:
 #    "torch op (eager)" is the packed op step_into (bound <= 2.0x), next to "old schema
 #    kvaddr::step" (the op before), the .tables overload, the autograd fallback, and
@@ -24,7 +25,9 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.i
 
 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider \
   tests/gpu/test_torch_ops_gpu.py tests/gpu/test_compute_memo_gpu.py tests/gpu/test_bound_step_gpu.py \
-  tests/gpu/test_gpu_integration.py tests/gpu/test_bad_inputs_gpu.py > "$OUT/pytest_gpu.log" 2>&1 || status=1
+  tests/gpu/test_gpu_integration.py tests/gpu/test_bad_inputs_gpu.py \
+  tests/gpu/test_torch_vllm_ops_gpu.py \
+  > "$OUT/pytest_gpu.log" 2>&1 || status=1
 tail -n 15 "$OUT/pytest_gpu.log"
 
 # the torch ops' attention outputs (StepBuffers(..., attention=...)): reference, planner, opcheck,
