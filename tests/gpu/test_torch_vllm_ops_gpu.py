@@ -12,27 +12,22 @@ import pytest
 
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
 from kvaddr.engines.vllm_reference import vllm_step_reference
-from tests.support.torch_ops import cuda_torch_skip_reason
-from tests.support.vllm_cases import assert_same, corrupt, new_batch, random_case, worked_example
+from tests.support.torch_ops import cuda_torch_skip_reason, vllm_case_tensors
+from tests.support.vllm_cases import (
+    WORKED_EXAMPLE_OUTPUTS,
+    assert_same,
+    corrupt,
+    new_batch,
+    random_case,
+    worked_example,
+)
 
 SKIP = cuda_torch_skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 
 def tensors(inputs, device="cuda"):
-    """A case's inputs as torch tensors (num_blocks stacked into one [G, rows] tensor)."""
-    import torch
-
-    def t(x):
-        return torch.from_numpy(np.array(x)).to(device)  # a copy: never aliasing the case's arrays
-
-    return (
-        t(inputs["idx_mapping"]),
-        t(inputs["query_start_loc"]),
-        t(inputs["num_computed_tokens"]),
-        [t(x) for x in inputs["block_tables"]],
-        t(np.stack(inputs["num_blocks"])),
-    )
+    return vllm_case_tensors(inputs, device)
 
 
 def reference(cfg, inputs, padded=None):
@@ -66,13 +61,7 @@ def copy_inputs(args, inputs):
 def test_worked_example_on_cuda():
     cfg, inputs = worked_example()
     out, bufs = run(cfg, inputs)
-    want = dict(
-        positions=np.array([5, 9, 10, 0, 0, 0], np.int64),
-        seq_lens=np.array([6, 11, 0, 0], np.int32),
-        slot_mappings=np.array([[9, 33, 34, -1, -1, -1]], np.int64),
-        input_block_tables=(np.array([[7, 2, 0, 0], [1, 3, 8, 0], [0, 0, 0, 0], [0, 0, 0, 0]], np.int32),),
-        dcp_local_seq_lens=np.array([6, 11, 0, 0], np.int32),
-    )
+    want = WORKED_EXAMPLE_OUTPUTS
     assert_same(out, want, "worked example")
     assert out is bufs.outputs and bufs.planner is not None
     assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)

@@ -60,3 +60,38 @@ def poison(buffers) -> None:
         t = getattr(buffers, name)
         if t is not None:
             t.fill_(0x3C3C3C3C)
+
+
+#: Every attention group.
+ALL = ("flashinfer", "varlen", "page_table")
+
+
+def _a(x):
+    return np.asarray(x, dtype=np.int32)
+
+
+#: docs/attention.md's worked examples, as step cases (the CPU and GPU op tests share them).
+EXAMPLE_1 = dict(
+    seq_lens_decoder=_a([5, 0, 9]),
+    seq_lens_this_time=_a([1, 3, 2]),
+    block_tables=_a([[7, 2, -1, -1], [4, -1, -1, -1], [1, 3, 8, -1]]),
+    block_sizes=[4],
+    capacity=8,
+)
+EXAMPLE_2 = dict(
+    seq_lens_decoder=_a([8, 0, 3, 0]),
+    seq_lens_this_time=_a([0, 4, 2, 0]),
+    block_tables=[
+        _a([[5, 6, -1], [9, -1, -1], [2, 0, -1], [-1, -1, -1]]),
+        _a([[10, 11, 12, 13], [14, 15, -1, -1], [16, 17, 18, -1], [-1, -1, -1, -1]]),
+    ],
+    block_sizes=[4, 2],
+    capacity=8,
+)
+EXAMPLE_3 = dict(
+    seq_lens_decoder=_a([5, 12]),
+    seq_lens_this_time=_a([0, 1]),
+    block_tables=_a([[3, -1, -1], [1, 2, 4]]),
+    block_sizes=[4],
+    capacity=4,
+)

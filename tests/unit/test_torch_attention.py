@@ -20,44 +20,23 @@ import pytest
 from kvaddr.errors import ERR_KV_INDICES_CAPACITY, NO_ERROR_KEY, AddressingError, decode_error_key
 from tests.support.gpu import assert_attention_equal, assert_outputs_equal
 from tests.support.step_cases import random_step
-from tests.support.torch_attention import GROUP_SETS, host_attention, poison, reference, total_pages
+from tests.support.torch_attention import (
+    ALL,
+    EXAMPLE_1,
+    EXAMPLE_2,
+    EXAMPLE_3,
+    GROUP_SETS,
+    host_attention,
+    poison,
+    reference,
+    total_pages,
+)
 from tests.support.torch_ops import case_tensors, torch_skip_reason
 
 SKIP = torch_skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
-ALL = ("flashinfer", "varlen", "page_table")
 I32 = np.int32
-
-
-def _a(x):
-    return np.asarray(x, dtype=I32)
-
-
-EXAMPLE_1 = dict(
-    seq_lens_decoder=_a([5, 0, 9]),
-    seq_lens_this_time=_a([1, 3, 2]),
-    block_tables=_a([[7, 2, -1, -1], [4, -1, -1, -1], [1, 3, 8, -1]]),
-    block_sizes=[4],
-    capacity=8,
-)
-EXAMPLE_2 = dict(
-    seq_lens_decoder=_a([8, 0, 3, 0]),
-    seq_lens_this_time=_a([0, 4, 2, 0]),
-    block_tables=[
-        _a([[5, 6, -1], [9, -1, -1], [2, 0, -1], [-1, -1, -1]]),
-        _a([[10, 11, 12, 13], [14, 15, -1, -1], [16, 17, 18, -1], [-1, -1, -1, -1]]),
-    ],
-    block_sizes=[4, 2],
-    capacity=8,
-)
-EXAMPLE_3 = dict(
-    seq_lens_decoder=_a([5, 12]),
-    seq_lens_this_time=_a([0, 1]),
-    block_tables=_a([[3, -1, -1], [1, 2, 4]]),
-    block_sizes=[4],
-    capacity=4,
-)
 
 
 def _run(case, attention, n, *, max_requests=None, buffers=None, device="cpu"):
@@ -141,7 +120,9 @@ def test_example_2_kv_indices_overflow_sets_bit_16_in_errors_and_check():
     with pytest.raises(AddressingError, match=r"token 4 of request 2, cache 1: more kv_indices entries"):
         bufs.check()
     # the next step within the capacity clears the record (every record rewritten every step)
-    small = dict(EXAMPLE_2, seq_lens_decoder=_a([1, 0, 1, 0]), seq_lens_this_time=_a([0, 1, 1, 0]))
+    small = dict(
+        EXAMPLE_2, seq_lens_decoder=np.asarray([1, 0, 1, 0], I32), seq_lens_this_time=np.asarray([0, 1, 1, 0], I32)
+    )
     _run(small, "flashinfer", 6, buffers=bufs)
     assert bufs.errors() == (0, NO_ERROR_KEY)
 
