@@ -10,10 +10,6 @@ the CUDA kernel.
 
 from __future__ import annotations
 
-import ctypes
-import sys
-import types
-
 import numpy as np
 import pytest
 
@@ -31,6 +27,7 @@ from tests.support.torch_attention import (
     reference,
     total_pages,
 )
+from tests.support.torch_fakes import launch_params
 from tests.support.torch_ops import case_tensors, torch_skip_reason
 
 SKIP = torch_skip_reason()
@@ -414,44 +411,6 @@ def test_fake_kernel_checks_attention_buffers_like_the_real_one():
 # -- the CUDA kernel's Python, with the launch faked -------------------------------------
 
 
-@pytest.fixture
-def fake_cuda_launch(monkeypatch):
-    """Run the CUDA kernels on CPU tensors: describe() takes them as device 0's, launches are recorded."""
-    import torch
-
-    from kvaddr import bound_step, validation
-    from kvaddr.torch import ops
-
-    calls = []
-    driver = types.SimpleNamespace(launchKernel=lambda *a: calls.append(a))
-    cuda = types.ModuleType("cupy.cuda")
-    cuda.driver = driver
-    cp = types.ModuleType("cupy")
-    cp.cuda = cuda
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
-    monkeypatch.setattr(ops.kernel_loader, "get_function", lambda name, dev=None: types.SimpleNamespace(ptr=0xF00))
-    monkeypatch.setattr(ops, "_raw_stream", lambda dev: 0x5)
-    monkeypatch.setitem(ops._state, "multi_device", False)
-
-    def describe(name, x):
-        if isinstance(x, torch.Tensor):
-            return validation.ArrayInfo(x.data_ptr(), tuple(x.shape), x.stride(), np.dtype(np.int32), 0, x)
-        return validation.describe(name, x)
-
-    monkeypatch.setattr(bound_step, "describe", describe)
-    ops.clear_cache()
-    yield calls
-    ops.clear_cache()
-    ops.set_debug(False)
-
-
-def _params(call):
-    from kvaddr import kernel_loader
-
-    return kernel_loader.StepParams.from_address(ctypes.c_void_p.from_address(call[9]).value)
-
-
 @pytest.mark.parametrize("groups", [ALL, ("flashinfer",), ("varlen",), ("page_table",), ("flashinfer", "varlen")])
 def test_step_into_launches_the_metadata_blocks_on_the_storage_pointers(fake_cuda_launch, groups):
     import torch
@@ -471,7 +430,7 @@ def test_step_into_launches_the_metadata_blocks_on_the_storage_pointers(fake_cud
     ops._into_cuda(dec, q, table, plain.storage, plain.layout)
     ops._into_cuda(dec, q, table, bufs.storage, bufs.layout)  # the remembered set: the same launch
     assert len(fake_cuda_launch) == 3 and fake_cuda_launch[0] == fake_cuda_launch[2]
-    p, p0 = _params(fake_cuda_launch[0]), _params(fake_cuda_launch[1])
+    p, p0 = launch_params(fake_cuda_launch[0]), launch_params(fake_cuda_launch[1])
     E, per_cache, num_meta = bufs._layout.meta
     fi, vl = "flashinfer" in groups, "varlen" in groups
     assert num_meta > 0

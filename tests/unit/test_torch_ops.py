@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -326,38 +325,6 @@ def test_workspace_size_round_trips(capacity, max_requests):
 
 
 # -- the CUDA kernel's Python, with the launch faked -----------------------------------------
-
-
-@pytest.fixture
-def fake_cuda_launch(monkeypatch):
-    """Run ``_step_cuda`` on CPU tensors: describe() takes them as device 0's, the launch is recorded."""
-    import torch
-
-    from kvaddr import bound_step, validation
-    from kvaddr.torch import ops
-
-    calls = []
-    driver = types.SimpleNamespace(launchKernel=lambda *a: calls.append(a))
-    cuda = types.ModuleType("cupy.cuda")
-    cuda.driver = driver
-    cp = types.ModuleType("cupy")
-    cp.cuda = cuda
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
-    monkeypatch.setattr(ops.kernel_loader, "get_function", lambda name, dev=None: types.SimpleNamespace(ptr=0xF00))
-    monkeypatch.setattr(ops, "_raw_stream", lambda dev: 0x5)
-    monkeypatch.setitem(ops._state, "multi_device", False)
-
-    def describe(name, x):
-        if isinstance(x, torch.Tensor):
-            return validation.ArrayInfo(x.data_ptr(), tuple(x.shape), x.stride(), np.dtype(np.int32), 0, x)
-        return validation.describe(name, x)
-
-    monkeypatch.setattr(bound_step, "describe", describe)
-    ops.clear_cache()
-    yield calls
-    ops.clear_cache()
-    ops.set_debug(False)
 
 
 @requires_torch

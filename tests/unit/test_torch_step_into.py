@@ -6,16 +6,13 @@ faked. Skips without torch. tests/gpu/test_torch_ops_gpu.py runs the CUDA kernel
 
 from __future__ import annotations
 
-import ctypes
-import sys
-import types
-
 import numpy as np
 import pytest
 
 from kvaddr.reference import step_addressing
 from tests.support.gpu import assert_outputs_equal
 from tests.support.step_cases import random_step
+from tests.support.torch_fakes import launch_params
 from tests.support.torch_ops import case_tensors, torch_skip_reason
 
 SKIP = torch_skip_reason()
@@ -354,44 +351,6 @@ def test_the_autograd_fallthrough_covers_both_ops():
 # -- the CUDA kernel's Python, with the launch faked ----------------------------------------
 
 
-@pytest.fixture
-def fake_cuda_launch(monkeypatch):
-    """Run the CUDA kernels on CPU tensors: describe() takes them as device 0's, launches are recorded."""
-    import torch
-
-    from kvaddr import bound_step, validation
-    from kvaddr.torch import ops
-
-    calls = []
-    driver = types.SimpleNamespace(launchKernel=lambda *a: calls.append(a))
-    cuda = types.ModuleType("cupy.cuda")
-    cuda.driver = driver
-    cp = types.ModuleType("cupy")
-    cp.cuda = cuda
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
-    monkeypatch.setattr(ops.kernel_loader, "get_function", lambda name, dev=None: types.SimpleNamespace(ptr=0xF00))
-    monkeypatch.setattr(ops, "_raw_stream", lambda dev: 0x5)
-    monkeypatch.setitem(ops._state, "multi_device", False)
-
-    def describe(name, x):
-        if isinstance(x, torch.Tensor):
-            return validation.ArrayInfo(x.data_ptr(), tuple(x.shape), x.stride(), np.dtype(np.int32), 0, x)
-        return validation.describe(name, x)
-
-    monkeypatch.setattr(bound_step, "describe", describe)
-    ops.clear_cache()
-    yield calls
-    ops.clear_cache()
-    ops.set_debug(False)
-
-
-def _params(call):
-    from kvaddr import kernel_loader
-
-    return kernel_loader.StepParams.from_address(ctypes.c_void_p.from_address(call[9]).value)
-
-
 def test_step_into_launches_on_the_storage_pointers_like_the_old_op(fake_cuda_launch):
     from kvaddr.torch import ops
 
@@ -401,10 +360,10 @@ def test_step_into_launches_on_the_storage_pointers_like_the_old_op(fake_cuda_la
     ops._into_tables_cuda(dec, q, [table], out, layout)
     ops._step_cuda(dec, q, [table], [4, 2], *bufs_views)
     assert len(fake_cuda_launch) == 3
-    P = [bytes(_params(c)) for c in fake_cuda_launch]
+    P = [bytes(launch_params(c)) for c in fake_cuda_launch]
     assert P[0] == P[1] == P[2]  # the same kernel parameters, byte for byte
     assert all(c[:9] == fake_cuda_launch[0][:9] for c in fake_cuda_launch)  # function, grid, block, stream
-    p = _params(fake_cuda_launch[0])
+    p = launch_params(fake_cuda_launch[0])
     cu, nt, batch, pos, kv, slots, ws = bufs_views
     assert (p.cu_seqlens_q, p.num_tokens, p.batch_id_per_token) == (cu.data_ptr(), nt.data_ptr(), batch.data_ptr())
     assert (p.position_ids, p.seq_lens_kv, p.slot_mapping) == (pos.data_ptr(), kv.data_ptr(), slots.data_ptr())
