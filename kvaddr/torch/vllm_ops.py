@@ -44,8 +44,7 @@ import weakref
 import numpy as np
 import torch
 
-from kvaddr.engines.vllm import THREADS as _THREADS
-from kvaddr.engines.vllm import WARPS as _WARPS
+from kvaddr.engines.vllm import VllmStepPlanner
 from kvaddr.engines.vllm_config import INT32, INT64, VllmStepConfig, VllmStepOutputs
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
 from kvaddr.engines.vllm_reference import vllm_step_reference
@@ -63,9 +62,9 @@ _NO_ERROR_I64 = VLLM_NO_ERROR_KEY - (1 << 64) if VLLM_NO_ERROR_KEY >= 1 << 63 el
 
 def num_records(config: VllmStepConfig) -> int:
     """Error records (two int64 words each: mask, key) of a step: one per warp of the v2 kernel's
-    token and request blocks, ``(ceil(T / 256) + ceil(M / 256)) * 8``."""
-    T, M = config.max_num_batched_tokens, config.max_num_reqs
-    return (-(-T // _THREADS) + -(-M // _THREADS)) * _WARPS
+    token and request blocks, ``(ceil(T / 256) + ceil(M / 256)) * 8``
+    (:meth:`VllmStepPlanner.error_records_shape <kvaddr.engines.vllm.VllmStepPlanner.error_records_shape>`)."""
+    return VllmStepPlanner.error_records_shape(config.max_num_reqs, config.max_num_batched_tokens)[0]
 
 
 def _slot_torch_dtype(config: VllmStepConfig):
@@ -385,10 +384,6 @@ def _planner_for(out: torch.Tensor, lay: _VllmLayout):
             "capturing. (torch.compile's aot_eager backend passes a fresh functional copy of out on every "
             "call; inductor updates out in place.)"
         )
-    import cupy
-
-    from kvaddr.engines.vllm import VllmStepPlanner
-
     cfg = lay.config
     views, rec = lay.views(out)
     aliases = {
@@ -414,14 +409,10 @@ def _planner_for(out: torch.Tensor, lay: _VllmLayout):
         out=aliases,
         device=dev,
         kernel="v2",
+        # The error records (v2: one per warp, every one rewritten by each launch) live in out too,
+        # so the op's every write lands in its one mutated tensor and errors() reads them.
+        error_records=_alias(out, rec),
     )
-    # The planner's error records (v2: one per warp, every one rewritten by each launch) moved
-    # into out, so the op's every write lands in its one mutated tensor and errors() reads them.
-    records = _alias(out, rec)
-    with cupy.cuda.Device(dev):
-        planner._records = cupy.asarray(records).view(cupy.uint64)
-    planner._params.errors = records.data_ptr()
-    planner._hold_records = records
 
     multi = _state["multi_device"]
     if multi is None:
