@@ -53,6 +53,7 @@ from kvaddr import kernel_loader
 from kvaddr.constants import INT32_MAX, MAX_CACHES
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
 from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
+from kvaddr.planner import attention_meta_geometry
 from kvaddr.reference import step_addressing
 from kvaddr.validation import MAX_REQUESTS
 
@@ -171,28 +172,6 @@ _ATTN_FIELDS = ("kv_indptr", "kv_last_page_len", "kv_indices", "cu_seqlens_k", "
 _DEFAULT_SMS = 132
 
 
-def _meta_geometry(groups: tuple, num_caches: int, n: int, sms: int) -> tuple[int, int, int]:
-    """``(E, meta_per_cache, num_meta)``: the metadata blocks of the attention groups ``groups``.
-
-    The formula of ``StepPlanner._attention_buffers`` (docs/attention.md): E, the kv_indices entries
-    of one block, is about two blocks per SM over all caches' entries, at least 2048, a multiple of
-    256; ``ceil(N / E)`` blocks per cache with "flashinfer", one per cache with "page_table" alone,
-    one with "varlen" alone, none without attention (tests/gpu/test_torch_attention_gpu.py compares
-    it with a planner's).
-    """
-    G, fi = num_caches, "flashinfer" in groups
-    per = -(-n // max(1, -(-2 * sms // max(G, 1))))
-    entries = max(2048, -(-per // 256) * 256)
-    per_cache = -(-n // entries) if fi else 1
-    if not groups:
-        num_meta = 0
-    elif fi or "page_table" in groups:
-        num_meta = G * per_cache
-    else:
-        num_meta = 1
-    return entries, per_cache, num_meta
-
-
 class _Layout:
     """Where each output sits inside a packed ``StepBuffers.storage`` (int64 words).
 
@@ -232,7 +211,9 @@ class _Layout:
         self.kv_indices_capacity = kv_indices_capacity
         self.tiles = _max_tiles(M)
         #: (E, meta_per_cache, num_meta) of the metadata blocks; (0, 0, 0) without attention.
-        self.meta = _meta_geometry(self.attention, G, kv_indices_capacity or 1, sms) if self.attention else (0, 0, 0)
+        self.meta = (
+            attention_meta_geometry(self.attention, G, kv_indices_capacity, sms) if self.attention else (0, 0, 0)
+        )
         self.workspace_words = workspace_size(C, M) + 2 * self.meta[2] * _WARPS
         sizes = {
             "workspace": 8 * self.workspace_words,
@@ -442,7 +423,7 @@ class StepBuffers:
         C, M = self.capacity, self.max_requests
         if self.attention:
             sms = _DEFAULT_SMS
-            if dev.type == "cuda":  # the metadata blocks' geometry, as a planner on this device (_meta_geometry)
+            if dev.type == "cuda":  # the metadata blocks' geometry, as a planner on this device
                 sms = torch.cuda.get_device_properties(dev).multi_processor_count or _DEFAULT_SMS
             lay = _Layout(
                 C,

@@ -459,14 +459,3 @@ def test_step_into_launches_the_metadata_blocks_on_the_storage_pointers(fake_cud
     assert rec_end == bufs.workspace.data_ptr() + 8 * bufs.workspace.numel()
     # the plain launch has no attention (as before)
     assert p0.attention == 0 and p0.num_meta == 0 and p0.kv_indices == 0
-
-
-def test_meta_geometry_follows_the_planners_formula():
-    from kvaddr.torch import ops
-
-    # E: about two blocks per SM over all caches, at least 2048, a multiple of 256
-    assert ops._meta_geometry(("flashinfer",), 1, 8, 132) == (2048, 1, 1)
-    assert ops._meta_geometry(("flashinfer", "varlen"), 2, 8 << 20, 132) == (63744, 132, 264)
-    assert ops._meta_geometry(("page_table",), 3, 1, 132) == (2048, 1, 3)
-    assert ops._meta_geometry(("varlen",), 3, 1, 132) == (2048, 1, 1)
-    assert ops._meta_geometry((), 3, 1, 132)[2] == 0
