@@ -10,6 +10,8 @@ between replays. Mirrors tests/gpu/test_torch_ops_gpu.py. Skips without torch, C
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -90,8 +92,8 @@ def _host(out, bsz):
     )
 
 
-def _check_step(case, groups, n, out, bufs, label):
-    ref = reference(case, groups, n)
+def _check_step(case, groups, n, out, bufs, label, ref=None):
+    ref = reference(case, groups, n) if ref is None else ref
     bsz = len(case["seq_lens_decoder"])
     assert_outputs_equal(_host(out, bsz), ref.outputs, label)
     assert_attention_equal(host_attention(out.attention), ref.outputs.attention, label)
@@ -135,17 +137,28 @@ def _case(rng, bsz, errors):
     return random_step(rng, bsz=bsz, errors=errors, **kw)
 
 
-@pytest.mark.parametrize("meta_impl", META_IMPLS, indirect=True)
-@pytest.mark.parametrize("bsz", [0, 1, 37, 300, 4096, 4097, 9000])
-@pytest.mark.parametrize("groups", GROUP_SETS, ids=lambda g: "+".join(g))
-def test_random_batches_equal_the_reference_on_cuda(meta_impl, bsz, groups):
+@functools.lru_cache(maxsize=1)
+def _random_steps(bsz, groups):
+    """Three steps (clean, bad values, kv_indices overflow) with their references. The same for every
+    metadata implementation, which pytest runs one after the other (meta_impl varies fastest): the
+    NumPy reference of the large batches runs once, not once per implementation."""
     rng = np.random.default_rng(1000 * bsz + GROUP_SETS.index(groups))
+    steps = []
     for i in range(3):
         case = _case(rng, bsz, errors=i == 1)
         need = total_pages(case)
         n = (need + 7 if i != 2 else max(1, need // 2)) if "flashinfer" in groups else None  # i == 2: overflow
+        steps.append((case, n, reference(case, groups, n)))
+    return tuple(steps)
+
+
+@pytest.mark.parametrize("meta_impl", META_IMPLS, indirect=True)
+@pytest.mark.parametrize("bsz", [0, 1, 37, 300, 4096, 4097, 9000])
+@pytest.mark.parametrize("groups", GROUP_SETS, ids=lambda g: "+".join(g))
+def test_random_batches_equal_the_reference_on_cuda(meta_impl, bsz, groups):
+    for i, (case, n, ref) in enumerate(_random_steps(bsz, groups)):
         out, bufs, _ = _run(case, groups, n, max_requests=bsz + 3)
-        _check_step(case, groups, n, out, bufs, f"bsz {bsz} {groups} step {i} meta {meta_impl}")
+        _check_step(case, groups, n, out, bufs, f"bsz {bsz} {groups} step {i} meta {meta_impl}", ref)
 
 
 def test_same_buffers_many_steps_with_bsz_changing_and_the_overflow_record_cleared():
