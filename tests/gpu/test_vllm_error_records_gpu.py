@@ -40,7 +40,7 @@ def _records(kind, shape):
 def _words(x) -> np.ndarray:
     import cupy
 
-    if hasattr(x, "cpu"):  # torch
+    if type(x).__module__.startswith("torch"):
         return x.cpu().numpy().view(np.uint64)
     return cupy.asnumpy(x).view(np.uint64)
 
