@@ -310,8 +310,9 @@ class VllmStepPlanner:
         import cupy
 
         if not self._v2:
+            who = "" if type(self) is VllmStepPlanner else f" by {type(self).__name__}"
             raise ValueError(
-                f"error_records is only taken with kernel='v2' (per-warp records), got kernel={self.kernel!r}"
+                f"error_records is only taken with kernel='v2' (per-warp records), got kernel={self.kernel!r}{who}"
             )
         want = f"error_records must be a C-contiguous int64 or uint64 device array of shape {shape}"
         info = describe("error_records", x)
@@ -321,7 +322,7 @@ class VllmStepPlanner:
             raise ValueError(f"{want}, got shape {tuple(info.shape)}")
         if tuple(info.strides) != (2, 1):
             raise ValueError(f"{want}, got strides {tuple(info.strides)} (in elements)")
-        check_matrix(
+        check_matrix(  # its device (dtype, shape and strides checked above)
             "error_records", info, dtypes=(info.dtype,), min_rows=shape[0], cols=2, shape_text="", device=self.device
         )
         self._records_owner = x  # the planner writes into x's memory: keep it alive
