@@ -31,6 +31,49 @@ if TYPE_CHECKING:
     from kvaddr.bound_step import BoundStep
 
 
+def attention_meta_geometry(
+    attention: Sequence[str], num_caches: int, kv_indices_capacity: int | None, sms: int
+) -> tuple[int, int, int]:
+    """The attention metadata blocks of a step: ``(E, meta_per_cache, num_meta)``.
+
+    The one formula :class:`StepPlanner` sizes its metadata launch with (and the torch op's
+    packed buffers, ``kvaddr.torch.StepBuffers``, their records): E, the ``kv_indices``
+    entries of one block, is about two blocks per SM over all caches' entries, at least
+    2048, a multiple of 256 (each block also reads every length once); "flashinfer" runs
+    ``ceil(N / E)`` blocks per cache, "page_table" alone one per cache, "varlen" alone one
+    block, no attention none. Each block writes ``KV_WARPS`` error records.
+
+    Parameters
+    ----------
+    attention : sequence of str
+        The normalised attention groups (:func:`~kvaddr.attention_reference.normalize_attention`);
+        empty for none.
+    num_caches : int
+        G, the KV caches (block tables).
+    kv_indices_capacity : int or None
+        N, the entries of each cache's ``kv_indices`` (None or 0: 1, as without "flashinfer").
+    sms : int
+        Streaming multiprocessors of the device (132 on an H200).
+
+    Returns
+    -------
+    tuple of int
+        ``(E, meta_per_cache, num_meta)``; ``num_meta`` is 0 without attention.
+    """
+    groups, G, N = tuple(attention), int(num_caches), int(kv_indices_capacity or 1)
+    fi = "flashinfer" in groups
+    per = -(-N // max(1, -(-2 * int(sms) // max(G, 1))))
+    entries = max(2048, -(-per // 256) * 256)
+    per_cache = -(-N // entries) if fi else 1
+    if not groups:
+        num_meta = 0
+    elif fi or "page_table" in groups:
+        num_meta = G * per_cache
+    else:  # varlen alone: one block
+        num_meta = 1
+    return entries, per_cache, num_meta
+
+
 class StepPlanner:
     """Owns a step's output buffers and computes its addressing in one launch.
 
@@ -273,20 +316,10 @@ class StepPlanner:
         self._meta_lanes = 32
         self._meta_ablate = 0  # KV_META_NO_PREFIX / KV_META_NO_COPY bits (timing only; impl 3)
         N = self.kv_indices_capacity or 1
-        # E, the kv_indices entries of one metadata block: about two blocks per SM over
-        # all caches' entries, at least 2048 (each block also reads every length once).
         sms = int(cupy.cuda.runtime.getDeviceProperties(self.device).get("multiProcessorCount", 132) or 132)
-        per = -(-N // max(1, -(-2 * sms // max(G, 1))))
-        self._meta_entries = max(2048, -(-per // 256) * 256)
-        self._meta_per_cache = -(-N // self._meta_entries) if fi else 1
+        self._meta_entries, self._meta_per_cache, self._num_meta = attention_meta_geometry(groups, G, N, sms)
         self._meta_entries_min = self._meta_entries  # _set_meta_impl may only make E larger (fewer blocks)
         self._kv_warps = consts["KV_WARPS"]
-        if not groups:
-            self._num_meta = 0
-        elif fi or "page_table" in groups:
-            self._num_meta = G * self._meta_per_cache
-        else:  # varlen alone: one block
-            self._num_meta = 1
         self.kv_indptr = self.kv_indices = self.kv_last_page_len = None
         self.cu_seqlens_k = self.max_seqlen = None
         if fi:

@@ -158,6 +158,14 @@ class VllmStepPlanner:
     pair_lanes : {8, 16, 32}, optional
         v2 only: lanes per (group, row) pair of the gather (default: by batch size,
         :meth:`auto_pair_lanes`). Settable later through the ``pair_lanes`` attribute.
+    error_records : device array, optional
+        v2 only: caller-owned memory for the step's error records (e.g. a view into one
+        packed buffer of the caller's): int64 or uint64, C-contiguous, shape
+        :meth:`error_records_shape` ``(R, 2)`` of this ``max_num_reqs`` and
+        ``max_num_batched_tokens``, on ``device`` (CuPy, PyTorch or any
+        ``__cuda_array_interface__`` array). The planner writes ``(0, no error)`` into
+        every record here, the kernel rewrites every record on every launch, and
+        :meth:`errors` / :meth:`check` read them. By default the planner allocates them.
 
     Examples
     --------
@@ -188,6 +196,7 @@ class VllmStepPlanner:
         device: int | None = None,
         kernel: str = "v2",
         pair_lanes: int | None = None,
+        error_records=None,
     ):
         import cupy
 
@@ -236,10 +245,13 @@ class VllmStepPlanner:
             self._state = cupy.asarray(np.array([M, 0], dtype=np.uint32))
             # v2: one record (mask, first-bad key) per warp of the token and request blocks,
             # each rewritten by every launch.
-            token_blocks, request_blocks = -(-T // THREADS), -(-M // THREADS)
-            rec = np.zeros(((token_blocks + request_blocks) * WARPS, 2), dtype=np.uint64)
+            rec = np.zeros(self.error_records_shape(M, T), dtype=np.uint64)
             rec[:, 1] = VLLM_NO_ERROR_KEY
-            self._records = cupy.asarray(rec)
+            if error_records is None:
+                self._records = cupy.asarray(rec)
+            else:
+                self._records = self._caller_records(error_records, rec.shape)
+                self._records.set(rec)
             # Initialised on CuPy's current stream; compute() may run on any other.
             cupy.cuda.get_current_stream().synchronize()
         o = self._out_info
@@ -285,6 +297,37 @@ class VllmStepPlanner:
         }
 
     # -- construction helpers ---------------------------------------------------------
+    @staticmethod
+    def error_records_shape(max_num_reqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
+        """``(R, 2)``: the v2 kernel's error records, one ``(mask, first-bad key)`` pair of
+        64-bit words per warp of its token and request blocks,
+        ``R = (ceil(max_num_batched_tokens / 256) + ceil(max_num_reqs / 256)) * 8``
+        (the shape an ``error_records=`` array must have)."""
+        return ((-(-int(max_num_batched_tokens) // THREADS) + -(-int(max_num_reqs) // THREADS)) * WARPS, 2)
+
+    def _caller_records(self, x, shape: tuple[int, int]):
+        """``error_records=``, checked; a CuPy uint64 view of it (the caller's memory)."""
+        import cupy
+
+        if not self._v2:
+            who = "" if type(self) is VllmStepPlanner else f" by {type(self).__name__}"
+            raise ValueError(
+                f"error_records is only taken with kernel='v2' (per-warp records), got kernel={self.kernel!r}{who}"
+            )
+        want = f"error_records must be a C-contiguous int64 or uint64 device array of shape {shape}"
+        info = describe("error_records", x)
+        if info.dtype not in (INT64, np.dtype(np.uint64)):
+            raise TypeError(f"{want}, got dtype {info.dtype}")
+        if tuple(info.shape) != shape:
+            raise ValueError(f"{want}, got shape {tuple(info.shape)}")
+        if tuple(info.strides) != (2, 1):
+            raise ValueError(f"{want}, got strides {tuple(info.strides)} (in elements)")
+        check_matrix(  # its device (dtype, shape and strides checked above)
+            "error_records", info, dtypes=(info.dtype,), min_rows=shape[0], cols=2, shape_text="", device=self.device
+        )
+        self._records_owner = x  # the planner writes into x's memory: keep it alive
+        return cupy.asarray(x).view(cupy.uint64)
+
     @property
     def _v2(self) -> bool:
         return self.kernel == "v2" and type(self)._load_functions is VllmStepPlanner._load_functions

@@ -15,10 +15,20 @@ workspace) -> ()``
     The same with one mutated argument per output (``StepBuffers.outputs_args``, or your own
     tensors); more host time per eager call (more arguments through torch's dispatcher).
 
+``StepBuffers(..., attention=..., kv_indices_capacity=...)`` packs the attention metadata
+(docs/attention.md) too: ``step_into`` writes it in the same launch and :func:`step` returns it in
+``StepOutputs.attention`` (``page_table``: views of the input tables; docs/torch.md).
+
 Both **mutate the caller's tensors** (``Tensor(a!)`` in the schema) and return nothing: allocate
 them once (:class:`StepBuffers`) and pass the same tensors every step. CUDA: the fused kernel on
 torch's current stream; CPU: the NumPy reference; Meta/fake: shape checks only, so
 ``torch.compile(fullgraph=True)`` traces them without a graph break.
+
+``torch.ops.kvaddr.vllm_step_into(idx_mapping, query_start_loc, num_computed_tokens, block_tables,
+num_blocks, num_reqs_padded, out, layout) -> ()``
+    The vLLM step (docs/vllm.md) into ``out`` = :attr:`VllmStepBuffers.storage` (every output and
+    the error records packed), ``layout`` = :attr:`VllmStepBuffers.layout`. :func:`vllm_step` calls
+    it and returns the views (:mod:`kvaddr.torch.vllm_ops`).
 
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
@@ -32,13 +42,18 @@ from kvaddr.torch.ops import (
     workspace_errors,
     workspace_size,
 )
+from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
+
+# torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).
 
 __all__ = [
     "StepBuffers",
+    "VllmStepBuffers",
     "clear_cache",
     "set_autograd_fallthrough",
     "set_debug",
     "step",
+    "vllm_step",
     "workspace_errors",
     "workspace_size",
 ]

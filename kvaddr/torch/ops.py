@@ -6,7 +6,9 @@ ONE mutated int64 tensor ``out`` (:attr:`StepBuffers.storage`, each array 256-by
 and ``layout`` (:attr:`StepBuffers.layout`) is an int naming the packing. Five arguments: torch's
 dispatcher costs per argument, so it is the cheaper eager call. Its values and checks are those
 of ``step`` below, applied to the views of ``out`` (plus: ``out`` must be that layout's storage,
-bsz <= max_requests). :func:`step` calls it.
+bsz <= max_requests). :func:`step` calls it. A layout may also pack the attention metadata
+(``StepBuffers(..., attention=..., kv_indices_capacity=...)``, docs/attention.md): the same op
+then writes it in the same launch (CUDA: the planner's metadata blocks; CPU: the reference).
 
 The first op, ``step``, takes one mutated argument per output. It **mutates its output arguments** (the caller's tensors, marked ``Tensor(x!)`` in
 the schema) and returns nothing; it never returns views of hidden buffers, so
@@ -50,7 +52,8 @@ import torch
 from kvaddr import kernel_loader
 from kvaddr.constants import INT32_MAX, MAX_CACHES
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
-from kvaddr.outputs import StepOutputs
+from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
+from kvaddr.planner import attention_meta_geometry
 from kvaddr.reference import step_addressing
 from kvaddr.validation import MAX_REQUESTS
 
@@ -124,6 +127,14 @@ def _init_workspace(ws: torch.Tensor, tiles: int) -> None:
     rec[:, 1] = _NO_ERROR_I64
 
 
+def _records_errors(workspace: torch.Tensor, tiles: int) -> tuple[int, int]:
+    """``(error_mask, first_bad_key)`` of every record of a workspace with ``tiles`` tiles (synchronises)."""
+    rec = workspace.detach()[_records_offset(tiles) :].cpu().numpy().view(np.uint64)
+    mask = int(np.bitwise_or.reduce(rec[0::2])) if rec.size else 0
+    key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
+    return mask, key
+
+
 def workspace_errors(workspace: torch.Tensor, capacity: int) -> tuple[int, int]:
     """The last step's ``(error_mask, first_bad_key)`` from a workspace (synchronises).
 
@@ -155,17 +166,57 @@ _FIELDS = (
 )
 
 
+#: The attention fields of a layout with attention outputs, in storage order (after ``_FIELDS``).
+_ATTN_FIELDS = ("kv_indptr", "kv_last_page_len", "kv_indices", "cu_seqlens_k", "max_seqlen")
+#: SMs assumed for the metadata blocks' geometry of buffers on a device without an SM count (CPU).
+_DEFAULT_SMS = 132
+
+
 class _Layout:
-    """Where each output sits inside a packed ``StepBuffers.storage`` (int64 words)."""
+    """Where each output sits inside a packed ``StepBuffers.storage`` (int64 words).
 
-    __slots__ = ("block_sizes", "capacity", "max_requests", "offsets", "position_int64", "words")
+    Without attention (``attention == ()``) the packing is the one before attention existed.
+    With attention, the workspace has ``num_meta * KV_WARPS`` more error records (the metadata
+    blocks', right after the token blocks') and the attention outputs follow the addressing ones.
+    """
 
-    def __init__(self, capacity: int, max_requests: int, block_sizes: tuple, position_int64: bool) -> None:
+    __slots__ = (
+        "attention",
+        "block_sizes",
+        "capacity",
+        "kv_indices_capacity",
+        "max_requests",
+        "meta",
+        "offsets",
+        "position_int64",
+        "tiles",
+        "words",
+        "workspace_words",
+    )
+
+    def __init__(
+        self,
+        capacity: int,
+        max_requests: int,
+        block_sizes: tuple,
+        position_int64: bool,
+        attention: tuple = (),
+        kv_indices_capacity: int | None = None,
+        sms: int = _DEFAULT_SMS,
+    ) -> None:
         C, M, G = capacity, max_requests, len(block_sizes)
         self.capacity, self.max_requests, self.block_sizes = C, M, tuple(block_sizes)
         self.position_int64 = position_int64
+        self.attention = tuple(attention)
+        self.kv_indices_capacity = kv_indices_capacity
+        self.tiles = _max_tiles(M)
+        #: (E, meta_per_cache, num_meta) of the metadata blocks; (0, 0, 0) without attention.
+        self.meta = (
+            attention_meta_geometry(self.attention, G, kv_indices_capacity, sms) if self.attention else (0, 0, 0)
+        )
+        self.workspace_words = workspace_size(C, M) + 2 * self.meta[2] * _WARPS
         sizes = {
-            "workspace": 8 * workspace_size(C, M),
+            "workspace": 8 * self.workspace_words,
             "slot_mapping": 8 * G * C,
             "position_ids": (8 if position_int64 else 4) * C,
             "cu_seqlens_q": 4 * (M + 1),
@@ -173,18 +224,42 @@ class _Layout:
             "batch_id_per_token": 4 * C,
             "seq_lens_kv": 4 * M,
         }
+        fields = _FIELDS
+        if self.attention:
+            fi, N = "flashinfer" in self.attention, kv_indices_capacity or 0
+            varlen = "varlen" in self.attention
+            sizes.update(
+                kv_indptr=4 * G * (M + 1) if fi else 0,
+                kv_last_page_len=4 * G * (M + 1) if fi else 0,
+                kv_indices=4 * G * N if fi else 0,
+                cu_seqlens_k=4 * (M + 1) if varlen else 0,
+                max_seqlen=8 if varlen else 0,
+            )
+            fields = _FIELDS + _ATTN_FIELDS
         off, self.offsets = 0, {}
-        for name in _FIELDS:
+        for name in fields:
             self.offsets[name] = off  # bytes
             off = -(-(off + sizes[name]) // _ALIGN) * _ALIGN
         self.words = off // 8
 
     def key(self) -> tuple:
-        return (self.capacity, self.max_requests, self.block_sizes, self.position_int64)
+        if not self.attention:
+            return (self.capacity, self.max_requests, self.block_sizes, self.position_int64)
+        return (
+            self.capacity,
+            self.max_requests,
+            self.block_sizes,
+            self.position_int64,
+            self.attention,
+            self.kv_indices_capacity,
+            self.meta,
+        )
 
     def views(self, out):
         """``(cu_seqlens_q, num_tokens, batch_id_per_token, position_ids, seq_lens_kv, slot_mapping,
-        workspace)``: views of ``out`` (the old op's last seven arguments; fake tensors too)."""
+        workspace)``: views of ``out`` (the old op's last seven arguments; fake tensors too). With
+        attention, ``workspace`` is the addressing part (``workspace_size(C, M)`` words, what the old
+        op takes): the metadata blocks' records follow it in ``out``."""
         C, M, G, o = self.capacity, self.max_requests, len(self.block_sizes), self.offsets
         i32 = out.view(torch.int32)
         pos = out if self.position_int64 else i32
@@ -198,6 +273,54 @@ class _Layout:
             out[o["slot_mapping"] // 8 : o["slot_mapping"] // 8 + G * C].view(G, C),
             out[: workspace_size(C, M)],
         )
+
+    def attention_views(self, out) -> dict:
+        """The attention buffers asked for, as views of ``out`` (fake tensors too): ``kv_indptr`` and
+        ``kv_last_page_len`` int32 [G, M + 1], ``kv_indices`` int32 [G, N] (flashinfer),
+        ``cu_seqlens_k`` int32 [M + 1] and ``max_seqlen`` int32 [2] (varlen), and ``workspace``, the
+        whole workspace (int64 [workspace_words]: the metadata blocks' records included)."""
+        M, G, o = self.max_requests, len(self.block_sizes), self.offsets
+        i32 = out.view(torch.int32)
+        v = {"workspace": out[: self.workspace_words]}
+        if "flashinfer" in self.attention:
+            N = self.kv_indices_capacity
+            for name in ("kv_indptr", "kv_last_page_len"):
+                v[name] = i32[o[name] // 4 : o[name] // 4 + G * (M + 1)].view(G, M + 1)
+            v["kv_indices"] = i32[o["kv_indices"] // 4 : o["kv_indices"] // 4 + G * N].view(G, N)
+        if "varlen" in self.attention:
+            v["cu_seqlens_k"] = i32[o["cu_seqlens_k"] // 4 : o["cu_seqlens_k"] // 4 + M + 1]
+            v["max_seqlen"] = i32[o["max_seqlen"] // 4 : o["max_seqlen"] // 4 + 2]
+        return v
+
+    def attention_outputs(self, out, bsz: int, cu, kv, tables) -> AttentionOutputs:
+        """The :class:`AttentionOutputs` for ``bsz`` requests: views of ``out`` (``cu``, ``kv``:
+        cu_seqlens_q and seq_lens_kv, full length) and, with "page_table", rows [0, bsz) of ``tables``."""
+        v = self.attention_views(out)
+        a = AttentionOutputs()
+        if "flashinfer" in self.attention:
+            a.qo_indptr = cu[: bsz + 1]  # the same buffer, as the planner's
+            a.kv_indptr = v["kv_indptr"][:, : bsz + 1]
+            a.kv_indices = v["kv_indices"]
+            a.kv_last_page_len = v["kv_last_page_len"][:, :bsz]
+        if "varlen" in self.attention:
+            a.cu_seqlens_k = v["cu_seqlens_k"][: bsz + 1]
+            a.seqused_k = kv[:bsz]  # the same buffer, as the planner's
+            a.max_seqlen_q = v["max_seqlen"][0]
+            a.max_seqlen_k = v["max_seqlen"][1]
+        if "page_table" in self.attention:
+            a.page_table = _page_table(tables, len(self.block_sizes), bsz)
+        return a
+
+
+def _page_table(block_tables, num_caches: int, bsz: int) -> tuple:
+    """page_table: rows [0, bsz) of each cache's table (views of the inputs, as the planner's)."""
+    if isinstance(block_tables, torch.Tensor):
+        tables = [block_tables] * num_caches
+    else:
+        tables = list(block_tables)
+        if len(tables) == 1:
+            tables = tables * num_caches
+    return tuple(t[:bsz] for t in tables)
 
 
 #: Every layout a StepBuffers registered; ``StepBuffers.layout`` is an index into it (process-wide).
@@ -234,6 +357,13 @@ class StepBuffers:
     position_dtype : torch.dtype, default torch.int64
         ``torch.int64`` or ``torch.int32``.
     device : torch.device or str, default "cuda"
+    attention : None, str or sequence of str, optional
+        Attention-metadata groups the op writes in the same launch (docs/attention.md): any of
+        ``"flashinfer"``, ``"varlen"``, ``"page_table"``, as for ``StepPlanner``. None (default):
+        none, the packing and the launch of the addressing alone.
+    kv_indices_capacity : int, optional
+        N, the entries of each cache's ``kv_indices`` (int32 [num_caches, N]); required with
+        ``"flashinfer"``, ignored otherwise. More entries in a step set error bit 16.
 
     Attributes
     ----------
@@ -248,13 +378,36 @@ class StepBuffers:
     position_ids : position_dtype [C]
     seq_lens_kv : int32 [max_requests]
     slot_mapping : int64 [num_caches, C]
-    workspace : int64 [workspace_size(C, max_requests)]
+    workspace : int64 [workspace_size(C, max_requests) (+ 2 * KV_WARPS per metadata block)]
         Views of ``storage`` (built once: the same objects every step).
+    attention : tuple of str
+        The attention groups asked for, in ``ATTENTION_GROUPS`` order (``()``: none).
+    kv_indptr, kv_last_page_len : int32 [num_caches, max_requests + 1]
+    kv_indices : int32 [num_caches, N]
+        With "flashinfer" (else None); views of ``storage``.
+    cu_seqlens_k : int32 [max_requests + 1]
+    max_seqlen : int32 [2]
+        With "varlen" (else None): ``max_seqlen_q``, ``max_seqlen_k``; views of ``storage``.
+
+    Notes
+    -----
+    With "page_table" the op checks each request's row (bit 1) and :func:`step` returns
+    ``attention.page_table`` as rows [0, bsz) of the tables it was given (views of the inputs,
+    as ``StepPlanner`` does; nothing is copied into ``storage``).
     """
 
     def __init__(
-        self, max_requests: int, capacity: int, block_sizes, *, position_dtype=torch.int64, device="cuda"
+        self,
+        max_requests: int,
+        capacity: int,
+        block_sizes,
+        *,
+        position_dtype=torch.int64,
+        device="cuda",
+        attention=None,
+        kv_indices_capacity: int | None = None,
     ) -> None:
+        from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
         from kvaddr.validation import check_block_sizes, check_int
 
         self.max_requests = check_int("max_requests", max_requests, lo=1, hi=MAX_REQUESTS - 1)
@@ -262,9 +415,27 @@ class StepBuffers:
         self.block_sizes = list(check_block_sizes(block_sizes, max_caches=MAX_CACHES, allow_empty=True))
         if position_dtype not in (torch.int64, torch.int32):
             raise TypeError(f"position_dtype must be torch.int64 or torch.int32, got {position_dtype}")
+        self.attention = normalize_attention(attention)
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        if ("flashinfer" in self.attention or "page_table" in self.attention) and not self.block_sizes:
+            raise ValueError("attention 'flashinfer' and 'page_table' need at least one cache (block_sizes is empty)")
         dev = torch.device(device)
         C, M = self.capacity, self.max_requests
-        lay = _Layout(C, M, tuple(self.block_sizes), position_dtype == torch.int64)
+        if self.attention:
+            sms = _DEFAULT_SMS
+            if dev.type == "cuda":  # the metadata blocks' geometry, as a planner on this device
+                sms = torch.cuda.get_device_properties(dev).multi_processor_count or _DEFAULT_SMS
+            lay = _Layout(
+                C,
+                M,
+                tuple(self.block_sizes),
+                position_dtype == torch.int64,
+                self.attention,
+                self.kv_indices_capacity,
+                sms,
+            )
+        else:
+            lay = _Layout(C, M, tuple(self.block_sizes), position_dtype == torch.int64)
         self.layout = _register_layout(lay)
         self._layout = lay
         self.storage = torch.zeros(lay.words, dtype=torch.int64, device=dev)
@@ -277,17 +448,31 @@ class StepBuffers:
             self.slot_mapping,
             self.workspace,
         ) = lay.views(self.storage)
+        self._old_workspace = self.workspace  # the old op's workspace (the addressing's records)
+        self.kv_indptr = self.kv_last_page_len = self.kv_indices = self.cu_seqlens_k = self.max_seqlen = None
+        if self.attention:
+            v = lay.attention_views(self.storage)
+            self.workspace = v.pop("workspace")  # the metadata blocks' records included
+            for name, t in v.items():
+                setattr(self, name, t)
+            if self.kv_indices is not None:
+                self.kv_indices.fill_(PAD_PAGE_ID)
         self.batch_id_per_token.fill_(-1)
         self.slot_mapping.fill_(-1)
         _init_workspace(self.workspace, _max_tiles(M))
         self._views: dict = {}  # bsz -> StepOutputs (eager step())
+        self._pt_views: dict = {}  # bsz -> StepOutputs (eager step() of a "page_table" layout)
         if dev.type == "cuda":
             # Initialised on torch's current stream; the op may run on another one.
             torch.cuda.current_stream(dev).synchronize()
 
     @property
     def outputs_args(self) -> tuple:
-        """The old op's (``torch.ops.kvaddr.step``) mutated arguments, in schema order (views of ``storage``)."""
+        """The old op's (``torch.ops.kvaddr.step``) mutated arguments, in schema order (views of ``storage``).
+
+        The old op writes the addressing only: with attention its ``workspace`` is the addressing
+        part of :attr:`workspace` (and :meth:`errors` after it may still see the metadata blocks'
+        records of an earlier ``step_into``)."""
         return (
             self.cu_seqlens_q,
             self.num_tokens,
@@ -295,11 +480,20 @@ class StepBuffers:
             self.position_ids,
             self.seq_lens_kv,
             self.slot_mapping,
-            self.workspace,
+            self._old_workspace,
         )
 
-    def outputs(self, bsz: int) -> StepOutputs:
-        """Views of the step's outputs for ``bsz`` requests (torch tensors; new objects each call)."""
+    def outputs(self, bsz: int, block_tables=None) -> StepOutputs:
+        """Views of the step's outputs for ``bsz`` requests (torch tensors; new objects each call).
+
+        With attention, ``attention`` holds the metadata's views (``page_table``: rows [0, bsz) of
+        ``block_tables``, None without them)."""
+        attention = None
+        if self.attention:
+            tables = () if block_tables is None else block_tables
+            attention = self._layout.attention_outputs(self.storage, bsz, self.cu_seqlens_q, self.seq_lens_kv, tables)
+            if block_tables is None:
+                attention.page_table = None
         return StepOutputs(
             cu_seqlens_q=self.cu_seqlens_q[: bsz + 1],
             num_tokens=self.num_tokens,
@@ -307,10 +501,13 @@ class StepBuffers:
             position_ids=self.position_ids,
             seq_lens_kv=self.seq_lens_kv[:bsz],
             slot_mapping=self.slot_mapping,
+            attention=attention,
         )
 
     def errors(self) -> tuple[int, int]:
-        """Synchronise; the last step's ``(error_mask, first_bad_key)``."""
+        """Synchronise; the last step's ``(error_mask, first_bad_key)`` (the metadata blocks' errors included)."""
+        if self.attention:
+            return _records_errors(self.workspace, self._layout.tiles)
         return workspace_errors(self.workspace, self.capacity)
 
     def check(self) -> None:
@@ -348,13 +545,34 @@ def step(seq_lens_decoder, seq_lens_this_time, block_tables, buffers: StepBuffer
         _op_tables(seq_lens_decoder, seq_lens_this_time, [], buffers.storage, buffers.layout)
     bsz = seq_lens_decoder.shape[0]
     if torch.compiler.is_compiling():
-        cu, nt, batch, pos, kv, slots, _ = buffers._layout.views(buffers.storage)
-        return StepOutputs(cu[: bsz + 1], nt, batch, pos, kv[:bsz], slots)
+        lay = buffers._layout
+        cu, nt, batch, pos, kv, slots, _ = lay.views(buffers.storage)
+        att = lay.attention_outputs(buffers.storage, bsz, cu, kv, block_tables) if lay.attention else None
+        return StepOutputs(cu[: bsz + 1], nt, batch, pos, kv[:bsz], slots, att)
     out = buffers._views.get(bsz)
     if out is None:
-        if len(buffers._views) >= VIEWS_CACHE_SIZE:
-            buffers._views.clear()
-        out = buffers._views[bsz] = buffers.outputs(bsz)
+        return _outputs_miss(buffers, bsz, block_tables)
+    return out
+
+
+def _outputs_miss(buffers: StepBuffers, bsz: int, block_tables) -> StepOutputs:
+    """:func:`step`'s views for a bsz not kept yet (built and kept), or of a "page_table" layout.
+
+    A "page_table" layout's views are kept per bsz in ``buffers._pt_views`` (never in
+    ``buffers._views``, so they always come here): its ``page_table`` is rows [0, bsz) of this
+    call's tables, set on every call."""
+    if "page_table" in buffers.attention:
+        views = buffers._pt_views
+        out = views.get(bsz)
+        if out is None:
+            if len(views) >= VIEWS_CACHE_SIZE:
+                views.clear()
+            out = views[bsz] = buffers.outputs(bsz)
+        out.attention.page_table = _page_table(block_tables, len(buffers.block_sizes), bsz)
+        return out
+    if len(buffers._views) >= VIEWS_CACHE_SIZE:
+        buffers._views.clear()
+    out = buffers._views[bsz] = buffers.outputs(bsz)
     return out
 
 
@@ -486,8 +704,11 @@ def _step_fake(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -
     _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
 
 
-def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
-    """The NumPy reference into the caller's tensors; its error record into the workspace."""
+def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws, lay=None, out=None) -> None:
+    """The NumPy reference into the caller's tensors; its error record into the workspace.
+
+    With ``lay`` (a layout with attention) and ``out`` (its storage): the attention outputs too
+    (``kvaddr.attention_reference`` through ``step_addressing``), into ``lay.attention_views(out)``."""
     bsz, C, tables, tiles = _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
     res = step_addressing(
         dec.numpy(),
@@ -496,6 +717,8 @@ def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) ->
         list(block_sizes),
         C,
         position_dtype=np.int64 if pos.dtype == torch.int64 else np.int32,
+        attention=None if lay is None else lay.attention,
+        kv_indices_capacity=None if lay is None else lay.kv_indices_capacity,
     )
     o = res.outputs
     cu[: bsz + 1].copy_(torch.from_numpy(o.cu_seqlens_q))
@@ -504,6 +727,17 @@ def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) ->
     pos.copy_(torch.from_numpy(o.position_ids))
     kv[:bsz].copy_(torch.from_numpy(o.seq_lens_kv))
     slots.copy_(torch.from_numpy(o.slot_mapping))
+    if lay is not None:
+        v, a = lay.attention_views(out), o.attention
+        ws = v["workspace"]  # every record, the metadata blocks' included
+        if a.kv_indptr is not None:
+            v["kv_indptr"][:, : bsz + 1].copy_(torch.from_numpy(a.kv_indptr))
+            v["kv_last_page_len"][:, :bsz].copy_(torch.from_numpy(a.kv_last_page_len))
+            v["kv_indices"].copy_(torch.from_numpy(a.kv_indices))
+        if a.cu_seqlens_k is not None:
+            v["cu_seqlens_k"][: bsz + 1].copy_(torch.from_numpy(a.cu_seqlens_k))
+            v["max_seqlen"][0] = int(a.max_seqlen_q)
+            v["max_seqlen"][1] = int(a.max_seqlen_k)
     _init_workspace(ws, tiles)
     rec = ws[_records_offset(tiles) :]
     rec[0] = res.error_mask
@@ -525,6 +759,9 @@ def _into_cpu(dec, q, table, out, layout) -> None:
 
 def _into_tables_cpu(dec, q, tables, out, layout) -> None:
     lay, views = _check_into(dec, out, layout)
+    if lay.attention:
+        _step_cpu(dec, q, tables, lay.block_sizes, *views, lay, out)
+        return
     _step_cpu(dec, q, tables, lay.block_sizes, *views)
 
 
@@ -545,8 +782,12 @@ def set_debug(on: bool = True) -> None:
     clear_cache()
 
 
-def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws):
-    """Check the arguments once and build a BoundStep launching on their pointers."""
+def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws, lay=None, out=None):
+    """Check the arguments once and build a BoundStep launching on their pointers.
+
+    With ``lay`` (a layout with attention) and ``out`` (its storage): the kernel also writes the
+    attention outputs into ``lay.attention_views(out)``, with ``lay.meta``'s metadata blocks after
+    the token blocks (their error records after the addressing's, in the workspace)."""
     from kvaddr.bound_step import BoundStep
 
     _, C, tables, tiles = _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
@@ -570,6 +811,9 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws):
     P.tile_status = ws.data_ptr() + 8 * _STATE_WORDS  # [max(tiles, 1)], uint64
     P.error_records = ws.data_ptr() + 8 * off  # [(num_chunks + tiles) * KV_WARPS, 2], uint64
     P.max_tiles = tiles  # int32
+    extra = 0
+    if lay is not None:
+        extra = _attention_params(P, lay, out)
     bound = BoundStep(
         params=P,
         fptr=int(fn.ptr),
@@ -579,12 +823,42 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws):
         num_chunks=_num_chunks(C),
         tile=_TILE,
         threads=_THREADS,
+        extra_blocks=extra,
         seq_lens_decoder=dec,
         seq_lens_this_time=q,
         block_tables=tables if G else None,
         hold=False,  # the cache entry watches the tensors through weak references instead
     )
     return bound
+
+
+def _attention_params(P, lay: _Layout, out) -> int:
+    """The attention fields of the kernel's parameter struct (as ``StepPlanner._attention_params``),
+    on the views of ``out``; returns the number of metadata blocks."""
+    from kvaddr.planner import StepPlanner
+
+    v = lay.attention_views(out)
+    groups, M = lay.attention, lay.max_requests
+    ptr = lambda name: v[name].data_ptr() if name in v else 0  # noqa: E731
+    P.kv_indptr = ptr("kv_indptr")  # [G, M + 1], int32
+    P.kv_indices = ptr("kv_indices")  # [G, N], int32
+    P.kv_last_page_len = ptr("kv_last_page_len")  # [G, M + 1], int32
+    P.cu_seqlens_k = ptr("cu_seqlens_k")  # [M + 1], int32
+    P.max_seqlen = ptr("max_seqlen")  # [2], int32
+    P.attention = (  # int32: KV_ATTN_* bits
+        (_CONSTS["KV_ATTN_FLASHINFER"] if "flashinfer" in groups else 0)
+        | (_CONSTS["KV_ATTN_VARLEN"] if "varlen" in groups else 0)
+        | (_CONSTS["KV_ATTN_PAGE_TABLE"] if "page_table" in groups else 0)
+    )
+    entries, per_cache, num_meta = lay.meta
+    P.kv_indices_capacity = lay.kv_indices_capacity or 1  # int32: N
+    P.attn_stride = M + 1  # int32: row stride of kv_indptr and kv_last_page_len
+    P.meta_per_cache = per_cache  # int32
+    P.meta_entries = entries  # int32: E
+    P.num_meta = num_meta  # int32
+    P.meta_impl = StepPlanner._META_IMPL_DEFAULT  # int32: the planner's default implementation
+    P.meta_lanes = 32  # int32: lanes per request of kv_meta_block2's copy (the planner's default)
+    return num_meta
 
 
 def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -> None:
@@ -671,7 +945,10 @@ def _into_cuda_checked(entry, dec, q, tables, out, layout) -> None:
     if entry is None or _state["debug"]:
         key = (layout, id(dec), id(q), id(out), *map(id, tables))
         lay, views = _check_into(dec, out, layout)
-        bound = _bind(dec, q, tables, list(lay.block_sizes), *views)
+        if lay.attention:
+            bound = _bind(dec, q, tables, list(lay.block_sizes), *views, lay, out)
+        else:
+            bound = _bind(dec, q, tables, list(lay.block_sizes), *views)
         entry = _remember(key, bound, lay.block_sizes, (dec, q, out, *tables), dec.device.index)
     _launch_entry(entry)
 

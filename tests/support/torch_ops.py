@@ -78,3 +78,20 @@ def run_op(case, device, *, position_dtype=None, max_requests=None, buffers=None
         torch.cuda.synchronize()
     host = StepOutputs(*(getattr(out, f).cpu().numpy() for f in StepOutputs.__dataclass_fields__ if f != "attention"))
     return host, buffers.errors(), buffers
+
+
+def vllm_case_tensors(inputs, device):
+    """A vLLM case's inputs (tests/support/vllm_cases.py) as torch tensors on ``device``, in the op's
+    argument order; ``num_blocks`` stacked into one [G, rows] tensor. Copies: never aliasing the case."""
+    import torch
+
+    def t(x):
+        return torch.from_numpy(np.array(x)).to(device)
+
+    return (
+        t(inputs["idx_mapping"]),
+        t(inputs["query_start_loc"]),
+        t(inputs["num_computed_tokens"]),
+        [t(x) for x in inputs["block_tables"]],
+        t(np.stack(inputs["num_blocks"])),
+    )

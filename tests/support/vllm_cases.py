@@ -26,6 +26,16 @@ def worked_example(**config_over):
     return VllmStepConfig(**cfg), inputs
 
 
+#: The outputs of :func:`worked_example` (docs/vllm.md), without DCP.
+WORKED_EXAMPLE_OUTPUTS = dict(
+    positions=np.array([5, 9, 10, 0, 0, 0], np.int64),
+    seq_lens=np.array([6, 11, 0, 0], np.int32),
+    slot_mappings=np.array([[9, 33, 34, -1, -1, -1]], np.int64),
+    input_block_tables=(np.array([[7, 2, 0, 0], [1, 3, 8, 0], [0, 0, 0, 0], [0, 0, 0, 0]], np.int32),),
+    dcp_local_seq_lens=np.array([6, 11, 0, 0], np.int32),
+)
+
+
 def random_case(
     rng: np.random.Generator,
     *,

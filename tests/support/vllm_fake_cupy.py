@@ -61,6 +61,12 @@ class FakeArray:
             return out
         return self.a.copy()
 
+    def set(self, host, stream=None):
+        self.a[...] = host
+
+    def view(self, dtype):
+        return FakeArray(self.a.view(dtype), self.dev)
+
     def __getitem__(self, k):
         return FakeArray(self.a[k])
 
@@ -115,7 +121,9 @@ def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
     )
     cupy.zeros = lambda shape, dtype: FakeArray(np.zeros(shape, dtype))
     cupy.full = lambda shape, v, dtype: FakeArray(np.full(shape, v, dtype))
-    cupy.asarray = lambda a: FakeArray(np.array(a))
+    # a FakeArray (a caller's device array) is taken as is, zero-copy, as CuPy takes a device array
+    cupy.asarray = lambda a: a if isinstance(a, FakeArray) else FakeArray(np.array(a))
+    cupy.uint64 = np.uint64
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
 
