@@ -187,6 +187,94 @@ def signature_getter(arrays):
     return getter
 
 
+#: Each signature getter's fields as source text over an array ``a`` (``m``: its ``data``, read once).
+_SIGNATURE_SOURCE = {
+    _cupy_signature: "({m} := {a}.data).ptr, {m}.device_id, {a}.shape, {a}.strides, {a}.dtype",
+    _cupy_signature_no_device_id: "{a}.data.ptr, {a}.device.id, {a}.shape, {a}.strides, {a}.dtype",
+    _torch_signature: "{a}.data_ptr(), {a}.get_device(), {a}.shape, {a}.stride(), {a}.dtype",
+}
+#: memo_guard's compiled factories, by (signature getter, argument pattern, number of distinct arrays).
+_GUARD_FACTORIES: dict = {}
+_PLAIN_SEQUENCES = (list, tuple)
+
+
+def _guard_factory(getter, pattern: tuple, n_arrays: int):
+    """Compile (once per key) ``make(o0, .., d0, ..) -> same``: see :func:`memo_guard`.
+
+    ``pattern`` has one entry per argument: -1 for an object compared by identity, k >= 0 for a
+    plain list or tuple of k objects compared item by item. ``same(x0, ..)`` is one expression:
+    the identity tests, then ONE tuple of every distinct array's signature fields (read in this
+    frame, no call per array) compared with the tuple read when the memo was made.
+    """
+    key = (getter, pattern, n_arrays)
+    make = _GUARD_FACTORIES.get(key)
+    if make is not None:
+        return make
+    names, tests = [], []
+    for i, k in enumerate(pattern):
+        x = f"x{i}"
+        if k < 0:
+            names.append(f"o{i}")
+            tests.append(f"{x} is o{i}")
+        else:
+            items = [f"o{i}_{j}" for j in range(k)]
+            names += items
+            tests.append(f"{x}.__class__ in _SEQ and len({x}) == {k}")
+            tests += [f"{x}[{j}] is {o}" for j, o in enumerate(items)]
+    arrays = [f"d{i}" for i in range(n_arrays)]
+    # the signature tuple: each array's fields in turn (CuPy: its data pointer read once, into m<i>)
+    read = ", ".join(_SIGNATURE_SOURCE[getter].format(a=a, m=f"m{i}") for i, a in enumerate(arrays))
+    args = ", ".join(f"x{i}" for i in range(len(pattern)))
+    src = (
+        f"def make({', '.join(names + arrays)}):\n"
+        f"    sig = ({read},)\n"
+        f"    def same({args}):\n"
+        f"        return {' and '.join(tests)} and ({read},) == sig\n"
+        f"    return same\n"
+    )
+    ns = {"_SEQ": _PLAIN_SEQUENCES}
+    exec(compile(src, f"<kvaddr memo guard {pattern} x {n_arrays}>", "exec"), ns)
+    make = _GUARD_FACTORIES[key] = ns["make"]
+    return make
+
+
+def memo_guard(args: Sequence, arrays: Sequence):
+    """A function telling whether a call's arguments are the memoised ones, unchanged.
+
+    ``args`` are the arguments of the call just checked, in order: each an object compared by
+    identity (an array, None) or a plain ``list``/``tuple`` of objects, compared by its items (a
+    list may be changed in place). ``arrays`` are the arrays those checks described; each distinct
+    object's signature (see :func:`signature_getter`) is read now and again at every test. Returns
+    ``same(*args) -> bool``: True only for the same objects (sequences: a list or tuple with the
+    same items) whose arrays' signatures are all unchanged, i.e. a call whose checks would pass as
+    they did. The function holds references to every object (their ids stay theirs). Returns None
+    where no guard is possible: arrays without one cheap signature getter (mixed CuPy and
+    torch, ``__cuda_array_interface__``, DLPack) or a list/tuple subclass among ``args``.
+
+    The guard is one generated expression (compiled once per argument pattern and cached): its
+    cost is a few identity tests and one tuple compare, with no call per array.
+    """
+    distinct: list = []
+    for a in arrays:
+        if all(a is not b for b in distinct):
+            distinct.append(a)
+    getter = signature_getter(distinct)
+    if getter is None or getter not in _SIGNATURE_SOURCE:
+        return None
+    pattern, objects = [], []
+    for x in args:
+        cls = x.__class__
+        if cls is list or cls is tuple:
+            pattern.append(len(x))
+            objects += x
+        elif isinstance(x, _PLAIN_SEQUENCES):  # a subclass may change how it is iterated
+            return None
+        else:
+            pattern.append(-1)
+            objects.append(x)
+    return _guard_factory(getter, tuple(pattern), len(distinct))(*objects, *distinct)
+
+
 def _device_of_pointer(ptr: int) -> int:
     if ptr == 0:
         return -2  # empty array: no device to check

@@ -516,3 +516,52 @@ def test_the_memoised_path_matches_the_emulated_kernel(monkeypatch, kernel):
         if step % 2 == 0:
             d["block_tables"][1].a[rng.integers(0, 40), 0] = -5
     assert len(described) == 7 and pl._memo is not None
+
+
+def test_one_table_object_for_two_groups_changed_in_place_is_seen(fake):
+    """The same table (and the same num_blocks array) passed for both groups: each distinct
+    object's signature is read once per call, and a change in place of it (a resize, a new
+    dtype, a new pointer) takes the checked path for both groups."""
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    t, nb = d["block_tables"][0], d["num_blocks"][0]
+    d["block_tables"], d["num_blocks"] = [t, t], [nb, nb]
+    _call(pl, d)
+    checked = len(fake.described)
+    _call(pl, d)
+    assert len(fake.described) == checked and pl._memo is not None
+    good = t.a
+    t.a = good[:3]  # fewer rows than max_num_reqs (a resize_ in place)
+    n = len(fake.launches)
+    with pytest.raises(ValueError, match=r"block_tables\[0\] must .* got shape \(3, 4\)"):
+        _call(pl, d)
+    assert len(fake.launches) == n and pl._memo is None
+    t.a = good.astype(np.int64)
+    with pytest.raises(TypeError, match=r"block_tables\[0\] must be int32"):
+        _call(pl, d)
+    t.a = good.copy()  # a new pointer
+    _call(pl, d)
+    assert _last(fake)["params"]["block_table"][:2] == [t.data.ptr] * 2
+    checked = len(fake.described)
+    _call(pl, d)
+    assert len(fake.described) == checked  # memoised again
+    nb.a = nb.a[:3]
+    with pytest.raises(ValueError, match=r"num_blocks\[0\] must .* got shape \(3,\)"):
+        _call(pl, d)
+    nb.a = np.zeros(M, np.int32)
+    _call(pl, d)
+    assert _last(fake)["params"]["num_blocks"][:2] == [nb.data.ptr] * 2
+
+
+def test_an_array_passed_in_two_roles_is_checked_in_both(fake):
+    """num_computed_tokens also passed as num_blocks[1] (legal: both int32 [rows]); a change of it
+    in place is seen by the one signature read."""
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    d["num_blocks"][1] = d["num_computed_tokens"]
+    _call(pl, d)
+    _call(pl, d)
+    x = d["num_computed_tokens"]
+    x.a = x.a[:3]
+    with pytest.raises(ValueError, match=r"num_computed_tokens must be .* got shape \(3,\)"):
+        _call(pl, d)
