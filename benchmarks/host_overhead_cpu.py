@@ -14,6 +14,7 @@ posing as CUDA ones. Absolute numbers depend on the host; compare rows of one ru
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -189,7 +190,10 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     interleaved sample by sample (the same noise for all). The inputs are what
     ``benchmarks/bench_vllm.py`` passes: one table per group (distinct arrays), vLLM's
     ``num_blocks`` as a list of one array per group; plus a vLLM row with the same table object
-    passed for both groups. The last rows: vLLM minus core, best sample against best sample."""
+    passed for both groups, and rows with the memo on but new idx_mapping/query_start_loc (core:
+    dec/q) objects every call (an engine passing fresh slices: the memo never hits, what it costs
+    is the checked path plus making the memo). The last rows: vLLM minus core, best sample
+    against best sample."""
     from kvaddr.engines.vllm import VllmStepPlanner
 
     M, T, stream = max(bsz, 1), 256, 0x1234
@@ -201,29 +205,46 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     def core_call(pl, dec, q, tables):
         return lambda: pl.compute(dec, q, tables, stream=stream)
 
+    def fresh(make, k=8):  # a call on new objects every time (k sets of them in turn)
+        calls = itertools.cycle([make() for _ in range(k)])
+        return lambda: next(calls)()
+
     for G in (1, 2):
         sizes, widths = [16, 64][:G], [32, 8][:G]
         idx, qsl, nct = ndarray((bsz,)), ndarray((bsz + 1,)), ndarray((M,))
         tables = [ndarray((M, w)) for w in widths]
         nbs = [ndarray((M,)) for _ in range(G)]
         vp = VllmStepPlanner(M, T, sizes, widths, kernel="v2")
-        calls[f"vLLM G={G}"] = (vp, vllm_call(vp, idx, qsl, nct, tables, nbs))
+        calls[f"vLLM G={G}"] = (vp, vllm_call(vp, idx, qsl, nct, tables, nbs), True)
         core, _ = planner_without_gpu(M, T, sizes)
         ctables = [ndarray((bsz, w)) for w in widths]
-        calls[f"core G={G}"] = (core, core_call(core, ndarray((bsz,)), ndarray((bsz,)), ctables))
+        calls[f"core G={G}"] = (core, core_call(core, ndarray((bsz,)), ndarray((bsz,)), ctables), True)
         if G == 2:
             vs = VllmStepPlanner(M, T, [16, 16], [32, 32], kernel="v2")
-            calls["vLLM G=2, one table object for both"] = (vs, vllm_call(vs, idx, qsl, nct, [tables[0]] * 2, nbs))
+            same = [tables[0]] * 2
+            calls["vLLM G=2, one table object for both"] = (vs, vllm_call(vs, idx, qsl, nct, same, nbs), True)
+        calls[f"vLLM G={G}, new idx/qsl objects every call"] = (
+            vp,
+            fresh(
+                lambda vp=vp, t=tables, nb=nbs, nct=nct: vllm_call(vp, ndarray((bsz,)), ndarray((bsz + 1,)), nct, t, nb)
+            ),
+            False,
+        )
+        calls[f"core G={G}, new dec/q objects every call"] = (
+            core,
+            fresh(lambda c=core, t=ctables: core_call(c, ndarray((bsz,)), ndarray((bsz,)), t)),
+            False,
+        )
     modes = (True,) if only_memo else (True, False)
-    samples = {(k, on): [] for on in modes for k in calls}
+    samples = {(k, on): [] for on in modes for k in calls if on or calls[k][2]}
     for _ in range(repeats):
         for (k, on), v in samples.items():
-            pl, fn = calls[k]
+            pl, fn, _ = calls[k]
             pl.memoize_checks = on
             if not on:
                 pl._memo = None
             v.append(per_call_us(fn, n, 1)[0])
-    for pl, _fn in calls.values():
+    for pl, _fn, _ in calls.values():
         pl.memoize_checks = True
     rows = {
         f"{k}: compute(), {'memo' if on else 'no memo'}": (statistics.median(v), v) for (k, on), v in samples.items()

@@ -169,9 +169,20 @@ def signature_getter(arrays):
     function for all of ``arrays`` (all CuPy or all PyTorch), or None (mixed kinds,
     ``__cuda_array_interface__`` and DLPack objects: those are described every time).
     """
-    getter = None
+    return _getter_and_distinct(arrays)[0]
+
+
+def _getter_and_distinct(arrays) -> tuple:
+    """``(signature getter or None, the distinct objects of arrays)`` in one pass (memo_guard runs it
+    on every checked call)."""
+    getter, distinct, ids = None, [], set()
     for x in arrays:
-        cls = type(x)
+        i = id(x)  # (the objects are alive: their ids are theirs)
+        if i in ids:
+            continue
+        ids.add(i)
+        distinct.append(x)
+        cls = x.__class__
         kind = _KINDS.get(cls)
         if kind is None:
             kind = _KINDS[cls] = _kind_of(cls)
@@ -180,11 +191,12 @@ def signature_getter(arrays):
         elif kind == _TORCH:
             g = _torch_signature
         else:
-            return None
-        if getter is not None and g is not getter:
-            return None
-        getter = g
-    return getter
+            return None, distinct
+        if g is not getter:
+            if getter is not None:
+                return None, distinct
+            getter = g
+    return getter, distinct
 
 
 #: Each signature getter's fields as source text over an array ``a`` (``m``: its ``data``, read once).
@@ -223,7 +235,9 @@ def _guard_factory(getter, pattern: tuple, n_arrays: int):
             tests += [f"{x}[{j}] is {o}" for j, o in enumerate(items)]
     arrays = [f"d{i}" for i in range(n_arrays)]
     # the signature tuple: each array's fields in turn (CuPy: its data pointer read once, into m<i>)
-    read = ", ".join(_SIGNATURE_SOURCE[getter].format(a=a, m=f"m{i}") for i, a in enumerate(arrays))
+    # (a getter without inline source, e.g. one a test put in place, is called: its fields unpacked)
+    source = _SIGNATURE_SOURCE.get(getter, "*_getter({a})")
+    read = ", ".join(source.format(a=a, m=f"m{i}") for i, a in enumerate(arrays))
     args = ", ".join(f"x{i}" for i in range(len(pattern)))
     src = (
         f"def make({', '.join(names + arrays)}):\n"
@@ -232,7 +246,7 @@ def _guard_factory(getter, pattern: tuple, n_arrays: int):
         f"        return {' and '.join(tests)} and ({read},) == sig\n"
         f"    return same\n"
     )
-    ns = {"_SEQ": _PLAIN_SEQUENCES}
+    ns = {"_SEQ": _PLAIN_SEQUENCES, "_getter": getter}
     exec(compile(src, f"<kvaddr memo guard {pattern} x {n_arrays}>", "exec"), ns)
     make = _GUARD_FACTORIES[key] = ns["make"]
     return make
@@ -254,12 +268,8 @@ def memo_guard(args: Sequence, arrays: Sequence):
     The guard is one generated expression (compiled once per argument pattern and cached): its
     cost is a few identity tests and one tuple compare, with no call per array.
     """
-    distinct: list = []
-    for a in arrays:
-        if all(a is not b for b in distinct):
-            distinct.append(a)
-    getter = signature_getter(distinct)
-    if getter is None or getter not in _SIGNATURE_SOURCE:
+    getter, distinct = _getter_and_distinct(arrays)
+    if getter is None:
         return None
     pattern, objects = [], []
     for x in args:

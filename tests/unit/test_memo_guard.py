@@ -177,3 +177,15 @@ def test_the_guard_keeps_its_objects_alive():
     del same
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_a_getter_without_inline_source_is_called(monkeypatch):
+    """A signature getter put in place of the known ones (as a test does for CPU tensors posing
+    as CUDA ones) is called per array by the generated guard, with the same semantics."""
+    monkeypatch.setattr(validation, "_GUARD_FACTORIES", {})
+    monkeypatch.setattr(validation, "_torch_signature", lambda x: (x.data_ptr(), 0, x.shape, x.stride(), x.dtype))
+    a, t = _vec(Tensor), _mat(Tensor)
+    same = memo_guard((a, [t, t]), [a, t, t])
+    assert same(a, [t, t]) and not same(t, [t, t])
+    t.a = t.a[:-1]
+    assert not same(a, [t, t])
