@@ -252,13 +252,14 @@ def _guard_factory(getter, pattern: tuple, n_arrays: int):
     return make
 
 
-def memo_guard(args: Sequence, arrays: Sequence):
+def memo_guard(args: Sequence, arrays: Sequence | None = None):
     """A function telling whether a call's arguments are the memoised ones, unchanged.
 
     ``args`` are the arguments of the call just checked, in order: each an object compared by
     identity (an array, None) or a plain ``list``/``tuple`` of objects, compared by its items (a
-    list may be changed in place). ``arrays`` are the arrays those checks described; each distinct
-    object's signature (see :func:`signature_getter`) is read now and again at every test. Returns
+    list may be changed in place). ``arrays`` are the arrays those checks described (default: every
+    argument object, sequences by their items); each distinct object's signature (see
+    :func:`signature_getter`) is read now and again at every test. Returns
     ``same(*args) -> bool``: True only for the same objects (sequences: a list or tuple with the
     same items) whose arrays' signatures are all unchanged, i.e. a call whose checks would pass as
     they did. The function holds references to every object (their ids stay theirs). Returns None
@@ -268,9 +269,6 @@ def memo_guard(args: Sequence, arrays: Sequence):
     The guard is one generated expression (compiled once per argument pattern and cached): its
     cost is a few identity tests and one tuple compare, with no call per array.
     """
-    getter, distinct = _getter_and_distinct(arrays)
-    if getter is None:
-        return None
     pattern, objects = [], []
     for x in args:
         cls = x.__class__
@@ -282,6 +280,9 @@ def memo_guard(args: Sequence, arrays: Sequence):
         else:
             pattern.append(-1)
             objects.append(x)
+    getter, distinct = _getter_and_distinct(objects if arrays is None else arrays)
+    if getter is None:
+        return None
     return _guard_factory(getter, tuple(pattern), len(distinct))(*objects, *distinct)
 
 

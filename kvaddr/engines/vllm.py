@@ -46,7 +46,6 @@ _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _G = VLLM_MAX_GROUPS
 _IDX_DTYPES = (INT32, INT64)
-_SEQ = (list, tuple)
 
 
 def _state_signature(x) -> tuple | None:
@@ -627,12 +626,9 @@ class VllmStepPlanner:
         """
         if not self._memoize:
             return
-        args = (idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks)
-        arrays = [idx_mapping, query_start_loc, num_computed_tokens]
-        for x in (block_tables, num_blocks):
-            arrays += x if x.__class__ in _SEQ else [x]
-        same = memo_guard(args, arrays)  # None: no cheap signature, or a list/tuple subclass
-        if same is None:
+        # (every argument object, sequences by their items, is a checked array)
+        same = memo_guard((idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks))
+        if same is None:  # no cheap signature, or a list/tuple subclass
             return
         step = self._fns["step"]
         fast = type(step) is StructLaunch
