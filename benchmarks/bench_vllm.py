@@ -93,7 +93,7 @@ def main(argv=None):
         "--host-only",
         action="store_true",
         help="only the eager host comparison (v2 and v1 against the core step, memo and no memo) and its "
-        "target, after the correctness check of v2, v1 and the core step; no graph timing",
+        "target, after checking v2 and v1 against the reference; no graph timing",
     )
     ap.add_argument(
         "--lanes", default="8,32", help="also time v2 with these fixed gather lanes per pair (comma list; '' for none)"
