@@ -104,6 +104,7 @@ class VllmStepParams(ctypes.Structure):
 
 
 GROUP_SLOTS = 1
+_NO_OBJECT = object()  # matches no num_reqs_padded argument (compute()'s memo, before its first fast call)
 GROUP_SHARDED = 2
 
 
@@ -585,17 +586,24 @@ class VllmStepPlanner:
         # Fast path: the same argument objects as the last checked call, each array's signature
         # unchanged, so every check passes as it did and the parameter block already holds them;
         # only num_reqs_padded (checked here as check_num_reqs_padded does) and the stream vary.
+        # num_reqs_padded: the same object as the last launch's (m[7][0]) is in the struct already
+        # (ints are immutable; only _prepare, which drops the memo first, and this path write it).
         m = self._memo
         if (
             m is not None
             and m[0](idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks)
-            and (num_reqs_padded is None or (num_reqs_padded.__class__ is int and m[1] <= num_reqs_padded <= m[2]))
+            and (
+                num_reqs_padded is (last := m[7])[0]
+                or num_reqs_padded is None
+                or (num_reqs_padded.__class__ is int and m[1] <= num_reqs_padded <= m[2])
+            )
         ):
-            padded = m[1] if num_reqs_padded is None else num_reqs_padded
-            self._params.num_reqs_padded = padded
+            if num_reqs_padded is not last[0]:
+                last[1] = self._params.num_reqs_padded = m[1] if num_reqs_padded is None else num_reqs_padded
+                last[0] = num_reqs_padded
             grid = m[3]
             if grid is None:  # v1: its grid follows num_reqs_padded
-                grid = self.grid(padded, m[1])
+                grid = self.grid(last[1], m[1])
             launch = m[4]
             if launch is None:
                 self._fns["step"](grid, 1, THREADS, stream)
@@ -608,6 +616,8 @@ class VllmStepPlanner:
         grid = self.grid(padded, n)
         self._fns["step"](grid, 1, THREADS, stream)
         self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
+        if self._memo is not None and (num_reqs_padded is None or num_reqs_padded.__class__ is int):
+            self._memo[7][:] = (num_reqs_padded, padded)  # (another kind, e.g. a NumPy int: checked on the next call)
         return self.outputs
 
     def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
@@ -640,6 +650,7 @@ class VllmStepPlanner:
             step._launch if fast else None,  # 4: launchKernel (None: another launcher, called as is)
             step._fptr if fast else 0,  # 5
             step._args_ptr if fast else 0,  # 6
+            [_NO_OBJECT, 0],  # 7: [the last launch's num_reqs_padded object, the value written]: see compute()
         )
 
     def errors(self, stream=None) -> tuple[int, int]:

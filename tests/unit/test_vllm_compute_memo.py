@@ -360,6 +360,29 @@ def test_num_reqs_padded_per_call(fake):
     assert _last(fake)["params"]["num_reqs_padded"] == 3
 
 
+@pytest.mark.parametrize("kernel", ["v2", "v1"])
+def test_num_reqs_padded_remembered_object_and_every_order(fake, kernel):
+    """The fast path skips the struct write for the same num_reqs_padded object as the last launch's:
+    every sequence of ints, None and NumPy ints launches the value asked for (v1: and its grid)."""
+    pl = _planner(G=2, kernel=kernel)
+    d = _inputs(G=2)
+    grids = {}
+    for v in (2, 3, 4):
+        ref = _planner(G=2, kernel=kernel)
+        _call(ref, d, padded=v)
+        grids[v] = _last(fake)["grid"]
+    before = len(fake.described)
+    three = 3
+    seq = [np.int64(3), None, None, 4, 4, three, three, None, np.int64(4), np.int64(4), 2, None, 3, np.int64(2), 2]
+    for padded in seq:
+        _call(pl, d, padded=padded)
+        want = 2 if padded is None else int(padded)
+        assert _last(fake)["params"]["num_reqs_padded"] == want, (seq, padded)
+        assert _last(fake)["grid"] == grids[want], (seq, padded)
+    # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one)
+    assert len(fake.described) - before == 7 + 2 * 3
+
+
 def test_v1_grid_follows_num_reqs_padded_on_the_memoised_path(fake):
     pl = _planner(G=2, kernel="v1")
     d = _inputs(G=2)
