@@ -150,6 +150,30 @@ def _cupy_signature(x) -> tuple:
     return (m.ptr, m.device_id, x.shape, x.strides, x.dtype)
 
 
+#: Memo signatures of CuPy arrays read ``_shape``/``_strides`` (the lists CuPy makes from its C++
+#: vectors) instead of ``shape``/``strides`` (the same lists, then turned into tuples): the same
+#: values, one conversion fewer per field; only for a class whose ``_shape`` and ``_strides`` read as
+#: lists. Off until timed on a GPU (``scripts/gpu/vhost_profile.py`` times both); read when a memo
+#: is made, so set it before the checked call that makes one.
+CUPY_VECTOR_SIGNATURE = False
+_VECTORS: dict = {}  # class -> whether its _shape and _strides read as lists
+
+
+def _cupy_signature_vectors(x) -> tuple:
+    m = x.data
+    return (m.ptr, m.device_id, x._shape, x._strides, x.dtype)
+
+
+def _has_vectors(x) -> bool:
+    cls = x.__class__
+    v = _VECTORS.get(cls)
+    if v is None:
+        v = _VECTORS[cls] = isinstance(getattr(x, "_shape", None), list) and isinstance(
+            getattr(x, "_strides", None), list
+        )
+    return v
+
+
 def _cupy_signature_no_device_id(x) -> tuple:  # a MemoryPointer-like without device_id
     return (x.data.ptr, x.device.id, x.shape, x.strides, x.dtype)
 
@@ -187,7 +211,12 @@ def _getter_and_distinct(arrays) -> tuple:
         if kind is None:
             kind = _KINDS[cls] = _kind_of(cls)
         if kind == _CUPY:
-            g = _cupy_signature if hasattr(x.data, "device_id") else _cupy_signature_no_device_id
+            if not hasattr(x.data, "device_id"):
+                g = _cupy_signature_no_device_id
+            elif CUPY_VECTOR_SIGNATURE and _has_vectors(x):
+                g = _cupy_signature_vectors
+            else:
+                g = _cupy_signature
         elif kind == _TORCH:
             g = _torch_signature
         else:
@@ -202,6 +231,7 @@ def _getter_and_distinct(arrays) -> tuple:
 #: Each signature getter's fields as source text over an array ``a`` (``m``: its ``data``, read once).
 _SIGNATURE_SOURCE = {
     _cupy_signature: "({m} := {a}.data).ptr, {m}.device_id, {a}.shape, {a}.strides, {a}.dtype",
+    _cupy_signature_vectors: "({m} := {a}.data).ptr, {m}.device_id, {a}._shape, {a}._strides, {a}.dtype",
     _cupy_signature_no_device_id: "{a}.data.ptr, {a}.device.id, {a}.shape, {a}.strides, {a}.dtype",
     _torch_signature: "{a}.data_ptr(), {a}.get_device(), {a}.shape, {a}.stride(), {a}.dtype",
 }

@@ -96,6 +96,9 @@ ATTRIBUTION = (
     ("  of which driver (raw launches)", "vLLM raw launch", "core raw launch"),
     ("    driver: parameter block 392 B vs 272 B", "empty kernel 392 B, 1 block", "empty kernel 272 B, 1 block"),
     ("    driver: v2's grid vs 1 block", "empty kernel 392 B, v2's grid", "empty kernel 392 B, 1 block"),
+    ("vector signature: vLLM - core", "vLLM compute(), vector signature", "core compute(), vector signature"),
+    ("vector signature saves: core", "core compute()", "core compute(), vector signature"),
+    ("vector signature saves: vLLM", "vLLM compute()", "vLLM compute(), vector signature"),
     ("core compute() - core raw launch (its Python, real)", "core compute()", "core raw launch"),
     ("vLLM compute() - vLLM raw launch (its Python, real)", "vLLM compute()", "vLLM raw launch"),
 )
@@ -112,13 +115,18 @@ def attribute(res: dict, extra_arrays: int | None = None) -> list:
     parts = {label: v for label, v, _ in out}
     gap, py, drv = (parts.get(ATTRIBUTION[i][0]) for i in (0, 1, 3))
     if None not in (gap, py, drv):
-        out.insert(out.index((ATTRIBUTION[5][0], parts[ATTRIBUTION[5][0]], "us")) + 1, (REST, gap - py - drv, "us"))
+        labels = [lb for lb, _, _ in out]
+        after = ATTRIBUTION[5][0] if ATTRIBUTION[5][0] in parts else ATTRIBUTION[3][0]
+        out.insert(labels.index(after) + 1, (REST, gap - py - drv, "us"))
     if extra_arrays is not None and "signature: table" in med and ATTRIBUTION[2][0] in parts:
         label = f"    Python: {extra_arrays} more distinct arrays x one table's signature"
         at = [lb for lb, _, _ in out].index(ATTRIBUTION[2][0]) + 1
         out.insert(at, (label, extra_arrays * med["signature: table"], "us"))
     if "core compute()" in med and "vLLM compute()" in med:
         out.append(("v2/core (target <= 1.2)", med["vLLM compute()"] / med["core compute()"], "x"))
+    a, b = "vLLM compute(), vector signature", "core compute(), vector signature"
+    if a in med and b in med:
+        out.append(("v2/core, both with the vector signature", med[a] / med[b], "x"))
     return out
 
 
@@ -203,6 +211,25 @@ def profile_batch(shape_text: str, groups: tuple, stream, empties: dict, calls: 
     run_core()
     _twin_without_driver(one_py, run_one_py)
     _twin_without_driver(core_py, run_core_py)
+    # the same calls on twins whose memos were made with validation.CUPY_VECTOR_SIGNATURE on (the
+    # candidate: CuPy's _shape/_strides lists read instead of the shape/strides tuples), if available
+    ab = {}
+    if not validation.CUPY_VECTOR_SIGNATURE and validation._has_vectors(t_[0]):
+        one_vec, core_vec = VllmStepPlanner(**kw, kernel="v2"), StepPlanner(**ckw)
+        validation.CUPY_VECTOR_SIGNATURE = True
+        try:
+            for _ in range(2):
+                one_vec.compute(i_, s_, c_, t_, b_, p_, stream=stream)
+                core_vec.compute(dec, q, tables, stream=stream)
+        finally:
+            validation.CUPY_VECTOR_SIGNATURE = False
+        assert "_shape" in one_vec._memo[0].__code__.co_names and "_shape" in core_vec._memo[0].__code__.co_names
+        ab = {
+            "core compute(), vector signature": (lambda: core_vec.compute(dec, q, tables, stream=stream), True),
+            "vLLM compute(), vector signature": (lambda: one_vec.compute(i_, s_, c_, t_, b_, p_, stream=stream), True),
+            "core memo guard, vector signature": (lambda g=core_vec._memo[0]: g(dec, q, tables, None), False),
+            "vLLM memo guard, vector signature": (lambda g=one_vec._memo[0]: g(i_, s_, c_, t_, b_), False),
+        }
     mo, mc = one._memo, core._memo
     assert mo is not None and mc is not None and mo[4] is not None and mc[4] is not None, "no fast path memoised"
     assert mo[0](i_, s_, c_, t_, b_) and mc[0](dec, q, tables, None), "the memo guards do not hold"
@@ -250,7 +277,7 @@ def profile_batch(shape_text: str, groups: tuple, stream, empties: dict, calls: 
     # CuPy builds shape and strides per read (a list from its C++ vector, then a tuple); its public
     # _shape/_strides give the list alone: a candidate for a cheaper exact signature (timed only)
     vectors = {}
-    if hasattr(type(table), "_shape") and isinstance(getattr(table, "_shape", None), list):
+    if validation._has_vectors(table):
         vectors = {
             "  table._shape (candidate)": (lambda t=table: t._shape, False),
             "signature via _shape/_strides (candidate)": (
@@ -263,6 +290,7 @@ def profile_batch(shape_text: str, groups: tuple, stream, empties: dict, calls: 
         "vLLM compute()": (run_one, True),
         "core compute(), no driver": (run_core_py, False),
         "vLLM compute(), no driver": (run_one_py, False),
+        **ab,
         "core raw launch": (raw_core, True),
         "vLLM raw launch": (raw_one, True),
         "empty kernel 272 B, 1 block": (empty("vhost_empty272", 1), True),

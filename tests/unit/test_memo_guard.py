@@ -39,7 +39,51 @@ class Tensor:
 
 
 Tensor.__module__ = "torch"
-KINDS = [FakeDeviceArray, FakeArray, Tensor]
+
+
+class VecArray(FakeDeviceArray):
+    """CuPy-like with CuPy's public ``_shape``/``_strides`` (lists, as CuPy's vectors read), for the
+    vector signature (``validation.CUPY_VECTOR_SIGNATURE``, on in this file)."""
+
+    _shape = property(lambda self: list(self.a.shape))
+    _strides = property(lambda self: list(self.a.strides))
+
+
+VecArray.__module__ = "cupy._core.core"
+KINDS = [FakeDeviceArray, FakeArray, Tensor, VecArray]
+
+
+@pytest.fixture(autouse=True)
+def vector_signature(monkeypatch):
+    """Every guard here is made with the vector signature on: VecArray takes it, the others cannot."""
+    monkeypatch.setattr(validation, "CUPY_VECTOR_SIGNATURE", True)
+
+
+def test_the_vector_signature_is_taken_only_when_on_and_available(monkeypatch):
+    v, f = _vec(VecArray), _vec(FakeDeviceArray)
+    assert validation.signature_getter([v]) is validation._cupy_signature_vectors
+    assert validation.signature_getter([f]) is validation._cupy_signature  # no _shape: the tuples
+    sv, st = validation._cupy_signature_vectors(v), validation._cupy_signature(v)
+    assert sv[:2] == st[:2] and sv[4] == st[4] and tuple(sv[2]) == st[2] and tuple(sv[3]) == st[3]
+    monkeypatch.setattr(validation, "CUPY_VECTOR_SIGNATURE", False)
+    assert validation.signature_getter([v]) is validation._cupy_signature
+
+
+def test_the_vector_signature_reads_no_tuple():
+    reads = []
+
+    class Counted(VecArray):
+        shape = property(lambda self: reads.append("shape") or self.a.shape)
+        strides = property(lambda self: reads.append("strides") or self.a.strides)
+
+    Counted.__module__ = "cupy._core.core"
+    a, t = Counted(np.zeros(4, np.int32)), Counted(np.zeros((4, 3), np.int32))
+    same = memo_guard((a, [t]))
+    reads.clear()
+    assert same(a, [t])
+    assert reads == []
+    t.a = np.zeros((3, 4), np.int32)  # the CuPy shape setter's kind of change: same size, new shape
+    assert not same(a, [t])
 
 
 def _vec(kind, n=4):
