@@ -5,7 +5,8 @@
 #      VllmStepPlanner and StepPlanner) against the NumPy reference: tests/gpu/test_vllm_memo.py
 #      (persistent buffers, CuPy shape setter, torch resize_ and graph capture, one table object
 #      for two groups resized in place), tests/gpu/test_compute_memo_gpu.py, and the vLLM step
-#      tests that run compute() repeatedly (worked example, sequences of steps, a graph, the state caches);
+#      tests that run compute() repeatedly (worked example, sequences of steps, a graph, the state caches),
+#      tests/gpu/test_vector_signature_gpu.py (validation.CUPY_VECTOR_SIGNATURE on real CuPy arrays);
 #   2. scripts/gpu/vhost_profile.py: where the vLLM - core gap goes (compute() memo hits, the same
 #      Python with the driver call a no-op, raw launches of each kernel with its own parameter block,
 #      empty kernels with 272/392-byte parameters, the memo guards, one signature, the stream handle),
@@ -22,9 +23,10 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/env.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$OUT/env.txt"
 
-# -k: every test of the two memo files, and these of test_vllm_step.py
+# -k: every test of the three memo files, and these of test_vllm_step.py
 K="(worked_example and not dcp) or sequence_of_steps or cupy_graph_replay or state_arrays_are_remembered"
 timeout 40 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_vllm_memo.py tests/gpu/test_compute_memo_gpu.py \
+  tests/gpu/test_vector_signature_gpu.py \
   "tests/gpu/test_vllm_step.py" -k "not test_vllm_step or $K" > "$OUT/pytest_vhost.log" 2>&1
 rc=$?
 tail -n 8 "$OUT/pytest_vhost.log"
