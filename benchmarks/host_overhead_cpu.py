@@ -14,6 +14,7 @@ posing as CUDA ones. Absolute numbers depend on the host; compare rows of one ru
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -183,6 +184,80 @@ def ab_memo(planner, dec, q, table, stream, n, repeats) -> dict:
     return {label: (statistics.median(v), v) for label, v in samples.items()}
 
 
+def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
+    """``VllmStepPlanner.compute()`` (kernel v2) against ``StepPlanner.compute()`` on the same batch
+    size, one and two groups (caches), each with its memo on and off (``memoize_checks``),
+    interleaved sample by sample (the same noise for all). The inputs are what
+    ``benchmarks/bench_vllm.py`` passes: one table per group (distinct arrays), vLLM's
+    ``num_blocks`` as a list of one array per group; plus a vLLM row with the same table object
+    passed for both groups, and rows with the memo on but new idx_mapping/query_start_loc (core:
+    dec/q) objects every call (an engine passing fresh slices: the memo never hits, what it costs
+    is the checked path plus making the memo). The last rows: vLLM minus core, best sample
+    against best sample."""
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    M, T, stream = max(bsz, 1), 256, 0x1234
+    calls = {}
+
+    def vllm_call(pl, idx, qsl, nct, tables, nbs):
+        return lambda: pl.compute(idx, qsl, nct, tables, nbs, bsz, stream=stream)
+
+    def core_call(pl, dec, q, tables):
+        return lambda: pl.compute(dec, q, tables, stream=stream)
+
+    def fresh(make, k=8):  # a call on new objects every time (k sets of them in turn)
+        calls = itertools.cycle([make() for _ in range(k)])
+        return lambda: next(calls)()
+
+    for G in (1, 2):
+        sizes, widths = [16, 64][:G], [32, 8][:G]
+        idx, qsl, nct = ndarray((bsz,)), ndarray((bsz + 1,)), ndarray((M,))
+        tables = [ndarray((M, w)) for w in widths]
+        nbs = [ndarray((M,)) for _ in range(G)]
+        vp = VllmStepPlanner(M, T, sizes, widths, kernel="v2")
+        calls[f"vLLM G={G}"] = (vp, vllm_call(vp, idx, qsl, nct, tables, nbs), True)
+        core, _ = planner_without_gpu(M, T, sizes)
+        ctables = [ndarray((bsz, w)) for w in widths]
+        calls[f"core G={G}"] = (core, core_call(core, ndarray((bsz,)), ndarray((bsz,)), ctables), True)
+        if G == 2:
+            vs = VllmStepPlanner(M, T, [16, 16], [32, 32], kernel="v2")
+            same = [tables[0]] * 2
+            calls["vLLM G=2, one table object for both"] = (vs, vllm_call(vs, idx, qsl, nct, same, nbs), True)
+        calls[f"vLLM G={G}, new idx/qsl objects every call"] = (
+            vp,
+            fresh(
+                lambda vp=vp, t=tables, nb=nbs, nct=nct: vllm_call(vp, ndarray((bsz,)), ndarray((bsz + 1,)), nct, t, nb)
+            ),
+            False,
+        )
+        calls[f"core G={G}, new dec/q objects every call"] = (
+            core,
+            fresh(lambda c=core, t=ctables: core_call(c, ndarray((bsz,)), ndarray((bsz,)), t)),
+            False,
+        )
+    modes = (True,) if only_memo else (True, False)
+    samples = {(k, on): [] for on in modes for k in calls if on or calls[k][2]}
+    for _ in range(repeats):
+        for (k, on), v in samples.items():
+            pl, fn, _ = calls[k]
+            pl.memoize_checks = on
+            if not on:
+                pl._memo = None
+            v.append(per_call_us(fn, n, 1)[0])
+    for pl, _fn, _ in calls.values():
+        pl.memoize_checks = True
+    rows = {
+        f"{k}: compute(), {'memo' if on else 'no memo'}": (statistics.median(v), v) for (k, on), v in samples.items()
+    }
+    best = {key: min(v) for key, v in samples.items()}
+    for on in modes:
+        for G in (1, 2):
+            label = f"vLLM - core, G={G}, {'memo' if on else 'no memo'} (best, us)"
+            diff = best[(f"vLLM G={G}", on)] - best[(f"core G={G}", on)]
+            rows[label] = (diff, [diff])
+    return rows
+
+
 def dispatch_floor(torch, n, repeats) -> tuple:
     """``torch.ops.<lib>.step.default`` with kvaddr's schema and a no-op Python kernel: what
     torch's dispatcher alone costs per call of the op on this host (CPU tensors)."""
@@ -249,6 +324,9 @@ def main(argv=None) -> int:
         help="also time compute() with this other kvaddr/validation.py, interleaved with the current one "
         "(e.g. git show a17b426:kvaddr/validation.py > /tmp/old.py; --ab /tmp/old.py)",
     )
+    ap.add_argument(
+        "--vllm-only", action="store_true", help="only the vLLM step against the core step (memo and no memo)"
+    )
     args = ap.parse_args(argv)
 
     noop = install_fake_cupy()
@@ -257,6 +335,9 @@ def main(argv=None) -> int:
     dec, q, table = ndarray((bsz,)), ndarray((bsz,)), ndarray((bsz, 32))
     stream = 0x1234
     rows = {}
+    rows.update(vllm_vs_core(ndarray, bsz, args.n, args.repeats))
+    if args.vllm_only:
+        return _print(rows, args)
     rows["launchKernel stand-in (no-op, 11 args)"] = per_call_us(
         lambda: noop(0xF00, 1, 1, 1, 256, 1, 1, 0, stream, 0, 0), args.n, args.repeats
     )
@@ -316,7 +397,10 @@ def main(argv=None) -> int:
             lambda: cuda_impl(tdec, tq, tables, sizes, *outs), args.n // 4, args.repeats
         )
         ops.set_debug(False)
+    return _print(rows, args)
 
+
+def _print(rows: dict, args) -> int:
     width = max(len(k) for k in rows)
     print(f"{'path':<{width}}  host us/call: median, best of {args.repeats} samples of {args.n} calls")
     for k, (med, samples) in rows.items():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import is_
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,8 +21,8 @@ from kvaddr.validation import (
     check_int,
     cupy_stream,
     describe,
+    memo_guard,
     normalize_tables,
-    signature_getter,
     stream_handle,
 )
 
@@ -526,48 +525,33 @@ class StepPlanner:
     def _remember(self, dec, q, block_tables, enc, bsz: int) -> None:
         """Memoise the inputs just checked and written, for compute()'s fast path.
 
-        The memo holds the argument objects themselves (so their ids stay theirs), the
-        table sequence's items (a list may be changed in place), and each checked array's
-        exact signature (pointer, device, shape, strides, dtype: everything the checks and
-        the parameter block depend on, see ``validation.signature_getter``). compute()
-        skips the checks only when the same objects come back with equal signatures;
-        anything else runs the full checks again. Arrays without a cheap signature
-        (``__cuda_array_interface__``, DLPack, mixed CuPy and torch) are never memoised.
+        The memo's guard (``validation.memo_guard``) holds the argument objects themselves (so
+        their ids stay theirs), the table sequence's items (a list may be changed in place), and
+        each distinct checked array's exact signature (pointer, device, shape, strides, dtype:
+        everything the checks and the parameter block depend on, see
+        ``validation.signature_getter``), read once per object. compute() skips the checks only
+        when the same objects come back with equal signatures; anything else runs the full
+        checks again. Arrays without a cheap signature (``__cuda_array_interface__``, DLPack,
+        mixed CuPy and torch) and list/tuple subclasses are never memoised.
         """
         if not self.memoize_checks:
             return
-        tables: list = []
-        items = None
-        if self.num_caches:
-            tables = normalize_tables(block_tables, self.num_caches)
-            if isinstance(block_tables, (list, tuple)):  # (normalize_tables took it as a sequence)
-                items = tuple(block_tables)
-        arrays = [dec, q] if enc is None else [dec, q, enc]
-        for t in tables:
-            if all(t is not a for a in arrays):
-                arrays.append(t)
-        sig = signature_getter(arrays)
-        if sig is None:
+        tables = normalize_tables(block_tables, self.num_caches) if self.num_caches else []
+        same = memo_guard((dec, q, block_tables, enc), [dec, q, *([] if enc is None else [enc]), *tables])
+        if same is None:
             return
         launcher, grid, threads = self._launch_plan(bsz)
         fast = getattr(launcher, "_fast", None) if type(launcher) is kernel_loader.Launcher else None
         self._memo = (
-            dec,  # 0
-            q,  # 1
-            enc,  # 2
-            block_tables,  # 3: identity enough for an array (items None)
-            items,  # 4: a sequence's items, compared one by one
-            sig,  # 5
-            arrays,  # 6
-            [sig(a) for a in arrays],  # 7
-            bsz,  # 8
-            grid,  # 9
-            tables if "page_table" in self.attention else None,  # 10
-            fast,  # 11: launchKernel (None: older CuPy, or another launcher: call m[14])
-            getattr(launcher, "_fptr", 0),  # 12
-            getattr(launcher, "_params_ptr", 0),  # 13
-            launcher,  # 14: the kernel _launch_plan chose for bsz (v8 or v9)
-            threads,  # 15
+            same,  # 0: same(dec, q, block_tables, enc): the same objects, every signature unchanged
+            bsz,  # 1
+            grid,  # 2
+            tables if "page_table" in self.attention else None,  # 3
+            fast,  # 4: launchKernel (None: older CuPy, or another launcher: call m[7])
+            getattr(launcher, "_fptr", 0),  # 5
+            getattr(launcher, "_params_ptr", 0),  # 6
+            launcher,  # 7: the kernel _launch_plan chose for bsz (v8 or v9)
+            threads,  # 8
         )
 
     def launch_args(
@@ -631,30 +615,17 @@ class StepPlanner:
         # Fast path: the same argument objects as the last checked call, each array's signature
         # unchanged, so every check passes as it did and the parameter block already holds them.
         m = self._memo
-        if (
-            m is not None
-            and seq_lens_decoder is m[0]
-            and seq_lens_this_time is m[1]
-            and seq_lens_encoder is m[2]
-            and (
-                block_tables is m[3]
-                if m[4] is None
-                else block_tables.__class__ in (list, tuple)
-                and len(block_tables) == len(m[4])
-                and all(map(is_, block_tables, m[4]))
-            )
-            and list(map(m[5], m[6])) == m[7]
-        ):
-            bsz = m[8]
-            launch = m[11]
+        if m is not None and m[0](seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder):
+            bsz = m[1]
+            launch = m[4]
             if launch is None:
-                m[14](m[9], m[15], stream)
+                m[7](m[2], m[8], stream)
             else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
-                launch(m[12], m[9], 1, 1, m[15], 1, 1, 0, stream, m[13], 0)
-            if m[10] is not None:  # page_table: rows [0, bsz) of these tables (a binding may have set others)
-                self._set_page_table(m[10], bsz)
+                launch(m[5], m[2], 1, 1, m[8], 1, 1, 0, stream, m[6], 0)
+            if m[3] is not None:  # page_table: rows [0, bsz) of these tables (a binding may have set others)
+                self._set_page_table(m[3], bsz)
             out = self._views.get(bsz)
-            return self._outputs(bsz) if out is None or m[10] is not None else out
+            return self._outputs(bsz) if out is None or m[3] is not None else out
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
         launcher, grid, threads = self._launch_plan(bsz)
         launcher(grid, threads, stream)

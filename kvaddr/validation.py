@@ -150,6 +150,30 @@ def _cupy_signature(x) -> tuple:
     return (m.ptr, m.device_id, x.shape, x.strides, x.dtype)
 
 
+#: Memo signatures of CuPy arrays read ``_shape``/``_strides`` (the lists CuPy makes from its C++
+#: vectors) instead of ``shape``/``strides`` (the same lists, then turned into tuples): the same
+#: values, one conversion fewer per field; only for a class whose ``_shape`` and ``_strides`` read as
+#: lists. Off until timed on a GPU (``scripts/gpu/vhost_profile.py`` times both); read when a memo
+#: is made, so set it before the checked call that makes one.
+CUPY_VECTOR_SIGNATURE = False
+_VECTORS: dict = {}  # class -> whether its _shape and _strides read as lists
+
+
+def _cupy_signature_vectors(x) -> tuple:
+    m = x.data
+    return (m.ptr, m.device_id, x._shape, x._strides, x.dtype)
+
+
+def _has_vectors(x) -> bool:
+    cls = x.__class__
+    v = _VECTORS.get(cls)
+    if v is None:
+        v = _VECTORS[cls] = isinstance(getattr(x, "_shape", None), list) and isinstance(
+            getattr(x, "_strides", None), list
+        )
+    return v
+
+
 def _cupy_signature_no_device_id(x) -> tuple:  # a MemoryPointer-like without device_id
     return (x.data.ptr, x.device.id, x.shape, x.strides, x.dtype)
 
@@ -169,22 +193,127 @@ def signature_getter(arrays):
     function for all of ``arrays`` (all CuPy or all PyTorch), or None (mixed kinds,
     ``__cuda_array_interface__`` and DLPack objects: those are described every time).
     """
-    getter = None
+    return _getter_and_distinct(arrays)[0]
+
+
+def _getter_and_distinct(arrays) -> tuple:
+    """``(signature getter or None, the distinct objects of arrays)`` in one pass (memo_guard runs it
+    on every checked call)."""
+    getter, distinct, ids = None, [], set()
     for x in arrays:
-        cls = type(x)
+        i = id(x)  # (the objects are alive: their ids are theirs)
+        if i in ids:
+            continue
+        ids.add(i)
+        distinct.append(x)
+        cls = x.__class__
         kind = _KINDS.get(cls)
         if kind is None:
             kind = _KINDS[cls] = _kind_of(cls)
         if kind == _CUPY:
-            g = _cupy_signature if hasattr(x.data, "device_id") else _cupy_signature_no_device_id
+            if not hasattr(x.data, "device_id"):
+                g = _cupy_signature_no_device_id
+            elif CUPY_VECTOR_SIGNATURE and _has_vectors(x):
+                g = _cupy_signature_vectors
+            else:
+                g = _cupy_signature
         elif kind == _TORCH:
             g = _torch_signature
         else:
+            return None, distinct
+        if g is not getter:
+            if getter is not None:
+                return None, distinct
+            getter = g
+    return getter, distinct
+
+
+#: Each signature getter's fields as source text over an array ``a`` (``m``: its ``data``, read once).
+_SIGNATURE_SOURCE = {
+    _cupy_signature: "({m} := {a}.data).ptr, {m}.device_id, {a}.shape, {a}.strides, {a}.dtype",
+    _cupy_signature_vectors: "({m} := {a}.data).ptr, {m}.device_id, {a}._shape, {a}._strides, {a}.dtype",
+    _cupy_signature_no_device_id: "{a}.data.ptr, {a}.device.id, {a}.shape, {a}.strides, {a}.dtype",
+    _torch_signature: "{a}.data_ptr(), {a}.get_device(), {a}.shape, {a}.stride(), {a}.dtype",
+}
+#: memo_guard's compiled factories, by (signature getter, argument pattern, number of distinct arrays).
+_GUARD_FACTORIES: dict = {}
+_PLAIN_SEQUENCES = (list, tuple)
+
+
+def _guard_factory(getter, pattern: tuple, n_arrays: int):
+    """Compile (once per key) ``make(o0, .., d0, ..) -> same``: see :func:`memo_guard`.
+
+    ``pattern`` has one entry per argument: -1 for an object compared by identity, k >= 0 for a
+    plain list or tuple of k objects compared item by item. ``same(x0, ..)`` is one expression:
+    the identity tests, then ONE tuple of every distinct array's signature fields (read in this
+    frame, no call per array) compared with the tuple read when the memo was made.
+    """
+    key = (getter, pattern, n_arrays)
+    make = _GUARD_FACTORIES.get(key)
+    if make is not None:
+        return make
+    names, tests = [], []
+    for i, k in enumerate(pattern):
+        x = f"x{i}"
+        if k < 0:
+            names.append(f"o{i}")
+            tests.append(f"{x} is o{i}")
+        else:
+            items = [f"o{i}_{j}" for j in range(k)]
+            names += items
+            tests.append(f"{x}.__class__ in _SEQ and len({x}) == {k}")
+            tests += [f"{x}[{j}] is {o}" for j, o in enumerate(items)]
+    arrays = [f"d{i}" for i in range(n_arrays)]
+    # the signature tuple: each array's fields in turn (CuPy: its data pointer read once, into m<i>)
+    # (a getter without inline source, e.g. one a test put in place, is called: its fields unpacked)
+    source = _SIGNATURE_SOURCE.get(getter, "*_getter({a})")
+    read = ", ".join(source.format(a=a, m=f"m{i}") for i, a in enumerate(arrays))
+    args = ", ".join(f"x{i}" for i in range(len(pattern)))
+    src = (
+        f"def make({', '.join(names + arrays)}):\n"
+        f"    sig = ({read},)\n"
+        f"    def same({args}):\n"
+        f"        return {' and '.join(tests)} and ({read},) == sig\n"
+        f"    return same\n"
+    )
+    ns = {"_SEQ": _PLAIN_SEQUENCES, "_getter": getter}
+    exec(compile(src, f"<kvaddr memo guard {pattern} x {n_arrays}>", "exec"), ns)
+    make = _GUARD_FACTORIES[key] = ns["make"]
+    return make
+
+
+def memo_guard(args: Sequence, arrays: Sequence | None = None):
+    """A function telling whether a call's arguments are the memoised ones, unchanged.
+
+    ``args`` are the arguments of the call just checked, in order: each an object compared by
+    identity (an array, None) or a plain ``list``/``tuple`` of objects, compared by its items (a
+    list may be changed in place). ``arrays`` are the arrays those checks described (default: every
+    argument object, sequences by their items); each distinct object's signature (see
+    :func:`signature_getter`) is read now and again at every test. Returns
+    ``same(*args) -> bool``: True only for the same objects (sequences: a list or tuple with the
+    same items) whose arrays' signatures are all unchanged, i.e. a call whose checks would pass as
+    they did. The function holds references to every object (their ids stay theirs). Returns None
+    where no guard is possible: arrays without one cheap signature getter (mixed CuPy and
+    torch, ``__cuda_array_interface__``, DLPack) or a list/tuple subclass among ``args``.
+
+    The guard is one generated expression (compiled once per argument pattern and cached): its
+    cost is a few identity tests and one tuple compare, with no call per array.
+    """
+    pattern, objects = [], []
+    for x in args:
+        cls = x.__class__
+        if cls is list or cls is tuple:
+            pattern.append(len(x))
+            objects += x
+        elif isinstance(x, _PLAIN_SEQUENCES):  # a subclass may change how it is iterated
             return None
-        if getter is not None and g is not getter:
-            return None
-        getter = g
-    return getter
+        else:
+            pattern.append(-1)
+            objects.append(x)
+    getter, distinct = _getter_and_distinct(objects if arrays is None else arrays)
+    if getter is None:
+        return None
+    return _guard_factory(getter, tuple(pattern), len(distinct))(*objects, *distinct)
 
 
 def _device_of_pointer(ptr: int) -> int:

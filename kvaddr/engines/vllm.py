@@ -11,7 +11,6 @@ inside ``torch.cuda.graph`` / CuPy stream capture.
 from __future__ import annotations
 
 import ctypes
-from operator import is_
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from kvaddr.engines.vllm_config import (
     per_group,
 )
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
-from kvaddr.validation import cupy_stream, describe, signature_getter, stream_handle
+from kvaddr.validation import cupy_stream, describe, memo_guard, signature_getter, stream_handle
 
 __all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
 
@@ -47,7 +46,6 @@ _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _G = VLLM_MAX_GROUPS
 _IDX_DTYPES = (INT32, INT64)
-_SEQ = (list, tuple)
 
 
 def _state_signature(x) -> tuple | None:
@@ -106,6 +104,7 @@ class VllmStepParams(ctypes.Structure):
 
 
 GROUP_SLOTS = 1
+_NO_OBJECT = object()  # matches no num_reqs_padded argument (compute()'s memo, before its first fast call)
 GROUP_SHARDED = 2
 
 
@@ -630,85 +629,71 @@ class VllmStepPlanner:
         # Fast path: the same argument objects as the last checked call, each array's signature
         # unchanged, so every check passes as it did and the parameter block already holds them;
         # only num_reqs_padded (checked here as check_num_reqs_padded does) and the stream vary.
+        # num_reqs_padded: the same object as the last launch's (m[7][0]) is in the struct already
+        # (ints are immutable; only _prepare, which drops the memo first, and this path write it).
         m = self._memo
-        if m is not None:
-            form, objects, sig, sigs, lo, hi, grid, launch, fptr, args_ptr = m
-            # The arguments as the memo lists them: a sequence of tables or of num_blocks by its
-            # items (a list may have been changed in place), an array as itself.
-            if form == 0:
-                ok = block_tables.__class__ in _SEQ and num_blocks.__class__ in _SEQ
-                cur = [idx_mapping, query_start_loc, num_computed_tokens, *block_tables, *num_blocks] if ok else ()
-            elif form == 1:
-                ok = block_tables.__class__ in _SEQ
-                cur = [idx_mapping, query_start_loc, num_computed_tokens, *block_tables, num_blocks] if ok else ()
-            elif form == 2:
-                ok = num_blocks.__class__ in _SEQ
-                cur = [idx_mapping, query_start_loc, num_computed_tokens, block_tables, *num_blocks] if ok else ()
-            else:
-                cur = [idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks]
-            if (
-                len(cur) == len(objects)
-                and all(map(is_, cur, objects))
-                and (num_reqs_padded is None or (num_reqs_padded.__class__ is int and lo <= num_reqs_padded <= hi))
-                and list(map(sig, objects)) == sigs
-            ):
-                padded = lo if num_reqs_padded is None else num_reqs_padded
-                self._params.num_reqs_padded = padded
-                if grid is None:  # v1: its grid follows num_reqs_padded
-                    grid = self.grid(padded, lo)
-                if launch is None:
-                    self._fns["step"](grid, 1, THREADS, stream)
-                else:  # cuLaunchKernel straight (StructLaunch.__call__, inlined)
-                    launch(fptr, grid, 1, 1, THREADS, 1, 1, 0, stream, args_ptr, 0)
-                return self.outputs
+        if (
+            m is not None
+            and m[0](idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks)
+            and (
+                num_reqs_padded is (last := m[7])[0]
+                or num_reqs_padded is None
+                or (num_reqs_padded.__class__ is int and m[1] <= num_reqs_padded <= m[2])
+            )
+        ):
+            if num_reqs_padded is not last[0]:
+                last[1] = self._params.num_reqs_padded = m[1] if num_reqs_padded is None else num_reqs_padded
+                last[0] = num_reqs_padded
+            grid = m[3]
+            if grid is None:  # v1: its grid follows num_reqs_padded
+                grid = self.grid(last[1], m[1])
+            launch = m[4]
+            if launch is None:
+                self._fns["step"](grid, 1, THREADS, stream)
+            else:  # cuLaunchKernel straight (StructLaunch.__call__, inlined)
+                launch(m[5], grid, 1, 1, THREADS, 1, 1, 0, stream, m[6], 0)
+            return self.outputs
         n, padded = self._prepare(
             idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
         )
         grid = self.grid(padded, n)
         self._fns["step"](grid, 1, THREADS, stream)
         self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
+        if self._memo is not None and (num_reqs_padded is None or num_reqs_padded.__class__ is int):
+            self._memo[7][:] = (num_reqs_padded, padded)  # (another kind, e.g. a NumPy int: checked on the next call)
         return self.outputs
 
     def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
         """Memoise the inputs just checked and launched, for compute()'s fast path.
 
-        The memo holds the argument objects themselves (so their ids stay theirs), the
-        items of a sequence of tables or of num_blocks (a list may be changed in place), and
-        each array's exact signature (pointer, device, shape, strides, dtype: everything the
-        checks and the parameter block depend on, see ``validation.signature_getter``).
-        compute() skips the checks only when the same objects come back with equal
-        signatures; anything else runs the full checks again. Arrays without a cheap
-        signature (``__cuda_array_interface__``, DLPack, mixed CuPy and torch) are never
-        memoised, and neither is anything while ``memoize_checks`` is False.
+        The memo's guard (``validation.memo_guard``, shared with ``StepPlanner``) holds the
+        argument objects themselves (so their ids stay theirs), the items of a sequence of
+        tables or of num_blocks (a list may be changed in place), and each distinct array's
+        exact signature (pointer, device, shape, strides, dtype: everything the checks and the
+        parameter block depend on, see ``validation.signature_getter``), read once per object
+        (one table passed for two groups is read once) into one tuple. compute() skips the
+        checks only when the same objects come back with equal signatures; anything else runs
+        the full checks again. Arrays without a cheap signature (``__cuda_array_interface__``,
+        DLPack, mixed CuPy and torch) and list/tuple subclasses are never memoised, and neither
+        is anything while ``memoize_checks`` is False.
         """
         if not self._memoize:
             return
-        # A plain list or tuple is remembered by its items (the fast path's form 0-2); a
-        # subclass is never memoised (it may change how it is iterated).
-        t_seq, nb_seq = block_tables.__class__ in _SEQ, num_blocks.__class__ in _SEQ
-        if (not t_seq and isinstance(block_tables, (list, tuple))) or (
-            not nb_seq and isinstance(num_blocks, (list, tuple))
-        ):
-            return
-        objects = [idx_mapping, query_start_loc, num_computed_tokens]
-        objects += block_tables if t_seq else [block_tables]
-        objects += num_blocks if nb_seq else [num_blocks]
-        sig = signature_getter(objects)
-        if sig is None:
+        # (every argument object, sequences by their items, is a checked array)
+        same = memo_guard((idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks))
+        if same is None:  # no cheap signature, or a list/tuple subclass
             return
         step = self._fns["step"]
         fast = type(step) is StructLaunch
         self._memo = (
-            (0 if nb_seq else 1) if t_seq else (2 if nb_seq else 3),  # form: which arguments are sequences
-            objects,  # the argument objects, sequences by their items
-            sig,  # the signature getter (validation.signature_getter)
-            [sig(a) for a in objects],  # their signatures (pointer, device, shape, strides, dtype)
-            n,  # num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
-            self.config.max_num_reqs,  # num_reqs_padded's upper bound
-            grid if self._v2 else None,  # v2's grid (lanes by num_reqs); None: v1's follows num_reqs_padded
-            step._launch if fast else None,  # launchKernel (None: another launcher, called as is)
-            step._fptr if fast else 0,
-            step._args_ptr if fast else 0,
+            same,  # 0: same(*args): the same objects (sequences by their items), signatures unchanged
+            n,  # 1: num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
+            self.config.max_num_reqs,  # 2: num_reqs_padded's upper bound
+            grid if self._v2 else None,  # 3: v2's grid (lanes by num_reqs); None: v1's follows num_reqs_padded
+            step._launch if fast else None,  # 4: launchKernel (None: another launcher, called as is)
+            step._fptr if fast else 0,  # 5
+            step._args_ptr if fast else 0,  # 6
+            [_NO_OBJECT, 0],  # 7: [the last launch's num_reqs_padded object, the value written]: see compute()
         )
 
     def errors(self, stream=None) -> tuple[int, int]:

@@ -201,3 +201,78 @@ def test_memo_on_and_off_agree(kernel):
         d["idx_mapping"].set(x["idx_mapping"])
         d["query_start_loc"].set(x["query_start_loc"])
     assert on._memo is not None and off._memo is None
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_one_table_object_for_two_groups_then_resized_in_place(kernel, described, lib):
+    """Two groups of the same block size given the SAME table object (and the same num_blocks
+    array): memoised (the guard reads that object's signature once), then the table is resized
+    in place (torch ``resize_`` to more rows: new memory; CuPy's shape setter to fewer rows than
+    max_num_reqs: refused as on a first call). Every launch against the reference."""
+    rng = np.random.default_rng(25)
+    cfg, state = random_case(rng, max_num_reqs=64, num_reqs=48, block_sizes=(16, 16), max_query=2, spare_tokens=40)
+    M = cfg.max_num_reqs
+    state["block_tables"][1] = state["block_tables"][0]
+    state["num_blocks"][1] = state["num_blocks"][0]
+    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+
+        def dev(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to("cuda")
+
+        def sync():
+            torch.cuda.synchronize()
+    else:
+        import cupy
+
+        dev = cupy.asarray
+
+        def sync():
+            cupy.cuda.get_current_stream().synchronize()
+
+    table, nb = dev(state["block_tables"][0]), dev(state["num_blocks"][0])
+    nct = dev(state["num_computed_tokens"])
+    tables, nbs = [table, table], [nb, nb]
+
+    def step(label, n=48, checked=None):
+        x = new_batch(rng, cfg, state, n, max_query=2)
+        idx, qsl = dev(x["idx_mapping"]), dev(x["query_start_loc"])
+        before = len(described)
+        out = planner.compute(idx, qsl, nct, tables, nbs, n)
+        sync()
+        want = _ref(cfg, x, n)
+        assert_same(out, want.outputs.as_dict(), f"{kernel} {lib} {label}")
+        assert planner.errors() == (want.error_mask, want.error_key), label
+        if checked is not None:  # the request state (one table and one num_blocks object) checked again or not
+            assert (len(described) - before > 2) == checked, label
+        return idx, qsl
+
+    idx, qsl = step("first")
+    for _ in range(2):  # the same objects: memoised
+        before = len(described)
+        planner.compute(idx, qsl, nct, tables, nbs, 48)
+        assert len(described) == before and planner._memo is not None
+    if lib == "torch":
+        ptr = table.data_ptr()
+        table.resize_(2 * M, table.shape[1])  # more rows: new memory, the old rows copied
+        table[M:] = -7  # rows beyond max_num_reqs: never read
+        assert table.data_ptr() != ptr
+        before = len(described)
+        planner.compute(idx, qsl, nct, tables, nbs, 48)
+        assert len(described) > before, "the resized table was not checked again"
+        assert planner._params.block_table[0] == planner._params.block_table[1] == table.data_ptr()
+        assert planner._params.table_stride[0] == table.stride(0)
+        step("resized, memoised again")
+        table.resize_(M - 1, table.shape[1])  # fewer rows than max_num_reqs, the same memory
+    else:
+        table.shape = (M // 2, 2 * table.shape[1])  # the same memory, another shape
+    with pytest.raises(ValueError, match=r"block_tables\[0\] must be int32 with shape \(rows >= 64"):
+        planner.compute(idx, qsl, nct, tables, nbs, 48)
+    assert planner._memo is None
+    if lib == "torch":
+        table.resize_(M, table.shape[1])
+    else:
+        table.shape = (M, table.shape[1] // 2)
+    step("restored", checked=True)
+    step("memoised after the restore", checked=False)

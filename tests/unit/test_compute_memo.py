@@ -328,3 +328,28 @@ def test_torch_tensors_changed_in_place_are_seen(fake, monkeypatch):
     dec.set_(torch.zeros(BSZ, dtype=torch.int32))
     p.compute(dec, q, table, stream=9)
     assert _last(fake)["params"].seq_lens_decoder == dec.data_ptr()
+
+
+def test_one_table_object_for_both_caches_changed_in_place_is_seen(fake):
+    """The same table in the list for both caches: its signature is read once per call, and
+    a change in place (a new row count, width, stride or pointer) takes the checked path."""
+    p = _planner()
+    dec, q, t = _inputs(fake)
+    tables = [t, t]
+    p.compute(dec, q, tables, stream=9)
+    p.compute(dec, q, tables, stream=9)
+    assert len(fake.described) == 3 and p._memo is not None  # (the checks describe one object once too)
+    good = t.a
+    t.a = good[:2]  # fewer rows than bsz (a resize_ in place)
+    with pytest.raises(ValueError, match=r"block_tables must .* got 2 rows for bsz = 3"):
+        p.compute(dec, q, tables, stream=9)
+    t.a = np.zeros((BSZ, 6), np.int32)  # wider, new pointer
+    p.compute(dec, q, tables, stream=9)
+    P = _last(fake)["params"]
+    assert list(P.block_tables[:2]) == [t.data.ptr] * 2 and list(P.max_blocks[:2]) == [6, 6]
+    n = len(fake.described)
+    p.compute(dec, q, tables, stream=9)
+    assert len(fake.described) == n  # memoised again
+    t.a = np.zeros((2 * BSZ, 6), np.int32)[::2]  # same shape, twice the row stride
+    p.compute(dec, q, tables, stream=9)
+    assert len(fake.described) > n and list(_last(fake)["params"].table_stride[:2]) == [12, 12]

@@ -360,6 +360,29 @@ def test_num_reqs_padded_per_call(fake):
     assert _last(fake)["params"]["num_reqs_padded"] == 3
 
 
+@pytest.mark.parametrize("kernel", ["v2", "v1"])
+def test_num_reqs_padded_remembered_object_and_every_order(fake, kernel):
+    """The fast path skips the struct write for the same num_reqs_padded object as the last launch's:
+    every sequence of ints, None and NumPy ints launches the value asked for (v1: and its grid)."""
+    pl = _planner(G=2, kernel=kernel)
+    d = _inputs(G=2)
+    grids = {}
+    for v in (2, 3, 4):
+        ref = _planner(G=2, kernel=kernel)
+        _call(ref, d, padded=v)
+        grids[v] = _last(fake)["grid"]
+    before = len(fake.described)
+    three = 3
+    seq = [np.int64(3), None, None, 4, 4, three, three, None, np.int64(4), np.int64(4), 2, None, 3, np.int64(2), 2]
+    for padded in seq:
+        _call(pl, d, padded=padded)
+        want = 2 if padded is None else int(padded)
+        assert _last(fake)["params"]["num_reqs_padded"] == want, (seq, padded)
+        assert _last(fake)["grid"] == grids[want], (seq, padded)
+    # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one)
+    assert len(fake.described) - before == 7 + 2 * 3
+
+
 def test_v1_grid_follows_num_reqs_padded_on_the_memoised_path(fake):
     pl = _planner(G=2, kernel="v1")
     d = _inputs(G=2)
@@ -516,3 +539,52 @@ def test_the_memoised_path_matches_the_emulated_kernel(monkeypatch, kernel):
         if step % 2 == 0:
             d["block_tables"][1].a[rng.integers(0, 40), 0] = -5
     assert len(described) == 7 and pl._memo is not None
+
+
+def test_one_table_object_for_two_groups_changed_in_place_is_seen(fake):
+    """The same table (and the same num_blocks array) passed for both groups: each distinct
+    object's signature is read once per call, and a change in place of it (a resize, a new
+    dtype, a new pointer) takes the checked path for both groups."""
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    t, nb = d["block_tables"][0], d["num_blocks"][0]
+    d["block_tables"], d["num_blocks"] = [t, t], [nb, nb]
+    _call(pl, d)
+    checked = len(fake.described)
+    _call(pl, d)
+    assert len(fake.described) == checked and pl._memo is not None
+    good = t.a
+    t.a = good[:3]  # fewer rows than max_num_reqs (a resize_ in place)
+    n = len(fake.launches)
+    with pytest.raises(ValueError, match=r"block_tables\[0\] must .* got shape \(3, 4\)"):
+        _call(pl, d)
+    assert len(fake.launches) == n and pl._memo is None
+    t.a = good.astype(np.int64)
+    with pytest.raises(TypeError, match=r"block_tables\[0\] must be int32"):
+        _call(pl, d)
+    t.a = good.copy()  # a new pointer
+    _call(pl, d)
+    assert _last(fake)["params"]["block_table"][:2] == [t.data.ptr] * 2
+    checked = len(fake.described)
+    _call(pl, d)
+    assert len(fake.described) == checked  # memoised again
+    nb.a = nb.a[:3]
+    with pytest.raises(ValueError, match=r"num_blocks\[0\] must .* got shape \(3,\)"):
+        _call(pl, d)
+    nb.a = np.zeros(M, np.int32)
+    _call(pl, d)
+    assert _last(fake)["params"]["num_blocks"][:2] == [nb.data.ptr] * 2
+
+
+def test_an_array_passed_in_two_roles_is_checked_in_both(fake):
+    """num_computed_tokens also passed as num_blocks[1] (legal: both int32 [rows]); a change of it
+    in place is seen by the one signature read."""
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    d["num_blocks"][1] = d["num_computed_tokens"]
+    _call(pl, d)
+    _call(pl, d)
+    x = d["num_computed_tokens"]
+    x.a = x.a[:3]
+    with pytest.raises(ValueError, match=r"num_computed_tokens must be .* got shape \(3,\)"):
+        _call(pl, d)
