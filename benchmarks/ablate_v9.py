@@ -54,10 +54,7 @@ from floor_step import SOURCE as FLOOR_SOURCE
 from kvaddr import StepPlanner, kernel_loader
 from kvaddr.outputs import OUTPUT_FIELDS
 from kvaddr.strategies.gpu import OneBlock
-
-#: kernels.cu with its ablation section compiled in (the GPU tests build the same string,
-#: so CuPy's kernel cache compiles it once per machine).
-ABLATION_DEFINE = "#define KV_ABLATION 1\n"
+from tests.support.ablation import ablation_source
 
 #: (label, mask) of the ablation variants: kv_step_one's KV_ABL_* bits (kvaddr/kernels.cu).
 ABLATIONS = [
@@ -83,8 +80,9 @@ SHAPES = [("decode 1", 1), ("decode 64", 64), ("decode 256", 256)]
 
 
 def ablation_module():
-    """kernels.cu compiled with ``KV_ABLATION``: v9's ablation and fix kernels."""
-    return cupy.RawModule(code=ABLATION_DEFINE + kernel_loader.source(), options=kernel_loader.COMPILE_OPTIONS)
+    """kernels.cu's head and v9 section with ``KV_ABLATION``: v9's ablation and fix kernels
+    (tests/support/ablation.py; the GPU tests build the same string: one compile per machine)."""
+    return cupy.RawModule(code=ablation_source(), options=kernel_loader.COMPILE_OPTIONS)
 
 
 def v9_launcher(module, planner, mask, G):

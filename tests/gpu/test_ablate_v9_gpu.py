@@ -3,7 +3,7 @@ the NumPy reference, so a fix that measures ahead in benchmarks/ablate_v9.py can
 ``KV_FIX_DECODE_FIRST`` (one vote "every request is decode" replaces the scan; the scan runs
 when it fails), ``KV_FIX_LEAN`` (pos / B once per token, record clearing not unrolled), both.
 The kernels are ``kvaddr_step1_abl_c{G}_m{MASK}`` (G = 1, 2 caches, int64 positions) of
-kernels.cu compiled with ``KV_ABLATION`` (the benchmark's module), launched with a v9
+kernels.cu compiled with ``KV_ABLATION`` (the benchmark's module, tests/support/ablation.py), launched with a v9
 planner's struct and geometry: every output and the error record as the reference's, from
 poisoned buffers. Also ``m0`` (v9 recompiled there) as a control. Skipped without a GPU."""
 
@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.ablation import ablation_source
 from tests.support.gpu import assert_outputs_equal, poison, reference, requires_gpu, to_device
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 
@@ -33,10 +34,8 @@ def _module():
 
     from kvaddr import kernel_loader
 
-    # the same string as benchmarks/ablate_v9.py's ablation_module(): one compile per machine
-    return cupy.RawModule(
-        code="#define KV_ABLATION 1\n" + kernel_loader.source(), options=kernel_loader.COMPILE_OPTIONS
-    )
+    # the same string as benchmarks/ablate_v9.py's module: one compile per machine
+    return cupy.RawModule(code=ablation_source(), options=kernel_loader.COMPILE_OPTIONS)
 
 
 def _tables(dev, case):

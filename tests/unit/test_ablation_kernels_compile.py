@@ -1,6 +1,7 @@
 """kernels.cu's v9 ablation section (``#ifdef KV_ABLATION``: benchmarks/ablate_v9.py and
-tests/gpu/test_ablate_v9_gpu.py) compiles with no spills and no stack frame, and its mask-0
-kernels are v9's own machine code (``kv_step_one``'s ABL parameter defaults to v9)."""
+tests/gpu/test_ablate_v9_gpu.py), in the module those build (tests/support/ablation.py: the
+head of kernels.cu and its v9 section), compiles with no spills and no stack frame, and its
+mask-0 kernels are v9's own machine code (``kv_step_one``'s ABL parameter defaults to v9)."""
 
 import re
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import pytest
 
 from kvaddr import kernel_loader
+from tests.support.ablation import ablation_source
 
 NVCC = shutil.which("nvcc")
 MASKS = (0, 1, 2, 4, 8, 16, 32, 64, 79, 95, 127, 128, 256, 384, 416)
@@ -51,9 +53,11 @@ def test_every_mask_has_its_kernels_in_the_source():
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: ablation compile check skipped")
 def test_ablation_kernels_compile_and_mask_0_is_v9(tmp_path):
     out = tmp_path / "kernels_abl.cubin"
+    cu = tmp_path / "kernels_abl.cu"
+    cu.write_text(ablation_source())
     proc = subprocess.run(
-        [NVCC, "-arch=sm_90", "-cubin", "-std=c++14", "-DKV_ABLATION", "-Xptxas", "-v", "-Werror", "all-warnings"]
-        + ["-o", str(out), str(kernel_loader.SOURCE_PATH)],
+        [NVCC, "-arch=sm_90", "-cubin", "-std=c++14", "-Xptxas", "-v", "-Werror", "all-warnings"]
+        + ["-o", str(out), str(cu)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -63,7 +67,8 @@ def test_ablation_kernels_compile_and_mask_0_is_v9(tmp_path):
     functions = set(re.findall(r"Compiling entry function '(\w+)'", log))
     extra = {f"kvaddr_step1_abl_c{g}_m{m}" for g in (1, 2) for m in MASKS}
     extra |= {"kvaddr_abl_floor_out_c1", "kvaddr_abl_floor_out_c2"}
-    assert functions == set(kernel_loader.KERNEL_NAMES) | extra, log
+    v9 = {n for n in kernel_loader.KERNEL_NAMES if n.startswith("kvaddr_step1_c")}
+    assert len(v9) == 10 and functions == v9 | extra, log
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert len(frames) == len(functions), log
     assert all(tuple(map(int, f)) == (0, 0, 0) for f in frames), log
