@@ -98,7 +98,8 @@ EDGE = {k: v for k, v in edge_cases().items() if _fits(v)}
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("index", range(len(WORKED_EXAMPLES)))
 def test_worked_examples(mask, index):
-    _run(mask, WORKED_EXAMPLES[index], f"worked example {index}")
+    label, case = WORKED_EXAMPLES[index][0], WORKED_EXAMPLES[index][1]
+    _run(mask, case, f"worked example {label}")
 
 
 @requires_gpu
