@@ -21,7 +21,11 @@ N copies of one launch per graph, median of R replays, us per copy), on decode b
     checks, scan + barriers + search (decode assumed), padding stores, per-request
     outputs, token checks; ``- all but outputs`` does decode-out's work (its ratio to
     decode-out is what the struct, the launch geometry and the leftovers cost), ``- all``
-    less than that.
+    less than that. ``unguarded length loads`` (``KV_ABL_UNGUARDED_LOADS``): every thread
+    loads its lengths without waiting for bsz (v9 reads bsz, compares, and only then the
+    length pointers from the struct: two dependent constant loads before the first global
+    one); the length arrays here live in 1024-entry allocations, so those reads stay in
+    bounds.
 ``fix: ...``
     Candidate fixes (correct: ``tests/gpu/test_ablate_v9_gpu.py`` checks them against the
     NumPy reference): ``params in regs`` (``KV_ABL_PARAM_REGS``: every struct field read
@@ -67,6 +71,8 @@ ABLATIONS = [
     ("- all but outputs", 79),
     ("- all", 95),
     ("- all, params in regs", 127),
+    ("unguarded length loads", 512),
+    ("- all but outputs, unguarded", 591),
 ]
 #: (label, mask) of the candidate fixes: KV_FIX_* bits (correct kernels).
 FIXES = [
@@ -124,6 +130,10 @@ def main(argv=None) -> int:
     with stream:
         for label, bsz in SHAPES:
             dec, q, table, total = make_batch(rng, bsz, 1)
+            # lengths in 1024-entry allocations: the unguarded-load variants (512, 591) read [0, T)
+            dec_pad, q_pad = cupy.zeros(1024, dtype=cupy.int32), cupy.zeros(1024, dtype=cupy.int32)
+            dec_pad[:bsz], q_pad[:bsz] = dec, q
+            dec, q = dec_pad[:bsz], q_pad[:bsz]
             cap = total
             stride = np.int64(table.shape[1])
             for G in (1, 2):

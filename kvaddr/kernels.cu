@@ -1808,6 +1808,8 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
                                    // the scan; the v9 scan runs only when the vote fails
 #define KV_FIX_LEAN 256            // fix: pos / B computed once per token (load and store share it),
                                    // the record-clearing loop not unrolled (fewer instructions)
+#define KV_ABL_UNGUARDED_LOADS 512 // every thread loads its lengths (no wait for bsz before the pointers;
+                                   // reads past bsz: only for arrays allocated to T entries, timing only)
 
 // Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
 // the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS).
@@ -1862,7 +1864,11 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
 
     // 1. one round trip: request tid's lengths and the decode guess's block ids.
     int d = 0, n = 0;
-    if (tid < bsz) {
+    if ((ABL & KV_ABL_UNGUARDED_LOADS) != 0) {
+        d = p.seq_lens_decoder[tid];
+        n = p.seq_lens_this_time[tid];
+        if (tid >= bsz) d = n = 0;
+    } else if (tid < bsz) {
         d = p.seq_lens_decoder[tid];
         n = p.seq_lens_this_time[tid];
     }
@@ -2144,7 +2150,9 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i
     KV_ABL_ENTRY(G, 128)                                                                                   \
     KV_ABL_ENTRY(G, 256)                                                                                   \
     KV_ABL_ENTRY(G, 384)                                                                                   \
-    KV_ABL_ENTRY(G, 416)
+    KV_ABL_ENTRY(G, 416)                                                                                   \
+    KV_ABL_ENTRY(G, 512)                                                                                   \
+    KV_ABL_ENTRY(G, 591)
 KV_ABL_ENTRIES(1)
 KV_ABL_ENTRIES(2)
 

@@ -14,7 +14,7 @@ from kvaddr import kernel_loader
 from tests.support.ablation import ablation_source
 
 NVCC = shutil.which("nvcc")
-MASKS = (0, 1, 2, 4, 8, 16, 32, 64, 79, 95, 127, 128, 256, 384, 416)
+MASKS = (0, 1, 2, 4, 8, 16, 32, 64, 79, 95, 127, 128, 256, 384, 416, 512, 591)
 
 
 def _text_sections(path) -> dict:
@@ -42,12 +42,13 @@ def test_every_mask_has_its_kernels_in_the_source():
     section = src[src.index("#ifdef KV_ABLATION") : src.index("#endif  // KV_ABLATION")]
     assert sorted(int(m) for m in re.findall(r"KV_ABL_ENTRY\(G, (\d+)\)", section)) == sorted(MASKS)
     bits = {k: int(v) for k, v in re.findall(r"#define (KV_(?:ABL|FIX)_\w+) (\d+)", src)}
-    assert sorted(bits.values()) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert sorted(bits.values()) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     # "- all" skips every phase, "- all but outputs" every phase but the per-request outputs
     skips = bits["KV_ABL_NO_ERR_STORE"] | bits["KV_ABL_NO_REQ_CHECKS"] | bits["KV_ABL_NO_SCAN"]
     skips |= bits["KV_ABL_NO_PAD"] | bits["KV_ABL_NO_TOKEN_CHECKS"]
     assert skips == 79 and skips | bits["KV_ABL_NO_REQ_OUT"] == 95 and 95 | bits["KV_ABL_PARAM_REGS"] == 127
     assert bits["KV_FIX_DECODE_FIRST"] | bits["KV_FIX_LEAN"] == 384 and 384 | bits["KV_ABL_PARAM_REGS"] == 416
+    assert bits["KV_ABL_UNGUARDED_LOADS"] == 512 and 79 | 512 == 591
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: ablation compile check skipped")
