@@ -222,15 +222,24 @@ def main(argv=None) -> int:
                     )
                 )
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays; us per copy")
+    verdicts = report(cols, dev, a.copies, a.replays)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(device=dev, columns=cols, verdicts=verdicts), fh, indent=1)
+    return 0
+
+
+def report(cols, dev, copies, replays) -> list:
+    """Print the tables (ablation, what each phase costs, verdicts); return the verdicts."""
+    print(f"device: {dev}; graph mode, {copies} copies per graph, median of {replays} replays; us per copy")
     print("each cell: us and the ratio to decode-out (floor_step.py's floor) of the same batch and cache count")
-    head = f"{'variant':<27}" + "".join(f"{c['batch'] + ', ' + str(c['caches']) + 'c':>15}" for c in cols)
+    head = f"{'variant':<30}" + "".join(f"{c['batch'] + ', ' + str(c['caches']) + 'c':>15}" for c in cols)
     print(head)
     rows = list(cols[0]["times"])
     for c in cols[1:]:
         rows += [r for r in c["times"] if r not in rows]
     for r in rows:
-        line = f"{r:<27}"
+        line = f"{r:<30}"
         for c in cols:
             us = c["times"].get(r)
             line += f"{'-':>15}" if us is None else f"{cell(us, c['floor_us']):>15}"
@@ -242,7 +251,7 @@ def main(argv=None) -> int:
     print()
     print("what each phase costs (v9 (launcher) minus the variant without it; for a fix: its gain), us:")
     for r, _ in ABLATIONS + FIXES:
-        line = f"{r:<27}"
+        line = f"{r:<30}"
         for c in cols:
             line += f"{c['times']['v9 (launcher)'] - c['times'][r]:>+15.3f}"
         print(line)
@@ -250,7 +259,7 @@ def main(argv=None) -> int:
     print(
         "issue 16's targets (floor_step.py): at most 1.25x decode-out; decode 1 also <= one-block; 2nd cache <= +0.15 us"
     )
-    print(f"{'kernel':<27}{'batch':<13}{'caches':>7}{'us':>8}{'target':>8}{'x floor':>9}{'1-block':>9}{'meets':>7}")
+    print(f"{'kernel':<30}{'batch':<13}{'caches':>7}{'us':>8}{'target':>8}{'x floor':>9}{'1-block':>9}{'meets':>7}")
     verdicts = []
     for r in ["v9"] + [f for f, _ in FIXES]:
         for c in cols:
@@ -262,21 +271,18 @@ def main(argv=None) -> int:
             verdicts.append(dict(kernel=r, batch=c["batch"], caches=c["caches"], us=us, meets=ok))
             obs = "-" if ob is None else f"{ob:.3f}"
             print(
-                f"{r:<27}{c['batch']:<13}{c['caches']:>7}{us:>8.3f}{c['target_us']:>8.3f}{us / c['floor_us']:>8.2f}x"
+                f"{r:<30}{c['batch']:<13}{c['caches']:>7}{us:>8.3f}{c['target_us']:>8.3f}{us / c['floor_us']:>8.2f}x"
                 f"{obs:>9}{'yes' if ok else 'NO':>7}"
             )
         for c1 in cols:
             c2 = next((c for c in cols if c["batch"] == c1["batch"] and c["caches"] == 2), None)
             if c1["caches"] == 1 and c2 is not None:
                 dd = c2["times"][r] - c1["times"][r]
-                print(f"{r:<27}{c1['batch']:<13} second cache adds {dd:+.3f} us{'' if dd <= 0.15 else '  NOT MET'}")
+                print(f"{r:<30}{c1['batch']:<13} second cache adds {dd:+.3f} us{'' if dd <= 0.15 else '  NOT MET'}")
     n_fix = sum(v["meets"] for v in verdicts if v["kernel"] != "v9")
     n_v9 = sum(v["meets"] for v in verdicts if v["kernel"] == "v9")
     print(f"summary: v9 meets {n_v9}/{len(cols)} rows; fixes meet {n_fix}/{len(cols) * len(FIXES)} (kernel, row) pairs")
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(dict(device=dev, columns=cols, verdicts=verdicts), fh, indent=1)
-    return 0
+    return verdicts
 
 
 if __name__ == "__main__":
