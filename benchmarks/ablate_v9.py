@@ -93,7 +93,7 @@ def ablation_module():
 
 def v9_launcher(module, planner, mask, G):
     """A bare launch of ``kvaddr_step1_abl_c{G}_m{mask}`` with ``planner``'s struct and v9's geometry."""
-    fn = module.get_function(f"kvaddr_step1_abl_c{G}_m{mask}")
+    fn = module.get_function(f"kvaddr_step1_abl_c{G}_m{mask}").kernel  # the Function takes a stream
     return kernel_loader.Launcher(fn, planner._params, by_value=True)
 
 
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
                     times["decode-out @T"] = timed(lambda: fo((1,), (threads9,), fargs))
                 # the floor's work through KvStepParams
                 st = kernel_loader.Launcher(
-                    abl.get_function(f"kvaddr_abl_floor_out_c{G}"), planner._params, by_value=True
+                    abl.get_function(f"kvaddr_abl_floor_out_c{G}").kernel, planner._params, by_value=True
                 )
                 poison(planner, out)
                 st(fgrid[0], 256, stream.ptr)

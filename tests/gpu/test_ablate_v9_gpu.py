@@ -64,7 +64,7 @@ def _launch(p, mask, dev, case):
     name, blocks, threads = p.kernel_for(bsz)
     assert name == f"kvaddr_step1_c{G}_i64", name
     p.launch_args(dev["seq_lens_decoder"], dev["seq_lens_this_time"], _tables(dev, case))
-    fn = _module().get_function(f"kvaddr_step1_abl_c{G}_m{mask}")
+    fn = _module().get_function(f"kvaddr_step1_abl_c{G}_m{mask}").kernel  # the Function takes a stream
     launcher = kernel_loader.Launcher(fn, p._params, by_value=True)
     stream = cupy.cuda.get_current_stream()
     launcher(blocks, threads, stream.ptr)
