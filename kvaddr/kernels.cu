@@ -1810,6 +1810,51 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
                                    // the record-clearing loop not unrolled (fewer instructions)
 #define KV_ABL_UNGUARDED_LOADS 512 // every thread loads its lengths (no wait for bsz before the pointers;
                                    // reads past bsz: only for arrays allocated to T entries, timing only)
+#define KV_ABL_NO_CLEAR 1024       // no record-clearing loop (the per-warp record stays): timing only
+#define KV_ABL_NO_RECORD 2048      // no per-warp record (the clearing loop stays): timing only
+#define KV_FIX_LATE_CLEAR 4096     // fix: the record-clearing loop runs after the guess's table loads are
+                                   // issued (its constant loads and stores overlap that round trip
+                                   // instead of sitting between the length loads and the table loads)
+#define KV_FIX_REC16 8192          // fix: a record is ONE 16-byte store (mask, key) where error_records
+                                   // is 16-byte aligned; the warp's record: a vote first, the (mask,
+                                   // key) reduction only in a warp with an error
+// The v9 default (kvaddr_step1_c*): the fixes measured on the H200 (decode-first, lean, params
+// in regs: docs/perf-notes.md) and the error-record fixes. kvaddr_step1old_c* keep ABL = 0.
+#define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN | KV_FIX_LATE_CLEAR | KV_FIX_REC16)
+
+// One error record (mask, key) at rec: a 16-byte store where aligned (KV_FIX_REC16), else two.
+template <int ABL>
+__device__ __forceinline__ void kv1_store_record(u64* rec, u64 mask, u64 key) {
+    if ((ABL & KV_FIX_REC16) != 0 && ((unsigned long long)rec & 15ull) == 0) {
+        *reinterpret_cast<ulonglong2*>(rec) = make_ulonglong2(mask, key);
+    } else {
+        rec[0] = mask;
+        rec[1] = key;
+    }
+}
+
+// Block 0 clears the records past this launch's warps (the multi-block kernel's, or a wider
+// launch's: they may be stale), so check() reads the same thing whichever kernel ran last.
+template <int ABL>
+__device__ __forceinline__ void kv1_clear_records(const KvStepParams& p, int T, int tid, int capacity) {
+    const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
+    if ((ABL & KV_FIX_REC16) != 0) {
+#pragma unroll 1
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T)
+            kv1_store_record<ABL>(p.error_records + 2 * (i64)i, 0, KV_NO_ERROR);
+    } else if ((ABL & KV_FIX_LEAN) != 0) {
+#pragma unroll 1
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
+            p.error_records[2 * i] = 0;
+            p.error_records[2 * i + 1] = KV_NO_ERROR;
+        }
+    } else {
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
+            p.error_records[2 * i] = 0;
+            p.error_records[2 * i + 1] = KV_NO_ERROR;
+        }
+    }
+}
 
 // Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
 // the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS).
@@ -1874,21 +1919,9 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     }
     // While the lengths fly, block 0 clears the records past this launch's warps (the
     // multi-block kernel's, or a wider launch's: they may be stale).
-    if (first && (ABL & KV_ABL_NO_ERR_STORE) == 0) {
-        const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
-        if (xLEAN) {
-#pragma unroll 1
-            for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
-                p.error_records[2 * i] = 0;
-                p.error_records[2 * i + 1] = KV_NO_ERROR;
-            }
-        } else {
-            for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
-                p.error_records[2 * i] = 0;
-                p.error_records[2 * i + 1] = KV_NO_ERROR;
-            }
-        }
-    }
+    // (KV_FIX_LATE_CLEAR: after the guess's table loads instead.)
+    const bool clear = (ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_CLEAR)) == 0;
+    if (first && clear && (ABL & KV_FIX_LATE_CLEAR) == 0) kv1_clear_records<ABL>(p, T, tid, capacity);
     const bool bad = (ABL & KV_ABL_NO_REQ_CHECKS) ? false : (d < 0) | (n < 0);
     const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
     int blk[G > 0 ? G : 1];
@@ -1902,6 +1935,7 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
             kv1_load_blocks<G>(p, tid, (i64)d, blk);
         }
     }
+    if (first && clear && (ABL & KV_FIX_LATE_CLEAR) != 0) kv1_clear_records<ABL>(p, T, tid, capacity);
 
     // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
     //    KV_FIX_DECODE_FIRST: one vote first; a decode batch (every request n == 1, d >= 0)
@@ -2018,7 +2052,22 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     }
 
     // Errors: warp w of block k writes record k * (T / 32) + w.
-    if ((ABL & KV_ABL_NO_ERR_STORE) == 0) {
+    if ((ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_RECORD)) == 0 && (ABL & KV_FIX_REC16) != 0) {
+        // a vote first: the happy path writes (0, KV_NO_ERROR) with one 16-byte store
+        unsigned int mask = 0u;
+        if (__any_sync(0xffffffffu, err.mask != 0u)) {
+            mask = __reduce_or_sync(0xffffffffu, err.mask);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+                err.key = k < err.key ? k : err.key;
+            }
+        }
+        if (lane == 0) {
+            const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
+            kv1_store_record<ABL>(p.error_records + 2 * i, mask, mask ? err.key : KV_NO_ERROR);
+        }
+    } else if ((ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_RECORD)) == 0) {
         const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
         if (mask) {
 #pragma unroll
@@ -2083,44 +2132,85 @@ __device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
 }
 
 // The small-batch step per cache count G and position type: <<<ceil(C / T), T>>>, one parameter.
-
+// kvaddr_step1_c{G}_*: the default (KV_V9_DEFAULT's fixes); kvaddr_step1old_c{G}_*: v9 as first
+// shipped (ABL = 0; StepPlanner.use_kernel("v9-old"), for one comparison run).
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i64(const KvStepParams params) {
-    kv_step_one<0, i64>(params);
+    kv_step_one_ablate<0, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c1_i64(const KvStepParams params) {
-    kv_step_one<1, i64>(params);
+    kv_step_one_ablate<1, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c2_i64(const KvStepParams params) {
-    kv_step_one<2, i64>(params);
+    kv_step_one_ablate<2, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c3_i64(const KvStepParams params) {
-    kv_step_one<3, i64>(params);
+    kv_step_one_ablate<3, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i64(const KvStepParams params) {
-    kv_step_one<4, i64>(params);
+    kv_step_one_ablate<4, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i32(const KvStepParams params) {
-    kv_step_one<0, int>(params);
+    kv_step_one_ablate<0, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c1_i32(const KvStepParams params) {
-    kv_step_one<1, int>(params);
+    kv_step_one_ablate<1, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c2_i32(const KvStepParams params) {
-    kv_step_one<2, int>(params);
+    kv_step_one_ablate<2, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c3_i32(const KvStepParams params) {
-    kv_step_one<3, int>(params);
+    kv_step_one_ablate<3, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i32(const KvStepParams params) {
+    kv_step_one_ablate<4, int, KV_V9_DEFAULT>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c0_i64(const KvStepParams params) {
+    kv_step_one<0, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c1_i64(const KvStepParams params) {
+    kv_step_one<1, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c2_i64(const KvStepParams params) {
+    kv_step_one<2, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c3_i64(const KvStepParams params) {
+    kv_step_one<3, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c4_i64(const KvStepParams params) {
+    kv_step_one<4, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c0_i32(const KvStepParams params) {
+    kv_step_one<0, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c1_i32(const KvStepParams params) {
+    kv_step_one<1, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c2_i32(const KvStepParams params) {
+    kv_step_one<2, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c3_i32(const KvStepParams params) {
+    kv_step_one<3, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c4_i32(const KvStepParams params) {
     kv_step_one<4, int>(params);
 }
 
@@ -2152,7 +2242,16 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i
     KV_ABL_ENTRY(G, 384)                                                                                   \
     KV_ABL_ENTRY(G, 416)                                                                                   \
     KV_ABL_ENTRY(G, 512)                                                                                   \
-    KV_ABL_ENTRY(G, 591)
+    KV_ABL_ENTRY(G, 591)                                                                                   \
+    KV_ABL_ENTRY(G, 417)                                                                                   \
+    KV_ABL_ENTRY(G, 1024)                                                                                  \
+    KV_ABL_ENTRY(G, 2048)                                                                                  \
+    KV_ABL_ENTRY(G, 4096)                                                                                  \
+    KV_ABL_ENTRY(G, 8192)                                                                                  \
+    KV_ABL_ENTRY(G, 1440)                                                                                  \
+    KV_ABL_ENTRY(G, 4512)                                                                                  \
+    KV_ABL_ENTRY(G, 8608)                                                                                  \
+    KV_ABL_ENTRY(G, 12704)
 KV_ABL_ENTRIES(1)
 KV_ABL_ENTRIES(2)
 

@@ -21,7 +21,7 @@ from tests.support.ablation import ablation_source
 
 CXX = shutil.which("g++")
 #: The masks the emulator is built for (kvaddr_step1_abl_c{G}_m{MASK}, G = 1, 2).
-MASKS = (0, 32, 128, 256, 384, 416)
+MASKS = (0, 32, 128, 256, 384, 416, 4096, 8192, 12704)
 
 PRELUDE = r"""
 #include <cstdint>
@@ -96,6 +96,8 @@ template <class T> T __ldcg(const T* p) { return *p; }
 static int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 struct alignas(16) int4 { int x, y, z, w; };
 static inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+struct alignas(16) ulonglong2 { unsigned long long x, y; };
+static inline ulonglong2 make_ulonglong2(unsigned long long a, unsigned long long b) { return {a, b}; }
 """
 
 DRIVER = r"""
@@ -118,8 +120,8 @@ static void emu_launch(const KvStepParams* p, int grid, int block) {
 }
 #define EMU(G, M) if (g == G && m == M) { emu_launch<kvaddr_step1_abl_c##G##_m##M>(p, grid, block); return 0; }
 extern "C" int emu_run(int g, int m, const KvStepParams* p, int grid, int block) {
-    EMU(1, 0) EMU(1, 32) EMU(1, 128) EMU(1, 256) EMU(1, 384) EMU(1, 416)
-    EMU(2, 0) EMU(2, 32) EMU(2, 128) EMU(2, 256) EMU(2, 384) EMU(2, 416)
+    EMU(1, 0) EMU(1, 32) EMU(1, 128) EMU(1, 256) EMU(1, 384) EMU(1, 416) EMU(1, 4096) EMU(1, 8192) EMU(1, 12704)
+    EMU(2, 0) EMU(2, 32) EMU(2, 128) EMU(2, 256) EMU(2, 384) EMU(2, 416) EMU(2, 4096) EMU(2, 8192) EMU(2, 12704)
     return 1;
 }
 """
@@ -138,10 +140,11 @@ def library() -> ctypes.CDLL:
     return ctypes.CDLL(str(out))
 
 
-def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None = None):
+def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None = None, misaligned: bool = False):
     """Run ``kvaddr_step1_abl_c{G}_m{mask}`` on ``case`` (step_cases' dict) with v9's geometry
     (the planner's: T = max(bsz, min(C, 256 or 1024 if wide), 32) rounded to a warp), from
-    poisoned outputs and records; returns ``(outputs dict, (error_mask, first_bad_key))``."""
+    poisoned outputs and records; returns ``(outputs dict, (error_mask, first_bad_key))``.
+    ``misaligned``: the records start 8 bytes past a 16-byte boundary (KV_FIX_REC16's two-store path)."""
     from kvaddr.kernel_loader import StepParams
 
     G = len(case["block_sizes"])
@@ -180,7 +183,11 @@ def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None =
     num_chunks = -(-C // 256)
     max_tiles = -(-maxr // 4096) if maxr > 4096 else 0
     max_tiles = max(max_tiles, -(-max(32, -(-(C + 1024) // 32)) // 8) - num_chunks)
-    rec = np.full(2 * (num_chunks + max_tiles) * 8, 0x5A5A5A5A5A5A5A5A, np.uint64)
+    n_rec = (num_chunks + max_tiles) * 8
+    buf = np.full(2 * n_rec + 2, 0x5A5A5A5A5A5A5A5A, np.uint64)
+    skip = (buf.ctypes.data // 8) % 2  # u64s to the first 16-byte boundary
+    rec = buf[skip + 1 : skip + 1 + 2 * n_rec] if misaligned else buf[skip : skip + 2 * n_rec]
+    assert (rec.ctypes.data % 16 == 8) == misaligned
     P.error_records = rec.ctypes.data
     P.bsz, P.capacity, P.num_caches, P.max_tiles, P.num_meta = bsz, C, G, max_tiles, 0
     n = max(bsz, min(C, 1024 if wide else 256), 32)

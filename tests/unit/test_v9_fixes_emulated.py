@@ -1,4 +1,5 @@
-"""v9's candidate fixes (kernels.cu's KV_FIX_DECODE_FIRST, KV_FIX_LEAN, KV_ABL_PARAM_REGS; issue 16,
+"""v9's candidate fixes (kernels.cu's KV_FIX_DECODE_FIRST, KV_FIX_LEAN, KV_ABL_PARAM_REGS, and round 2's
+KV_FIX_LATE_CLEAR, KV_FIX_REC16 and KV_V9_DEFAULT = 12704, the library's kvaddr_step1_c*; issue 16,
 benchmarks/ablate_v9.py) against the NumPy reference on the CPU: the device code run by
 tests/support/v9_emulator.py (one thread per CUDA thread, shuffles and barriers emulated). Mask 0
 (v9 as shipped, proven on the H200) checks the emulator itself. The GPU versions of these tests
@@ -50,3 +51,16 @@ def test_mixed_batches(mask):
         kw = [{}, dict(errors=True), dict(over_capacity=True), dict(uniform=int(rng.integers(0, 3)))][i % 4]
         case = random_step(rng, max_bsz=70, num_caches=1 + i % 2, **kw)
         _check(mask, case, f"mixed {i} {kw}", max_requests=case["seq_lens_decoder"].shape[0] + 1)
+
+
+@pytest.mark.parametrize("mask", (8192, 12704))
+def test_records_not_16_byte_aligned(mask):
+    """KV_FIX_REC16 stores a record with one 16-byte store only where error_records is 16-byte
+    aligned (the planner's buffer is); elsewhere two 8-byte stores, the same records."""
+    rng = np.random.default_rng(8192)
+    for i, bsz in enumerate((1, 33, 64)):
+        for kw in ({}, dict(errors=True), dict(over_capacity=True)):
+            case = random_step(rng, bsz=bsz, num_caches=1 + i % 2, mix=("decode",), **kw)
+            _check(mask, case, f"decode {bsz} {kw} misaligned", max_requests=bsz + 2, misaligned=True)
+    case = random_step(rng, max_bsz=70, num_caches=2, errors=True)
+    _check(mask, case, "mixed, misaligned", max_requests=case["seq_lens_decoder"].shape[0] + 1, misaligned=True)
