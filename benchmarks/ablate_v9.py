@@ -12,9 +12,12 @@ N copies of one launch per graph, median of R replays, us per copy), on decode b
 ``decode-out, struct``
     The same work reading its arguments from ``KvStepParams`` (v9's one by-value struct),
     ``kvaddr_abl_floor_out_c{G}``: what passing the struct costs.
-``v9`` / ``v9 (launcher)``
-    ``StepPlanner.compute`` (v9) and v9 recompiled in the ablation module, launched bare
-    with the planner's struct (the two should agree: the recompiled code is identical).
+``v9`` / ``v9-old`` / ``v9 (launcher)``
+    ``StepPlanner.compute`` with the library's default (``kvaddr_step1_c{G}_i64``: since round 2
+    ``KV_V9_DEFAULT`` = params in regs + decode-first + lean + late clear + 16-byte records, mask
+    12704), ``compute`` with ``use_kernel("v9-old")`` (``kvaddr_step1old_c{G}_i64``, v9 as first
+    shipped), and v9-old recompiled in the ablation module (mask 0), launched bare with the
+    planner's struct (the last two should agree: the same code). Phase costs are against mask 0.
 ``- <phase>``
     v9 with one phase skipped (``kvaddr_step1_abl_c{G}_m{MASK}``, the ``KV_ABL_*`` bits of
     ``kv_step_one``; timing only, outputs may be wrong): error-record stores, request
@@ -32,8 +35,15 @@ N copies of one launch per graph, median of R replays, us per copy), on decode b
     into a register at entry; v9 reads bsz, compares, and only then the length pointers),
     ``decode-first`` (``KV_FIX_DECODE_FIRST``: one vote "every request is decode" replaces
     the scan, which runs only when the vote fails), ``lean`` (``KV_FIX_LEAN``: pos / B once
-    per token, record clearing not unrolled), decode-first + lean, all three.
-    Each fix's outputs and error record are compared with v9's before it is timed.
+    per token, record clearing not unrolled), decode-first + lean, all three; round 2 (the
+    error-record phase, 0.29-0.41 us in round 1): ``late clear`` (``KV_FIX_LATE_CLEAR``: the
+    loop clearing other kernels' records runs after the guess's table loads are issued),
+    ``16-byte records`` (``KV_FIX_REC16``: one 16-byte store per record; a vote before the
+    warp's (mask, key) reduction, which runs only in a warp with an error), and those on all
+    three; ``default (all five)`` is mask 12704, the library's code. Ablations ``- clearing
+    loop`` (1024) and ``- per-warp record`` (2048) split the phase; ``all three - error stores``
+    (417) and ``all three - clearing loop`` (1440) show what it costs after the three fixes.
+    Each fix's outputs and error record (and v9-old's) are compared with v9's before timing.
 
 Then issue 16's verdicts for v9 and each fix (``floor_step.py``'s targets: at most 1.25x
 decode-out; at decode 1 also no slower than one-block; the second cache at most +0.15 us).
@@ -73,6 +83,14 @@ ABLATIONS = [
     ("- all, params in regs", 127),
     ("unguarded length loads", 512),
     ("- all but outputs, unguarded", 591),
+    # round 2: the error-record phase split (clearing loop of other kernels' records / own record)
+    ("- clearing loop", 1024),
+    ("- per-warp record", 2048),
+]
+#: (label, mask) of all three fixes (416) less parts of the error-record phase: its cost after them.
+ERR_ON_416 = [
+    ("all three - error stores", 417),
+    ("all three - clearing loop", 1440),
 ]
 #: (label, mask) of the candidate fixes: KV_FIX_* bits (correct kernels).
 FIXES = [
@@ -81,7 +99,15 @@ FIXES = [
     ("fix: lean", 256),
     ("fix: decode-first + lean", 384),
     ("fix: all three", 416),
+    # round 2: the error-record phase, fixed (kernels.cu's KV_FIX_LATE_CLEAR, KV_FIX_REC16)
+    ("fix: late clear", 4096),
+    ("fix: 16-byte records", 8192),
+    ("fix: all three + late clear", 4512),
+    ("fix: all three + 16-B records", 8608),
+    ("fix: default (all five)", 12704),
 ]
+#: KV_V9_DEFAULT: what the library's kvaddr_step1_c* instantiate (StepPlanner's "v9" since round 2)
+DEFAULT = 12704
 SHAPES = [("decode 1", 1), ("decode 64", 64), ("decode 256", 256)]
 
 
@@ -188,10 +214,21 @@ def main(argv=None) -> int:
                 for f in OUTPUT_FIELDS:
                     assert (got[f] == ref[f]).all(), f"{label} decode-out, struct: {f} differs from v9"
                 times["decode-out, struct"] = timed(lambda: st(fgrid[0], 256, stream.ptr))
+                # "v9": compute() with the library's default (KV_V9_DEFAULT since round 2), "v9-old":
+                # compute() with v9 as first shipped (use_kernel("v9-old"), kvaddr_step1old_c*)
                 times["v9"] = timed(lambda: planner.compute(dec, q, table, stream=stream))
+                planner_old = StepPlanner(bsz, cap, [B] * G)
+                planner_old.use_kernel("v9-old", max_requests=1024)
+                assert planner_old.kernel_for(bsz) == (f"kvaddr_step1old_c{G}_i64", grid9, threads9)
+                poison(planner_old, planner_old._outputs(bsz))
+                got, err = snapshot(planner_old, planner_old.compute(dec, q, table, stream=stream), stream)
+                for f in OUTPUT_FIELDS:
+                    assert (got[f] == ref[f]).all(), f"{label} v9-old: {f} differs from v9"
+                assert err == ref_err, f"{label} v9-old: error record {err} != v9's {ref_err}"
+                times["v9-old"] = timed(lambda: planner_old.compute(dec, q, table, stream=stream))
                 l0 = v9_launcher(abl, planner, 0, G)
                 times["v9 (launcher)"] = timed(lambda: l0(grid9, threads9, stream.ptr))
-                for row, mask in ABLATIONS:
+                for row, mask in ABLATIONS + ERR_ON_416:
                     lv = v9_launcher(abl, planner, mask, G)
                     times[row] = timed(lambda lv=lv: lv(grid9, threads9, stream.ptr))
                 for row, mask in FIXES:
@@ -256,12 +293,23 @@ def report(cols, dev, copies, replays) -> list:
             line += f"{c['times']['v9 (launcher)'] - c['times'][r]:>+15.3f}"
         print(line)
     print()
+    print("the error-record phase after all three fixes (fix: all three minus the variant), us:")
+    for r, _ in ERR_ON_416 + [f for f in FIXES if f[1] & ~416]:
+        line = f"{r:<30}"
+        for c in cols:
+            line += f"{c['times']['fix: all three'] - c['times'][r]:>+15.3f}"
+        print(line)
+    line = f"{'v9 (compute) - v9-old':<30}"
+    for c in cols:
+        line += f"{c['times']['v9'] - c['times']['v9-old']:>+15.3f}"
+    print(line)
+    print()
     print(
         "issue 16's targets (floor_step.py): at most 1.25x decode-out; decode 1 also <= one-block; 2nd cache <= +0.15 us"
     )
     print(f"{'kernel':<30}{'batch':<13}{'caches':>7}{'us':>8}{'target':>8}{'x floor':>9}{'1-block':>9}{'meets':>7}")
     verdicts = []
-    for r in ["v9"] + [f for f, _ in FIXES]:
+    for r in ["v9", "v9-old"] + [f for f, _ in FIXES]:
         for c in cols:
             us = c["times"][r]
             ok = us <= c["target_us"]
@@ -279,9 +327,14 @@ def report(cols, dev, copies, replays) -> list:
             if c1["caches"] == 1 and c2 is not None:
                 dd = c2["times"][r] - c1["times"][r]
                 print(f"{r:<30}{c1['batch']:<13} second cache adds {dd:+.3f} us{'' if dd <= 0.15 else '  NOT MET'}")
-    n_fix = sum(v["meets"] for v in verdicts if v["kernel"] != "v9")
+    n_fix = sum(v["meets"] for v in verdicts if v["kernel"] not in ("v9", "v9-old"))
     n_v9 = sum(v["meets"] for v in verdicts if v["kernel"] == "v9")
-    print(f"summary: v9 meets {n_v9}/{len(cols)} rows; fixes meet {n_fix}/{len(cols) * len(FIXES)} (kernel, row) pairs")
+    n_old = sum(v["meets"] for v in verdicts if v["kernel"] == "v9-old")
+    ratio = " / ".join(f"{c['times']['v9'] / c['floor_us']:.2f}x" for c in cols)
+    print(
+        f"summary: v9 (the default, kvaddr_step1_c*) meets {n_v9}/{len(cols)} rows ({ratio} decode-out); "
+        f"v9-old meets {n_old}/{len(cols)}; fixes meet {n_fix}/{len(cols) * len(FIXES)} (kernel, row) pairs"
+    )
     return verdicts
 
 

@@ -1,4 +1,5 @@
-"""v9's candidate fixes (issue 16; kvaddr/kernels.cu's KV_FIX_* bits of kv_step_one) against
+"""v9's candidate fixes (issue 16; kvaddr/kernels.cu's KV_FIX_* bits of kv_step_one; 12704 =
+KV_V9_DEFAULT, what the library's kvaddr_step1_c* instantiate since round 2) against
 the NumPy reference, so a fix that measures ahead in benchmarks/ablate_v9.py can be adopted:
 ``KV_FIX_DECODE_FIRST`` (one vote "every request is decode" replaces the scan; the scan runs
 when it fails), ``KV_FIX_LEAN`` (pos / B once per token, record clearing not unrolled), both.
@@ -20,11 +21,13 @@ from tests.support.gpu import assert_outputs_equal, poison, reference, requires_
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 
 #: KV_ABL_PARAM_REGS (a copy: correct), KV_FIX_DECODE_FIRST, KV_FIX_LEAN, both, all three;
-#: 0 = v9 as shipped (control).
-MASKS = [0, 32, 128, 256, 384, 416]
-#: The broad tests (edge cases, random steps): each fix bit alone and all three together (the
-#: GPU check script's 120 s budget); the worked examples run every mask, hypothesis 32 and 384.
-FIXES = [128, 256, 416]
+#: round 2: KV_FIX_LATE_CLEAR (4096), KV_FIX_REC16 (8192) and KV_V9_DEFAULT (12704, the
+#: library's kvaddr_step1_c* since round 2); 0 = v9 as first shipped (control, "v9-old").
+MASKS = [0, 32, 128, 256, 384, 416, 4096, 8192, 12704]
+#: The broad tests (edge cases, random steps): each fix bit alone and the default (the GPU
+#: check script's 120 s budget); the worked examples run every mask, hypothesis 32, 384, 12704.
+FIXES = [128, 256, 416, 4096, 8192, 12704]
+DEFAULT = 12704
 POISON_RECORD = np.uint64(0x5A5A5A5A5A5A5A5A)
 
 
@@ -72,7 +75,20 @@ def _launch(p, mask, dev, case):
     return p._outputs(bsz), (name, blocks, threads)
 
 
-def _run(mask, case, label, wide=False, max_requests=None):
+def _misalign_records(p):
+    """The planner's error records moved 8 bytes past a 16-byte boundary (KV_FIX_REC16's two-store path)."""
+    import cupy
+
+    n = p._records.size
+    buf = cupy.full(n + 2, POISON_RECORD, dtype=cupy.uint64)  # cupy allocations: 256-byte aligned
+    view = buf[1 : 1 + n]
+    assert view.data.ptr % 16 == 8 and view.flags.c_contiguous
+    p._records_buf = buf  # keeps the allocation alive
+    p._records = view
+    p._params.error_records = view.data.ptr
+
+
+def _run(mask, case, label, wide=False, max_requests=None, misaligned=False):
     G = len(case["block_sizes"])
     bsz = case["seq_lens_decoder"].shape[0]
     assert G in (1, 2) and bsz <= 1024, label
@@ -80,6 +96,8 @@ def _run(mask, case, label, wide=False, max_requests=None):
     dev = to_device(case)
     p = _planner(case, wide, max_requests)
     poison(p)
+    if misaligned:
+        _misalign_records(p)
     p._records.fill(POISON_RECORD)
     out, geometry = _launch(p, mask, dev, case)
     where = f"{label} [mask {mask}, {'wide' if wide else 'v9'} <<<{geometry[1]}, {geometry[2]}>>>]"
@@ -110,7 +128,7 @@ def test_edge_cases(mask, name):
 
 
 @requires_gpu
-@pytest.mark.parametrize("mask", [128, 416])
+@pytest.mark.parametrize("mask", [128, 416, DEFAULT])
 @pytest.mark.parametrize("num_caches", [1, 2])
 def test_decode_batches(mask, num_caches):
     """The decode-first path (every request n == 1, d >= 0) and its errors: negative and
@@ -145,7 +163,7 @@ def test_random_steps(mask):
 
 
 @requires_gpu
-@pytest.mark.parametrize("mask", [128, 416])
+@pytest.mark.parametrize("mask", [128, 416, DEFAULT])
 def test_decode_then_mixed_in_place(mask):
     """The same planner and arrays: a decode batch, the same requests turned mixed in place
     (the vote fails: every output rewritten by the scan path), then decode again; no poison
@@ -172,7 +190,7 @@ def test_decode_then_mixed_in_place(mask):
 
 
 @requires_gpu
-@pytest.mark.parametrize("mask", [32, 384])
+@pytest.mark.parametrize("mask", [32, 384, DEFAULT])
 @settings(max_examples=min(100, int(os.environ.get("KVADDR_GPU_EXAMPLES", "100"))), deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -191,3 +209,17 @@ def test_hypothesis_steps(mask, seed, errors, over, big, wide, num_caches, bsz, 
         kw["mix"] = ("decode",)
     case = random_step(rng, max_bsz=300, errors=errors, over_capacity=over, big_ids=big, num_caches=num_caches, **kw)
     _run(mask, case, f"seed {seed} {kw}", wide=wide, max_requests=case["seq_lens_decoder"].shape[0] + 3)
+
+
+@requires_gpu
+@pytest.mark.parametrize("mask", [8192, DEFAULT])
+def test_records_not_16_byte_aligned(mask):
+    """KV_FIX_REC16 writes a record with one 16-byte store only where error_records is 16-byte
+    aligned (the planner's buffer is); elsewhere with two 8-byte stores: the same records."""
+    rng = np.random.default_rng(8192)
+    for i, bsz in enumerate((1, 33, 64, 300)):
+        for kw in ({}, dict(errors=True), dict(over_capacity=True)):
+            case = random_step(rng, bsz=bsz, num_caches=1 + i % 2, mix=("decode",), **kw)
+            _run(mask, case, f"decode {bsz} {kw} misaligned", wide=bool(i % 2), max_requests=bsz + 2, misaligned=True)
+    case = random_step(rng, max_bsz=100, num_caches=2, errors=True)
+    _run(mask, case, "mixed, misaligned", max_requests=case["seq_lens_decoder"].shape[0] + 1, misaligned=True)
