@@ -14,8 +14,8 @@ N copies of one launch per graph, median of R replays, us per copy), on decode b
     ``kvaddr_abl_floor_out_c{G}``: what passing the struct costs.
 ``v9`` / ``v9-old`` / ``v9 (launcher)``
     ``StepPlanner.compute`` with the library's default (``kvaddr_step1_c{G}_i64``: since round 2
-    ``KV_V9_DEFAULT`` = params in regs + decode-first + lean + late clear + 16-byte records, mask
-    12704), ``compute`` with ``use_kernel("v9-old")`` (``kvaddr_step1old_c{G}_i64``, v9 as first
+    ``KV_V9_DEFAULT`` = params in regs + decode-first + lean, mask 416; the error-record fixes,
+    mask 12704 with them, measured slower on the H200), ``compute`` with ``use_kernel("v9-old")`` (``kvaddr_step1old_c{G}_i64``, v9 as first
     shipped), and v9-old recompiled in the ablation module (mask 0), launched bare with the
     planner's struct (the last two should agree: the same code). Phase costs are against mask 0.
 ``- <phase>``
@@ -107,7 +107,7 @@ FIXES = [
     ("fix: default (all five)", 12704),
 ]
 #: KV_V9_DEFAULT: what the library's kvaddr_step1_c* instantiate (StepPlanner's "v9" since round 2)
-DEFAULT = 12704
+DEFAULT = 416
 SHAPES = [("decode 1", 1), ("decode 64", 64), ("decode 256", 256)]
 
 

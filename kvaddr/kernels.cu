@@ -1818,9 +1818,11 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
 #define KV_FIX_REC16 8192          // fix: a record is ONE 16-byte store (mask, key) where error_records
                                    // is 16-byte aligned; the warp's record: a vote first, the (mask,
                                    // key) reduction only in a warp with an error
-// The v9 default (kvaddr_step1_c*): the fixes measured on the H200 (decode-first, lean, params
-// in regs: docs/perf-notes.md) and the error-record fixes. kvaddr_step1old_c* keep ABL = 0.
-#define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN | KV_FIX_LATE_CLEAR | KV_FIX_REC16)
+// The v9 default (kvaddr_step1_c*): the fixes measured fastest on the H200 (decode-first, lean,
+// params in regs = mask 416; docs/perf-notes.md, "Fifth session"). The error-record fixes
+// (late clear, 16-byte records) measured slower on top of them and stay ablation bits.
+// kvaddr_step1old_c* keep ABL = 0.
+#define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN)
 
 // One error record (mask, key) at rec: a 16-byte store where aligned (KV_FIX_REC16), else two.
 template <int ABL>

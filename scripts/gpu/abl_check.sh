@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16, v9 at its floor, round 2: ONE H200 run that proves the new v9 default
-# (kvaddr_step1_c* = kernels.cu's KV_V9_DEFAULT, mask 12704) and times it beside v9-old.
+# (kvaddr_step1_c* = kernels.cu's KV_V9_DEFAULT, mask 416) and times it beside v9-old.
 # On a GPU machine, from the repository root (PYTHONPATH=. is set here):
 #   1. tests/gpu/test_ablate_v9_gpu.py: every fix bit (incl. round 2's KV_FIX_LATE_CLEAR and
 #      KV_FIX_REC16, unaligned records) and mask 0 (v9-old) against the NumPy reference (compiles

@@ -18,7 +18,7 @@ NVCC = shutil.which("nvcc")
 MASKS = (0, 1, 2, 4, 8, 16, 32, 64, 79, 95, 127, 128, 256, 384, 416, 512, 591)
 MASKS += (417, 1024, 2048, 4096, 8192, 1440, 4512, 8608, 12704)  # round 2: the error-record phase
 #: KV_V9_DEFAULT: the fixes the library's kvaddr_step1_c* instantiate
-DEFAULT = 32 | 128 | 256 | 4096 | 8192
+DEFAULT = 32 | 128 | 256
 
 
 def _text_sections(path) -> dict:
@@ -56,7 +56,7 @@ def test_every_mask_has_its_kernels_in_the_source():
     assert bits["KV_ABL_NO_CLEAR"] | 416 == 1440 and bits["KV_FIX_LATE_CLEAR"] | 416 == 4512
     assert bits["KV_FIX_REC16"] | 416 == 8608 and 416 | bits["KV_ABL_NO_ERR_STORE"] == 417
     fixes = bits["KV_ABL_PARAM_REGS"] | bits["KV_FIX_DECODE_FIRST"] | bits["KV_FIX_LEAN"]
-    assert fixes | bits["KV_FIX_LATE_CLEAR"] | bits["KV_FIX_REC16"] == DEFAULT == 12704
+    assert fixes == DEFAULT == 416
     m = re.search(r"#define KV_V9_DEFAULT \(([^)]*)\)", src)
     assert m and sum(bits[b.strip()] for b in m.group(1).split("|")) == DEFAULT
 

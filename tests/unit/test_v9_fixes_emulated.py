@@ -1,5 +1,5 @@
 """v9's candidate fixes (kernels.cu's KV_FIX_DECODE_FIRST, KV_FIX_LEAN, KV_ABL_PARAM_REGS, and round 2's
-KV_FIX_LATE_CLEAR, KV_FIX_REC16 and KV_V9_DEFAULT = 12704, the library's kvaddr_step1_c*; issue 16,
+KV_FIX_LATE_CLEAR, KV_FIX_REC16 (12704: both with all three); KV_V9_DEFAULT = 416 is the library's kvaddr_step1_c*; issue 16,
 benchmarks/ablate_v9.py) against the NumPy reference on the CPU: the device code run by
 tests/support/v9_emulator.py (one thread per CUDA thread, shuffles and barriers emulated). Mask 0
 (v9 as shipped, proven on the H200) checks the emulator itself. The GPU versions of these tests
