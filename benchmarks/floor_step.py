@@ -31,7 +31,9 @@ the spec's step, so the bound can be compared with what no fused step can beat:
     ``StepPlanner.compute`` with ``use_kernel("v9")``: the small-batch kernel for
     bsz <= 1024 (``kvaddr_step1_c{G}_i64``, one kernel per cache count; one block when
     C <= its width, else ceil(C / width) blocks that never wait for each other), v8
-    above. Its outputs and error record are compared with v8's before timing; the
+    above. Since issue 16's round 2 that is the default v9 (kernels.cu's ``KV_V9_DEFAULT``:
+    decode-first vote, lean paths, late record clearing, 16-byte records; v9 as first
+    shipped is ``use_kernel("v9-old")``, timed beside it by ``benchmarks/ablate_v9.py``). Its outputs and error record are compared with v8's before timing; the
     launch geometry is printed, and the time with 1024-thread blocks where that differs.
 ``one-block``
     FastDeploy's one-block step as kvaddr's ``one-block`` strategy

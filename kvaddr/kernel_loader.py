@@ -20,6 +20,8 @@ KERNEL_NAMES = (
     "kvaddr_step_i32",
     # the single-block step (v9), one kernel per cache count and position type
     *(f"kvaddr_step1_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
+    # v9 as first shipped (StepPlanner.use_kernel("v9-old"): one comparison run)
+    *(f"kvaddr_step1old_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
     "kvaddr_slots_i64",
     "kvaddr_slots_i32",
     "kvaddr_where_pad",

@@ -1792,8 +1792,113 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
     for (int g = 0; g < G; ++g) p.slot_mapping[(i64)g * p.capacity + t] = -1;
 }
 
-template <int G, typename PosT>
+// ---- v9 ablation (issue 16; benchmarks/ablate_v9.py): kv_step_one's ABL bits ----
+// ABL = 0 is v9 as shipped (every test below folds to a constant: the same code).
+// KV_ABL_* bits SKIP a phase (timing only: outputs and error records may be wrong);
+// KV_FIX_* bits are candidate fixes (correct: tests/gpu/test_ablate_v9_gpu.py).
+#define KV_ABL_NO_ERR_STORE 1      // no error-record stores (no clearing loop, no per-warp record)
+#define KV_ABL_NO_REQ_CHECKS 2     // lengths trusted: no bad-request test, no bits 4 and 8
+#define KV_ABL_NO_SCAN 4           // decode assumed (request i = token i): no scan, barrier or search
+#define KV_ABL_NO_PAD 8            // no padding stores [num_tokens, C)
+#define KV_ABL_NO_REQ_OUT 16       // no cu_seqlens_q, seq_lens_kv, num_tokens stores
+#define KV_ABL_PARAM_REGS 32       // every parameter field read into a register at entry (correct: also
+                                   // a candidate fix; v9 reads bsz, compares, then the pointers)
+#define KV_ABL_NO_TOKEN_CHECKS 64  // no block-index / negative-block checks (no guard on the load)
+#define KV_FIX_DECODE_FIRST 128    // fix: one vote "every request is decode (n == 1, d >= 0)" replaces
+                                   // the scan; the v9 scan runs only when the vote fails
+#define KV_FIX_LEAN 256            // fix: pos / B computed once per token (load and store share it),
+                                   // the record-clearing loop not unrolled (fewer instructions)
+#define KV_ABL_UNGUARDED_LOADS 512 // every thread loads its lengths (no wait for bsz before the pointers;
+                                   // reads past bsz: only for arrays allocated to T entries, timing only)
+#define KV_ABL_NO_CLEAR 1024       // no record-clearing loop (the per-warp record stays): timing only
+#define KV_ABL_NO_RECORD 2048      // no per-warp record (the clearing loop stays): timing only
+#define KV_FIX_LATE_CLEAR 4096     // fix: the record-clearing loop runs after the guess's table loads are
+                                   // issued (its constant loads and stores overlap that round trip
+                                   // instead of sitting between the length loads and the table loads)
+#define KV_FIX_REC16 8192          // fix: a record is ONE 16-byte store (mask, key) where error_records
+                                   // is 16-byte aligned; the warp's record: a vote first, the (mask,
+                                   // key) reduction only in a warp with an error
+// The v9 default (kvaddr_step1_c*): the fixes measured fastest on the H200 (decode-first, lean,
+// params in regs = mask 416; docs/perf-notes.md, "Fifth session"). The error-record fixes
+// (late clear, 16-byte records) measured slower on top of them and stay ablation bits.
+// kvaddr_step1old_c* keep ABL = 0.
+#define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN)
+
+// One error record (mask, key) at rec: a 16-byte store where aligned (KV_FIX_REC16), else two.
+template <int ABL>
+__device__ __forceinline__ void kv1_store_record(u64* rec, u64 mask, u64 key) {
+    if ((ABL & KV_FIX_REC16) != 0 && ((unsigned long long)rec & 15ull) == 0) {
+        *reinterpret_cast<ulonglong2*>(rec) = make_ulonglong2(mask, key);
+    } else {
+        rec[0] = mask;
+        rec[1] = key;
+    }
+}
+
+// Block 0 clears the records past this launch's warps (the multi-block kernel's, or a wider
+// launch's: they may be stale), so check() reads the same thing whichever kernel ran last.
+template <int ABL>
+__device__ __forceinline__ void kv1_clear_records(const KvStepParams& p, int T, int tid, int capacity) {
+    const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
+    if ((ABL & KV_FIX_REC16) != 0) {
+#pragma unroll 1
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T)
+            kv1_store_record<ABL>(p.error_records + 2 * (i64)i, 0, KV_NO_ERROR);
+    } else if ((ABL & KV_FIX_LEAN) != 0) {
+#pragma unroll 1
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
+            p.error_records[2 * i] = 0;
+            p.error_records[2 * i + 1] = KV_NO_ERROR;
+        }
+    } else {
+        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
+            p.error_records[2 * i] = 0;
+            p.error_records[2 * i + 1] = KV_NO_ERROR;
+        }
+    }
+}
+
+// Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
+// the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS).
+template <int G, bool CHECKS>
+__device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, int b, i64 pos, int (&blk)[G > 0 ? G : 1],
+                                                  i64 (&idx)[G > 0 ? G : 1], i64 (&off)[G > 0 ? G : 1]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        kv_divmod(pos, p.block_size[g], idx[g], off[g]);
+        const int* row = p.block_tables[g] + (i64)b * p.table_stride[g];
+        blk[g] = (!CHECKS || idx[g] < p.max_blocks[g]) ? row[idx[g]] : -1;
+    }
+}
+
+// kv1_store_token with pos / B and pos % B given; without checks every slot is blk * B + off.
+template <int G, typename PosT, bool CHECKS>
+__device__ __forceinline__ void kv1_store_token_x(const KvStepParams& p, int t, int b, i64 pos,
+                                                  const int (&blk)[G > 0 ? G : 1], const i64 (&idx)[G > 0 ? G : 1],
+                                                  const i64 (&off)[G > 0 ? G : 1], KvErr& err) {
+    p.batch_id_per_token[t] = b;
+    static_cast<PosT*>(p.position_ids)[t] = (PosT)pos;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        i64 slot = -1;
+        if (!CHECKS) slot = (i64)blk[g] * p.block_size[g] + off[g];
+        else if (idx[g] >= p.max_blocks[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
+        else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
+        else slot = (i64)blk[g] * p.block_size[g] + off[g];
+        p.slot_mapping[(i64)g * p.capacity + t] = slot;
+    }
+}
+
+// KV_FIX_DECODE_FIRST's vote: true in every thread of the block iff ok in every thread.
+__device__ __forceinline__ bool kv1_decode_vote(int T, bool ok) {
+    return T == 32 ? __all_sync(0xffffffffu, ok) != 0 : __syncthreads_and(ok) != 0;
+}
+
+template <int G, typename PosT, int ABL = 0>
 __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
+    // Compile-time switches (all false for ABL = 0: v9 as shipped).
+    const bool xLEAN = (ABL & KV_FIX_LEAN) != 0, xCHECKS = (ABL & KV_ABL_NO_TOKEN_CHECKS) == 0;
+    const bool xTOKEN = xLEAN || !xCHECKS;  // the _x token helpers
     __shared__ KvOneShared s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
     const int bsz = p.bsz, capacity = p.capacity;
@@ -1806,73 +1911,112 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
 
     // 1. one round trip: request tid's lengths and the decode guess's block ids.
     int d = 0, n = 0;
-    if (tid < bsz) {
+    if ((ABL & KV_ABL_UNGUARDED_LOADS) != 0) {
+        d = p.seq_lens_decoder[tid];
+        n = p.seq_lens_this_time[tid];
+        if (tid >= bsz) d = n = 0;
+    } else if (tid < bsz) {
         d = p.seq_lens_decoder[tid];
         n = p.seq_lens_this_time[tid];
     }
     // While the lengths fly, block 0 clears the records past this launch's warps (the
     // multi-block kernel's, or a wider launch's: they may be stale).
-    if (first) {
-        const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
-        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
-            p.error_records[2 * i] = 0;
-            p.error_records[2 * i + 1] = KV_NO_ERROR;
-        }
-    }
-    const bool bad = (d < 0) | (n < 0);
+    // (KV_FIX_LATE_CLEAR: after the guess's table loads instead.)
+    const bool clear = (ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_CLEAR)) == 0;
+    if (first && clear && (ABL & KV_FIX_LATE_CLEAR) == 0) kv1_clear_records<ABL>(p, T, tid, capacity);
+    const bool bad = (ABL & KV_ABL_NO_REQ_CHECKS) ? false : (d < 0) | (n < 0);
     const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
-    if (guess) kv1_load_blocks<G>(p, tid, (i64)d, blk);
+    i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess (the _x helpers)
+    if (guess) {
+        if (xTOKEN) {
+            if (xCHECKS) kv1_load_blocks_x<G, true>(p, tid, (i64)d, blk, gidx, goff);
+            else kv1_load_blocks_x<G, false>(p, tid, (i64)d, blk, gidx, goff);
+        } else {
+            kv1_load_blocks<G>(p, tid, (i64)d, blk);
+        }
+    }
+    if (first && clear && (ABL & KV_FIX_LATE_CLEAR) != 0) kv1_clear_records<ABL>(p, T, tid, capacity);
 
     // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
-    const int len = bad ? 0 : n;
-    int x = len;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, off);
-        if (lane >= off) x = kv_sat_add(x, y);
-    }
-    int ex = __shfl_up_sync(0xffffffffu, x, 1);
-    if (lane == 0) ex = 0;
-    if (tid < bsz) s.dec[tid] = d;
-    int total, before = 0;
-    if (T == 32) {  // one warp (bsz <= 32 and C <= 32): no barrier, no shared round
-        total = __shfl_sync(0xffffffffu, x, 31);
+    //    KV_FIX_DECODE_FIRST: one vote first; a decode batch (every request n == 1, d >= 0)
+    //    has start = i, end = i + 1, total = bsz and skips the scan and the search.
+    const bool decode = (ABL & KV_ABL_NO_SCAN) ? true
+                        : (ABL & KV_FIX_DECODE_FIRST) ? kv1_decode_vote(T, (tid >= bsz) | ((n == 1) & (d >= 0)))
+                                                      : false;
+    int start, end, total;
+    if (decode) {
+        start = tid;
+        end = tid + 1;
+        total = bsz;
     } else {
-        if (lane == 31) s.warp_sums[warp] = x;
-        __syncthreads();
-        int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
+        const int len = bad ? 0 : n;
+        int x = len;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, w, off);
-            if (lane >= off) w = kv_sat_add(w, y);
+            const int y = __shfl_up_sync(0xffffffffu, x, off);
+            if (lane >= off) x = kv_sat_add(x, y);
         }
-        total = __shfl_sync(0xffffffffu, w, 31);
-        before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
-        if (warp == 0) before = 0;
+        int ex = __shfl_up_sync(0xffffffffu, x, 1);
+        if (lane == 0) ex = 0;
+        if (tid < bsz) s.dec[tid] = d;
+        int before = 0;
+        if (T == 32) {  // one warp (bsz <= 32 and C <= 32): no barrier, no shared round
+            total = __shfl_sync(0xffffffffu, x, 31);
+        } else {
+            if (lane == 31) s.warp_sums[warp] = x;
+            __syncthreads();
+            int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, w, off);
+                if (lane >= off) w = kv_sat_add(w, y);
+            }
+            total = __shfl_sync(0xffffffffu, w, 31);
+            before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
+            if (warp == 0) before = 0;
+        }
+        start = kv_sat_add(before, ex);
+        end = kv_sat_add(before, x);
     }
-    const int start = kv_sat_add(before, ex), end = kv_sat_add(before, x);
     const int end_tok = min(total, capacity);
-    if (tid < bsz) s.cu[tid] = start;
+    if (!decode && tid < bsz) s.cu[tid] = start;
     if (first) {
         if (tid < bsz) {
-            p.seq_lens_kv[tid] = bad ? 0 : kv_sat_add(d, n);
-            kv_write_request(tid, start, end, bad ? -1 : d, capacity, p.cu_seqlens_q, err);
+            if ((ABL & KV_ABL_NO_REQ_OUT) == 0) p.seq_lens_kv[tid] = bad ? 0 : kv_sat_add(d, n);
+            if ((ABL & (KV_ABL_NO_REQ_OUT | KV_ABL_NO_REQ_CHECKS)) == 0) {
+                kv_write_request(tid, start, end, bad ? -1 : d, capacity, p.cu_seqlens_q, err);
+            } else if ((ABL & KV_ABL_NO_REQ_OUT) == 0) {
+                p.cu_seqlens_q[tid] = start;
+            } else if ((ABL & KV_ABL_NO_REQ_CHECKS) == 0) {  // the checks of kv_write_request, no store
+                if (bad) err.flag(KV_ERR_NEGATIVE_LENGTH, start, tid, 0);
+                if (start <= capacity && capacity < end) err.flag(KV_ERR_CAPACITY, capacity, tid, 0);
+            }
         }
-        if (tid == 0) {
+        if (tid == 0 && (ABL & KV_ABL_NO_REQ_OUT) == 0) {
             p.cu_seqlens_q[bsz] = total;
             *p.num_tokens = end_tok;
         }
     }
     const bool hit = guess & (start == tid);  // token tid (block 0) is request tid's first (tid < end_tok)
-    if (hit) kv1_store_token<G, PosT>(p, t, tid, (i64)d, blk, err);
-    else if (t < capacity && t >= end_tok) kv1_store_pad<G, PosT>(p, t);
+    if (hit) {
+        if (xTOKEN) {
+            if (xCHECKS) kv1_store_token_x<G, PosT, true>(p, t, tid, (i64)d, blk, gidx, goff, err);
+            else kv1_store_token_x<G, PosT, false>(p, t, tid, (i64)d, blk, gidx, goff, err);
+        } else {
+            kv1_store_token<G, PosT>(p, t, tid, (i64)d, blk, err);
+        }
+    } else if ((ABL & KV_ABL_NO_PAD) == 0 && t < capacity && t >= end_tok) {
+        kv1_store_pad<G, PosT>(p, t);
+    }
 
-    // 3. the tokens the guess did not cover: search their request.
+    // 3. the tokens the guess did not cover: search their request (none in a decode batch).
     const int miss = !hit & (t < end_tok);
     bool search;
-    if (T == 32) {
+    if (decode) {
+        search = false;
+    } else if (T == 32) {
         __syncwarp();  // s.cu and s.dec visible to the warp
         search = __any_sync(0xffffffffu, miss);
     } else {
@@ -1894,67 +2038,271 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         }
         const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
         int b2[G > 0 ? G : 1];
-        kv1_load_blocks<G>(p, lo, pos, b2);
-        kv1_store_token<G, PosT>(p, t, lo, pos, b2, err);
+        if (xTOKEN) {
+            i64 i2[G > 0 ? G : 1], o2[G > 0 ? G : 1];
+            if (xCHECKS) {
+                kv1_load_blocks_x<G, true>(p, lo, pos, b2, i2, o2);
+                kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, i2, o2, err);
+            } else {
+                kv1_load_blocks_x<G, false>(p, lo, pos, b2, i2, o2);
+                kv1_store_token_x<G, PosT, false>(p, t, lo, pos, b2, i2, o2, err);
+            }
+        } else {
+            kv1_load_blocks<G>(p, lo, pos, b2);
+            kv1_store_token<G, PosT>(p, t, lo, pos, b2, err);
+        }
     }
 
     // Errors: warp w of block k writes record k * (T / 32) + w.
-    const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
-    if (mask) {
+    if ((ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_RECORD)) == 0 && (ABL & KV_FIX_REC16) != 0) {
+        // a vote first: the happy path writes (0, KV_NO_ERROR) with one 16-byte store
+        unsigned int mask = 0u;
+        if (__any_sync(0xffffffffu, err.mask != 0u)) {
+            mask = __reduce_or_sync(0xffffffffu, err.mask);
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
-            err.key = k < err.key ? k : err.key;
+            for (int off = 16; off > 0; off >>= 1) {
+                const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+                err.key = k < err.key ? k : err.key;
+            }
+        }
+        if (lane == 0) {
+            const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
+            kv1_store_record<ABL>(p.error_records + 2 * i, mask, mask ? err.key : KV_NO_ERROR);
+        }
+    } else if ((ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_RECORD)) == 0) {
+        const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
+        if (mask) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+                err.key = k < err.key ? k : err.key;
+            }
+        }
+        if (lane == 0) {
+            const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
+            p.error_records[2 * i] = mask;
+            p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
         }
     }
-    if (lane == 0) {
-        const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
-        p.error_records[2 * i] = mask;
-        p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
+}
+
+// KV_ABL_PARAM_REGS: every field the step reads copied into a register at entry (an empty
+// asm pins each one there), then the step on the copy.
+__device__ __forceinline__ int kv_pin(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+__device__ __forceinline__ i64 kv_pin(i64 x) {
+    asm volatile("" : "+l"(x));
+    return x;
+}
+template <typename P>
+__device__ __forceinline__ P* kv_pin(P* x) {
+    u64 v = (u64)x;
+    asm volatile("" : "+l"(v));
+    return (P*)v;
+}
+
+template <int G, typename PosT, int ABL>
+__device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
+    if ((ABL & KV_ABL_PARAM_REGS) == 0) {
+        kv_step_one<G, PosT, ABL>(p);
+        return;
     }
+    KvStepParams r;
+    r.seq_lens_decoder = kv_pin(p.seq_lens_decoder);
+    r.seq_lens_this_time = kv_pin(p.seq_lens_this_time);
+    r.cu_seqlens_q = kv_pin(p.cu_seqlens_q);
+    r.num_tokens = kv_pin(p.num_tokens);
+    r.batch_id_per_token = kv_pin(p.batch_id_per_token);
+    r.position_ids = kv_pin(p.position_ids);
+    r.seq_lens_kv = kv_pin(p.seq_lens_kv);
+    r.slot_mapping = kv_pin(p.slot_mapping);
+    r.error_records = kv_pin(p.error_records);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        r.block_tables[g] = kv_pin(p.block_tables[g]);
+        r.table_stride[g] = kv_pin(p.table_stride[g]);
+        r.max_blocks[g] = kv_pin(p.max_blocks[g]);
+        r.block_size[g] = kv_pin(p.block_size[g]);
+    }
+    r.bsz = kv_pin(p.bsz);
+    r.capacity = kv_pin(p.capacity);
+    r.max_tiles = kv_pin(p.max_tiles);
+    r.num_meta = kv_pin(p.num_meta);
+    kv_step_one<G, PosT, ABL & ~KV_ABL_PARAM_REGS>(r);
 }
 
 // The small-batch step per cache count G and position type: <<<ceil(C / T), T>>>, one parameter.
-
+// kvaddr_step1_c{G}_*: the default (KV_V9_DEFAULT's fixes); kvaddr_step1old_c{G}_*: v9 as first
+// shipped (ABL = 0; StepPlanner.use_kernel("v9-old"), for one comparison run).
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i64(const KvStepParams params) {
-    kv_step_one<0, i64>(params);
+    kv_step_one_ablate<0, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c1_i64(const KvStepParams params) {
-    kv_step_one<1, i64>(params);
+    kv_step_one_ablate<1, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c2_i64(const KvStepParams params) {
-    kv_step_one<2, i64>(params);
+    kv_step_one_ablate<2, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c3_i64(const KvStepParams params) {
-    kv_step_one<3, i64>(params);
+    kv_step_one_ablate<3, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i64(const KvStepParams params) {
-    kv_step_one<4, i64>(params);
+    kv_step_one_ablate<4, i64, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c0_i32(const KvStepParams params) {
-    kv_step_one<0, int>(params);
+    kv_step_one_ablate<0, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c1_i32(const KvStepParams params) {
-    kv_step_one<1, int>(params);
+    kv_step_one_ablate<1, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c2_i32(const KvStepParams params) {
-    kv_step_one<2, int>(params);
+    kv_step_one_ablate<2, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c3_i32(const KvStepParams params) {
-    kv_step_one<3, int>(params);
+    kv_step_one_ablate<3, int, KV_V9_DEFAULT>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i32(const KvStepParams params) {
+    kv_step_one_ablate<4, int, KV_V9_DEFAULT>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c0_i64(const KvStepParams params) {
+    kv_step_one<0, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c1_i64(const KvStepParams params) {
+    kv_step_one<1, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c2_i64(const KvStepParams params) {
+    kv_step_one<2, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c3_i64(const KvStepParams params) {
+    kv_step_one<3, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c4_i64(const KvStepParams params) {
+    kv_step_one<4, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c0_i32(const KvStepParams params) {
+    kv_step_one<0, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c1_i32(const KvStepParams params) {
+    kv_step_one<1, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c2_i32(const KvStepParams params) {
+    kv_step_one<2, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c3_i32(const KvStepParams params) {
+    kv_step_one<3, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c4_i32(const KvStepParams params) {
     kv_step_one<4, int>(params);
 }
+
+// v9's ablation and candidate-fix kernels (benchmarks/ablate_v9.py, tests/gpu/test_ablate_v9_gpu.py):
+// compiled only with KV_ABLATION defined (the benchmark's and the tests' own module), so the
+// library's module is unchanged. kvaddr_step1_abl_c{G}_m{MASK}: kv_step_one<G, i64, MASK>
+// launched like kvaddr_step1_c{G}_i64 (same KvStepParams, same geometry). No launch-bounds
+// variant: v9 uses 30-32 registers (ptxas), far under the 64 that (KV_SB_THREADS, 1) allows.
+#ifdef KV_ABLATION
+#define KV_ABL_ENTRY(G, MASK)                                                                               \
+    extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1)                                         \
+        kvaddr_step1_abl_c##G##_m##MASK(const KvStepParams params) {                                      \
+        kv_step_one_ablate<G, i64, MASK>(params);                                                          \
+    }
+#define KV_ABL_ENTRIES(G)                                                                                  \
+    KV_ABL_ENTRY(G, 0)                                                                                     \
+    KV_ABL_ENTRY(G, 1)                                                                                     \
+    KV_ABL_ENTRY(G, 2)                                                                                     \
+    KV_ABL_ENTRY(G, 4)                                                                                     \
+    KV_ABL_ENTRY(G, 8)                                                                                     \
+    KV_ABL_ENTRY(G, 16)                                                                                    \
+    KV_ABL_ENTRY(G, 32)                                                                                    \
+    KV_ABL_ENTRY(G, 64)                                                                                    \
+    KV_ABL_ENTRY(G, 79)                                                                                    \
+    KV_ABL_ENTRY(G, 95)                                                                                    \
+    KV_ABL_ENTRY(G, 127)                                                                                   \
+    KV_ABL_ENTRY(G, 128)                                                                                   \
+    KV_ABL_ENTRY(G, 256)                                                                                   \
+    KV_ABL_ENTRY(G, 384)                                                                                   \
+    KV_ABL_ENTRY(G, 416)                                                                                   \
+    KV_ABL_ENTRY(G, 512)                                                                                   \
+    KV_ABL_ENTRY(G, 591)                                                                                   \
+    KV_ABL_ENTRY(G, 417)                                                                                   \
+    KV_ABL_ENTRY(G, 1024)                                                                                  \
+    KV_ABL_ENTRY(G, 2048)                                                                                  \
+    KV_ABL_ENTRY(G, 4096)                                                                                  \
+    KV_ABL_ENTRY(G, 8192)                                                                                  \
+    KV_ABL_ENTRY(G, 1440)                                                                                  \
+    KV_ABL_ENTRY(G, 4512)                                                                                  \
+    KV_ABL_ENTRY(G, 8608)                                                                                  \
+    KV_ABL_ENTRY(G, 12704)
+KV_ABL_ENTRIES(1)
+KV_ABL_ENTRIES(2)
+
+// benchmarks/floor_step.py's decode-out floor (token t is request t, no checks, no error record;
+// cu_seqlens_q, seq_lens_kv, num_tokens written) reading its arguments from KvStepParams like
+// v9 (the floor kernel takes 13 scalar arguments): what passing the struct costs. Launch
+// <<<ceil(C / 256), 256>>> like the floor, or v9's geometry.
+template <int G>
+__device__ __forceinline__ void kv_abl_floor_out(const KvStepParams& p) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const int bsz = p.bsz, capacity = p.capacity;
+    if (t < bsz) p.cu_seqlens_q[t] = t;
+    if (t == 0) {
+        p.cu_seqlens_q[bsz] = bsz;
+        *p.num_tokens = bsz;
+    }
+    if (t >= capacity) return;
+    if (t < bsz) {
+        const int d = p.seq_lens_decoder[t];
+        int blk[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const unsigned int idx = (unsigned int)d / (unsigned int)p.block_size[g];
+            blk[g] = p.block_tables[g][(i64)t * p.table_stride[g] + idx];
+        }
+        p.batch_id_per_token[t] = t;
+        static_cast<i64*>(p.position_ids)[t] = d;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const unsigned int idx = (unsigned int)d / (unsigned int)p.block_size[g];
+            p.slot_mapping[(i64)g * capacity + t] = (i64)blk[g] * p.block_size[g] + (d - idx * p.block_size[g]);
+        }
+        p.seq_lens_kv[t] = d + 1;
+    } else {
+        p.batch_id_per_token[t] = -1;
+        static_cast<i64*>(p.position_ids)[t] = 0;
+#pragma unroll
+        for (int g = 0; g < G; ++g) p.slot_mapping[(i64)g * capacity + t] = -1;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_out_c1(const KvStepParams params) {
+    kv_abl_floor_out<1>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_out_c2(const KvStepParams params) {
+    kv_abl_floor_out<2>(params);
+}
+#endif  // KV_ABLATION
 
 // ============================================================================
 // BASELINE (MEASUREMENT) KERNELS: what the fused step is measured against. Not

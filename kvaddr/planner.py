@@ -237,20 +237,22 @@ class StepPlanner:
     one_block_max_requests: int = 256  # measured: one block loses to v8 at 1024 (docs/perf-notes.md, v9)
 
     def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
-        """Choose the fused-step design :meth:`compute` launches: ``"v8"`` or ``"v9"``.
+        """Choose the fused-step design :meth:`compute` launches: ``"v8"``, ``"v9"`` or ``"v9-old"``.
 
         Parameters
         ----------
-        version : {"v8", "v9"}
+        version : {"v8", "v9", "v9-old"}
             ``"v9"``: one block for small batches (see :attr:`step_kernel`), ``"v8"``: the
-            multi-block kernel for every batch. Outputs and error records are the same.
+            multi-block kernel for every batch, ``"v9-old"``: v9 as first shipped
+            (``kvaddr_step1old_c{G}_*``, without the decode-first vote and the lean paths:
+            kept for one comparison run, docs/perf-notes.md). Outputs and error records are the same.
         max_capacity : int, optional
             Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
         max_requests : int, optional
             Overrides :attr:`one_block_max_requests` for this planner (v9 only; 0 to 1024).
         """
-        if version not in ("v8", "v9"):
-            raise ValueError(f"version must be 'v8' or 'v9', got {version!r}")
+        if version not in ("v8", "v9", "v9-old"):
+            raise ValueError(f"version must be 'v8', 'v9' or 'v9-old', got {version!r}")
         self.step_kernel = version
         self._memo = None  # compute()'s memo holds the launch the old choice made
         if max_capacity is not None:
@@ -262,14 +264,15 @@ class StepPlanner:
         # bsz <= _one_max_bsz runs in one block (-1: never).
         self._one_max_bsz = (
             min(limit, self.max_requests, self.one_block_max_requests)
-            if version == "v9" and self._num_meta == 0 and self.capacity <= self.one_block_max_capacity
+            if version in ("v9", "v9-old") and self._num_meta == 0 and self.capacity <= self.one_block_max_capacity
             else -1
         )
         self._one_threads = limit
         self._one_launcher = None
         if self._one_max_bsz >= 0:
             suffix = "i64" if self.position_dtype == np.int64 else "i32"
-            self._one_name = f"kvaddr_step1_c{self.num_caches}_{suffix}"
+            old = "old" if version == "v9-old" else ""
+            self._one_name = f"kvaddr_step1{old}_c{self.num_caches}_{suffix}"
             fn = kernel_loader.get_function(self._one_name, self.device)
             self._one_launcher = kernel_loader.Launcher(fn, self._params, by_value=True)
 

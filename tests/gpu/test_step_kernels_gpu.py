@@ -127,10 +127,11 @@ def test_switching_kernels_leaves_no_stale_error_record():
     for case in (bad, good, big):
         case["capacity"] = 2048
     p = StepPlanner(1500, 2048, [16, 16])
-    for order in (("v9", "v8"), ("v8", "v9")):
+    # v9-old: v9 as first shipped (kvaddr_step1old_c*), the default's records cleared by it and back
+    for order in (("v9", "v8"), ("v8", "v9"), ("v9-old", "v9"), ("v9", "v9-old")):
         for first, second in ((bad, good), (bad, big), (big, good)):
             for kernel, case in zip(order, (first, second)):
-                p.use_kernel(kernel, **({"max_requests": 1024} if kernel == "v9" else {}))
+                p.use_kernel(kernel, **({"max_requests": 1024} if kernel.startswith("v9") else {}))
                 ref = reference(case)
                 dev = to_device(case)
                 out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])

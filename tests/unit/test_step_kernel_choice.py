@@ -82,7 +82,13 @@ def test_v8_large_capacity_and_attention_take_the_multi_block_kernel(planner_cls
     p.use_kernel("v9")
     _compute(p, 64, 2)
     assert launches[-1][:3] == ("kvaddr_step1_c2_i64", 1, 64)
-    with pytest.raises(ValueError, match="version must be 'v8' or 'v9'"):
+    p.use_kernel("v9-old")  # v9 as first shipped, same geometry (one comparison run)
+    _compute(p, 64, 2)
+    assert launches[-1][:3] == ("kvaddr_step1old_c2_i64", 1, 64)
+    assert p.kernel_for(64) == ("kvaddr_step1old_c2_i64", 1, 64) and p.kernel_for(65)[0] == "kvaddr_step_i64"
+    p.use_kernel("v9")
+    assert p.kernel_for(64)[0] == "kvaddr_step1_c2_i64"
+    with pytest.raises(ValueError, match="version must be 'v8', 'v9' or 'v9-old'"):
         p.use_kernel("v7")
     big = StepPlanner(64, 4097, [16])
     _compute(big, 64, 1)

@@ -1,0 +1,199 @@
+"""v9's small-batch step and its ablation/fix variants (kernels.cu's v9 section, compiled with
+``KV_ABLATION`` as tests/support/ablation.py cuts it) run on the CPU: the device code compiled by
+the host C++ compiler (C++20), one std::thread per CUDA thread, warp shuffles, votes and block
+barriers emulated with std::barrier. Used by tests/unit/test_v9_fixes_emulated.py to prove the
+candidate fixes (KV_FIX_*, KV_ABL_PARAM_REGS) against the NumPy reference without a GPU; mask 0
+(v9 as shipped, proven on the H200) is the emulator's own control. Not emulated: memory
+ordering between blocks (the blocks run one after another), timing."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tests.support.ablation import ablation_source
+
+CXX = shutil.which("g++")
+#: The masks the emulator is built for (kvaddr_step1_abl_c{G}_m{MASK}, G = 1, 2).
+MASKS = (0, 32, 128, 256, 384, 416, 4096, 8192, 12704)
+
+PRELUDE = r"""
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <barrier>
+#include <algorithm>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __shared__ static
+using std::min;
+using std::max;
+struct Dim3 { unsigned x, y, z; };
+thread_local Dim3 threadIdx, blockIdx;
+Dim3 blockDim, gridDim;
+struct Warp { std::barrier<>* bar; unsigned long long raw[32]; };
+static Warp g_warps[32];
+static std::barrier<>* g_block;
+static unsigned long long g_bvals[1024];
+static inline int emu_lane() { return threadIdx.x & 31; }
+static inline Warp& emu_warp() { return g_warps[threadIdx.x >> 5]; }
+template <class T> static T emu_xchg(T v, int src) {
+    Warp& w = emu_warp();
+    unsigned long long r = 0; memcpy(&r, &v, sizeof(T));
+    w.raw[emu_lane()] = r;
+    w.bar->arrive_and_wait();
+    unsigned long long o = w.raw[src & 31];
+    w.bar->arrive_and_wait();
+    T out; memcpy(&out, &o, sizeof(T));
+    return out;
+}
+template <class T> T __shfl_up_sync(unsigned, T v, int off) {
+    int l = emu_lane(); return emu_xchg(v, l >= off ? l - off : l);
+}
+template <class T> T __shfl_sync(unsigned, T v, int src) { return emu_xchg(v, src); }
+template <class T> T __shfl_xor_sync(unsigned, T v, int m) { return emu_xchg(v, emu_lane() ^ m); }
+static unsigned emu_gather_or(unsigned v, int mode) {  // 0 or, 1 and, 2 ballot
+    Warp& w = emu_warp();
+    w.raw[emu_lane()] = v;
+    w.bar->arrive_and_wait();
+    unsigned r = mode == 1 ? 1u : 0u;
+    for (int i = 0; i < 32; ++i) {
+        if (mode == 0) r |= (unsigned)w.raw[i];
+        else if (mode == 1) r &= (w.raw[i] != 0);
+        else r |= (w.raw[i] != 0) << i;
+    }
+    w.bar->arrive_and_wait();
+    return r;
+}
+static unsigned __reduce_or_sync(unsigned, unsigned v) { return emu_gather_or(v, 0); }
+static int __any_sync(unsigned, int p) { return emu_gather_or(p != 0, 0) != 0; }
+static int __all_sync(unsigned, int p) { return emu_gather_or(p != 0, 1) != 0; }
+static unsigned __ballot_sync(unsigned, int p) { return emu_gather_or(p != 0, 2); }
+static void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar->arrive_and_wait(); }
+static void __syncthreads() { g_block->arrive_and_wait(); }
+static int emu_block_red(int p, int mode) {
+    g_bvals[threadIdx.x] = p != 0;
+    g_block->arrive_and_wait();
+    int r = mode;
+    for (unsigned i = 0; i < blockDim.x; ++i) r = mode ? (r && g_bvals[i]) : (r || g_bvals[i]);
+    g_block->arrive_and_wait();
+    return r;
+}
+static int __syncthreads_or(int p) { return emu_block_red(p, 0); }
+static int __syncthreads_and(int p) { return emu_block_red(p, 1); }
+template <class T> T __ldcg(const T* p) { return *p; }
+static int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+struct alignas(16) int4 { int x, y, z, w; };
+static inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+struct alignas(16) ulonglong2 { unsigned long long x, y; };
+static inline ulonglong2 make_ulonglong2(unsigned long long a, unsigned long long b) { return {a, b}; }
+"""
+
+DRIVER = r"""
+typedef void (*KernelFn)(const KvStepParams);
+template <KernelFn F>
+static void emu_launch(const KvStepParams* p, int grid, int block) {
+    blockDim = {(unsigned)block, 1, 1};
+    gridDim = {(unsigned)grid, 1, 1};
+    for (int b = 0; b < grid; ++b) {
+        std::barrier<> blockbar(block);
+        g_block = &blockbar;
+        std::vector<std::barrier<>*> wb;
+        for (int w = 0; w < block / 32; ++w) { wb.push_back(new std::barrier<>(32)); g_warps[w].bar = wb.back(); }
+        std::vector<std::thread> ts;
+        for (int t = 0; t < block; ++t)
+            ts.emplace_back([=] { threadIdx = {(unsigned)t, 0, 0}; blockIdx = {(unsigned)b, 0, 0}; F(*p); });
+        for (auto& t : ts) t.join();
+        for (auto* x : wb) delete x;
+    }
+}
+#define EMU(G, M) if (g == G && m == M) { emu_launch<kvaddr_step1_abl_c##G##_m##M>(p, grid, block); return 0; }
+extern "C" int emu_run(int g, int m, const KvStepParams* p, int grid, int block) {
+    EMU(1, 0) EMU(1, 32) EMU(1, 128) EMU(1, 256) EMU(1, 384) EMU(1, 416) EMU(1, 4096) EMU(1, 8192) EMU(1, 12704)
+    EMU(2, 0) EMU(2, 32) EMU(2, 128) EMU(2, 256) EMU(2, 384) EMU(2, 416) EMU(2, 4096) EMU(2, 8192) EMU(2, 12704)
+    return 1;
+}
+"""
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """Compile (once per process) and load the emulated v9 kernels."""
+    tmp = Path(tempfile.mkdtemp(prefix="kvaddr_v9emu_"))
+    # x86 has no "l" asm constraint: "r" takes 64-bit operands there
+    code = PRELUDE + ablation_source().replace('"+l"', '"+r"') + DRIVER
+    (tmp / "v9emu.cpp").write_text(code)
+    out = tmp / "v9emu.so"
+    cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-o", str(out), str(tmp / "v9emu.cpp")]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(out))
+
+
+def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None = None, misaligned: bool = False):
+    """Run ``kvaddr_step1_abl_c{G}_m{mask}`` on ``case`` (step_cases' dict) with v9's geometry
+    (the planner's: T = max(bsz, min(C, 256 or 1024 if wide), 32) rounded to a warp), from
+    poisoned outputs and records; returns ``(outputs dict, (error_mask, first_bad_key))``.
+    ``misaligned``: the records start 8 bytes past a 16-byte boundary (KV_FIX_REC16's two-store path)."""
+    from kvaddr.kernel_loader import StepParams
+
+    G = len(case["block_sizes"])
+    bsz = case["seq_lens_decoder"].shape[0]
+    C = case["capacity"]
+    maxr = max(max_requests or bsz, 1)
+    P = StepParams()
+    dec = np.ascontiguousarray(case["seq_lens_decoder"], dtype=np.int32)
+    q = np.ascontiguousarray(case["seq_lens_this_time"], dtype=np.int32)
+    P.seq_lens_decoder = dec.ctypes.data
+    P.seq_lens_this_time = q.ctypes.data
+    tables = case["block_tables"]
+    tables = list(tables) if isinstance(tables, (list, tuple)) else [tables] * G
+    for g in range(4):
+        if g < G:
+            t = tables[g]
+            assert t.dtype == np.int32 and t.strides[1] == 4
+            P.block_tables[g] = t.ctypes.data
+            P.table_stride[g] = t.strides[0] // 4
+            P.max_blocks[g] = t.shape[1]
+            P.block_size[g] = case["block_sizes"][g]
+        else:
+            P.max_blocks[g] = 1
+            P.block_size[g] = 1
+    out = dict(
+        cu_seqlens_q=np.full(maxr + 1, 0x5A5A5A5A, np.int32),
+        num_tokens=np.full((), -77, np.int32),
+        batch_id_per_token=np.full(C, 0x5A5A5A5A, np.int32),
+        position_ids=np.full(C, 0x5A5A5A5A, np.int64),
+        seq_lens_kv=np.full(maxr, 0x5A5A5A5A, np.int32),
+        slot_mapping=np.full((G, C), 0x5A5A5A5A, np.int64),
+    )
+    for k, v in out.items():
+        setattr(P, k, v.ctypes.data)
+    # the planner's record count (StepPlanner.__init__): every record either kernel may write
+    num_chunks = -(-C // 256)
+    max_tiles = -(-maxr // 4096) if maxr > 4096 else 0
+    max_tiles = max(max_tiles, -(-max(32, -(-(C + 1024) // 32)) // 8) - num_chunks)
+    n_rec = (num_chunks + max_tiles) * 8
+    buf = np.full(2 * n_rec + 2, 0x5A5A5A5A5A5A5A5A, np.uint64)
+    skip = (buf.ctypes.data // 8) % 2  # u64s to the first 16-byte boundary
+    rec = buf[skip + 1 : skip + 1 + 2 * n_rec] if misaligned else buf[skip : skip + 2 * n_rec]
+    assert (rec.ctypes.data % 16 == 8) == misaligned
+    P.error_records = rec.ctypes.data
+    P.bsz, P.capacity, P.num_caches, P.max_tiles, P.num_meta = bsz, C, G, max_tiles, 0
+    n = max(bsz, min(C, 1024 if wide else 256), 32)
+    T = min(1024, (n + 31) & ~31)
+    rc = library().emu_run(G, mask, ctypes.byref(P), -(-C // T), T)
+    assert rc == 0, f"no emulated kernel for {G} caches, mask {mask}"
+    out["cu_seqlens_q"] = out["cu_seqlens_q"][: bsz + 1]
+    out["seq_lens_kv"] = out["seq_lens_kv"][:bsz]
+    return out, (int(np.bitwise_or.reduce(rec[0::2])), int(rec[1::2].min()))
