@@ -8,6 +8,8 @@
 //         in ONE launch. With num_caches = 0 it is kvaddr's positions-only kernel.
 //         Its one parameter is a KvStepParams struct, passed by value (mirrored
 //         field by field by kvaddr/kernel_loader.py's StepParams, a ctypes.Structure).
+//     kvaddr_step1_c{G}_* / kvaddr_step1m_c{G}_*   the small-batch step (v9), without / with the
+//         attention metadata blocks (sections "v9" and "v9m" below), the same struct.
 //   BASELINE (MEASUREMENT) KERNELS (at the end): what the fused step is measured against.
 //     kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
 //         and batch ids (the per-layer, one-kernel baseline).
@@ -1749,7 +1751,7 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
 // Error records: warp w of block k writes record k * T / 32 + w every launch; block 0
 // clears the records past them (the multi-block kernel's, or a wider launch's), so check()
 // reads the same thing whichever kernel ran last (the planner sizes the records for both).
-// Not for launches with attention metadata (the planner uses kvaddr_step_* there).
+// With attention metadata: kvaddr_step1m_* below (these token blocks plus metadata blocks).
 // CUDA-graph safe: no state outlives the launch.
 #define KV_SB_THREADS 1024
 #define KV_SB_WARPS 32  // KV_SB_THREADS / 32
@@ -2020,7 +2022,7 @@ __device__ __forceinline__ void kv_one_store_record(const KvStepParams& p, KvErr
 __device__ __forceinline__ void kv_one_pad(int* __restrict__ out, int lo, int hi) {
     if (lo >= hi) return;
     const int tid = threadIdx.x, T = blockDim.x;
-    const int head = (int)(((16u - ((unsigned int)(size_t)(out + lo) & 15u)) & 15u) >> 2);
+    const int head = (int)(((16u - ((unsigned int)(u64)(out + lo) & 15u)) & 15u) >> 2);
     const int a = min(lo + head, hi);
     if (lo + tid < a) out[lo + tid] = -1;
     const int nv = (hi - a) >> 2;
