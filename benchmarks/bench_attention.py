@@ -224,7 +224,7 @@ def main(argv=None):
 
     for unit in ("us", "/off"):  # two tables: times, then ratios to off
         head = "".join(f"{n:>11}" for n in names)
-        tail = f"  default (<= 1.5)      v8 {verdict}  best" if unit == "/off" else ""
+        tail = f"  default (<= 1.5)        v8 {verdict}  best" if unit == "/off" else ""
         print(f"{'shape [' + unit + ']':<24}{'caches':>7}{'entries':>10}{'off us':>9}{head}{tail}")
         for r in rows:
             off = r["off_us"]
@@ -239,7 +239,7 @@ def main(argv=None):
                 r["best"] = best
                 verdict_txt = f"{r['default']} {r['ratio']:.2f} {'ok' if good else 'OVER BOUND'}"
                 line += (
-                    f"  {verdict_txt:<21}{r['v8_us'] / off:.2f} {'ok' if good8 else 'OVER':<7}"
+                    f"  {verdict_txt:<23}{r['v8_us'] / off:.2f} {'ok' if good8 else 'OVER':<7}"
                     f"{best} {r[best + '_us'] / off:.2f}"
                 )
             print(line)
