@@ -15,6 +15,7 @@
 #   2. benchmarks/bench_attention.py --quick --replays 15: off, v8 + meta impl 1 (new32, the old
 #      default on) and m1 (the new default) with its variants and ablations, us and /off, with the
 #      1.5x verdict per row (decode 1, 64, 1024, 4096, the mixed 256 batch; 1 and 2 caches).
+# SANITIZE=1 adds compute-sanitizer memcheck and racecheck over a subset of the new tests (minutes).
 # Exit status 0 when the tests pass (the benchmark's verdict is printed, not part of the status:
 # decode 1024 / 4096 run kvaddr_step_* and were over 1.5x before this change).
 set -u
@@ -44,5 +45,16 @@ timeout 32 python3 benchmarks/bench_attention.py --quick --replays 15 --json "$O
   > "$OUT/bench_attention.log" 2>&1
 echo "bench: exit $? ($((SECONDS - start)) s; exit 1 = some row over 1.5x, 124 = timed out)"
 cat "$OUT/bench_attention.log"
+if [[ ${SANITIZE:-0} == 1 ]]; then  # optional (not in the 120 s budget): memcheck and racecheck on a subset
+  for tool in memcheck racecheck; do
+    timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest -q -x \
+      -p no:cacheprovider tests/gpu/test_attention_one_gpu.py -k "around_the_switch or geometry or ablations" \
+      > "$OUT/sanitize_$tool.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool: exit $rc"
+    grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize_$tool.log" | tail -n 3
+    [[ $rc == 0 ]] || status=1
+  done
+fi
 echo "attnv9_check: exit $status (logs in $OUT)"
 exit $status
