@@ -187,7 +187,7 @@ class StepParams(ctypes.Structure):
         ("meta_lanes", _I32),  # int32: lanes per request of the request-parallel copy (4, 8, 16, 32)
         # -- appended: kvaddr_step1m_* (the small-batch step with attention outputs) --
         ("one_meta_lanes", _I32),  # int32: lanes per request of kvaddr_step1m_*'s row copy (4, 8, 16, 32)
-        ("one_meta_flags", _I32),  # int32: KV_M1_* timing ablation bits (0 for real use)
+        ("one_meta_flags", _I32),  # int32: KV_M1_* bits (EARLY 16 | LEAN 32 exact; ablations 1-8 timing only)
     ]
 
 

@@ -159,8 +159,8 @@ struct KvStepParams {
     int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
     // -- appended (session 5, kvaddr_step1m_*: the small-batch step with attention outputs) --
     int one_meta_lanes;                      // int32: lanes per request of kvaddr_step1m_*'s row copy (4, 8, 16, 32)
-    int one_meta_flags;                      // int32: KV_M1_* timing ablation bits of kvaddr_step1m_*'s
-                                             // metadata blocks (0 for real use: the outputs are then exact)
+    int one_meta_flags;                      // int32: KV_M1_* bits of kvaddr_step1m_*'s metadata blocks: EARLY
+                                             // 16 | LEAN 32 (code paths, exact outputs either way), timing ablations 1-8
 };
 static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 14 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
@@ -1993,6 +1993,27 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1_c4_i
 #define KV_M1_NO_OUTPUTS 2  // no per-request outputs (kv_indptr, kv_last_page_len, cu_seqlens_k) or checks
 #define KV_M1_NO_PAD 4      // no pad
 #define KV_M1_EMPTY 8       // the metadata blocks return at once (the cost of launching them)
+// Not an ablation (the outputs are right): KV_M1_EARLY issues the group's first request's row loads
+// with the lengths, in the same round trip (columns < min(width, KV_META_PRE x lanes): the
+// addresses and the bound need no length; the columns past the row's pages are loaded and
+// dropped), instead of after that request's own lengths arrive (a round trip earlier; its pages
+// are read from shared memory after the barrier). The planner's default (one_meta_early).
+#define KV_M1_EARLY 16
+// Not an ablation either: KV_M1_LEAN shortens the instruction chain after the barrier (at these
+// sizes a block's ALU work is a visible part of the launch): prefixes summed with one
+// add-and-min each (every summand is non-negative), the loaded columns stored without a branch
+// per column (one negative-id flag per row: every column of a row has the same key), the last
+// page's length from the pages already divided (L - (P - 1) B, no second division).
+#define KV_M1_LEAN 32
+
+// Sum (saturating) of w[0..upto) for non-negative w (kv_meta_sum_before with kv_sat_add_nn).
+__device__ __forceinline__ int kv_meta_sum_before_nn(const int* w, int upto) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < KV_WARPS; ++i)
+        if (i < upto) s = kv_sat_add_nn(s, w[i]);
+    return s;
+}
 
 struct KvMetaOneShared {
     int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of request i
@@ -2050,7 +2071,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
     err.key = KV_NO_ERROR;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
     const int bsz = p.bsz, N = p.kv_indices_capacity;
-    const bool fi = (p.attention & KV_ATTN_FLASHINFER) != 0;
+    const bool fi = G > 0 && (p.attention & KV_ATTN_FLASHINFER) != 0;  // (the planner refuses flashinfer without caches)
     const bool rows = G > 0 && (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0;
     const int K = rows ? max(M / (G > 0 ? G : 1), 1) : 1;  // blocks per cache
     const int g = rows ? min(m / K, G - 1) : 0, k = m - g * K;
@@ -2063,23 +2084,27 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
     if (G > 0) kv_meta_cache(p, g, table, stride, width, B);
     const int rq = (bsz + K - 1) / K;
     const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
-    const int lanes = kv_meta_lanes(p.one_meta_lanes), group = tid / lanes, sub = tid - group * lanes;
-    const int groups = T / lanes;
+    const int lanes = kv_meta_lanes(p.one_meta_lanes), lg = __popc(lanes - 1);  // lanes = 1 << lg
+    const int group = tid >> lg, sub = tid & (lanes - 1), groups = T >> lg;
+    const bool early = copy && rows && (flags & KV_M1_EARLY) != 0;
+    const bool lean = (flags & KV_M1_LEAN) != 0;
     // 1. one round trip: request tid's lengths, and the group's first request's
-    int d = 0, n = 0, gd = 0, gn = 0;
+    int d = 0, n = 0;
     if (tid < bsz) {
         d = __ldg(p.seq_lens_decoder + tid);
         n = __ldg(p.seq_lens_this_time + tid);
     }
     const int b0 = r0 + group;
-    if (copy && b0 < r1) {
-        gd = __ldg(p.seq_lens_decoder + b0);
-        gn = __ldg(p.seq_lens_this_time + b0);
+    const int* __restrict__ grow = table + (i64)b0 * stride;  // dereferenced only for b0 < r1
+    int gP = 0;  // the group's first request's pages (0 without a request, and early)
+    if (copy && !early && b0 < r1) {
+        const int gd = __ldg(p.seq_lens_decoder + b0), gn = __ldg(p.seq_lens_this_time + b0);
+        gP = kv_pages((gd < 0) | (gn < 0) ? 0 : kv_sat_add(gd, gn), B);
     }
-    // 2. the group's first request's first row columns, in flight across the scans and the barrier
-    const int gP = kv_pages((gd < 0) | (gn < 0) ? 0 : kv_sat_add(gd, gn), B);  // 0 without a request
-    const int gcols = min(gP, width);
-    const int* __restrict__ grow = table + (i64)b0 * stride;  // dereferenced only for gcols > 0
+    // 2. the group's first request's first row columns, in flight across the scans and the barrier:
+    // columns < min(its pages, width) once its lengths arrive, or (early) < width at once (the
+    // bound needs no length; columns < KV_META_PRE x lanes by construction)
+    const int gcols = early ? (b0 < r1 ? width : 0) : min(gP, width);
     int v[KV_META_PRE];
 #pragma unroll
     for (int u = 0; u < KV_META_PRE; ++u) {
@@ -2110,11 +2135,24 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
     __syncthreads();  // the only barrier: nothing in shared memory is written after it
     const int nw = T >> 5;
     int* __restrict__ out = p.kv_indices + (i64)g * N;
-    if (copy && b0 < r1) {  // the loaded columns of the group's first request
+    if (copy && b0 < r1 && lean) {  // (KV_M1_LEAN) the same, branch-free per column
+        const int wi = b0 >> 5;
+        const int s0 = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[2], wi), sm.x[2][b0]);
+        const int end = s0 < N ? min(early ? sm.pages[b0] : gP, N - s0) : 0, ew = min(end, width);
+        bool neg = false;
+#pragma unroll
+        for (int u = 0; u < KV_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            if (col < end) out[(i64)s0 + col] = max(v[u], -1);
+            neg |= (col < ew) & (v[u] < 0);
+        }
+        if (neg)
+            err.flag(KV_ERR_NEGATIVE_BLOCK, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], wi), sm.x[0][b0]), b0, g);
+    } else if (copy && b0 < r1) {  // the loaded columns of the group's first request
         const int wi = b0 >> 5;
         const int s0 = kv_sat_add(kv_meta_sum_before(sm.red[2], wi), sm.x[2][b0]);
         const int tok = kv_sat_add(kv_meta_sum_before(sm.red[0], wi), sm.x[0][b0]);
-        const int end = s0 < N ? min(gP, N - s0) : 0;
+        const int end = s0 < N ? min(early ? sm.pages[b0] : gP, N - s0) : 0;
 #pragma unroll
         for (int u = 0; u < KV_META_PRE; ++u) {
             const int col = sub + u * lanes;
@@ -2126,7 +2164,21 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
     }
     // 4. request tid (when it is this block's): absolute prefixes, per-request outputs, bits 1 and 16
     const i64 row_off = (i64)g * p.attn_stride;
-    if (outs && tid >= r0 && tid < r1) {
+    if (outs && tid >= r0 && tid < r1 && lean) {  // (KV_M1_LEAN) the same, shorter chains
+        if (fi) {
+            const int xp = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[2], warp), sm.x[2][tid]);
+            p.kv_indptr[row_off + tid] = xp;
+            // P = ceil(L / B) (G > 0 with flashinfer), so L - (P - 1) B = (L - 1) % B + 1 for L > 0
+            p.kv_last_page_len[row_off + tid] =
+                L > 0 ? (G > 0 ? L - (P - 1) * B : (int)((unsigned int)(L - 1) % (unsigned int)B) + 1) : 0;
+            if (xp <= N && N < kv_sat_add_nn(xp, P))
+                err.flag(KV_ERR_KV_INDICES_CAPACITY, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], warp), sm.x[0][tid]),
+                         tid, g);
+        }
+        if (rows && P > width)
+            err.flag(KV_ERR_BLOCK_INDEX, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], warp), sm.x[0][tid]), tid, g);
+        if (varlen) p.cu_seqlens_k[tid] = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[1], warp), sm.x[1][tid]);
+    } else if (outs && tid >= r0 && tid < r1) {
         const int xq = kv_sat_add(kv_meta_sum_before(sm.red[0], warp), sm.x[0][tid]);
         if (fi) {
             const int xp = kv_sat_add(kv_meta_sum_before(sm.red[2], warp), sm.x[2][tid]);
@@ -2137,7 +2189,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
         if (rows && P > width) err.flag(KV_ERR_BLOCK_INDEX, xq, tid, g);
         if (varlen) p.cu_seqlens_k[tid] = kv_sat_add(kv_meta_sum_before(sm.red[1], warp), sm.x[1][tid]);
     }
-    const int total = kv_meta_sum_before(sm.red[2], nw);  // kv_indptr[g, bsz]
+    const int total = lean ? kv_meta_sum_before_nn(sm.red[2], nw) : kv_meta_sum_before(sm.red[2], nw);  // kv_indptr[g, bsz]
     if (tid == 0 && k == 0) {  // entry bsz (block k = 0 of each cache), the maxima (block 0)
         if (fi) p.kv_indptr[row_off + bsz] = total;
         if (varlen) {
@@ -2172,12 +2224,23 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
                     w[u] = -1;
                     if (col < end && col < width) w[u] = __ldg(row + col);
                 }
+                if (lean) {  // (KV_M1_LEAN) no branch per column: one flag per row and round
+                    bool neg = false;
 #pragma unroll
-                for (int u = 0; u < KV_META_U; ++u) {
-                    const int col = col0 + u * lanes;
-                    if (col < end) {
-                        if (col < width && w[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
-                        out[s0 + col] = w[u] < 0 ? -1 : w[u];
+                    for (int u = 0; u < KV_META_U; ++u) {
+                        const int col = col0 + u * lanes;
+                        if (col < end) out[(i64)s0 + col] = max(w[u], -1);
+                        neg |= (col < end) & (col < width) & (w[u] < 0);
+                    }
+                    if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < KV_META_U; ++u) {
+                        const int col = col0 + u * lanes;
+                        if (col < end) {
+                            if (col < width && w[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
+                            out[s0 + col] = w[u] < 0 ? -1 : w[u];
+                        }
                     }
                 }
             }

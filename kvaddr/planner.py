@@ -221,11 +221,22 @@ class StepPlanner:
     one_meta_pad_entries: int = 32768
     #: The most metadata blocks per cache of kvaddr_step1m_* (the error records are sized for them).
     ONE_META_MAX_BLOCKS = 32
+    #: True: the metadata blocks issue each lane group's first row loads together with the
+    #: lengths (one round trip before the barrier: kernels.cu's KV_M1_EARLY); False: after that
+    #: request's own lengths arrive (session 5's first version, two round trips). Same outputs.
+    one_meta_early: bool = True
+    #: True: the metadata blocks' shorter instruction chain after the barrier (kernels.cu's
+    #: KV_M1_LEAN: add-and-min prefixes, no branch per stored column). Same outputs.
+    one_meta_lean: bool = True
     #: kernels.cu's KV_M1_* timing ablations (``_set_one_meta(flags=...)``; the outputs are then WRONG).
     M1_NO_COPY = 1
     M1_NO_OUTPUTS = 2
     M1_NO_PAD = 4
     M1_EMPTY = 8
+    #: kernels.cu's KV_M1_EARLY and KV_M1_LEAN (not ablations: see :attr:`one_meta_early`,
+    #: :attr:`one_meta_lean`).
+    M1_EARLY = 16
+    M1_LEAN = 32
 
     def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
         """Choose the fused-step design :meth:`compute` launches: ``"v8"`` or ``"v9"``.
@@ -325,8 +336,10 @@ class StepPlanner:
     ) -> None:
         """Benchmarking hook of kvaddr_step1m_* (not public API): lanes per request (4, 8, 16,
         32), metadata blocks per cache (0 automatic, else 1 to ONE_META_MAX_BLOCKS), the
-        narrowest block (0 to KV_THREADS) and the KV_M1_* ablation ``flags`` (timing only: the
-        outputs are then WRONG; 0 for real use). Takes effect at the next launch (capture
+        narrowest block (0 to KV_THREADS) and the KV_M1_* ``flags``: M1_EARLY (16) the row
+        loads' order and M1_LEAN (32) the post-barrier code (see :attr:`one_meta_early`,
+        :attr:`one_meta_lean`; right outputs either way), the others timing ablations (the
+        outputs are then WRONG; any combination of 16 and 32 for real use). Takes effect at the next launch (capture
         a CUDA graph again; bind a BoundStep again)."""
         if lanes is not None:
             if lanes not in (4, 8, 16, 32):
@@ -338,10 +351,12 @@ class StepPlanner:
         if min_threads is not None:
             self.one_meta_min_threads = check_int("min_threads", min_threads, lo=0, hi=self._threads)
         if flags is not None:
-            every = self.M1_NO_COPY | self.M1_NO_OUTPUTS | self.M1_NO_PAD | self.M1_EMPTY
+            every = self.M1_NO_COPY | self.M1_NO_OUTPUTS | self.M1_NO_PAD | self.M1_EMPTY | self.M1_EARLY | self.M1_LEAN
             if not isinstance(flags, int) or flags & ~every or flags < 0:
-                raise ValueError(f"one meta flags must be a combination of 1, 2, 4 and 8, got {flags!r}")
+                raise ValueError(f"one meta flags must be a combination of 1, 2, 4, 8, 16 and 32, got {flags!r}")
             self._params.one_meta_flags = int(flags)
+            self.one_meta_early = bool(flags & self.M1_EARLY)
+            self.one_meta_lean = bool(flags & self.M1_LEAN)
         self._memo = None  # compute()'s memo holds the grid
 
     def _one_block_threads(self, bsz: int) -> int:
@@ -416,7 +431,8 @@ class StepPlanner:
         P.meta_impl = self._meta_impl | self._meta_ablate  # int32: 1/2 kv_meta_block2, 3 block3, 0 first version
         P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
         P.one_meta_lanes = self.one_meta_lanes  # int32: lanes per request of kvaddr_step1m_*'s copy
-        P.one_meta_flags = 0  # int32: KV_M1_* ablation bits (benchmarks only)
+        # int32: KV_M1_* bits (EARLY, LEAN: the defaults; the ablations: benchmarks only)
+        P.one_meta_flags = (self.M1_EARLY if self.one_meta_early else 0) | (self.M1_LEAN if self.one_meta_lean else 0)
 
     #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
     #: prefetch of the rows, 3 request-parallel in one round, 0 the first version); tests

@@ -40,6 +40,12 @@ GROUP_SUBSETS = [
 ]
 
 
+# one_meta_flags code paths (exact outputs): 0 the first version (row loads after the group's
+# lengths), 16 EARLY (row loads with the lengths), 32 LEAN (shorter post-barrier code), 48 both
+# (the planner's default)
+CODE_PATHS = [0, 16, 32, 48]
+
+
 def _reference(case, groups=ALL_GROUPS):
     from kvaddr.reference import step_addressing
 
@@ -85,14 +91,20 @@ def _step_and_check(p, case, groups, label, *, kernel="kvaddr_step1m_"):
 
 
 @settings(max_examples=80, deadline=None)
-@given(mixed_cases(max_bsz=40), st.sampled_from(GROUP_SUBSETS), st.sampled_from([4, 8, 16, 32]))
-def test_mixed_batches_match_the_reference(case, groups, lanes):
-    p = _planner(case, groups, lanes=lanes)
-    _step_and_check(p, case, groups, f"{groups}, lanes {lanes}")
+@given(
+    mixed_cases(max_bsz=40),
+    st.sampled_from(GROUP_SUBSETS),
+    st.sampled_from([4, 8, 16, 32]),
+    st.sampled_from(CODE_PATHS),
+)
+def test_mixed_batches_match_the_reference(case, groups, lanes, code):
+    p = _planner(case, groups, lanes=lanes, flags=code)
+    _step_and_check(p, case, groups, f"{groups}, lanes {lanes}, flags {code}")
 
 
+@pytest.mark.parametrize("code", [0, 48])
 @pytest.mark.parametrize("bsz", [1, 255, 256, 257])
-def test_batch_sizes_around_the_switch(bsz):
+def test_batch_sizes_around_the_switch(bsz, code):
     """1-4 caches with different B (non powers of two), unallocated pages, narrow rows,
     negative lengths, capacity overflow; 257 requests run kvaddr_step_*."""
     rng = np.random.default_rng(bsz)
@@ -106,7 +118,8 @@ def test_batch_sizes_around_the_switch(bsz):
     ]
     cases.append(dict(cases[1], kv_indices_capacity=max(1, cases[1]["kv_indices_capacity"] * 2 // 3)))
     for i, case in enumerate(cases):
-        _step_and_check(_planner(case), case, ALL_GROUPS, f"bsz {bsz}, case {i}", kernel=kernel)
+        p = _planner(case, flags=code)
+        _step_and_check(p, case, ALL_GROUPS, f"bsz {bsz}, case {i}, flags {code}", kernel=kernel)
 
 
 @pytest.mark.parametrize("lanes", [4, 8, 16, 32])
@@ -121,8 +134,10 @@ def test_every_benchmarked_geometry(lanes):
     for i, case in enumerate(cases):
         for blocks in (0, 1, 5, 32):
             for threads in (0, 256):
-                p = _planner(case, lanes=lanes, blocks=blocks, min_threads=threads)
-                _step_and_check(p, case, ALL_GROUPS, f"case {i}, lanes {lanes}, blocks {blocks}, threads {threads}")
+                for code in CODE_PATHS if blocks == 0 else (0, 48):
+                    p = _planner(case, lanes=lanes, blocks=blocks, min_threads=threads, flags=code)
+                    label = f"case {i}, lanes {lanes}, blocks {blocks}, threads {threads}, flags {code}"
+                    _step_and_check(p, case, ALL_GROUPS, label)
 
 
 def test_poisoned_buffers_are_rewritten_and_nothing_past_n():
@@ -241,12 +256,19 @@ def test_ablations_run_then_a_clean_step_is_exact():
     case = make_case(np.random.default_rng(41), bsz=64, block_sizes=[64, 16], max_ctx=3000, spare_capacity=2)
     p = _planner(case)
     dev = to_device(case)
-    for flags in (StepPlanner.M1_NO_COPY, StepPlanner.M1_NO_OUTPUTS, StepPlanner.M1_NO_PAD, 7, StepPlanner.M1_EMPTY):
-        p._set_one_meta(flags=flags)
-        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-        cupy.cuda.get_current_stream().synchronize()
-    p._set_one_meta(flags=0)
-    _step_and_check(p, case, ALL_GROUPS, "after the ablations")
+    for code in (0, 48):
+        for flags in (
+            StepPlanner.M1_NO_COPY,
+            StepPlanner.M1_NO_OUTPUTS,
+            StepPlanner.M1_NO_PAD,
+            7,
+            StepPlanner.M1_EMPTY,
+        ):
+            p._set_one_meta(flags=flags | code)
+            p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+            cupy.cuda.get_current_stream().synchronize()
+        p._set_one_meta(flags=code)
+        _step_and_check(p, case, ALL_GROUPS, f"after the ablations, flags {code}")
 
 
 def test_switching_kernels_leaves_no_stale_error_record():
@@ -267,7 +289,7 @@ def test_switching_kernels_leaves_no_stale_error_record():
         for k, c in dict(bad=bad, good=good, big_bad=big_bad, big=big).items()
     }
     p = _planner(cases["good"], max_requests=257)
-    geometries = [dict(lanes=32, blocks=0, min_threads=0), dict(lanes=4, blocks=32, min_threads=256)]
+    geometries = [dict(lanes=32, blocks=0, min_threads=0, flags=48), dict(lanes=4, blocks=32, min_threads=256, flags=0)]
     sequence = [
         ("v9", geometries[0], "bad"),
         ("v8", None, "good"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from kvaddr.errors import NO_ERROR_KEY, error_key
 from tests.support.meta_kernel_model import FLASHINFER, PAGE_TABLE, VARLEN, _pages, _sat, _view
 
-NO_COPY, NO_OUTPUTS, NO_PAD, EMPTY = 1, 2, 4, 8
+NO_COPY, NO_OUTPUTS, NO_PAD, EMPTY, EARLY, LEAN = 1, 2, 4, 8, 16, 32
 
 
 def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -> list:
@@ -98,16 +98,29 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
             return s
 
         # 2. + 4. the copy: a group per request b0, b0 + groups, ...; the first one's first
-        # pre x lanes columns were loaded before the barrier (columns < min(pages, W))
+        # pre x lanes columns were loaded before the barrier: columns < min(pages, W) after its
+        # lengths, or (EARLY) columns < W with the lengths, before any length is known (the
+        # reads must stay inside the table: the view raises past row bsz - 1's W columns)
+        early = copy and rows and bool(ablate & EARLY)
         if copy:
             for t in range(T):
                 grp, sub = divmod(t, lanes)
-                for b in range(r0 + grp, r1, groups):
+                b0 = r0 + grp
+                loaded = {}
+                if early and b0 < r1:
+                    for u in range(pre):
+                        col = sub + u * lanes
+                        if col < W:
+                            loaded[col] = int(table[b0 * stride + col])
+                for b in range(b0, r1, groups):
                     s0, tok, pages = prefix(2, b), prefix(0, b), vals[2][b]
                     end = min(pages, N - s0) if s0 < N else 0
                     col = sub
                     while col < end:
-                        v = int(table[b * stride + col]) if col < W else -1
+                        if b == b0 and col in loaded:
+                            v = loaded[col]
+                        else:
+                            v = int(table[b * stride + col]) if col < W else -1
                         if col < W and v < 0:
                             flag(t, 2, tok, b)
                         idx[s0 + col] = v if v >= 0 else -1

@@ -107,19 +107,22 @@ def _compute_and_check(planner, launches, case, groups, label):
     st.sampled_from([0, 1, 2, 3, 32]),
     st.sampled_from([0, 64, 256]),
     st.sampled_from([32768, 7]),
+    st.sampled_from([0, 16, 32, 48]),
 )
-def test_small_batch_kernel_model_matches_the_reference(one_planner, case, groups, lanes, blocks, threads, pad):
+def test_small_batch_kernel_model_matches_the_reference(one_planner, case, groups, lanes, blocks, threads, pad, code):
     StepPlanner, launches = one_planner
     planner = _planner(StepPlanner, case, groups)
-    planner._set_one_meta(lanes=lanes, blocks=blocks, min_threads=threads)
+    planner._set_one_meta(lanes=lanes, blocks=blocks, min_threads=threads, flags=code)  # EARLY 16, LEAN 32
+    assert planner._params.one_meta_flags == code
     planner.one_meta_pad_entries = pad  # automatic K: at least ceil(N / pad) blocks per cache
-    label = f"{groups}, lanes {lanes}, blocks {blocks}, threads {threads}, pad {pad}"
+    label = f"{groups}, lanes {lanes}, blocks {blocks}, threads {threads}, pad {pad}, flags {code}"
     _compute_and_check(planner, launches, case, groups, label)
 
 
+@pytest.mark.parametrize("code", [0, 16, 32, 48])
 @pytest.mark.parametrize("bsz", [1, 33, 255, 256])
 @pytest.mark.parametrize("lanes", [8, 32])
-def test_wide_batches_long_rows_and_overflow(one_planner, bsz, lanes):
+def test_wide_batches_long_rows_and_overflow(one_planner, bsz, lanes, code):
     """Several warps (absolute prefixes across warp totals), rows longer than the columns
     loaded before the barrier (B = 1), several requests per group, unallocated pages,
     kv_indices capacity overflow, 1-3 caches with different B."""
@@ -135,8 +138,8 @@ def test_wide_batches_long_rows_and_overflow(one_planner, bsz, lanes):
     for i, case in enumerate(cases):
         for blocks in (0, 1, 5):
             planner = _planner(StepPlanner, case, ALL_GROUPS)
-            planner._set_one_meta(lanes=lanes, blocks=blocks)
-            _compute_and_check(planner, launches, case, ALL_GROUPS, f"case {i}, blocks {blocks}")
+            planner._set_one_meta(lanes=lanes, blocks=blocks, flags=code)  # EARLY 16, LEAN 32: exact either way
+            _compute_and_check(planner, launches, case, ALL_GROUPS, f"case {i}, blocks {blocks}, flags {code}")
 
 
 def test_selection_geometry_and_the_v8_switch(one_planner):
@@ -200,11 +203,25 @@ def test_hooks_validate_and_reach_the_struct(one_planner):
     StepPlanner, _ = one_planner
     p = StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)
     P = p._params
-    assert (P.one_meta_lanes, P.one_meta_flags) == (32, 0)
+    assert (P.one_meta_lanes, P.one_meta_flags) == (32, 48)  # the default: early row loads, lean code
     p._set_one_meta(lanes=16, flags=StepPlanner.M1_NO_COPY | StepPlanner.M1_NO_PAD)
-    assert (P.one_meta_lanes, P.one_meta_flags) == (16, 5)
+    assert (P.one_meta_lanes, P.one_meta_flags, p.one_meta_early, p.one_meta_lean) == (16, 5, False, False)
     p._set_one_meta(flags=0)
     assert P.one_meta_flags == 0
+    p._set_one_meta(flags=StepPlanner.M1_EARLY | StepPlanner.M1_NO_PAD)
+    assert (P.one_meta_flags, p.one_meta_early, p.one_meta_lean) == (20, True, False)
+    p._set_one_meta(flags=StepPlanner.M1_LEAN)
+    assert (P.one_meta_flags, p.one_meta_early, p.one_meta_lean) == (32, False, True)
+    q = StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)
+    assert q._params.one_meta_flags == 48 and p._params is not q._params
+    StepPlanner.one_meta_early = False  # the class attributes, read at construction
+    try:
+        assert StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)._params.one_meta_flags == 32
+        StepPlanner.one_meta_lean = False
+        assert StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)._params.one_meta_flags == 0
+    finally:
+        StepPlanner.one_meta_early = True
+        StepPlanner.one_meta_lean = True
     with pytest.raises(ValueError, match="lanes must be 4, 8, 16 or 32"):
         p._set_one_meta(lanes=12)
     with pytest.raises(ValueError, match="blocks"):
@@ -212,10 +229,10 @@ def test_hooks_validate_and_reach_the_struct(one_planner):
     with pytest.raises(ValueError, match="min_threads"):
         p._set_one_meta(min_threads=512)
     with pytest.raises(ValueError, match="flags must be a combination"):
-        p._set_one_meta(flags=16)
+        p._set_one_meta(flags=64)
 
 
-@pytest.mark.parametrize("flags", [1, 2, 4, 8, 7])
+@pytest.mark.parametrize("flags", [1, 2, 4, 8, 7, 48 | 1, 48 | 2, 48 | 4, 48 | 8])
 def test_ablations_run_and_leave_records_clean(one_planner, flags):
     """The timing ablations (outputs wrong by design) still write every metadata record."""
     StepPlanner, launches = one_planner
@@ -224,6 +241,7 @@ def test_ablations_run_and_leave_records_clean(one_planner, flags):
     p._set_one_meta(flags=flags)
     p.compute(_dev(case["seq_lens_decoder"]), _dev(case["seq_lens_this_time"]), [_dev(t) for t in case["block_tables"]])
     fn, grid, threads, records = launches[-1]
-    assert fn == "kvaddr_step1m_c2_i64" and len(records) == (grid - 1) * threads // 32
+    token_blocks = -(-case["capacity"] // threads)
+    assert fn == "kvaddr_step1m_c2_i64" and len(records) == (grid - token_blocks) * threads // 32
     if flags & StepPlanner.M1_EMPTY:
         assert all(m == 0 and k == NO_ERROR_KEY for _, m, k in records)
