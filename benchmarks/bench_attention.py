@@ -23,9 +23,27 @@ metadata blocks, E x 4), and "one" (3, kv_meta_block3: request-parallel in one r
 barrier, the first row loads in flight across it) at each --lanes3 value, with its timing
 ablations (at the first --lanes3 value; their outputs are wrong, timing only): "-np" without the
 pass over all lengths, "-nc" without the row copy, "-nb" without both (the block's skeleton).
-The verdict (and the exit status) is the default implementation's (new, the first --lanes value,
-E as built); a second verdict column gives the first "one" variant's, and "best" the fastest
-variant with correct outputs; the other columns are for the perf notes.
+These run on kvaddr_step_* (``use_kernel("v8")``: its metadata blocks at every batch size).
+
+The small-batch kernel with attention outputs (kvaddr_step1m_c{G}_*, the planner's default
+for bsz <= 256: v9's token blocks + request-per-thread metadata blocks) is timed on the
+shapes it runs (decode 1, decode 64, the mixed batch; "-" elsewhere), as "m1" (round 1's default:
+32 lanes, one group of lanes per request, v9's block width) and its variants: "m1-l8" /
+"m1-l16" (lanes), "m1-t256" (blocks of 256 threads: fewer, wider metadata blocks), "m1-k1" /
+"m1-k8" (1 / 8 metadata blocks per cache), and its timing ablations (outputs wrong, timing
+only): "m1-nc" no row copy, "m1-no" no per-request outputs, "m1-np" no pad, "m1-nb" none of
+the three (the blocks' skeleton: lengths, scans, barrier), "m1-e" metadata blocks that return
+at once (the cost of launching them). "m1*" is session 5's first version (one_meta_flags 0: each
+group's row loads wait for its request's lengths; a branch per stored column). Round 2: "m2"
+(the planner's default, flags EARLY | LEAN = 48: the row loads issued with the lengths, one
+round trip before the barrier; a shorter post-barrier instruction chain), "m2-early" /
+"m2-lean" (each change alone), "m2-l16", "m2-k8" (lanes, blocks), and ablations "m2-nc",
+"m2-no", "m2-nb" (as m1's, on m2).
+
+The verdict (and the exit status) is the planner's default: m2 where it runs, else new (the
+first --lanes value, E as built); the "v8" column gives new's verdict everywhere, "best" the
+fastest variant with correct outputs; the other columns are for the perf notes.
+--quick times only off, new and the m1 variants (no old / pf / E4 / one columns).
 """
 
 from __future__ import annotations
@@ -70,6 +88,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--lanes", default="32", help="kv_meta_block2 lanes per request to time (first: the verdict)")
     ap.add_argument("--lanes3", default="32,16,8", help="kv_meta_block3 lanes per request to time (first: ablations)")
+    ap.add_argument("--quick", action="store_true", help="only off, new (first --lanes) and the m1 variants")
     a = ap.parse_args(argv)
     lanes = [int(x) for x in a.lanes.split(",") if x]
     lanes3 = [int(x) for x in a.lanes3.split(",") if x]
@@ -85,14 +104,42 @@ def main(argv=None):
             for tag, bits in (("-np", NP), ("-nc", NC), ("-nb", NP | NC))
         ]
     )
-    ablated = {v[0] for v in variants if v[4]}
+    if a.quick:
+        variants = [v for v in variants if v[0] == f"new{lanes[0]}"]
+    # kvaddr_step1m_* (bsz <= 256): (name, _set_one_meta keywords)
+    F = StepPlanner
+    M2 = F.M1_EARLY | F.M1_LEAN  # the planner's default code paths (exact outputs)
+    ABLATIONS = F.M1_NO_COPY | F.M1_NO_OUTPUTS | F.M1_NO_PAD | F.M1_EMPTY  # outputs wrong: timing only
+    m1_variants = [
+        ("m1", dict(lanes=32, blocks=0, min_threads=0, flags=0)),
+        ("m1-l8", dict(lanes=8, blocks=0, min_threads=0, flags=0)),
+        ("m1-l16", dict(lanes=16, blocks=0, min_threads=0, flags=0)),
+        ("m1-t256", dict(lanes=32, blocks=0, min_threads=256, flags=0)),
+        ("m1-k1", dict(lanes=32, blocks=1, min_threads=0, flags=0)),
+        ("m1-k8", dict(lanes=32, blocks=8, min_threads=0, flags=0)),
+        ("m1-nc", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_COPY)),
+        ("m1-no", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_OUTPUTS)),
+        ("m1-np", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_PAD)),
+        ("m1-nb", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_COPY | F.M1_NO_OUTPUTS | F.M1_NO_PAD)),
+        ("m1-e", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_EMPTY)),
+        # round 2: m2 = early row loads + lean post-barrier code (the planner's default), each alone, variants, ablations
+        ("m2", dict(lanes=32, blocks=0, min_threads=0, flags=M2)),
+        ("m2-early", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_EARLY)),
+        ("m2-lean", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_LEAN)),
+        ("m2-l16", dict(lanes=16, blocks=0, min_threads=0, flags=M2)),
+        ("m2-k8", dict(lanes=32, blocks=8, min_threads=0, flags=M2)),
+        ("m2-nc", dict(lanes=32, blocks=0, min_threads=0, flags=M2 | F.M1_NO_COPY)),
+        ("m2-no", dict(lanes=32, blocks=0, min_threads=0, flags=M2 | F.M1_NO_OUTPUTS)),
+        ("m2-nb", dict(lanes=32, blocks=0, min_threads=0, flags=M2 | F.M1_NO_COPY | F.M1_NO_OUTPUTS | F.M1_NO_PAD)),
+    ]
+    ablated = {v[0] for v in variants if v[4]} | {n for n, kw in m1_variants if kw["flags"] & ABLATIONS}
     verdict = f"new{lanes[0]}"
-    verdict3 = f"one{lanes3[0]}"
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
     with stream:
         shapes = [
+            ("decode 1", 1, 1, False),
             ("decode 64", 64, 1, False),
             ("decode 1024", 1024, 1, False),
             ("decode 4096", 4096, 1, False),
@@ -100,7 +147,9 @@ def main(argv=None):
         ]
         B = 64
         for label, bsz, per, mixed in shapes:
-            dec, q, table, total, pages = make_batch(rng, bsz, per, B, mixed=mixed)
+            # (decode 1 draws from its own generator: the other shapes' batches stay those of earlier runs)
+            r = np.random.default_rng(1) if bsz == 1 else rng
+            dec, q, table, total, pages = make_batch(r, bsz, per, B, mixed=mixed)
             for G in (1, 2):
                 off = StepPlanner(bsz, total, [B] * G)
                 on = StepPlanner(bsz, total, [B] * G, attention=ALL, kv_indices_capacity=pages)
@@ -108,6 +157,7 @@ def main(argv=None):
                     lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
                 )
                 row = dict(shape=label, caches=G, entries=pages, off_us=t_off, bound=1.5)
+                on.use_kernel("v8")  # kvaddr_step_* with its metadata blocks at every batch size
                 for name, impl, n, mult, bits in variants:
                     on._set_meta_impl(impl, n, entries=on._meta_entries_min * mult, ablate=bits)
                     row[name + "_us"] = graph_time_per_copy(
@@ -116,7 +166,23 @@ def main(argv=None):
                     if not bits:  # an ablation's outputs (and so its records) are wrong by design
                         on.check(stream)
                 on._set_meta_impl(1, lanes[0], entries=on._meta_entries_min)
-                row["on_us"] = row[verdict + "_us"]
+                on.use_kernel("v9")  # the planner's default: kvaddr_step1m_* for bsz <= 256
+                small = on.kernel_for(bsz)[0].startswith("kvaddr_step1m_")
+                for name, kw in m1_variants:
+                    row[name + "_us"] = None
+                    if not small:
+                        continue
+                    on._set_one_meta(**kw)
+                    row[name + "_geometry"] = list(on.kernel_for(bsz)[1:])
+                    row[name + "_us"] = graph_time_per_copy(
+                        lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+                    )
+                    if not kw["flags"] & ABLATIONS:
+                        on.check(stream)
+                on._set_one_meta(lanes=32, blocks=0, min_threads=0, flags=M2)  # the planner's default again
+                row["v8_us"] = row[verdict + "_us"]
+                row["on_us"] = row["m2_us"] if small else row["v8_us"]
+                row["default"] = "m2" if small else verdict
                 row["ratio"] = row["on_us"] / t_off
                 rows.append(row)
 
@@ -125,6 +191,7 @@ def main(argv=None):
         dec, q, table, total, pages = make_batch(rng, bsz, 1, Bb, ctx=(32767, 32767))
         off = StepPlanner(bsz, total, [Bb])
         on = StepPlanner(bsz, total, [Bb], attention=("flashinfer",), kv_indices_capacity=pages)
+        on.use_kernel("v8")
         t_off = graph_time_per_copy(lambda: off.compute(dec, q, table, stream=stream), stream, a.copies, a.replays)
         t_impl = {}
         for name, impl, n, mult, bits in variants:
@@ -162,28 +229,41 @@ def main(argv=None):
 
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
-    names = [v[0] for v in variants]
+    names = [v[0] for v in variants] + [n for n, _ in m1_variants]
     ok = True
+
+    def cell(r, n, unit):
+        t = r[n + "_us"]
+        if t is None:
+            return f"{'-':>11}"
+        return f"{(t if unit == 'us' else t / r['off_us']):>11.3f}"
+
     for unit in ("us", "/off"):  # two tables: times, then ratios to off
         head = "".join(f"{n:>11}" for n in names)
-        tail = f"  {verdict} (<= 1.5)  {verdict3}  best" if unit == "/off" else ""
+        tail = f"  default (<= 1.5)        v8 {verdict}  best" if unit == "/off" else ""
         print(f"{'shape [' + unit + ']':<24}{'caches':>7}{'entries':>10}{'off us':>9}{head}{tail}")
         for r in rows:
             off = r["off_us"]
-            cols = "".join(f"{(r[n + '_us'] if unit == 'us' else r[n + '_us'] / off):>11.3f}" for n in names)
+            cols = "".join(cell(r, n, unit) for n in names)
             line = f"{r['shape']:<24}{r['caches']:>7}{r['entries']:>10}{off:>9.3f}{cols}"
             if unit == "/off":
                 good = r["ratio"] <= r["bound"]
                 ok &= good
-                good3 = r[verdict3 + "_us"] / off <= r["bound"]
-                best = min((n for n in names if n not in ablated), key=lambda n: r[n + "_us"])
+                good8 = r["v8_us"] / off <= r["bound"]
+                timed = [n for n in names if n not in ablated and r[n + "_us"] is not None]
+                best = min(timed, key=lambda n: r[n + "_us"])
                 r["best"] = best
+                verdict_txt = f"{r['default']} {r['ratio']:.2f} {'ok' if good else 'OVER BOUND'}"
                 line += (
-                    f"  {'ok' if good else 'OVER BOUND':<17}{'ok' if good3 else 'OVER':<7}"
+                    f"  {verdict_txt:<23}{r['v8_us'] / off:.2f} {'ok' if good8 else 'OVER':<7}"
                     f"{best} {r[best + '_us'] / off:.2f}"
                 )
             print(line)
-    for n in names:
+    print(
+        "m2 (= m1) launch geometry (blocks, threads) per shape: "
+        + "; ".join(f"{r['shape']} x{r['caches']}: {r['m2_geometry']}" for r in rows if r.get("m2_geometry"))
+    )
+    for n in [v[0] for v in variants]:
         v = big["variants"][n]
         print(f"kv_indices, {big['shape']}, {n}: fused {v['on_us']:.2f} us, {v['share']:.0%} of the copy's bandwidth")
     good = big["ratio"] >= big["bound"]

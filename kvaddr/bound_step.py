@@ -71,6 +71,7 @@ class BoundStep:
         "_names",
         "_num_chunks",
         "_one_block",
+        "_one_geometry",
         "_outputs",
         "_params_array",
         "_params_ptr",
@@ -104,6 +105,7 @@ class BoundStep:
         launch_kernel: Callable | None = None,
         hold: bool = True,
         one_block: tuple[int, int, int, int] | None = None,
+        one_block_geometry: Callable[[int], tuple[int, int]] | None = None,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -164,6 +166,9 @@ class BoundStep:
             self._one_block = (0, -1, 1, 256)
         else:
             self._one_block = tuple(int(v) for v in one_block)
+        # With attention outputs the small-batch kernel is kvaddr_step1m_*: its (blocks, threads)
+        # for bsz <= one_block[1] come from the planner (StepPlanner._one_geometry).
+        self._one_geometry = one_block_geometry
         # kernelParams: one pointer, to the struct (passed by value; the driver copies its
         # bytes at launch, so rewriting bsz right after a launch, or while a CUDA graph is
         # being captured, is safe).
@@ -180,6 +185,8 @@ class BoundStep:
         """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`)."""
         one = self._one_block
         if bsz <= one[1]:
+            if self._one_geometry is not None:
+                return self._one_geometry(bsz)[0]
             threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
             return (one[2] + threads - 1) // threads
         if bsz <= self._tile:
@@ -229,6 +236,8 @@ class BoundStep:
         """``(function pointer, blocks, threads)`` of the launch for ``bsz`` requests."""
         one = self._one_block
         if bsz <= one[1]:
+            if self._one_geometry is not None:
+                return (one[0], *self._one_geometry(bsz))
             threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
             return one[0], (one[2] + threads - 1) // threads, threads
         return self._fptr, self.grid(bsz), self._threads

@@ -22,6 +22,8 @@ KERNEL_NAMES = (
     *(f"kvaddr_step1_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
     # v9 as first shipped (StepPlanner.use_kernel("v9-old"): one comparison run)
     *(f"kvaddr_step1old_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
+    # the small-batch step with attention outputs (v9 token blocks + metadata blocks)
+    *(f"kvaddr_step1m_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
     "kvaddr_slots_i64",
     "kvaddr_slots_i32",
     "kvaddr_where_pad",
@@ -185,6 +187,9 @@ class StepParams(ctypes.Structure):
         ("num_meta", _I32),  # int32: metadata blocks after the token blocks (0 when off)
         ("meta_impl", _I32),  # int32: 1 = request-parallel metadata blocks, 0 = the first version
         ("meta_lanes", _I32),  # int32: lanes per request of the request-parallel copy (4, 8, 16, 32)
+        # -- appended: kvaddr_step1m_* (the small-batch step with attention outputs) --
+        ("one_meta_lanes", _I32),  # int32: lanes per request of kvaddr_step1m_*'s row copy (4, 8, 16, 32)
+        ("one_meta_flags", _I32),  # int32: KV_M1_* bits (EARLY 16 | LEAN 32 exact; ablations 1-8 timing only)
     ]
 
 

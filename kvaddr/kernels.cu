@@ -8,6 +8,8 @@
 //         in ONE launch. With num_caches = 0 it is kvaddr's positions-only kernel.
 //         Its one parameter is a KvStepParams struct, passed by value (mirrored
 //         field by field by kvaddr/kernel_loader.py's StepParams, a ctypes.Structure).
+//     kvaddr_step1_c{G}_* / kvaddr_step1m_c{G}_*   the small-batch step (v9), without / with the
+//         attention metadata blocks (sections "v9" and "v9m" below), the same struct.
 //   BASELINE (MEASUREMENT) KERNELS (at the end): what the fused step is measured against.
 //     kvaddr_slots_i64 / kvaddr_slots_i32 one cache's slot mapping from given positions
 //         and batch ids (the per-layer, one-kernel baseline).
@@ -155,8 +157,12 @@ struct KvStepParams {
                                              // (kv_meta_block: every block rescans); bits 256/512:
                                              // KV_META_NO_PREFIX / KV_META_NO_COPY (timing ablations)
     int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
+    // -- appended (session 5, kvaddr_step1m_*: the small-batch step with attention outputs) --
+    int one_meta_lanes;                      // int32: lanes per request of kvaddr_step1m_*'s row copy (4, 8, 16, 32)
+    int one_meta_flags;                      // int32: KV_M1_* bits of kvaddr_step1m_*'s metadata blocks: EARLY
+                                             // 16 | LEAN 32 (code paths, exact outputs either way), timing ablations 1-8
 };
-static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 12 * 4,
+static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 14 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
 static_assert(alignof(KvStepParams) == 8, "KvStepParams is 8-byte aligned");
 static_assert(KV_MAX_CACHES == 4, "the struct, the ctypes mirror and the planner assume 4 caches");
@@ -1745,7 +1751,7 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
 // Error records: warp w of block k writes record k * T / 32 + w every launch; block 0
 // clears the records past them (the multi-block kernel's, or a wider launch's), so check()
 // reads the same thing whichever kernel ran last (the planner sizes the records for both).
-// Not for launches with attention metadata (the planner uses kvaddr_step_* there).
+// With attention metadata: kvaddr_step1m_* below (these token blocks plus metadata blocks).
 // CUDA-graph safe: no state outlives the launch.
 #define KV_SB_THREADS 1024
 #define KV_SB_WARPS 32  // KV_SB_THREADS / 32
@@ -2303,6 +2309,349 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
     kv_abl_floor_out<2>(params);
 }
 #endif  // KV_ABLATION
+
+// ---- v9m: the small-batch step with attention outputs (docs/attention.md, "Small batches") ----
+//
+// kvaddr_step1m_c{G}_i64 / _i32, G = 0..4 caches: for bsz <= KV_THREADS requests with
+// attention outputs on. The first ceil(C / T) blocks are v9's token blocks, exactly
+// kv_step_one<G, PosT> (T threads, T >= bsz, T <= KV_THREADS); the M = gridDim.x -
+// ceil(C / T) blocks after them are metadata blocks (kv_meta_one), the planner's choice of
+// M: G x K with flashinfer or page_table (block (g, k) owns requests [k rq, (k + 1) rq),
+// rq = ceil(bsz / K), and kv_indices[g]'s pad range [k ceil(N / K), (k + 1) ceil(N / K))),
+// else 1 (varlen alone). Because T >= bsz, a metadata block holds every request in
+// registers, one per thread:
+//   1. ONE round trip: thread i loads request i's lengths; each group of one_meta_lanes
+//      lanes also loads its first own request's (r0 + group);
+//   2. right after they arrive, the group issues the loads of that request's first
+//      KV_META_PRE x lanes row columns (columns < min(pages, W_g): the addresses need no
+//      prefix, only the write positions do) -- the second round trip, in flight across:
+//   3. three warp-shuffle scans (tokens, L, pages), the warp totals and maxima to shared
+//      memory, ONE barrier: thread i then has request i's absolute prefixes;
+//   4. the loaded columns are stored (bit 2 for a negative id), thread i writes request i's
+//      kv_indptr, kv_last_page_len and cu_seqlens_k when i is the block's (bits 1 and 16,
+//      keyed at its first token), the rest of the rows are copied (further requests of a
+//      group after the first, kv_meta_block3's loop), the block's pad range written with
+//      int4 stores; block k = 0 writes entry bsz, block 0 the maxima.
+// Outputs and error records (bits 1, 2, 16 and their first-bad keys) are kv_meta_block2's.
+// Error records: every block (token or metadata) writes records blockIdx.x * T / 32 + warp;
+// token block 0 clears those past the launch up to the planner's record count (kv_step_one),
+// so switching between this kernel, kvaddr_step_* and kvaddr_step1_* leaves nothing stale.
+// KvStepParams::one_meta_flags (timing ablations, the outputs are then wrong): KV_M1_*.
+#define KV_M1_NO_COPY 1     // no row loads, no kv_indices entries below the total
+#define KV_M1_NO_OUTPUTS 2  // no per-request outputs (kv_indptr, kv_last_page_len, cu_seqlens_k) or checks
+#define KV_M1_NO_PAD 4      // no pad
+#define KV_M1_EMPTY 8       // the metadata blocks return at once (the cost of launching them)
+// Not an ablation (the outputs are right): KV_M1_EARLY issues the group's first request's row loads
+// with the lengths, in the same round trip (columns < min(width, KV_META_PRE x lanes): the
+// addresses and the bound need no length; the columns past the row's pages are loaded and
+// dropped), instead of after that request's own lengths arrive (a round trip earlier; its pages
+// are read from shared memory after the barrier). The planner's default (one_meta_early).
+#define KV_M1_EARLY 16
+// Not an ablation either: KV_M1_LEAN shortens the instruction chain after the barrier (at these
+// sizes a block's ALU work is a visible part of the launch): prefixes summed with one
+// add-and-min each (every summand is non-negative), the loaded columns stored without a branch
+// per column (one negative-id flag per row: every column of a row has the same key), the last
+// page's length from the pages already divided (L - (P - 1) B, no second division).
+#define KV_M1_LEAN 32
+
+// Sum (saturating) of w[0..upto) for non-negative w (kv_meta_sum_before with kv_sat_add_nn).
+__device__ __forceinline__ int kv_meta_sum_before_nn(const int* w, int upto) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < KV_WARPS; ++i)
+        if (i < upto) s = kv_sat_add_nn(s, w[i]);
+    return s;
+}
+
+struct KvMetaOneShared {
+    int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of request i
+    int pages[KV_THREADS];  // pages of request i in this block's cache
+    int red[5][KV_WARPS];   // per-warp totals (tokens, L, pages) and maxima (tokens, L)
+};
+
+// An error record of one warp: record i = blockIdx.x * (blockDim.x / 32) + warp.
+__device__ __forceinline__ void kv_one_store_record(const KvStepParams& p, KvErr err) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
+    if (mask) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+            err.key = k < err.key ? k : err.key;
+        }
+    }
+    if (lane == 0) {
+        const i64 i = (i64)blockIdx.x * (blockDim.x >> 5) + warp;
+        p.error_records[2 * i] = mask;
+        p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
+    }
+}
+
+// Entries [lo, hi) of out set to -1 (PAD_PAGE_ID): scalar head to a 16-byte boundary, int4 body, tail.
+__device__ __forceinline__ void kv_one_pad(int* __restrict__ out, int lo, int hi) {
+    if (lo >= hi) return;
+    const int tid = threadIdx.x, T = blockDim.x;
+    const int head = (int)(((16u - ((unsigned int)(u64)(out + lo) & 15u)) & 15u) >> 2);
+    const int a = min(lo + head, hi);
+    if (lo + tid < a) out[lo + tid] = -1;
+    const int nv = (hi - a) >> 2;
+    int4* __restrict__ v = reinterpret_cast<int4*>(out + a);
+#pragma unroll 1
+    for (int i = tid; i < nv; i += T) v[i] = make_int4(-1, -1, -1, -1);
+    const int e = a + 4 * nv + tid;
+    if (e < hi) out[e] = -1;
+}
+
+// Metadata block m of M (see the section comment): T = blockDim.x >= bsz threads.
+template <int G>
+__device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M) {
+    __shared__ KvMetaOneShared sm;
+    const int flags = p.one_meta_flags;
+    if (flags & KV_M1_EMPTY) {  // (ablation) no work: record this block's warps clean
+        KvErr none;
+        none.mask = 0u;
+        none.key = KV_NO_ERROR;
+        kv_one_store_record(p, none);
+        return;
+    }
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
+    const int bsz = p.bsz, N = p.kv_indices_capacity;
+    const bool fi = G > 0 && (p.attention & KV_ATTN_FLASHINFER) != 0;  // (the planner refuses flashinfer without caches)
+    const bool rows = G > 0 && (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0;
+    const int K = rows ? max(M / (G > 0 ? G : 1), 1) : 1;  // blocks per cache
+    const int g = rows ? min(m / K, G - 1) : 0, k = m - g * K;
+    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+    const bool copy = fi && (flags & KV_M1_NO_COPY) == 0;
+    const bool outs = (flags & KV_M1_NO_OUTPUTS) == 0;
+    const int* table = nullptr;
+    i64 stride = 0;
+    int width = 1, B = 1;
+    if (G > 0) kv_meta_cache(p, g, table, stride, width, B);
+    const int rq = (bsz + K - 1) / K;
+    const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
+    const int lanes = kv_meta_lanes(p.one_meta_lanes), lg = __popc(lanes - 1);  // lanes = 1 << lg
+    const int group = tid >> lg, sub = tid & (lanes - 1), groups = T >> lg;
+    const bool early = copy && rows && (flags & KV_M1_EARLY) != 0;
+    const bool lean = (flags & KV_M1_LEAN) != 0;
+    // 1. one round trip: request tid's lengths, and the group's first request's
+    int d = 0, n = 0;
+    if (tid < bsz) {
+        d = __ldg(p.seq_lens_decoder + tid);
+        n = __ldg(p.seq_lens_this_time + tid);
+    }
+    const int b0 = r0 + group;
+    const int* __restrict__ grow = table + (i64)b0 * stride;  // dereferenced only for b0 < r1
+    int gP = 0;  // the group's first request's pages (0 without a request, and early)
+    if (copy && !early && b0 < r1) {
+        const int gd = __ldg(p.seq_lens_decoder + b0), gn = __ldg(p.seq_lens_this_time + b0);
+        gP = kv_pages((gd < 0) | (gn < 0) ? 0 : kv_sat_add(gd, gn), B);
+    }
+    // 2. the group's first request's first row columns, in flight across the scans and the barrier:
+    // columns < min(its pages, width) once its lengths arrive, or (early) < width at once (the
+    // bound needs no length; columns < KV_META_PRE x lanes by construction)
+    const int gcols = early ? (b0 < r1 ? width : 0) : min(gP, width);
+    int v[KV_META_PRE];
+#pragma unroll
+    for (int u = 0; u < KV_META_PRE; ++u) {
+        const int col = sub + u * lanes;
+        v[u] = -1;
+        if (col < gcols) v[u] = __ldg(grow + col);
+    }
+    // 3. scans of (tokens, L, pages), warp totals and maxima; one barrier
+    const bool bad = (d < 0) | (n < 0);
+    const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add(d, n), P = G > 0 ? kv_pages(L, B) : 0;
+    const int iq = kv_warp_inclusive(nn), il = kv_warp_inclusive(L), ip = kv_warp_inclusive(P);
+    {
+        const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
+                  ep = __shfl_up_sync(0xffffffffu, ip, 1);
+        const int mq = __reduce_max_sync(0xffffffffu, nn), ml = __reduce_max_sync(0xffffffffu, L);
+        sm.x[0][tid] = lane == 0 ? 0 : eq;
+        sm.x[1][tid] = lane == 0 ? 0 : el;
+        sm.x[2][tid] = lane == 0 ? 0 : ep;
+        sm.pages[tid] = P;
+        if (lane == 31) {
+            sm.red[0][warp] = iq;
+            sm.red[1][warp] = il;
+            sm.red[2][warp] = ip;
+            sm.red[3][warp] = mq;
+            sm.red[4][warp] = ml;
+        }
+    }
+    __syncthreads();  // the only barrier: nothing in shared memory is written after it
+    const int nw = T >> 5;
+    int* __restrict__ out = p.kv_indices + (i64)g * N;
+    if (copy && b0 < r1 && lean) {  // (KV_M1_LEAN) the same, branch-free per column
+        const int wi = b0 >> 5;
+        const int s0 = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[2], wi), sm.x[2][b0]);
+        const int end = s0 < N ? min(early ? sm.pages[b0] : gP, N - s0) : 0, ew = min(end, width);
+        bool neg = false;
+#pragma unroll
+        for (int u = 0; u < KV_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            if (col < end) out[(i64)s0 + col] = max(v[u], -1);
+            neg |= (col < ew) & (v[u] < 0);
+        }
+        if (neg)
+            err.flag(KV_ERR_NEGATIVE_BLOCK, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], wi), sm.x[0][b0]), b0, g);
+    } else if (copy && b0 < r1) {  // the loaded columns of the group's first request
+        const int wi = b0 >> 5;
+        const int s0 = kv_sat_add(kv_meta_sum_before(sm.red[2], wi), sm.x[2][b0]);
+        const int tok = kv_sat_add(kv_meta_sum_before(sm.red[0], wi), sm.x[0][b0]);
+        const int end = s0 < N ? min(early ? sm.pages[b0] : gP, N - s0) : 0;
+#pragma unroll
+        for (int u = 0; u < KV_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            if (col < end) {
+                if (col < width && v[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b0, g);
+                out[s0 + col] = v[u] < 0 ? -1 : v[u];
+            }
+        }
+    }
+    // 4. request tid (when it is this block's): absolute prefixes, per-request outputs, bits 1 and 16
+    const i64 row_off = (i64)g * p.attn_stride;
+    if (outs && tid >= r0 && tid < r1 && lean) {  // (KV_M1_LEAN) the same, shorter chains
+        if (fi) {
+            const int xp = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[2], warp), sm.x[2][tid]);
+            p.kv_indptr[row_off + tid] = xp;
+            // P = ceil(L / B) (G > 0 with flashinfer), so L - (P - 1) B = (L - 1) % B + 1 for L > 0
+            p.kv_last_page_len[row_off + tid] =
+                L > 0 ? (G > 0 ? L - (P - 1) * B : (int)((unsigned int)(L - 1) % (unsigned int)B) + 1) : 0;
+            if (xp <= N && N < kv_sat_add_nn(xp, P))
+                err.flag(KV_ERR_KV_INDICES_CAPACITY, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], warp), sm.x[0][tid]),
+                         tid, g);
+        }
+        if (rows && P > width)
+            err.flag(KV_ERR_BLOCK_INDEX, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], warp), sm.x[0][tid]), tid, g);
+        if (varlen) p.cu_seqlens_k[tid] = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[1], warp), sm.x[1][tid]);
+    } else if (outs && tid >= r0 && tid < r1) {
+        const int xq = kv_sat_add(kv_meta_sum_before(sm.red[0], warp), sm.x[0][tid]);
+        if (fi) {
+            const int xp = kv_sat_add(kv_meta_sum_before(sm.red[2], warp), sm.x[2][tid]);
+            p.kv_indptr[row_off + tid] = xp;
+            p.kv_last_page_len[row_off + tid] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+            if (xp <= N && N < kv_sat_add(xp, P)) err.flag(KV_ERR_KV_INDICES_CAPACITY, xq, tid, g);
+        }
+        if (rows && P > width) err.flag(KV_ERR_BLOCK_INDEX, xq, tid, g);
+        if (varlen) p.cu_seqlens_k[tid] = kv_sat_add(kv_meta_sum_before(sm.red[1], warp), sm.x[1][tid]);
+    }
+    const int total = lean ? kv_meta_sum_before_nn(sm.red[2], nw) : kv_meta_sum_before(sm.red[2], nw);  // kv_indptr[g, bsz]
+    if (tid == 0 && k == 0) {  // entry bsz (block k = 0 of each cache), the maxima (block 0)
+        if (fi) p.kv_indptr[row_off + bsz] = total;
+        if (varlen) {
+            p.cu_seqlens_k[bsz] = kv_meta_sum_before(sm.red[1], nw);
+            int mq = 0, ml = 0;
+#pragma unroll
+            for (int i = 0; i < KV_WARPS; ++i) {
+                if (i < nw) {
+                    mq = max(mq, sm.red[3][i]);
+                    ml = max(ml, sm.red[4][i]);
+                }
+            }
+            p.max_seqlen[0] = mq;
+            p.max_seqlen[1] = ml;
+        }
+    }
+    if (copy) {  // the rest of the rows: the first request's columns past the loaded ones, then the others
+#pragma unroll 1
+        for (int b = b0; b < r1; b += groups) {
+            const int wi = b >> 5;
+            const int s0 = kv_sat_add(kv_meta_sum_before(sm.red[2], wi), sm.x[2][b]);
+            const int tok = kv_sat_add(kv_meta_sum_before(sm.red[0], wi), sm.x[0][b]);
+            const int col_from = b == b0 ? sub + KV_META_PRE * lanes : sub;
+            const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
+            const int* __restrict__ row = table + (i64)b * stride;
+#pragma unroll 1
+            for (int col0 = col_from; col0 < end; col0 += KV_META_U * lanes) {
+                int w[KV_META_U];
+#pragma unroll
+                for (int u = 0; u < KV_META_U; ++u) {
+                    const int col = col0 + u * lanes;
+                    w[u] = -1;
+                    if (col < end && col < width) w[u] = __ldg(row + col);
+                }
+                if (lean) {  // (KV_M1_LEAN) no branch per column: one flag per row and round
+                    bool neg = false;
+#pragma unroll
+                    for (int u = 0; u < KV_META_U; ++u) {
+                        const int col = col0 + u * lanes;
+                        if (col < end) out[(i64)s0 + col] = max(w[u], -1);
+                        neg |= (col < end) & (col < width) & (w[u] < 0);
+                    }
+                    if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < KV_META_U; ++u) {
+                        const int col = col0 + u * lanes;
+                        if (col < end) {
+                            if (col < width && w[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
+                            out[s0 + col] = w[u] < 0 ? -1 : w[u];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (fi && (flags & KV_M1_NO_PAD) == 0) {  // the pad of this block's entry range
+        const int chunk = (int)(((i64)N + K - 1) / K);
+        const int e_lo = (int)min((i64)k * chunk, (i64)N), e_hi = (int)min((i64)e_lo + chunk, (i64)N);
+        kv_one_pad(out, max(e_lo, total), e_hi);
+    }
+    kv_one_store_record(p, err);
+}
+
+// The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS).
+template <int G, typename PosT>
+__device__ __forceinline__ void kv_step_one_meta(const KvStepParams& p) {
+    const int token_blocks = (int)(((i64)p.capacity + blockDim.x - 1) / blockDim.x);
+    if ((int)blockIdx.x >= token_blocks) {
+        kv_meta_one<G>(p, (int)blockIdx.x - token_blocks, (int)gridDim.x - token_blocks);
+        return;
+    }
+    kv_step_one<G, PosT>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c0_i64(const KvStepParams params) {
+    kv_step_one_meta<0, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c1_i64(const KvStepParams params) {
+    kv_step_one_meta<1, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c2_i64(const KvStepParams params) {
+    kv_step_one_meta<2, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c3_i64(const KvStepParams params) {
+    kv_step_one_meta<3, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c4_i64(const KvStepParams params) {
+    kv_step_one_meta<4, i64>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c0_i32(const KvStepParams params) {
+    kv_step_one_meta<0, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c1_i32(const KvStepParams params) {
+    kv_step_one_meta<1, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c2_i32(const KvStepParams params) {
+    kv_step_one_meta<2, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c3_i32(const KvStepParams params) {
+    kv_step_one_meta<3, int>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c4_i32(const KvStepParams params) {
+    kv_step_one_meta<4, int>(params);
+}
 
 // ============================================================================
 // BASELINE (MEASUREMENT) KERNELS: what the fused step is measured against. Not

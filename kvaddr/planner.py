@@ -173,6 +173,14 @@ class StepPlanner:
             self.seq_lens_kv = cupy.zeros(self.max_requests, dtype=np.int32)
             self.slot_mapping = cupy.full((self.num_caches, C), -1, dtype=np.int64)
             self._attention_buffers(cupy, consts)
+            if self._num_meta:
+                # kvaddr_step1m_* (small batches with attention outputs): ceil(C / T) token blocks and
+                # at most G x ONE_META_MAX_BLOCKS metadata blocks (1 for varlen alone) of T <= KV_THREADS
+                # threads, a record per warp: pad max_tiles as for v9 so that every kernel that may run
+                # writes or clears every record (kvaddr_step_* clears [num_chunks, num_chunks + max_tiles)).
+                m1 = self.num_caches * self.ONE_META_MAX_BLOCKS if self._one_meta_rows else 1
+                m1_records = -(-(C + self._threads) // 32) + m1 * consts["KV_WARPS"]
+                self._max_tiles = max(self._max_tiles, -(-m1_records // consts["KV_WARPS"]) - self._num_chunks)
             n_rec = (self._num_chunks + self._max_tiles + self._num_meta) * consts["KV_WARPS"]  # one per warp
             rec = np.empty(2 * n_rec, dtype=np.uint64)
             rec[0::2] = 0
@@ -236,6 +244,42 @@ class StepPlanner:
     #: The largest batch the single-block kernel (v9) takes on (at most KV_SB_THREADS).
     one_block_max_requests: int = 256  # measured: one block loses to v8 at 1024 (docs/perf-notes.md, v9)
 
+    # -- small batches with attention outputs (kvaddr_step1m_*, docs/attention.md "Small batches") --
+    #: With attention outputs on and ``step_kernel == "v9"``: True runs batches of at most
+    #: min(one_block_max_requests, KV_THREADS) requests with ``kvaddr_step1m_c{G}_*`` (v9's token
+    #: blocks and metadata blocks in one launch); False keeps ``kvaddr_step_*`` with its metadata
+    #: blocks (``meta_impl``) for every batch, as before (read by :meth:`use_kernel`).
+    one_block_attention: bool = True
+    #: Lanes per request of the metadata blocks' row copy (4, 8, 16 or 32).
+    one_meta_lanes: int = 32
+    #: Metadata blocks per cache (1 to ONE_META_MAX_BLOCKS); 0: as many as give every request
+    #: of the batch its own group of lanes (ceil(bsz / (T / lanes))), and at least
+    #: ceil(N / one_meta_pad_entries) for the pad.
+    one_meta_blocks: int = 0
+    #: The narrowest block of kvaddr_step1m_* (T = max(bsz, min(C, one_block_min_threads), this, 32)
+    #: rounded up to a warp, at most KV_THREADS; 0: v9's own T).
+    one_meta_min_threads: int = 0
+    #: kv_indices entries one metadata block pads at most, when the blocks per cache are automatic.
+    one_meta_pad_entries: int = 32768
+    #: The most metadata blocks per cache of kvaddr_step1m_* (the error records are sized for them).
+    ONE_META_MAX_BLOCKS = 32
+    #: True: the metadata blocks issue each lane group's first row loads together with the
+    #: lengths (one round trip before the barrier: kernels.cu's KV_M1_EARLY); False: after that
+    #: request's own lengths arrive (session 5's first version, two round trips). Same outputs.
+    one_meta_early: bool = True
+    #: True: the metadata blocks' shorter instruction chain after the barrier (kernels.cu's
+    #: KV_M1_LEAN: add-and-min prefixes, no branch per stored column). Same outputs.
+    one_meta_lean: bool = True
+    #: kernels.cu's KV_M1_* timing ablations (``_set_one_meta(flags=...)``; the outputs are then WRONG).
+    M1_NO_COPY = 1
+    M1_NO_OUTPUTS = 2
+    M1_NO_PAD = 4
+    M1_EMPTY = 8
+    #: kernels.cu's KV_M1_EARLY and KV_M1_LEAN (not ablations: see :attr:`one_meta_early`,
+    #: :attr:`one_meta_lean`).
+    M1_EARLY = 16
+    M1_LEAN = 32
+
     def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
         """Choose the fused-step design :meth:`compute` launches: ``"v8"``, ``"v9"`` or ``"v9-old"``.
 
@@ -246,6 +290,10 @@ class StepPlanner:
             multi-block kernel for every batch, ``"v9-old"``: v9 as first shipped
             (``kvaddr_step1old_c{G}_*``, without the decode-first vote and the lean paths:
             kept for one comparison run, docs/perf-notes.md). Outputs and error records are the same.
+            With attention outputs on, ``"v9"`` runs batches of at most
+            ``min(one_block_max_requests, KV_THREADS)`` requests with ``kvaddr_step1m_c{G}_*``
+            (v9's token blocks and metadata blocks in one launch); ``"v8"`` and ``"v9-old"`` keep
+            ``kvaddr_step_*`` with its metadata blocks for every batch.
         max_capacity : int, optional
             Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
         max_requests : int, optional
@@ -261,35 +309,101 @@ class StepPlanner:
         limit = consts["KV_SB_THREADS"]
         if max_requests is not None:
             self.one_block_max_requests = check_int("max_requests", max_requests, lo=0, hi=limit)
-        # bsz <= _one_max_bsz runs in one block (-1: never).
+        # bsz <= _one_max_bsz runs in one block (-1: never); with attention outputs, v9's token
+        # blocks plus metadata blocks (kvaddr_step1m_*, blocks of at most KV_THREADS threads).
+        self._one_meta = self._num_meta > 0
+        if self._one_meta:
+            limit = consts["KV_THREADS"]
         self._one_max_bsz = (
             min(limit, self.max_requests, self.one_block_max_requests)
-            if version in ("v9", "v9-old") and self._num_meta == 0 and self.capacity <= self.one_block_max_capacity
+            if (
+                (version == "v9" and (self.one_block_attention or not self._one_meta))
+                or (version == "v9-old" and not self._one_meta)
+            )
+            and self.capacity <= self.one_block_max_capacity
             else -1
         )
         self._one_threads = limit
         self._one_launcher = None
         if self._one_max_bsz >= 0:
             suffix = "i64" if self.position_dtype == np.int64 else "i32"
-            old = "old" if version == "v9-old" else ""
-            self._one_name = f"kvaddr_step1{old}_c{self.num_caches}_{suffix}"
+            kind = "step1m" if self._one_meta else ("step1old" if version == "v9-old" else "step1")
+            self._one_name = f"kvaddr_{kind}_c{self.num_caches}_{suffix}"
             fn = kernel_loader.get_function(self._one_name, self.device)
             self._one_launcher = kernel_loader.Launcher(fn, self._params, by_value=True)
 
     def kernel_for(self, bsz: int) -> tuple[str, int, int]:
         """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests."""
         if bsz <= self._one_max_bsz:
-            threads = self._one_block_threads(bsz)
-            return self._one_name, -(-self.capacity // threads), threads
+            return (self._one_name, *self._one_geometry(bsz))
         name = "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32"
         return name, self.grid(bsz), self._threads
 
     def _launch_plan(self, bsz: int) -> tuple:
         """``(launcher, blocks, threads)`` of :meth:`compute`'s launch for ``bsz`` requests (see :meth:`kernel_for`)."""
         if bsz <= self._one_max_bsz:  # v9: the small-batch kernel (one block when C <= threads)
-            threads = self._one_block_threads(bsz)
-            return self._one_launcher, -(-self.capacity // threads), threads
+            return (self._one_launcher, *self._one_geometry(bsz))
         return self._launcher, self.grid(bsz), self._threads
+
+    def _one_geometry(self, bsz: int) -> tuple[int, int]:
+        """``(blocks, threads)`` of the small-batch launch for ``bsz <= _one_max_bsz`` requests:
+        ceil(C / T) token blocks, then (attention outputs on) the metadata blocks."""
+        if not self._one_meta:
+            threads = self._one_block_threads(bsz)
+            return -(-self.capacity // threads), threads
+        threads = self._one_meta_threads(bsz)
+        return -(-self.capacity // threads) + self._one_meta_count(bsz, threads), threads
+
+    def _one_meta_threads(self, bsz: int) -> int:
+        """T of kvaddr_step1m_*: v9's T (at least ``one_meta_min_threads``), at most KV_THREADS."""
+        n = max(bsz, min(self.capacity, self.one_block_min_threads), self.one_meta_min_threads, 32)
+        return min(self._threads, (n + 31) & ~31)
+
+    def _one_meta_count(self, bsz: int, threads: int) -> int:
+        """Metadata blocks of kvaddr_step1m_* for ``bsz`` requests and blocks of ``threads``:
+        G x K with flashinfer or page_table (K per cache, see :attr:`one_meta_blocks`), else 1."""
+        if not self._one_meta_rows:
+            return 1
+        k = self.one_meta_blocks
+        if not k:
+            groups = max(1, threads // self._params.one_meta_lanes)
+            k = max(1, -(-bsz // groups))
+            if self.kv_indices is not None:
+                k = max(k, -(-self.kv_indices_capacity // max(1, self.one_meta_pad_entries)))
+        return self.num_caches * min(max(int(k), 1), self.ONE_META_MAX_BLOCKS)
+
+    def _set_one_meta(
+        self,
+        *,
+        lanes: int | None = None,
+        blocks: int | None = None,
+        min_threads: int | None = None,
+        flags: int | None = None,
+    ) -> None:
+        """Benchmarking hook of kvaddr_step1m_* (not public API): lanes per request (4, 8, 16,
+        32), metadata blocks per cache (0 automatic, else 1 to ONE_META_MAX_BLOCKS), the
+        narrowest block (0 to KV_THREADS) and the KV_M1_* ``flags``: M1_EARLY (16) the row
+        loads' order and M1_LEAN (32) the post-barrier code (see :attr:`one_meta_early`,
+        :attr:`one_meta_lean`; right outputs either way), the others timing ablations (the
+        outputs are then WRONG; any combination of 16 and 32 for real use). Takes effect at the next launch (capture
+        a CUDA graph again; bind a BoundStep again)."""
+        if lanes is not None:
+            if lanes not in (4, 8, 16, 32):
+                raise ValueError(f"one meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
+            self.one_meta_lanes = int(lanes)
+            self._params.one_meta_lanes = int(lanes)
+        if blocks is not None:
+            self.one_meta_blocks = check_int("blocks", blocks, lo=0, hi=self.ONE_META_MAX_BLOCKS)
+        if min_threads is not None:
+            self.one_meta_min_threads = check_int("min_threads", min_threads, lo=0, hi=self._threads)
+        if flags is not None:
+            every = self.M1_NO_COPY | self.M1_NO_OUTPUTS | self.M1_NO_PAD | self.M1_EMPTY | self.M1_EARLY | self.M1_LEAN
+            if not isinstance(flags, int) or flags & ~every or flags < 0:
+                raise ValueError(f"one meta flags must be a combination of 1, 2, 4, 8, 16 and 32, got {flags!r}")
+            self._params.one_meta_flags = int(flags)
+            self.one_meta_early = bool(flags & self.M1_EARLY)
+            self.one_meta_lean = bool(flags & self.M1_LEAN)
+        self._memo = None  # compute()'s memo holds the grid
 
     def _one_block_threads(self, bsz: int) -> int:
         """Threads per block of the small-batch launch: a multiple of 32 covering bsz and
@@ -308,6 +422,8 @@ class StepPlanner:
             | (consts["KV_ATTN_PAGE_TABLE"] if "page_table" in groups else 0)
         )
         self._attn_stride = self.max_requests + 1
+        # kvaddr_step1m_*'s metadata blocks split requests and kv_indices rows per cache
+        self._one_meta_rows = G > 0 and (fi or "page_table" in groups)
         # Which metadata blocks run (docs/perf-notes.md): 1 = request-parallel (kv_meta_block2:
         # one register pass over the lengths, a scan of the block's own requests, a group of
         # _meta_lanes lanes copies each request's row), 0 = the first version (kv_meta_block:
@@ -350,6 +466,9 @@ class StepPlanner:
         P.num_meta = self._num_meta  # int32
         P.meta_impl = self._meta_impl | self._meta_ablate  # int32: 1/2 kv_meta_block2, 3 block3, 0 first version
         P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
+        P.one_meta_lanes = self.one_meta_lanes  # int32: lanes per request of kvaddr_step1m_*'s copy
+        # int32: KV_M1_* bits (EARLY, LEAN: the defaults; the ablations: benchmarks only)
+        P.one_meta_flags = (self.M1_EARLY if self.one_meta_early else 0) | (self.M1_LEAN if self.one_meta_lean else 0)
 
     #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
     #: prefetch of the rows, 3 request-parallel in one round, 0 the first version); tests
@@ -697,6 +816,7 @@ class StepPlanner:
             one_block=None
             if self._one_launcher is None
             else (int(self._one_launcher.fn.ptr), self._one_max_bsz, self.capacity, self.one_block_min_threads),
+            one_block_geometry=self._one_geometry if self._one_launcher is not None and self._one_meta else None,
         )
 
     def errors(self, stream: Any = None) -> tuple[int, int]:

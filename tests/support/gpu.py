@@ -127,22 +127,33 @@ def poison(strategy):
 #: The attention metadata implementations (StepPlanner._META_IMPL_DEFAULT): 0 the first
 #: version (kv_meta_block), 1 the request-parallel one (kv_meta_block2, the default).
 META_IMPLS = (0, 1, 3)  # the first version, request-parallel, request-parallel in one round
+#: (implementation, small batches on kvaddr_step1m_*): the META_IMPLS keep every batch on
+#: kvaddr_step_* (StepPlanner.one_block_attention False), "one1" runs batches of at most 256
+#: requests with kvaddr_step1m_* (the planner's default) and larger ones with impl 1.
+META_PARAMS = (*((i, False) for i in META_IMPLS), (1, True))
 
 
 def meta_impl_fixture():
     """A module-scoped autouse fixture that runs every test of the module once per metadata
-    implementation (new planners, strategies' included, get it as their default). Module
+    implementation (new planners, strategies' included, get it as their default), and once
+    with small batches on kvaddr_step1m_* (id "one1"; the fixture's value is then 1). Module
     scope: hypothesis tests accept it (no function-scoped fixture)."""
 
-    @pytest.fixture(scope="module", autouse=True, params=META_IMPLS, ids=[f"meta{i}" for i in META_IMPLS])
+    @pytest.fixture(
+        scope="module",
+        autouse=True,
+        params=META_PARAMS,
+        ids=[f"one{i}" if one else f"meta{i}" for i, one in META_PARAMS],
+    )
     def meta_impl(request):
         from kvaddr.planner import StepPlanner
 
-        saved = StepPlanner._META_IMPL_DEFAULT
-        StepPlanner._META_IMPL_DEFAULT = request.param
+        impl, one = request.param
+        saved = StepPlanner._META_IMPL_DEFAULT, StepPlanner.one_block_attention
+        StepPlanner._META_IMPL_DEFAULT, StepPlanner.one_block_attention = impl, one
         try:
-            yield request.param
+            yield impl
         finally:
-            StepPlanner._META_IMPL_DEFAULT = saved
+            StepPlanner._META_IMPL_DEFAULT, StepPlanner.one_block_attention = saved
 
     return meta_impl

@@ -78,7 +78,7 @@ def test_ablation_kernels_compile_and_mask_0_is_v9(tmp_path):
     functions = set(re.findall(r"Compiling entry function '(\w+)'", log))
     extra = {f"kvaddr_step1_abl_c{g}_m{m}" for g in (1, 2) for m in MASKS}
     extra |= {"kvaddr_abl_floor_out_c1", "kvaddr_abl_floor_out_c2"}
-    v9 = {n for n in kernel_loader.KERNEL_NAMES if n.startswith("kvaddr_step1")}
+    v9 = {n for n in kernel_loader.KERNEL_NAMES if n.startswith(("kvaddr_step1_", "kvaddr_step1old_"))}
     assert len(v9) == 20 and functions == v9 | extra, log
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert len(frames) == len(functions), log

@@ -74,7 +74,7 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     for name, ctype in S._fields_:
         assert getattr(S, name).offset == end, name  # no padding before any field
         end += ctypes.sizeof(ctype)
-    assert ctypes.sizeof(S) == end == 272 and ctypes.alignment(S) == 8
+    assert ctypes.sizeof(S) == end == 280 and ctypes.alignment(S) == 8
 
 
 STRUCTS = [("KvStepParams", kernel_loader.StepParams), ("KvOneBlockParams", kernel_loader.OneBlockParams)]
@@ -231,7 +231,7 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
     def where(name):
         return re.search(rf"__global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(", src).start()
 
-    single_block = {f"kvaddr_step1{old}_c{g}_{pos}" for old in ("", "old") for pos in ("i64", "i32") for g in range(5)}
+    single_block = {f"kvaddr_step1{k}_c{g}_{pos}" for k in ("", "old", "m") for pos in ("i64", "i32") for g in range(5)}
     for name in ("kvaddr_step_i64", "kvaddr_step_i32", *single_block):
         assert lib < where(name) < base
     engine = {f"kvaddr_engine_{k}" for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page", "max")}

@@ -118,6 +118,9 @@ def fake_planner(monkeypatch):
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
     from kvaddr.planner import StepPlanner
 
+    # These tests model kvaddr_step_*'s metadata blocks: keep small batches with attention on
+    # it (kvaddr_step1m_*'s model: tests/unit/test_planner_attention_one.py).
+    monkeypatch.setattr(StepPlanner, "one_block_attention", False)
     return StepPlanner, launches, tile
 
 

@@ -1,0 +1,311 @@
+"""The small-batch step with attention outputs (kvaddr_step1m_c{G}_*, docs/attention.md
+"Small batches") on the GPU, against the NumPy reference: mixed batches (hypothesis: idle
+requests, chunked-prefill continuations, speculative tokens, L = 0, L a multiple of B, 1-4
+caches with different B, non powers of two, bad values, kv_indices capacity overflow), bsz 1,
+255, 256 and 257 (the switch to kvaddr_step_*), every lane count / block count / block width
+the benchmark times, every element rewritten (poisoned buffers, pad values), nothing
+written past N, graph replay with the inputs' contents changed, a BoundStep, the timing
+ablations followed by a clean step, and kernel switches that leave no stale error record.
+
+Skips, with the reason, without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
+from tests.support.gpu import (
+    ATTENTION_BUFFERS,
+    assert_attention_equal,
+    assert_outputs_equal,
+    poison,
+    requires_gpu,
+    to_device,
+)
+
+pytestmark = requires_gpu
+
+GROUP_SUBSETS = [
+    ("flashinfer",),
+    ("varlen",),
+    ("page_table",),
+    ("flashinfer", "varlen"),
+    ("flashinfer", "page_table"),
+    ("varlen", "page_table"),
+    ALL_GROUPS,
+]
+
+
+# one_meta_flags code paths (exact outputs): 0 the first version (row loads after the group's
+# lengths), 16 EARLY (row loads with the lengths), 32 LEAN (shorter post-barrier code), 48 both
+# (the planner's default)
+CODE_PATHS = [0, 16, 32, 48]
+
+
+def _reference(case, groups=ALL_GROUPS):
+    from kvaddr.reference import step_addressing
+
+    return step_addressing(
+        case["seq_lens_decoder"],
+        case["seq_lens_this_time"],
+        case["block_tables"],
+        case["block_sizes"],
+        case["capacity"],
+        attention=groups,
+        kv_indices_capacity=case["kv_indices_capacity"],
+    )
+
+
+def _planner(case, groups=ALL_GROUPS, max_requests=None, **one_meta):
+    from kvaddr import StepPlanner
+
+    p = StepPlanner(
+        max_requests=max_requests or max(len(case["seq_lens_decoder"]), 1),
+        capacity=case["capacity"],
+        block_sizes=case["block_sizes"],
+        attention=groups,
+        kv_indices_capacity=case["kv_indices_capacity"],
+    )
+    if one_meta:
+        p._set_one_meta(**one_meta)
+    return p
+
+
+def _step_and_check(p, case, groups, label, *, kernel="kvaddr_step1m_"):
+    import cupy
+
+    bsz = len(case["seq_lens_decoder"])
+    assert p.kernel_for(bsz)[0].startswith(kernel), (label, p.kernel_for(bsz))
+    dev = to_device(case)
+    out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+    cupy.cuda.get_current_stream().synchronize()
+    ref = _reference(case, groups)
+    assert_attention_equal(out.attention, ref.outputs.attention, label)
+    assert_outputs_equal(out, ref.outputs, f"{label}: addressing")
+    assert p.errors() == (ref.error_mask, ref.error_key), f"{label}: error record"
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    mixed_cases(max_bsz=40),
+    st.sampled_from(GROUP_SUBSETS),
+    st.sampled_from([4, 8, 16, 32]),
+    st.sampled_from(CODE_PATHS),
+)
+def test_mixed_batches_match_the_reference(case, groups, lanes, code):
+    p = _planner(case, groups, lanes=lanes, flags=code)
+    _step_and_check(p, case, groups, f"{groups}, lanes {lanes}, flags {code}")
+
+
+@pytest.mark.parametrize("code", [0, 48])
+@pytest.mark.parametrize("bsz", [1, 255, 256, 257])
+def test_batch_sizes_around_the_switch(bsz, code):
+    """1-4 caches with different B (non powers of two), unallocated pages, narrow rows,
+    negative lengths, capacity overflow; 257 requests run kvaddr_step_*."""
+    rng = np.random.default_rng(bsz)
+    kernel = "kvaddr_step1m_" if bsz <= 256 else "kvaddr_step_"
+    cases = [
+        make_case(rng, bsz=bsz, block_sizes=[16], spare_capacity=3),
+        make_case(rng, bsz=bsz, block_sizes=[1, 4], max_ctx=700, spare_capacity=0),
+        make_case(rng, bsz=bsz, block_sizes=[16, 5, 3], bad="unallocated", spare_capacity=2),
+        make_case(rng, bsz=bsz, block_sizes=[2, 64, 7, 1], bad="narrow-row", spare_capacity=1),
+        make_case(rng, bsz=bsz, block_sizes=[64, 3], bad="negative-length", spare_capacity=None),
+    ]
+    cases.append(dict(cases[1], kv_indices_capacity=max(1, cases[1]["kv_indices_capacity"] * 2 // 3)))
+    for i, case in enumerate(cases):
+        p = _planner(case, flags=code)
+        _step_and_check(p, case, ALL_GROUPS, f"bsz {bsz}, case {i}, flags {code}", kernel=kernel)
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
+def test_every_benchmarked_geometry(lanes):
+    """Lanes, metadata blocks per cache (automatic, 1, 5, 32) and block widths (v9's, 256): long
+    rows (B = 1: more columns than those loaded before the barrier, several requests per group)."""
+    rng = np.random.default_rng(100 + lanes)
+    cases = [
+        make_case(rng, bsz=64, block_sizes=[1, 3], max_ctx=900, spare_capacity=2),
+        make_case(rng, bsz=200, block_sizes=[16], max_ctx=3000, bad="unallocated", spare_capacity=2),
+    ]
+    for i, case in enumerate(cases):
+        for blocks in (0, 1, 5, 32):
+            for threads in (0, 256):
+                for code in CODE_PATHS if blocks == 0 else (0, 48):
+                    p = _planner(case, lanes=lanes, blocks=blocks, min_threads=threads, flags=code)
+                    label = f"case {i}, lanes {lanes}, blocks {blocks}, threads {threads}, flags {code}"
+                    _step_and_check(p, case, ALL_GROUPS, label)
+
+
+def test_poisoned_buffers_are_rewritten_and_nothing_past_n():
+    """Every element of every attention buffer (the pad -1 included) is written on every call;
+    kv_indices row g + 1 (and guard words in a wider buffer) are never written past N."""
+    import cupy
+
+    rng = np.random.default_rng(5)
+    for bsz, sizes, spare in ((1, [4], 9), (64, [64, 64], 40000), (256, [16, 5, 1], 3), (33, [2], None)):
+        case = make_case(rng, bsz=bsz, block_sizes=sizes, spare_capacity=spare)
+        p = _planner(case)
+        for name in ATTENTION_BUFFERS:
+            assert getattr(p, name) is not None, name
+        poison(p)
+        out = _step_and_check(p, case, ALL_GROUPS, f"poisoned, bsz {bsz}")
+        idx = cupy.asnumpy(out.attention.kv_indices)
+        indptr = cupy.asnumpy(out.attention.kv_indptr)
+        N = case["kv_indices_capacity"]
+        for g in range(len(sizes)):
+            tail = idx[g, min(int(indptr[g, -1]), N) :]
+            assert (tail == -1).all(), f"bsz {bsz}: cache {g}'s pad"
+    # guard words: one cache whose kv_indices the kernel writes into a wider buffer (entries
+    # past N must keep their guard value), over capacity and not
+    for spare in (None, 0, 5):
+        case = make_case(rng, bsz=100, block_sizes=[4], spare_capacity=spare)
+        p = _planner(case)
+        N = case["kv_indices_capacity"]
+        wide = cupy.full(N + 64, 0x7A7A7A7A, np.int32)
+        p._params.kv_indices = wide.data.ptr  # [N + 64]: the kernel may write [0, N) only
+        dev = to_device(case)
+        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        cupy.cuda.get_current_stream().synchronize()
+        assert (cupy.asnumpy(wide[N:]) == 0x7A7A7A7A).all(), f"a write past N (spare {spare})"
+        ref = _reference(case)
+        np.testing.assert_array_equal(cupy.asnumpy(wide[:N]), ref.outputs.attention.kv_indices[0])
+        assert p.errors() == (ref.error_mask, ref.error_key), f"guard words, spare {spare}"
+
+
+def test_graph_replay_follows_changing_inputs():
+    """A CUDA graph of one compute(), replayed after the inputs' contents change (a bad step
+    among clean ones): every output and the error record follow."""
+    import cupy
+
+    rng = np.random.default_rng(21)
+    bsz, sizes = 64, [16, 3]
+    cases = [make_case(rng, bsz=bsz, block_sizes=sizes, max_ctx=1000, spare_capacity=2) for _ in range(2)]
+    cases.insert(1, make_case(rng, bsz=bsz, block_sizes=sizes, max_ctx=1000, bad="unallocated", spare_capacity=2))
+    width = max(t.shape[1] for c in cases for t in c["block_tables"])
+    cap = max(c["capacity"] for c in cases)
+    N = max(c["kv_indices_capacity"] for c in cases)
+    p = _planner(dict(cases[0], capacity=cap, kv_indices_capacity=N))
+    assert p.kernel_for(bsz)[0] == "kvaddr_step1m_c2_i64"
+    d = cupy.zeros(bsz, np.int32)
+    q = cupy.zeros(bsz, np.int32)
+    tables = [cupy.full((bsz, width), -1, np.int32) for _ in sizes]
+    cupy.cuda.runtime.deviceSynchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        p.compute(d, q, tables, stream=stream)
+        stream.synchronize()
+        stream.begin_capture()
+        p.compute(d, q, tables, stream=stream)
+        graph = stream.end_capture()
+    for i, c in enumerate(cases):
+        host_tables = []
+        for t in c["block_tables"]:
+            full = np.full((bsz, width), -1, np.int32)
+            full[:, : t.shape[1]] = t[:bsz]
+            host_tables.append(full)
+        c = dict(c, capacity=cap, kv_indices_capacity=N, block_tables=host_tables)
+        ref = _reference(c)
+        with stream:
+            d.set(c["seq_lens_decoder"], stream=stream)
+            q.set(c["seq_lens_this_time"], stream=stream)
+            for g, t in enumerate(host_tables):
+                tables[g].set(t, stream=stream)
+            graph.launch(stream)
+        stream.synchronize()
+        out = p._outputs(bsz)
+        assert_attention_equal(out.attention, ref.outputs.attention, f"replay {i}")
+        assert_outputs_equal(out, ref.outputs, f"replay {i}: addressing")
+        assert p.errors() == (ref.error_mask, ref.error_key), f"replay {i}: error record"
+
+
+def test_bound_step_runs_the_same_kernels():
+    import cupy
+
+    rng = np.random.default_rng(31)
+    big = make_case(rng, bsz=300, block_sizes=[16, 4], spare_capacity=3)
+    p = _planner(big)
+    dev = to_device(big)
+    bound = p.bind(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+    for bsz in (1, 64, 256, 257, 300):
+        assert bound._plan(bsz)[1:] == p.kernel_for(bsz)[1:], bsz
+        out = bound.launch(bsz)
+        cupy.cuda.get_current_stream().synchronize()
+        case = dict(
+            big,
+            seq_lens_decoder=big["seq_lens_decoder"][:bsz],
+            seq_lens_this_time=big["seq_lens_this_time"][:bsz],
+            block_tables=[t[:bsz] for t in big["block_tables"]],
+        )
+        ref = _reference(case)
+        assert_attention_equal(out.attention, ref.outputs.attention, f"bound, bsz {bsz}")
+        assert_outputs_equal(out, ref.outputs, f"bound, bsz {bsz}: addressing")
+        assert p.errors() == (ref.error_mask, ref.error_key), f"bound, bsz {bsz}"
+
+
+def test_ablations_run_then_a_clean_step_is_exact():
+    """The timing ablations (outputs wrong by design) run without fault; flags = 0 again
+    gives the reference's outputs and a clean error record."""
+    import cupy
+
+    from kvaddr import StepPlanner
+
+    case = make_case(np.random.default_rng(41), bsz=64, block_sizes=[64, 16], max_ctx=3000, spare_capacity=2)
+    p = _planner(case)
+    dev = to_device(case)
+    for code in (0, 48):
+        for flags in (
+            StepPlanner.M1_NO_COPY,
+            StepPlanner.M1_NO_OUTPUTS,
+            StepPlanner.M1_NO_PAD,
+            7,
+            StepPlanner.M1_EMPTY,
+        ):
+            p._set_one_meta(flags=flags | code)
+            p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+            cupy.cuda.get_current_stream().synchronize()
+        p._set_one_meta(flags=code)
+        _step_and_check(p, case, ALL_GROUPS, f"after the ablations, flags {code}")
+
+
+def test_switching_kernels_leaves_no_stale_error_record():
+    """One attention planner: erroneous steps in one kernel (kvaddr_step1m_* with several
+    geometries, kvaddr_step_* with metadata blocks, bsz 257), then clean ones in another: the
+    clean step's record is clean whichever kernel wrote the previous one."""
+    rng = np.random.default_rng(51)
+    sizes = [16, 5]
+    bad = make_case(rng, bsz=200, block_sizes=sizes, bad="unallocated", spare_capacity=None)
+    bad["seq_lens_decoder"][199] = -1  # the last request (the last warp) too
+    good = make_case(rng, bsz=200, block_sizes=sizes, spare_capacity=2)
+    big_bad = make_case(rng, bsz=257, block_sizes=sizes, bad="narrow-row", spare_capacity=2)
+    big = make_case(rng, bsz=257, block_sizes=sizes, spare_capacity=2)
+    cap = max(c["capacity"] for c in (bad, good, big_bad, big))
+    N = max(c["kv_indices_capacity"] for c in (bad, good, big_bad, big))
+    cases = {
+        k: dict(c, capacity=cap, kv_indices_capacity=N)
+        for k, c in dict(bad=bad, good=good, big_bad=big_bad, big=big).items()
+    }
+    p = _planner(cases["good"], max_requests=257)
+    geometries = [dict(lanes=32, blocks=0, min_threads=0, flags=48), dict(lanes=4, blocks=32, min_threads=256, flags=0)]
+    sequence = [
+        ("v9", geometries[0], "bad"),
+        ("v8", None, "good"),
+        ("v8", None, "bad"),
+        ("v9", geometries[1], "good"),
+        ("v9", geometries[1], "bad"),
+        ("v9", geometries[0], "good"),
+        ("v9", geometries[0], "big_bad"),
+        ("v9", geometries[0], "good"),
+        ("v9", geometries[1], "bad"),
+        ("v9", geometries[1], "big"),
+    ]
+    for kernel, geometry, name in sequence:
+        p.use_kernel(kernel)
+        if geometry:
+            p._set_one_meta(**geometry)
+        case = cases[name]
+        want = "kvaddr_step1m_" if kernel == "v9" and len(case["seq_lens_decoder"]) <= 256 else "kvaddr_step_"
+        _step_and_check(p, case, ALL_GROUPS, f"{kernel} {geometry} {name}", kernel=want)
