@@ -16,10 +16,12 @@ from operator import is_
 import numpy as np
 
 from kvaddr import kernel_loader
+from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.vllm_config import (
     INT32,
     INT64,
     VLLM_MAX_GROUPS,
+    VllmAttentionOutputs,
     VllmStepConfig,
     VllmStepOutputs,
     check_matrix,
@@ -41,6 +43,12 @@ THREADS_3 = 128
 KERNELS = {"v1": "kvaddr_vllm_step", "v2": "kvaddr_vllm_step_v2"}
 #: Lanes per (group, row) pair of kvaddr_vllm_step_v2's gather.
 PAIR_LANES = (8, 16, 32)
+#: The v2 kernel with the attention metadata blocks (``attention=``).
+ATTENTION_KERNEL = "kvaddr_vllm_step_v2a"
+#: Lanes per request of the metadata blocks' row copy (``meta_lanes``).
+META_LANES = (4, 8, 16, 32)
+#: VLLM_ATTN_* bits of kernels.cu.
+ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -102,6 +110,18 @@ class VllmStepParams(ctypes.Structure):
         ("token_blocks", _I32),
         ("request_blocks", _I32),
         ("pair_lanes", _I32),
+        # attention metadata (kvaddr_vllm_step_v2a; appended)
+        ("qo_indptr", _P),
+        ("kv_indptr", _P),
+        ("kv_indices", _P),
+        ("kv_last_page_len", _P),
+        ("cu_seqlens_k", _P),
+        ("max_seqlen", _P),
+        ("attention", _I32),
+        ("kv_indices_capacity", _I32),
+        ("meta_blocks", _I32),
+        ("meta_entries", _I32),
+        ("meta_lanes", _I32),
     ]
 
 
@@ -158,6 +178,19 @@ class VllmStepPlanner:
     pair_lanes : {8, 16, 32}, optional
         v2 only: lanes per (group, row) pair of the gather (default: by batch size,
         :meth:`auto_pair_lanes`). Settable later through the ``pair_lanes`` attribute.
+    attention : str or sequence of str, optional
+        Attention metadata written by the same launch (docs/vllm.md, "Attention metadata"):
+        groups among ``"flashinfer"`` (``qo_indptr``, per group ``kv_indptr``, ``kv_indices``,
+        ``kv_last_page_len``), ``"varlen"`` (``qo_indptr``, per group ``cu_seqlens_k``,
+        ``seqused_k``, ``max_seqlen_k``, and ``max_seqlen_q``) and ``"page_table"`` (the
+        gathered tables themselves); a comma-separated str or a sequence. v2 only (the kernel
+        ``kvaddr_vllm_step_v2a``). The buffers are the planner's (``outputs.attention``,
+        :class:`~kvaddr.engines.vllm_config.VllmAttentionOutputs`).
+    kv_indices_capacity : int, optional
+        N, the entries of each group's ``kv_indices`` (``[G, N]``); required with
+        ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
+    meta_lanes : {4, 8, 16, 32}, default 8
+        Lanes per request of the metadata row copy (settable later, ``meta_lanes``).
 
     Examples
     --------
@@ -188,12 +221,22 @@ class VllmStepPlanner:
         device: int | None = None,
         kernel: str = "v2",
         pair_lanes: int | None = None,
+        attention=None,
+        kv_indices_capacity: int | None = None,
+        meta_lanes: int = 8,
     ):
         import cupy
 
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
         self._kernel = kernel
+        # Attention metadata (docs/vllm.md, "Attention metadata"): the groups asked for, the
+        # kernel's VLLM_ATTN_* bits (0: plain v2, no metadata blocks) and N.
+        self.attention = normalize_attention(attention)
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        self._attn_bits = sum(ATTN_BITS.get(a, 0) for a in self.attention)
+        if self._attn_bits and (kernel != "v2" or type(self)._load_functions is not VllmStepPlanner._load_functions):
+            raise ValueError(f"attention needs kernel='v2' (kvaddr_vllm_step_v2a), got kernel={kernel!r}")
         # compute()'s memo of the last checked call (see _remember) and of the last stream
         # object's handle; CuPy's current-stream getter looked up once.
         self._memo: tuple | None = None
@@ -203,7 +246,7 @@ class VllmStepPlanner:
         self._current_stream = cupy.cuda.get_current_stream
         self.pair_lanes = pair_lanes  # checked by the property's setter
         if type(self)._load_functions is VllmStepPlanner._load_functions:
-            self.kernel_name = KERNELS[kernel]
+            self.kernel_name = ATTENTION_KERNEL if self._attn_bits else KERNELS[kernel]
 
         self.config = cfg = VllmStepConfig(
             max_num_reqs,
@@ -237,7 +280,10 @@ class VllmStepPlanner:
             # v2: one record (mask, first-bad key) per warp of the token and request blocks,
             # each rewritten by every launch.
             token_blocks, request_blocks = -(-T // THREADS), -(-M // THREADS)
-            rec = np.zeros(((token_blocks + request_blocks) * WARPS, 2), dtype=np.uint64)
+            # attention: num_groups * meta_blocks more blocks, each owning THREADS batch rows of [0, M]
+            self._meta_blocks = -(-(M + 1) // THREADS) if self._attn_bits else 0
+            self._make_attention_buffers()
+            rec = np.zeros(((token_blocks + request_blocks + G * self._meta_blocks) * WARPS, 2), dtype=np.uint64)
             rec[:, 1] = VLLM_NO_ERROR_KEY
             self._records = cupy.asarray(rec)
             # Initialised on CuPy's current stream; compute() may run on any other.
@@ -271,6 +317,8 @@ class VllmStepPlanner:
         p.cp_size, p.cp_rank, p.cp_interleave = cfg.cp_size, cfg.cp_rank, cfg.cp_interleave
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
+        self._set_attention_params()
+        self.meta_lanes = meta_lanes
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.
@@ -290,8 +338,65 @@ class VllmStepPlanner:
         return self.kernel == "v2" and type(self)._load_functions is VllmStepPlanner._load_functions
 
     def _load_functions(self) -> dict:
-        fn = kernel_loader.get_function(KERNELS[self.kernel], self.device)
+        fn = kernel_loader.get_function(ATTENTION_KERNEL if self._attn_bits else KERNELS[self.kernel], self.device)
         return {"step": StructLaunch(fn, self._params)}
+
+    def _make_attention_buffers(self) -> None:
+        """The attention metadata's buffers (planner-owned, persistent; docs/vllm.md)."""
+        import cupy
+
+        cfg, groups = self.config, self.attention
+        M, G = cfg.max_num_reqs, cfg.num_groups
+        self.attention_outputs = None
+        if not groups:
+            return
+        a = VllmAttentionOutputs()
+        if "page_table" in groups:
+            a.page_table = self.outputs.input_block_tables  # the gathered tables, no copy
+        if self._attn_bits:
+            # Zero-filled: qo_indptr, kv_indptr and cu_seqlens_k start as an empty batch.
+            a.qo_indptr = cupy.zeros(M + 1, dtype=np.int32)
+        if "flashinfer" in groups:
+            a.kv_indptr = cupy.zeros((G, M + 1), dtype=np.int32)
+            a.kv_indices = cupy.full((G, self.kv_indices_capacity), -1, dtype=np.int32)
+            a.kv_last_page_len = cupy.zeros((G, M), dtype=np.int32)
+        if "varlen" in groups:
+            a.cu_seqlens_k = cupy.zeros((G, M + 1), dtype=np.int32)
+            self._max_seqlen = cupy.zeros(1 + G, dtype=np.int32)
+            a.max_seqlen_q = self._max_seqlen[0]
+            a.max_seqlen_k = self._max_seqlen[1:]
+            o = self.outputs
+            a.seqused_k = tuple(o.dcp_local_seq_lens if cfg.sharded(g) else o.seq_lens for g in range(G))
+        self.attention_outputs = self.outputs.attention = a
+
+    def _set_attention_params(self) -> None:
+        p, a = self._params, self.attention_outputs
+        p.attention = self._attn_bits
+        p.meta_blocks = self._meta_blocks
+        if not self._attn_bits:
+            return
+        p.qo_indptr = a.qo_indptr.data.ptr
+        if a.kv_indptr is not None:
+            N = self.kv_indices_capacity
+            p.kv_indptr = a.kv_indptr.data.ptr
+            p.kv_indices = a.kv_indices.data.ptr
+            p.kv_last_page_len = a.kv_last_page_len.data.ptr
+            p.kv_indices_capacity = N
+            p.meta_entries = -(-N // self._meta_blocks)
+        if a.cu_seqlens_k is not None:
+            p.cu_seqlens_k = a.cu_seqlens_k.data.ptr
+            p.max_seqlen = self._max_seqlen.data.ptr
+
+    @property
+    def meta_lanes(self) -> int:
+        """Lanes per request of the attention metadata's row copy (4, 8, 16 or 32; default 8)."""
+        return self._params.meta_lanes
+
+    @meta_lanes.setter
+    def meta_lanes(self, lanes: int) -> None:
+        if lanes not in META_LANES:
+            raise ValueError(f"meta_lanes must be one of {META_LANES}, got {lanes!r}")
+        self._params.meta_lanes = lanes  # read by the kernel from the parameter block (no memo change)
 
     @staticmethod
     def _out_fields(out) -> dict:
@@ -301,7 +406,7 @@ class VllmStepPlanner:
             out = out.as_dict()
         if not isinstance(out, dict):
             raise TypeError(f"out must be a VllmStepOutputs or a dict of output arrays, got {type(out).__name__}")
-        unknown = set(out) - set(VllmStepOutputs.__dataclass_fields__)
+        unknown = set(out) - (set(VllmStepOutputs.__dataclass_fields__) - {"attention"})
         if unknown:
             raise ValueError(f"out has unknown fields {sorted(unknown)}")
         return {k: v for k, v in out.items() if v is not None}
@@ -522,7 +627,7 @@ class VllmStepPlanner:
             if p.pair_lanes != lanes:
                 p.pair_lanes = lanes
                 self._memo = None  # the memo's grid was for the lanes in the struct
-            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS)
+            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks
         rows = max(num_reqs_padded, 1)
         return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS))
 
