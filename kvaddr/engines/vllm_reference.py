@@ -435,7 +435,7 @@ def vllm_attention_metadata(
             first = np.clip(np.maximum(nct - R, 0) // B, 0, W)
         e_w = pages > W
         e_nb = ~e_w & (pages > nb)
-        e_cap = (start <= N) & (N < start + pages)
+        e_cap = (start <= N) & (start + pages > N)
         e_neg = np.zeros(n, dtype=bool)
         for b in np.flatnonzero(pages > 0):
             hi = min(int(pages[b]), W, int(nb[b]), max(N - int(start[b]), 0))  # entries read and written
