@@ -2396,9 +2396,10 @@ struct VllmStepParams {
     int* max_seqlen;                   // [1 + num_groups], int32: max_seqlen_q, then max_seqlen_k of each group
     int attention;                     // VLLM_ATTN_* bits asked for (kvaddr_vllm_step_v2a)
     int kv_indices_capacity;           // N, entries of each group's kv_indices (1 when flashinfer is off)
-    int meta_blocks;                   // metadata blocks per group; block k owns batch rows [k*VLLM_THREADS, +VLLM_THREADS)
+    int meta_blocks;                   // metadata blocks per group: ceil((max_num_reqs + 1) / meta_rows)
     int meta_entries;                  // kv_indices entries each metadata block pads: ceil(N / meta_blocks)
     int meta_lanes;                    // lanes per request of the metadata row copy (4, 8, 16 or 32)
+    int meta_rows;                     // batch rows per metadata block: block k owns [k * meta_rows, +meta_rows)
 };
 
 // a[g] for a runtime g, with compile-time indices only.
@@ -3071,8 +3072,9 @@ __device__ __forceinline__ void vllm2_gather_row(const VllmStepParams& p, bool a
 // batch's L_bg = seq_lens[b] (dcp_local_seq_lens[b] for a DCP-sharded group), and once
 // for the step qo_indptr (query_start_loc padded) and max_seqlen_q. Contract: docs/vllm.md
 // ("Attention metadata") and vllm_attention_reference in kvaddr/engines/vllm_reference.py.
-// num_groups * meta_blocks blocks; block (g, k) owns batch rows [k * VLLM_THREADS, +VLLM_THREADS)
-// of [0, max_num_reqs] and the kv_indices entries [k * meta_entries, +meta_entries) of the pad.
+// num_groups * meta_blocks blocks; block (g, k) owns batch rows [k * meta_rows, +meta_rows) of
+// [0, max_num_reqs] (meta_rows 32 to VLLM_THREADS: fewer rows a block, more blocks copying rows
+// at once) and the kv_indices entries [k * meta_entries, +meta_entries) of the pad.
 // Like kv_meta_block2 (the core step's), a block waits for no other: it recomputes every
 // request's length from the inputs (idx_mapping -> row -> num_computed_tokens + query
 // length, as vllm2_request_row does), in
@@ -3151,7 +3153,8 @@ __device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, 
     const bool varlen = (p.attention & VLLM_ATTN_VARLEN) != 0;
     const int B = vllm_pick(p.block_size, g), W = vllm_pick(p.width, g);
     const bool sharded = (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED) != 0;
-    const int r0 = k * VLLM_THREADS;  // this block's rows [r0, r0 + VLLM_THREADS) of [0, M]
+    const int rows_k = p.meta_rows;
+    const int r0 = k * rows_k;  // this block's rows [r0, r0 + rows_k) of [0, M], thread tid < rows_k: row r0 + tid
     // 1. one pass over all num_reqs lengths: sums before r0, totals, maxima
     int bp = 0, bl = 0, tp = 0, tl = 0, mq = 0, ml = 0;
 #pragma unroll 1
@@ -3203,17 +3206,18 @@ __device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, 
     }
     // 2. this block's rows: their own loads, issued before the barrier
     const int b = r0 + tid;
+    const bool mine = tid < rows_k;
     VllmReqLoads x;
     x.q0 = x.q1 = 0;
     x.r = -1;
-    if (b < n) vllm_attn_load(p, b, x);
-    const bool has_row = b < n && vllm_attn_has_row(x, M);
+    if (mine && b < n) vllm_attn_load(p, b, x);
+    const bool has_row = mine && b < n && vllm_attn_has_row(x, M);
     int nct = 0, nb = 0;
     if (has_row) {
         nct = p.num_computed_tokens[x.r];
         nb = vllm_pick(p.num_blocks, g)[x.r];
     }
-    const int qn = (b >= n && b <= M) ? p.query_start_loc[n] : 0;
+    const int qn = (mine && b >= n && b <= M) ? p.query_start_loc[n] : 0;
     __syncthreads();
     if (tid == 0) {
         int cp = 0, cl = 0, Tp = 0, Tl = 0, Mq = 0, Ml = 0;
@@ -3265,14 +3269,14 @@ __device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, 
     xl = vllm_sat_add(wl, xl);
     const int total_p = sm.total[0], total_l = sm.total[1];
     const long long goff = (long long)g * (M + 1);
-    if (b < n) {
+    if (mine && b < n) {
         if (fi) {
             p.kv_indptr[goff + b] = xp;
             p.kv_last_page_len[(long long)g * M + b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
         }
         if (varlen) p.cu_seqlens_k[goff + b] = xl;
         if (g == 0) p.qo_indptr[b] = x.q0;
-    } else if (b <= M) {  // padding: empty requests after the batch
+    } else if (mine && b <= M) {  // padding: empty requests after the batch
         if (fi) {
             p.kv_indptr[goff + b] = total_p;
             if (b < M) p.kv_last_page_len[(long long)g * M + b] = 0;
@@ -3304,7 +3308,7 @@ __device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, 
         sm.row[tid] = (int)(has_row ? x.r : 0);
         __syncthreads();
         const int lanes = p.meta_lanes, grp = tid / lanes, sub = tid - grp * lanes, groups = VLLM_THREADS / lanes;
-        const int cnt = min(VLLM_THREADS, max(n - r0, 0));
+        const int cnt = min(rows_k, max(n - r0, 0));
         int* __restrict__ out = p.kv_indices + (long long)g * N;
         const int* __restrict__ table = vllm_pick(p.block_table, g);
         const long long stride = vllm_pick(p.table_stride, g);

@@ -47,6 +47,8 @@ PAIR_LANES = (8, 16, 32)
 ATTENTION_KERNEL = "kvaddr_vllm_step_v2a"
 #: Lanes per request of the metadata blocks' row copy (``meta_lanes``).
 META_LANES = (4, 8, 16, 32)
+#: Batch rows per metadata block (``meta_rows``).
+META_ROWS = (32, 64, 128, 256)
 #: VLLM_ATTN_* bits of kernels.cu.
 ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 
@@ -122,6 +124,7 @@ class VllmStepParams(ctypes.Structure):
         ("meta_blocks", _I32),
         ("meta_entries", _I32),
         ("meta_lanes", _I32),
+        ("meta_rows", _I32),
     ]
 
 
@@ -191,6 +194,8 @@ class VllmStepPlanner:
         ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
     meta_lanes : {4, 8, 16, 32}, default 8
         Lanes per request of the metadata row copy (settable later, ``meta_lanes``).
+    meta_rows : {32, 64, 128, 256}, default 64
+        Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per group).
 
     Examples
     --------
@@ -224,6 +229,7 @@ class VllmStepPlanner:
         attention=None,
         kv_indices_capacity: int | None = None,
         meta_lanes: int = 8,
+        meta_rows: int = 64,
     ):
         import cupy
 
@@ -237,6 +243,9 @@ class VllmStepPlanner:
         self._attn_bits = sum(ATTN_BITS.get(a, 0) for a in self.attention)
         if self._attn_bits and (kernel != "v2" or type(self)._load_functions is not VllmStepPlanner._load_functions):
             raise ValueError(f"attention needs kernel='v2' (kvaddr_vllm_step_v2a), got kernel={kernel!r}")
+        if meta_rows not in META_ROWS:
+            raise ValueError(f"meta_rows must be one of {META_ROWS}, got {meta_rows!r}")
+        self._meta_rows = meta_rows
         # compute()'s memo of the last checked call (see _remember) and of the last stream
         # object's handle; CuPy's current-stream getter looked up once.
         self._memo: tuple | None = None
@@ -280,8 +289,8 @@ class VllmStepPlanner:
             # v2: one record (mask, first-bad key) per warp of the token and request blocks,
             # each rewritten by every launch.
             token_blocks, request_blocks = -(-T // THREADS), -(-M // THREADS)
-            # attention: num_groups * meta_blocks more blocks, each owning THREADS batch rows of [0, M]
-            self._meta_blocks = -(-(M + 1) // THREADS) if self._attn_bits else 0
+            # attention: num_groups * meta_blocks more blocks, each owning meta_rows batch rows of [0, M]
+            self._meta_blocks = -(-(M + 1) // meta_rows) if self._attn_bits else 0
             self._make_attention_buffers()
             rec = np.zeros(((token_blocks + request_blocks + G * self._meta_blocks) * WARPS, 2), dtype=np.uint64)
             rec[:, 1] = VLLM_NO_ERROR_KEY
@@ -373,6 +382,7 @@ class VllmStepPlanner:
         p, a = self._params, self.attention_outputs
         p.attention = self._attn_bits
         p.meta_blocks = self._meta_blocks
+        p.meta_rows = self._meta_rows
         if not self._attn_bits:
             return
         p.qo_indptr = a.qo_indptr.data.ptr

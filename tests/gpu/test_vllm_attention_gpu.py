@@ -131,10 +131,11 @@ def test_random_batches(block_sizes, M, n, max_query):
 
 
 @pytest.mark.parametrize("lanes", [4, 8, 16, 32])
-def test_meta_lanes(lanes):
-    rng = np.random.default_rng(lanes)
+@pytest.mark.parametrize("rows", [32, 64, 128, 256])
+def test_meta_lanes_and_rows(lanes, rows):
+    rng = np.random.default_rng(lanes + rows)
     cfg, x = random_case(rng, max_num_reqs=700, num_reqs=650, block_sizes=(16, 3), max_query=8, max_context=2000)
-    run_and_compare(make(cfg, N=1 << 20, meta_lanes=lanes), cfg, x, N=1 << 20)
+    run_and_compare(make(cfg, N=1 << 20, meta_lanes=lanes, meta_rows=rows), cfg, x, N=1 << 20)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

@@ -47,11 +47,11 @@ def test_struct_grid_records_and_buffers(fake):
     L = fake.launches[-1]
     p = L["params"]
     assert L["name"] == "kvaddr_vllm_step_v2a"
-    # meta blocks: ceil((300 + 1) / 256) = 2 per group, 4 in all, after v2's blocks
+    # meta blocks: ceil((300 + 1) / 64 rows) = 5 per group, 10 in all, after v2's blocks
     # (1 token block, 2 request blocks, ceil(2 groups * 2 rows * 32 lanes / 256) = 1 gather block)
-    assert p["meta_blocks"] == 2 and L["grid"] == (1 + 2 + 1 + 4, 1, 1)
-    assert pl.grid(3, 2) == 8
-    assert p["attention"] == 3 and p["kv_indices_capacity"] == 1000 and p["meta_entries"] == 500
+    assert p["meta_blocks"] == 5 and p["meta_rows"] == 64 and L["grid"] == (1 + 2 + 1 + 10, 1, 1)
+    assert pl.grid(3, 2) == 14
+    assert p["attention"] == 3 and p["kv_indices_capacity"] == 1000 and p["meta_entries"] == 200
     assert p["meta_lanes"] == 8
     a = out.attention
     assert a is pl.attention_outputs
@@ -66,7 +66,7 @@ def test_struct_grid_records_and_buffers(fake):
     # group 0 is sharded (its L is the local length), group 1 is not
     assert a.seqused_k[0] is out.dcp_local_seq_lens and a.seqused_k[1] is out.seq_lens
     # one error record per warp of the token, request and metadata blocks
-    assert pl._records.shape == ((1 + 2 + 4) * 8, 2)
+    assert pl._records.shape == ((1 + 2 + 10) * 8, 2)
     # the memoised path launches the same kernel with the same grid
     pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
     assert pl._memo is not None and fake.launches[-1]["grid"] == L["grid"]
@@ -115,6 +115,7 @@ def test_varlen_only_and_page_table(fake):
         (dict(attention=5), TypeError, "attention must be None"),
         (dict(attention="varlen", kernel="v1"), ValueError, "attention needs kernel='v2'"),
         (dict(attention="varlen", meta_lanes=12), ValueError, r"meta_lanes must be one of \(4, 8, 16, 32\)"),
+        (dict(attention="varlen", meta_rows=100), ValueError, r"meta_rows must be one of \(32, 64, 128, 256\)"),
     ],
 )
 def test_option_checks(fake, kw, exc, match):
@@ -138,3 +139,14 @@ def test_reference_records_fit_the_key():
     assert E.decode_vllm_error_key(k) == (7, 3, 2, 512)
     assert "group 2" in str(E.VllmAddressingError(512, k))
     np.testing.assert_equal(E.VERR_KV_INDICES_CAPACITY & E.GROUP_BITS, 512)
+
+
+def test_meta_rows_256(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    d = _worked(G=1, rows=300)
+    pl = VllmStepPlanner(300, 6, [4], [4], attention="flashinfer", kv_indices_capacity=10, meta_rows=256)
+    pl.compute(*(d[k] for k in NAMES))
+    p = fake.launches[-1]["params"]
+    assert p["meta_blocks"] == 2 and p["meta_rows"] == 256 and p["meta_entries"] == 5
+    assert fake.launches[-1]["grid"] == (1 + 2 + 1 + 2, 1, 1)
