@@ -94,7 +94,9 @@ def main(argv=None):
         action="store_true",
         help="only the attention rows: v2 with attention metadata (flashinfer + varlen) on vs off (target <= 1.5x)",
     )
-    ap.add_argument("--meta", default="8x64,8x256", help="--attention: metadata lanes x rows per block to time (list)")
+    ap.add_argument(
+        "--meta", default="8x64,32x16,8x256", help="--attention: metadata lanes x rows per block to time (list)"
+    )
     a = ap.parse_args(argv)
     lanes = [int(v) for v in a.lanes.split(",") if v.strip()]
     stream = cupy.cuda.Stream(non_blocking=True)

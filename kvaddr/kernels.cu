@@ -3073,7 +3073,7 @@ __device__ __forceinline__ void vllm2_gather_row(const VllmStepParams& p, bool a
 // for the step qo_indptr (query_start_loc padded) and max_seqlen_q. Contract: docs/vllm.md
 // ("Attention metadata") and vllm_attention_reference in kvaddr/engines/vllm_reference.py.
 // num_groups * meta_blocks blocks; block (g, k) owns batch rows [k * meta_rows, +meta_rows) of
-// [0, max_num_reqs] (meta_rows 32 to VLLM_THREADS: fewer rows a block, more blocks copying rows
+// [0, max_num_reqs] (meta_rows 8 to VLLM_THREADS: fewer rows a block, more blocks copying rows
 // at once) and the kv_indices entries [k * meta_entries, +meta_entries) of the pad.
 // Like kv_meta_block2 (the core step's), a block waits for no other: it recomputes every
 // request's length from the inputs (idx_mapping -> row -> num_computed_tokens + query

@@ -48,7 +48,7 @@ ATTENTION_KERNEL = "kvaddr_vllm_step_v2a"
 #: Lanes per request of the metadata blocks' row copy (``meta_lanes``).
 META_LANES = (4, 8, 16, 32)
 #: Batch rows per metadata block (``meta_rows``).
-META_ROWS = (32, 64, 128, 256)
+META_ROWS = (8, 16, 32, 64, 128, 256)
 #: VLLM_ATTN_* bits of kernels.cu.
 ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 
@@ -194,7 +194,7 @@ class VllmStepPlanner:
         ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
     meta_lanes : {4, 8, 16, 32}, default 8
         Lanes per request of the metadata row copy (settable later, ``meta_lanes``).
-    meta_rows : {32, 64, 128, 256}, default 64
+    meta_rows : {8, 16, 32, 64, 128, 256}, default 64
         Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per group).
 
     Examples

@@ -107,7 +107,7 @@ def test_random_batches(emu, seed):
         dcp_sharded=sharded,
         sliding_window_reach=reach,
     )
-    run(cfg, x, N=1 << 14, padded=M, meta_lanes=(4, 8, 16, 32)[seed % 4], meta_rows=(32, 64)[seed % 2])
+    run(cfg, x, N=1 << 14, padded=M, meta_lanes=(4, 8, 16, 32)[seed % 4], meta_rows=(8, 16, 32, 64)[seed % 4])
 
 
 @pytest.mark.parametrize("N", [1, 10, 300])

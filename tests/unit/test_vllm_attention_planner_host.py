@@ -115,7 +115,7 @@ def test_varlen_only_and_page_table(fake):
         (dict(attention=5), TypeError, "attention must be None"),
         (dict(attention="varlen", kernel="v1"), ValueError, "attention needs kernel='v2'"),
         (dict(attention="varlen", meta_lanes=12), ValueError, r"meta_lanes must be one of \(4, 8, 16, 32\)"),
-        (dict(attention="varlen", meta_rows=100), ValueError, r"meta_rows must be one of \(32, 64, 128, 256\)"),
+        (dict(attention="varlen", meta_rows=100), ValueError, r"meta_rows must be one of \(8, 16, 32, 64, 128, 256\)"),
     ],
 )
 def test_option_checks(fake, kw, exc, match):
