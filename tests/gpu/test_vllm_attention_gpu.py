@@ -41,13 +41,13 @@ def on_device(x: dict) -> dict:
     return out
 
 
-def make(cfg, attention=BOTH, N=4096, **kw):
+def make(cfg, attention=BOTH, N=1 << 20, **kw):
     from kvaddr.engines.vllm import VllmStepPlanner
 
     return VllmStepPlanner(**planner_kwargs(cfg), attention=attention, kv_indices_capacity=N, **kw)
 
 
-def reference(cfg, x, attention=BOTH, N=4096, padded=None):
+def reference(cfg, x, attention=BOTH, N=1 << 20, padded=None):
     return vllm_step_reference(
         cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=padded, attention=attention, kv_indices_capacity=N
     )
@@ -73,7 +73,7 @@ def assert_attention_same(got, want, groups, label=""):
             assert np.array_equal(to_numpy(a), w), (label, "seqused_k", g)
 
 
-def run_and_compare(planner, cfg, x, attention=BOTH, N=4096, padded=None, label=""):
+def run_and_compare(planner, cfg, x, attention=BOTH, N=1 << 20, padded=None, label=""):
     import cupy
 
     d = on_device(x)
