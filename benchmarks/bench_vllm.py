@@ -237,9 +237,11 @@ def attention_rows(a, stream) -> int:
                 bs = make_batch_set(VllmWorkload(block_sizes=groups, input_sets=1), parse_shape(shape_text))
                 x = bs.inputs[0]
                 plain_ref = vllm_step_reference(bs.config, **x, num_reqs_padded=bs.num_reqs_padded).outputs
-                # N: the batch's pages in the group with the smallest block size, and room to spare
+                # N: the batch's own bound, its pages in the group with the smallest block size (as
+                # benchmarks/bench_attention.py sizes the core step's; every entry past the used ones
+                # is rewritten by every call, so a larger N costs its pad)
                 pages = max(int((-(-plain_ref.seq_lens.astype(np.int64) // B)).sum()) for B in groups)
-                N = max(2 * pages, 1024)
+                N = max(pages, 1)
                 want = vllm_step_reference(
                     bs.config, **x, num_reqs_padded=bs.num_reqs_padded, attention=attention, kv_indices_capacity=N
                 )
