@@ -2400,6 +2400,7 @@ struct VllmStepParams {
     int meta_entries;                  // kv_indices entries each metadata block pads: ceil(N / meta_blocks)
     int meta_lanes;                    // lanes per request of the metadata row copy (4, 8, 16 or 32)
     int meta_rows;                     // batch rows per metadata block: block k owns [k * meta_rows, +meta_rows)
+    int meta_impl;                     // 0: vllm_attn_block0 (first version), 1: vllm_attn_block1 (shorter chain)
 };
 
 // a[g] for a runtime g, with compile-time indices only.
@@ -3144,7 +3145,7 @@ __device__ __forceinline__ int vllm_attn_qlen(const VllmReqLoads& x) {
     return (int)(d < 0 ? 0 : (d > VLLM_INT_MAX ? VLLM_INT_MAX : d));
 }
 
-__device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, VllmErr& err) {
+__device__ __forceinline__ void vllm_attn_block0(const VllmStepParams& p, int m, VllmErr& err) {
     __shared__ VllmMetaShared sm;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = p.num_reqs, M = p.max_num_reqs, N = p.kv_indices_capacity;
@@ -3344,6 +3345,308 @@ __device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, 
     }
 }
 
+
+// ---- meta_impl 1: the same outputs with a shorter dependent chain ----
+//
+// vllm_attn_block0 (meta_impl 0) runs pass 1, then its rows' loads, then 5 barriers, then
+// the row loads (their addresses read back from shared memory): ~6 dependent round trips
+// and 5 barriers before the last store. vllm_attn_block1 issues, in one straight-line
+// stretch before any barrier:
+//   RT1: pass 1's first VLLM_META_R * VLLM_THREADS requests' (qsl, idx), this thread's own
+//        row's (qsl, idx) (thread tid < meta_rows: row r0 + tid) and the (qsl, idx) of the
+//        request its lane group copies first (group grp = tid / meta_lanes: row r0 + grp;
+//        the group's lanes load the same addresses);
+//   RT2: the num_computed_tokens of all of them, num_blocks of the own and group rows, and
+//        VLLM_META_PRE block-table columns per lane of the group's row (col = sub + u *
+//        lanes < W: the addresses need the row only, not the prefix; the values are
+//        masked by num_blocks / the sliding window afterwards and kept in registers);
+// then the rest of pass 1 (num_reqs > VLLM_META_R * VLLM_THREADS only), the in-warp scan,
+// ONE barrier (the per-warp partials, the warps' scan totals and each row's exclusive
+// in-warp prefix and copy state are all written before it), and the stores: each thread
+// sums the (<= 8) warp partials it needs itself, so no second barrier. Rows past the
+// preloaded columns, or past the first round (meta_rows > VLLM_THREADS / meta_lanes),
+// are copied as vllm_attn_block0 copies them.
+#define VLLM_META_PRE 4  // meta_impl 1: block-table columns per lane loaded before the barrier
+
+struct VllmMeta1Shared {
+    int excl[VLLM_THREADS];   // exclusive in-warp prefix of the pages of row thread tid's request
+    int pages[VLLM_THREADS];  // its pages
+    int token[VLLM_THREADS];  // its first token (the error key's token)
+    int nbc[VLLM_THREADS];    // entries of its gathered row (clamp(num_blocks, 0, W)); 0: no row
+    int first[VLLM_THREADS];  // sliding window: its first non-null entry
+    int row[VLLM_THREADS];    // its request-state row (< max_num_reqs < 2^24)
+    int red[2][VLLM_WARPS];   // per-warp inclusive totals of (pages, L) of the row threads
+    int part[6][VLLM_WARPS];  // pass 1's per-warp partials: pages, L before r0; total pages, L; max q; max L
+};
+
+// One request of pass 1 into the running sums (b >= num_reqs: loads left at their defaults, adds 0).
+__device__ __forceinline__ void vllm_attn_acc(const VllmStepParams& p, const VllmReqLoads& x, int nct, int b, int r0,
+                                              int B, bool sharded, int& bp, int& bl, int& tp, int& tl, int& mq,
+                                              int& ml) {
+    const int s = vllm_attn_seq(x, vllm_attn_has_row(x, p.max_num_reqs), nct);
+    const int L = sharded ? vllm_dcp_len(p, s) : s;
+    const int P = vllm_pages(L, B);
+    if (b < r0) {
+        bp = vllm_sat_add(bp, P);
+        bl = vllm_sat_add(bl, L);
+    }
+    tp = vllm_sat_add(tp, P);
+    tl = vllm_sat_add(tl, L);
+    ml = max(ml, L);
+    if (b < p.num_reqs) mq = max(mq, vllm_attn_qlen(x));
+}
+
+// sat(sum of w[0..upto)), w >= 0 (upto <= VLLM_WARPS; shared memory, broadcast reads).
+__device__ __forceinline__ int vllm_attn_sum(const int* w, int upto) {
+    int s = 0;
+    for (int i = 0; i < upto; ++i) s = vllm_sat_add(s, w[i]);
+    return s;
+}
+
+__device__ __forceinline__ void vllm_attn_block1(const VllmStepParams& p, int m, VllmErr& err) {
+    __shared__ VllmMeta1Shared sm;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = p.num_reqs, M = p.max_num_reqs, N = p.kv_indices_capacity;
+    const int g = m / p.meta_blocks, k = m - g * p.meta_blocks;
+    const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
+    const bool varlen = (p.attention & VLLM_ATTN_VARLEN) != 0;
+    const int B = vllm_pick(p.block_size, g), W = vllm_pick(p.width, g);
+    const bool sharded = (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED) != 0;
+    const int rows_k = p.meta_rows, r0 = k * rows_k;
+    const int lanes = p.meta_lanes, grp = tid / lanes, sub = tid - grp * lanes, groups = VLLM_THREADS / lanes;
+    const int* __restrict__ table = vllm_pick(p.block_table, g);
+    const long long stride = vllm_pick(p.table_stride, g);
+    const int* __restrict__ nbs = vllm_pick(p.num_blocks, g);
+    // RT1: pass 1's first chunk, the own row, the group's first request
+    VllmReqLoads x0[VLLM_META_R];
+#pragma unroll
+    for (int u = 0; u < VLLM_META_R; ++u) {
+        const int b = u * VLLM_THREADS + tid;
+        x0[u].q0 = x0[u].q1 = 0;
+        x0[u].r = -1;
+        if (b < n) vllm_attn_load(p, b, x0[u]);
+    }
+    const int b = r0 + tid;
+    const bool mine = tid < rows_k;
+    VllmReqLoads x;
+    x.q0 = x.q1 = 0;
+    x.r = -1;
+    if (mine && b < n) vllm_attn_load(p, b, x);
+    const int qn = (mine && b >= n && b <= M) ? p.query_start_loc[n] : 0;
+    const int bg = r0 + grp;
+    const bool gmine = fi && grp < rows_k && bg < n;
+    VllmReqLoads xg;
+    xg.q0 = xg.q1 = 0;
+    xg.r = -1;
+    if (gmine) vllm_attn_load(p, bg, xg);
+    // RT2: num_computed_tokens of all of them, num_blocks, the group row's first columns
+    int nct0[VLLM_META_R];
+#pragma unroll
+    for (int u = 0; u < VLLM_META_R; ++u) nct0[u] = vllm_attn_has_row(x0[u], M) ? p.num_computed_tokens[x0[u].r] : 0;
+    const bool has_row = mine && b < n && vllm_attn_has_row(x, M);
+    int nct = 0, nb = 0;
+    if (has_row) {
+        nct = p.num_computed_tokens[x.r];
+        nb = nbs[x.r];
+    }
+    const bool g_row = gmine && vllm_attn_has_row(xg, M);
+    int gnct = 0, gnb = 0;
+    int v[VLLM_META_PRE];
+    {
+        const int* __restrict__ grow = table + (g_row ? xg.r : 0) * stride;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            v[u] = (g_row && col < W) ? grow[col] : 0;
+        }
+    }
+    if (g_row) {
+        gnct = p.num_computed_tokens[xg.r];
+        gnb = nbs[xg.r];
+    }
+    // pass 1: the first chunk, then the rest
+    int bp = 0, bl = 0, tp = 0, tl = 0, mq = 0, ml = 0;
+#pragma unroll
+    for (int u = 0; u < VLLM_META_R; ++u)
+        vllm_attn_acc(p, x0[u], nct0[u], u * VLLM_THREADS + tid, r0, B, sharded, bp, bl, tp, tl, mq, ml);
+#pragma unroll 1
+    for (int b0 = VLLM_META_R * VLLM_THREADS; b0 < n; b0 += VLLM_META_R * VLLM_THREADS) {
+        VllmReqLoads y[VLLM_META_R];
+        int c[VLLM_META_R];
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) {
+            const int bb = b0 + u * VLLM_THREADS + tid;
+            y[u].q0 = y[u].q1 = 0;
+            y[u].r = -1;
+            if (bb < n) vllm_attn_load(p, bb, y[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) c[u] = vllm_attn_has_row(y[u], M) ? p.num_computed_tokens[y[u].r] : 0;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u)
+            vllm_attn_acc(p, y[u], c[u], b0 + u * VLLM_THREADS + tid, r0, B, sharded, bp, bl, tp, tl, mq, ml);
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        bp = vllm_sat_add(bp, __shfl_xor_sync(0xffffffffu, bp, s));
+        bl = vllm_sat_add(bl, __shfl_xor_sync(0xffffffffu, bl, s));
+        tp = vllm_sat_add(tp, __shfl_xor_sync(0xffffffffu, tp, s));
+        tl = vllm_sat_add(tl, __shfl_xor_sync(0xffffffffu, tl, s));
+    }
+    mq = __reduce_max_sync(0xffffffffu, mq);
+    ml = __reduce_max_sync(0xffffffffu, ml);
+    // the own row: length, pages, in-warp scan
+    const int s = vllm_attn_seq(x, has_row, nct);
+    const int L = sharded ? vllm_dcp_len(p, s) : s;
+    const int P = vllm_pages(L, B);
+    int ip = P, il = L;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int yp = __shfl_up_sync(0xffffffffu, ip, off), yl = __shfl_up_sync(0xffffffffu, il, off);
+        if (lane >= off) {
+            ip = vllm_sat_add(ip, yp);
+            il = vllm_sat_add(il, yl);
+        }
+    }
+    int xp = __shfl_up_sync(0xffffffffu, ip, 1), xl = __shfl_up_sync(0xffffffffu, il, 1);
+    if (lane == 0) xp = xl = 0;
+    int nbc = 0, first = 0;
+    const int tok = x.q0 < 0 ? 0 : x.q0;
+    if (P > 0) {  // a real request with good inputs (else L = 0)
+        nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+        const int reach = vllm_pick(p.sliding_window_reach, g);
+        if (reach > 0) {
+            const long long f = ((long long)nct - reach) / B;
+            first = f < 0 ? 0 : (int)(f > W ? W : f);
+        }
+    }
+    if (lane == 0) {
+        sm.part[0][warp] = bp;
+        sm.part[1][warp] = bl;
+        sm.part[2][warp] = tp;
+        sm.part[3][warp] = tl;
+        sm.part[4][warp] = mq;
+        sm.part[5][warp] = ml;
+    }
+    if (lane == 31) {
+        sm.red[0][warp] = ip;
+        sm.red[1][warp] = il;
+    }
+    sm.excl[tid] = xp;
+    sm.pages[tid] = P;
+    sm.token[tid] = tok;
+    sm.nbc[tid] = nbc;
+    sm.first[tid] = first;
+    sm.row[tid] = (int)(has_row ? x.r : 0);
+    __syncthreads();  // the only barrier
+    const int carry_p = vllm_attn_sum(sm.part[0], VLLM_WARPS), total_p = vllm_attn_sum(sm.part[2], VLLM_WARPS);
+    if (tid == 0 && k == 0 && varlen) {
+        int Mq = 0, Ml = 0;
+#pragma unroll
+        for (int i = 0; i < VLLM_WARPS; ++i) {
+            Mq = max(Mq, sm.part[4][i]);
+            Ml = max(Ml, sm.part[5][i]);
+        }
+        if (g == 0) p.max_seqlen[0] = Mq;
+        p.max_seqlen[1 + g] = Ml;
+    }
+    xp = vllm_sat_add(vllm_sat_add(carry_p, vllm_attn_sum(sm.red[0], warp)), xp);  // absolute exclusive prefixes
+    const long long goff = (long long)g * (M + 1);
+    if (mine && b < n) {
+        if (fi) {
+            p.kv_indptr[goff + b] = xp;
+            p.kv_last_page_len[(long long)g * M + b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+            if (P > 0) {
+                if (P > W) err.add(VLLM_ERR_BLOCK_INDEX, 0, tok, b, g);
+                else if (P > nbc) err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, tok, b, g);
+                if (xp <= N && N < vllm_sat_add(xp, P)) err.add(VLLM_ERR_KV_INDICES_CAPACITY, 9, tok, b, g);
+            }
+        }
+        if (varlen) {
+            const int carry_l = vllm_attn_sum(sm.part[1], VLLM_WARPS);
+            p.cu_seqlens_k[goff + b] = vllm_sat_add(vllm_sat_add(carry_l, vllm_attn_sum(sm.red[1], warp)), xl);
+        }
+        if (g == 0) p.qo_indptr[b] = x.q0;
+    } else if (mine && b <= M) {  // padding: empty requests after the batch
+        if (fi) {
+            p.kv_indptr[goff + b] = total_p;
+            if (b < M) p.kv_last_page_len[(long long)g * M + b] = 0;
+        }
+        if (varlen) p.cu_seqlens_k[goff + b] = vllm_attn_sum(sm.part[3], VLLM_WARPS);
+        if (g == 0) p.qo_indptr[b] = qn;
+    }
+    if (!fi) return;
+    // the row copy: first the preloaded columns of the group's first request
+    int* __restrict__ out = p.kv_indices + (long long)g * N;
+    const int cnt = min(rows_k, max(n - r0, 0));
+    if (gmine) {
+        const int i = grp;
+        const int s0 = vllm_sat_add(vllm_sat_add(carry_p, vllm_attn_sum(sm.red[0], i >> 5)), sm.excl[i]);
+        // the group's own view of the request (the values the row thread staged, recomputed)
+        const int gs = vllm_attn_seq(xg, g_row, gnct);
+        const int gL = sharded ? vllm_dcp_len(p, gs) : gs;
+        const int gP = vllm_pages(gL, B);
+        int gnbc = 0, gfirst = 0;
+        if (gP > 0) {
+            gnbc = gnb < 0 ? 0 : (gnb > W ? W : gnb);
+            const int reach = vllm_pick(p.sliding_window_reach, g);
+            if (reach > 0) {
+                const long long f = ((long long)gnct - reach) / B;
+                gfirst = f < 0 ? 0 : (int)(f > W ? W : f);
+            }
+        }
+        const int end = s0 < N ? min(gP, N - s0) : 0;
+        const int gtok = xg.q0 < 0 ? 0 : xg.q0;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            if (col < end) {
+                const int w = col >= W ? -1 : ((col < gnbc && col >= gfirst) ? v[u] : 0);
+                if (col < W && w < 0) err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, gtok, bg, g);
+                out[s0 + col] = w < 0 ? -1 : w;
+            }
+        }
+    }
+    // the rest: columns past the preloaded ones, rows past the first round
+#pragma unroll 1
+    for (int i = grp; i < cnt; i += groups) {
+        const int c_from = sub + (i == grp ? VLLM_META_PRE * lanes : 0);
+        const int c_pages = sm.pages[i];
+        if (c_pages <= c_from) continue;
+        const int s0 = vllm_sat_add(vllm_sat_add(carry_p, vllm_attn_sum(sm.red[0], i >> 5)), sm.excl[i]);
+        const int end = s0 < N ? min(c_pages, N - s0) : 0;  // entries of this row below N
+        const int c_nb = sm.nbc[i], c_first = sm.first[i];
+        const int* __restrict__ row = table + (long long)sm.row[i] * stride;
+#pragma unroll 1
+        for (int c0 = c_from; c0 < end; c0 += VLLM_META_U * lanes) {
+            int w[VLLM_META_U];
+#pragma unroll
+            for (int u = 0; u < VLLM_META_U; ++u) {
+                const int col = c0 + u * lanes;
+                w[u] = col >= W ? -1 : ((col < c_nb && col >= c_first) ? row[col] : 0);
+            }
+#pragma unroll
+            for (int u = 0; u < VLLM_META_U; ++u) {
+                const int col = c0 + u * lanes;
+                if (col < end) {
+                    if (col < W && w[u] < 0) err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, sm.token[i], r0 + i, g);
+                    out[s0 + col] = w[u] < 0 ? -1 : w[u];
+                }
+            }
+        }
+    }
+    // the pad of this block's entry range past the group's used entries
+    const int e_lo = (int)min((long long)k * p.meta_entries, (long long)N);
+    const int e_hi = (int)min((long long)e_lo + p.meta_entries, (long long)N);
+#pragma unroll 1
+    for (int e = max(e_lo, total_p) + tid; e < e_hi; e += VLLM_THREADS) out[e] = -1;
+}
+
+// The metadata block m (meta_impl 0: the first version; 1: the shorter chain).
+__device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, VllmErr& err) {
+    if (p.meta_impl == 1) vllm_attn_block1(p, m, err);
+    else vllm_attn_block0(p, m, err);
+}
 
 // The body of kvaddr_vllm_step_v2 (ATTN = false: its code as before the template) and of
 // kvaddr_vllm_step_v2a (ATTN = true: the last num_groups * meta_blocks blocks of the grid

@@ -49,6 +49,30 @@ ATTENTION_KERNEL = "kvaddr_vllm_step_v2a"
 META_LANES = (4, 8, 16, 32)
 #: Batch rows per metadata block (``meta_rows``).
 META_ROWS = (8, 16, 32, 64, 128, 256)
+#: The metadata blocks' implementations (``meta_impl``): 0 the first version (vllm_attn_block0),
+#: 1 the shorter dependent chain (vllm_attn_block1: one barrier, row loads before it).
+META_IMPLS = (0, 1)
+#: The automatic geometry keeps num_groups * meta_blocks at most this (2 blocks per SM of an
+#: H200): every metadata block reads all num_reqs lengths (pass 1), so more blocks cost L2
+#: traffic and a second wave (measured: 32 lanes x 16 rows at max_num_reqs 8192 and 2 groups,
+#: 1026 blocks, 28.5 us against 17.1 us for 8 x 64, 258 blocks).
+META_BLOCKS_CAP = 264
+
+
+def auto_meta_geometry(max_num_reqs: int, num_groups: int, meta_impl: int = 1) -> tuple[int, int]:
+    """The default ``(meta_lanes, meta_rows)`` of the attention metadata blocks.
+
+    ``meta_rows``: the smallest of 16, 32, 64, 128, 256 with ``num_groups *
+    ceil((max_num_reqs + 1) / meta_rows) <= META_BLOCKS_CAP`` (256 if none). ``meta_lanes``:
+    32 for ``meta_impl`` 0 (measured best with 16 rows); for ``meta_impl`` 1 one lane group per
+    row, ``clamp(256 // meta_rows, 4, 32)``, so every row's first columns are loaded before the
+    barrier.
+    """
+    rows = next((r for r in (16, 32, 64, 128, 256) if num_groups * -(-(max_num_reqs + 1) // r) <= META_BLOCKS_CAP), 256)
+    lanes = 32 if meta_impl == 0 else max(4, min(32, THREADS // rows))
+    return lanes, rows
+
+
 #: VLLM_ATTN_* bits of kernels.cu.
 ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 
@@ -125,6 +149,7 @@ class VllmStepParams(ctypes.Structure):
         ("meta_entries", _I32),
         ("meta_lanes", _I32),
         ("meta_rows", _I32),
+        ("meta_impl", _I32),
     ]
 
 
@@ -192,10 +217,15 @@ class VllmStepPlanner:
     kv_indices_capacity : int, optional
         N, the entries of each group's ``kv_indices`` (``[G, N]``); required with
         ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
-    meta_lanes : {4, 8, 16, 32}, default 8
-        Lanes per request of the metadata row copy (settable later, ``meta_lanes``).
-    meta_rows : {8, 16, 32, 64, 128, 256}, default 64
-        Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per group).
+    meta_lanes : {4, 8, 16, 32}, optional
+        Lanes per request of the metadata row copy (settable later, ``meta_lanes``); default
+        :func:`auto_meta_geometry`'s.
+    meta_rows : {8, 16, 32, 64, 128, 256}, optional
+        Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per
+        group); default :func:`auto_meta_geometry`'s (by max_num_reqs and the group count).
+    meta_impl : {0, 1}, default 1
+        The metadata blocks' code: 1 the shorter dependent chain (one barrier, the block-table
+        row loads issued before it), 0 the first version; same outputs (settable later).
 
     Examples
     --------
@@ -228,8 +258,9 @@ class VllmStepPlanner:
         pair_lanes: int | None = None,
         attention=None,
         kv_indices_capacity: int | None = None,
-        meta_lanes: int = 8,
-        meta_rows: int = 64,
+        meta_lanes: int | None = None,
+        meta_rows: int | None = None,
+        meta_impl: int = 1,
     ):
         import cupy
 
@@ -243,9 +274,10 @@ class VllmStepPlanner:
         self._attn_bits = sum(ATTN_BITS.get(a, 0) for a in self.attention)
         if self._attn_bits and (kernel != "v2" or type(self)._load_functions is not VllmStepPlanner._load_functions):
             raise ValueError(f"attention needs kernel='v2' (kvaddr_vllm_step_v2a), got kernel={kernel!r}")
-        if meta_rows not in META_ROWS:
+        if meta_impl not in META_IMPLS:
+            raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {meta_impl!r}")
+        if meta_rows is not None and meta_rows not in META_ROWS:
             raise ValueError(f"meta_rows must be one of {META_ROWS}, got {meta_rows!r}")
-        self._meta_rows = meta_rows
         # compute()'s memo of the last checked call (see _remember) and of the last stream
         # object's handle; CuPy's current-stream getter looked up once.
         self._memo: tuple | None = None
@@ -272,6 +304,8 @@ class VllmStepPlanner:
         )
         self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
         M, T, G = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.num_groups
+        auto_lanes, auto_rows = auto_meta_geometry(M, G, meta_impl)
+        self._meta_rows = meta_rows = auto_rows if meta_rows is None else meta_rows
         given = self._out_fields(out)
         p = self._params = VllmStepParams()
         with cupy.cuda.Device(self.device):
@@ -327,7 +361,8 @@ class VllmStepPlanner:
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
         self._set_attention_params()
-        self.meta_lanes = meta_lanes
+        self.meta_lanes = auto_lanes if meta_lanes is None else meta_lanes
+        self.meta_impl = meta_impl
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.
@@ -407,6 +442,22 @@ class VllmStepPlanner:
         if lanes not in META_LANES:
             raise ValueError(f"meta_lanes must be one of {META_LANES}, got {lanes!r}")
         self._params.meta_lanes = lanes  # read by the kernel from the parameter block (no memo change)
+
+    @property
+    def meta_rows(self) -> int:
+        """Batch rows per attention metadata block (fixed at construction: it sizes the grid)."""
+        return self._meta_rows
+
+    @property
+    def meta_impl(self) -> int:
+        """The attention metadata blocks' code: 1 the shorter chain (default), 0 the first version."""
+        return self._params.meta_impl
+
+    @meta_impl.setter
+    def meta_impl(self, impl: int) -> None:
+        if impl not in META_IMPLS:
+            raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {impl!r}")
+        self._params.meta_impl = impl  # read by the kernel from the parameter block (no memo change)
 
     @staticmethod
     def _out_fields(out) -> dict:

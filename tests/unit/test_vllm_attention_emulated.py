@@ -23,14 +23,22 @@ NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables"
 BOTH = ("flashinfer", "varlen")
 
 
-@pytest.fixture
-def emu(monkeypatch):
+#: The metadata implementation every test runs with (set by the ``emu`` fixture: each test
+#: runs once with meta_impl 0, the first version, and once with 1, the shorter chain).
+IMPL = {"meta_impl": 1}
+
+
+@pytest.fixture(params=[0, 1], ids=["impl0", "impl1"])
+def emu(monkeypatch, request):
     vllm_attention_emulator.library()
+    monkeypatch.setitem(IMPL, "meta_impl", request.param)
     return install(monkeypatch, on_launch=vllm_attention_emulator.on_launch)
 
 
 def run(cfg, x, attention=BOTH, N=4096, padded=None, **kw):
     from kvaddr.engines.vllm import VllmStepPlanner
+
+    kw.setdefault("meta_impl", IMPL["meta_impl"])
 
     pl = VllmStepPlanner(**planner_kwargs(cfg), attention=attention, kv_indices_capacity=N, **kw)
     a = pl.attention_outputs
@@ -108,6 +116,24 @@ def test_random_batches(emu, seed):
         sliding_window_reach=reach,
     )
     run(cfg, x, N=1 << 14, padded=M, meta_lanes=(4, 8, 16, 32)[seed % 4], meta_rows=(8, 16, 32, 64)[seed % 4])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batches_default_geometry(emu, seed):
+    """The automatic (lanes, rows), long rows (B = 1: up to 400 pages, past the columns each
+    lane group loads before the barrier) and short ones, a sliding window."""
+    rng = np.random.default_rng(50 + seed)
+    cfg, x = random_case(
+        rng,
+        max_num_reqs=(20, 130)[seed % 2],
+        num_reqs=(20, 120)[seed % 2],
+        block_sizes=((1, 16), (3,), (64, 2), (16,))[seed],
+        max_query=(1, 6)[seed % 2],
+        max_context=400,
+        dummy_fraction=0.1,
+        sliding_window_reach=[(0, 40)[seed % 2]] * len(((1, 16), (3,), (64, 2), (16,))[seed]),
+    )
+    run(cfg, x, N=1 << 15)
 
 
 @pytest.mark.parametrize("N", [1, 10, 300])

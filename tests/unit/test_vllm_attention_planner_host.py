@@ -41,6 +41,9 @@ def test_struct_grid_records_and_buffers(fake):
         dcp_sharded=[True, False],
         attention="flashinfer,varlen",
         kv_indices_capacity=1000,
+        meta_lanes=8,
+        meta_rows=64,
+        meta_impl=0,
     )
     assert pl.kernel_name == "kvaddr_vllm_step_v2a" and pl.attention == ("flashinfer", "varlen")
     out = pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
@@ -52,7 +55,7 @@ def test_struct_grid_records_and_buffers(fake):
     assert p["meta_blocks"] == 5 and p["meta_rows"] == 64 and L["grid"] == (1 + 2 + 1 + 10, 1, 1)
     assert pl.grid(3, 2) == 14
     assert p["attention"] == 3 and p["kv_indices_capacity"] == 1000 and p["meta_entries"] == 200
-    assert p["meta_lanes"] == 8
+    assert p["meta_lanes"] == 8 and p["meta_impl"] == 0 and pl.meta_impl == 0 and pl.meta_rows == 64
     a = out.attention
     assert a is pl.attention_outputs
     assert p["qo_indptr"] == a.qo_indptr.data.ptr and a.qo_indptr.shape == (301,)
@@ -116,6 +119,7 @@ def test_varlen_only_and_page_table(fake):
         (dict(attention="varlen", kernel="v1"), ValueError, "attention needs kernel='v2'"),
         (dict(attention="varlen", meta_lanes=12), ValueError, r"meta_lanes must be one of \(4, 8, 16, 32\)"),
         (dict(attention="varlen", meta_rows=100), ValueError, r"meta_rows must be one of \(8, 16, 32, 64, 128, 256\)"),
+        (dict(attention="varlen", meta_impl=2), ValueError, r"meta_impl must be one of \(0, 1\)"),
     ],
 )
 def test_option_checks(fake, kw, exc, match):
@@ -150,3 +154,47 @@ def test_meta_rows_256(fake):
     p = fake.launches[-1]["params"]
     assert p["meta_blocks"] == 2 and p["meta_rows"] == 256 and p["meta_entries"] == 5
     assert fake.launches[-1]["grid"] == (1 + 2 + 1 + 2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("M", "G", "impl", "want"),
+    [
+        (128, 1, 1, (16, 16)),  # decode 64: 9 blocks
+        (2048, 2, 1, (16, 16)),  # decode 1024, 2 groups: 2 * 129 = 258 <= 264
+        (8192, 1, 1, (8, 32)),  # decode 4096: 513 blocks at 16 rows > 264 -> 32 rows, 257 blocks
+        (8192, 2, 1, (4, 64)),  # 2 * 257 > 264 -> 64 rows, 2 * 129 = 258
+        (8192, 4, 1, (4, 128)),  # 4 * 65 = 260
+        (8192, 4, 0, (32, 128)),  # the first version: 32 lanes
+        (1 << 16, 4, 1, (4, 256)),  # nothing fits: 256 rows
+        (4, 1, 0, (32, 16)),
+    ],
+)
+def test_auto_meta_geometry(M, G, impl, want):
+    from kvaddr.engines.vllm import META_BLOCKS_CAP, auto_meta_geometry
+
+    lanes, rows = auto_meta_geometry(M, G, impl)
+    assert (lanes, rows) == want
+    blocks = G * -(-(M + 1) // rows)
+    assert blocks <= META_BLOCKS_CAP or rows == 256
+
+
+def test_default_geometry_and_impl(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    d = _worked(G=2, rows=300)
+    pl = VllmStepPlanner(300, 6, [4, 16], [4, 4], attention="flashinfer,varlen", kv_indices_capacity=1000)
+    assert (pl.meta_lanes, pl.meta_rows, pl.meta_impl) == (16, 16, 1)
+    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
+    L = fake.launches[-1]
+    p = L["params"]
+    # ceil(301 / 16) = 19 blocks per group, 38 in all, after 1 token, 2 request and 1 gather block
+    assert p["meta_blocks"] == 19 and p["meta_rows"] == 16 and p["meta_lanes"] == 16 and p["meta_impl"] == 1
+    assert L["grid"] == (1 + 2 + 1 + 38, 1, 1)
+    assert pl._records.shape == ((1 + 2 + 38) * 8, 2)
+    assert p["meta_entries"] == -(-1000 // 19)
+    # meta_impl is read from the parameter block: settable, the next launch carries it
+    pl.meta_impl = 0
+    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
+    assert fake.launches[-1]["params"]["meta_impl"] == 0 and fake.launches[-1]["grid"] == L["grid"]
+    with pytest.raises(ValueError, match="meta_impl must be one of"):
+        pl.meta_impl = 3
