@@ -15,7 +15,9 @@ tokens (kvaddr.measure.vllm_workload), each with 1 group (B = 16) and 2 groups
 (B = 16 and 64). Targets (issue 13): vllm-one <= 1.3x core; vllm-three / vllm-one >= 4.
 With --attention, only the attention rows: v2 with attention=("flashinfer", "varlen") (the
 kernel kvaddr_vllm_step_v2a) against v2 without, graph mode, ratio on/off (target <= 1.5x, as
-for the core step's metadata), after checking both against the reference.
+for the core step's metadata), after checking both against the reference; --meta lists the
+metadata variants timed, LANESxROWS:IMPL or auto:IMPL (IMPL 0 = the first version, 1 = the
+shorter chain; auto = the planner's default geometry for the shape, printed resolved).
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
 against StepPlanner.compute on the same batch; target <= 1.2x. Both planners memoise their
 checked inputs (the same objects with unchanged signatures skip the checks); each is also
@@ -95,7 +97,9 @@ def main(argv=None):
         help="only the attention rows: v2 with attention metadata (flashinfer + varlen) on vs off (target <= 1.5x)",
     )
     ap.add_argument(
-        "--meta", default="8x64,32x16,8x256", help="--attention: metadata lanes x rows per block to time (list)"
+        "--meta",
+        default=DEFAULT_META,
+        help="--attention: metadata variants to time, LANESxROWS:IMPL or auto:IMPL (comma list; IMPL 0 or 1)",
     )
     a = ap.parse_args(argv)
     lanes = [int(v) for v in a.lanes.split(",") if v.strip()]
@@ -223,12 +227,33 @@ def main(argv=None):
 
 #: --attention: the attention metadata's cost on the vLLM step, on vs off (issue 14).
 ATTENTION_TARGET = 1.5
+#: --attention's default variants: the first version at its old default (8x64) and its
+#: measured best (32x16), then the automatic geometry with both codes, then the shorter chain
+#: at fixed geometries (variants resolving to the same (lanes, rows, impl) are timed once).
+DEFAULT_META = "8x64:0,32x16:0,auto:0,auto:1,32x16:1,8x32:1"
+
+
+def parse_meta(text: str) -> list[tuple[str, int | None, int | None, int]]:
+    """--meta: [(label, lanes or None, rows or None, impl)]; None = the planner's automatic choice."""
+    out = []
+    for v in text.split(","):
+        v = v.strip()
+        if not v:
+            continue
+        geo, _, impl = v.partition(":")
+        impl = int(impl) if impl else 1
+        if geo == "auto":
+            out.append((v, None, None, impl))
+        else:
+            L, R = (int(u) for u in geo.split("x"))
+            out.append((f"{L}x{R}:{impl}", L, R, impl))
+    return out
 
 
 def attention_rows(a, stream) -> int:
     """v2 with ``attention=("flashinfer", "varlen")`` against v2 without, graph mode, per shape
     and group count; both first checked against the reference (the metadata included)."""
-    metas = [tuple(int(u) for u in v.split("x")) for v in a.meta.split(",") if v.strip()]
+    metas = parse_meta(a.meta)
     rows = []
     attention = ("flashinfer", "varlen")
     with stream:
@@ -256,12 +281,15 @@ def attention_rows(a, stream) -> int:
                     widths=list(bs.config.widths),
                 )
                 off = VllmStepPlanner(**kw)
-                on = {
-                    f"{L}x{R}": VllmStepPlanner(
-                        **kw, attention=attention, kv_indices_capacity=N, meta_lanes=L, meta_rows=R
+                on, resolved = {}, {}
+                for label, L, R, impl in metas:
+                    pl = VllmStepPlanner(
+                        **kw, attention=attention, kv_indices_capacity=N, meta_lanes=L, meta_rows=R, meta_impl=impl
                     )
-                    for L, R in metas
-                }
+                    key = (pl.meta_lanes, pl.meta_rows, pl.meta_impl)
+                    resolved[label] = key
+                    if key not in on:
+                        on[key] = pl
                 for impl in (off, *on.values()):
                     for _ in range(2):
                         out = impl.compute(*args, stream=stream)
@@ -276,12 +304,13 @@ def attention_rows(a, stream) -> int:
                             assert int(out.attention.max_seqlen_q.get()) == int(w.max_seqlen_q)
                             assert out.attention.max_seqlen_k.get().tolist() == w.max_seqlen_k.tolist()
                 t_off = graph_time_per_copy(lambda: off.compute(*args, stream=stream), stream, a.copies, a.replays)
-                t_on = {
-                    L: graph_time_per_copy(
+                t_key = {
+                    key: graph_time_per_copy(
                         lambda impl=impl: impl.compute(*args, stream=stream), stream, a.copies, a.replays
                     )
-                    for L, impl in on.items()
+                    for key, impl in on.items()
                 }
+                t_on = {label: t_key[key] for label, key in resolved.items()}
                 best = min(t_on.values())
                 row = dict(
                     shape=shape_text,
@@ -291,10 +320,15 @@ def attention_rows(a, stream) -> int:
                     kv_entries=int(max(w_[-1] for w_ in want.outputs.attention.kv_indptr)),
                     graph_us=dict(attention_off=t_off, **{f"attention_on_{L}": t for L, t in t_on.items()}),
                     on_vs_off={L: t / t_off for L, t in t_on.items()},
+                    resolved={label: "{}x{}:{}".format(*key) for label, key in resolved.items()},
                     target_met=best / t_off <= ATTENTION_TARGET,
                 )
                 rows.append(row)
-                ons = "  ".join(f"on[{L}] {t:6.2f} ({t / t_off:4.2f}x)" for L, t in t_on.items())
+                ons = "  ".join(
+                    f"on[{L}{'=' + '{}x{}'.format(*resolved[L][:2]) if L.startswith('auto') else ''}] "
+                    f"{t:6.2f} ({t / t_off:4.2f}x)"
+                    for L, t in t_on.items()
+                )
                 print(
                     f"{shape_text:>16} G={len(groups)}  attention graph us: off {t_off:6.2f}  {ons}  "
                     f"(target <= {ATTENTION_TARGET}x: {'met' if row['target_met'] else 'MISSED'})",

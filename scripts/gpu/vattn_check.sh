@@ -7,7 +7,10 @@
 #   3. compute-sanitizer memcheck and racecheck over a few attention tests (metadata blocks,
 #      capacity overflow, bad values, corrupted inputs);
 #   4. benchmarks/bench_vllm.py --attention: v2 with attention on vs off, graph mode, decode
-#      64/1024/4096 and the mixed batch, 1 and 2 groups, ratio (target <= 1.5x).
+#      64/1024/4096 and the mixed batch, 1 and 2 groups, ratio (target <= 1.5x), for the
+#      metadata variants (meta_impl 0 = first version at 8x64 / 32x16 / auto, meta_impl 1 =
+#      shorter chain at auto / 32x16 / 8x32);
+#   5. scripts/gpu/vattn_sass.py: the SASS order of vllm_attn_block1 (LDG before BAR.SYNC?).
 # Logs under $OUT (default /tmp/kvaddr-vattn); a summary at the end.
 #   bash scripts/gpu/vattn_check.sh
 set -u
@@ -42,7 +45,7 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest_vllm.log" | head -n 10
 
 SUBSET="worked_example or capacity_overflow or bad_value_rows"
 for tool in memcheck racecheck; do
-  if (( SECONDS > 95 )); then result[$tool]="skipped (time)"; continue; fi
+  if (( SECONDS > 60 )); then result[$tool]="skipped (time)"; continue; fi
   timeout 14 compute-sanitizer --tool "$tool" --error-exitcode 9 \
     $PY -m pytest -q -p no:cacheprovider -x tests/gpu/test_vllm_attention_gpu.py -k "$SUBSET" \
     > "$OUT/sanitize_vattn_$tool.log" 2>&1
@@ -51,10 +54,18 @@ for tool in memcheck racecheck; do
   echo "compute-sanitizer $tool: ${result[$tool]}"
 done
 
-timeout 25 $PY benchmarks/bench_vllm.py --attention --copies 50 --replays 10 --json "$OUT/bench_vattn.json" \
+timeout 40 $PY benchmarks/bench_vllm.py --attention --copies 50 --replays 10 --json "$OUT/bench_vattn.json" \
   > "$OUT/bench_vattn.log" 2>&1
 result[bench]="rc $? (0: every row within 1.5x)"
 cat "$OUT/bench_vattn.log" | grep -v "^$" | tail -n 12
 
+# (nvcc of kernels.cu takes ~15 s: only when the budget allows; alone: python3 scripts/gpu/vattn_sass.py $OUT)
+if (( SECONDS < 95 )); then
+  timeout $(( 118 - SECONDS )) $PY scripts/gpu/vattn_sass.py "$OUT" > "$OUT/sass_vattn.log" 2>&1
+  result[sass]="rc $? $(grep '^vattn_sass:' "$OUT/sass_vattn.log" | tail -n 1)"
+else
+  result[sass]="skipped (time)"
+fi
+
 echo "== vattn summary (${SECONDS}s) =="
-for k in attention_tests vllm_tests memcheck racecheck bench; do echo "$k: ${result[$k]:-not run}"; done
+for k in attention_tests vllm_tests memcheck racecheck bench sass; do echo "$k: ${result[$k]:-not run}"; done

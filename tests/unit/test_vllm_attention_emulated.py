@@ -157,3 +157,14 @@ def test_one_group_of_outputs(emu, groups):
     rng = np.random.default_rng(3)
     cfg, x = random_case(rng, max_num_reqs=40, num_reqs=33, block_sizes=(16, 3), max_query=4)
     run(cfg, x, attention=groups, N=2000)
+
+
+@pytest.mark.parametrize(("rows", "lanes"), [(256, 32), (128, 4)])
+def test_pass1_past_one_chunk(emu, rows, lanes):
+    """num_reqs 2500 > VLLM_META_R * VLLM_THREADS = 1024: pass 1's loop after its first chunk
+    (vllm_attn_block1 peels the first chunk), 2 groups, dummies."""
+    rng = np.random.default_rng(rows)
+    cfg, x = random_case(
+        rng, max_num_reqs=2600, num_reqs=2500, block_sizes=(16, 5), max_query=2, max_context=90, dummy_fraction=0.1
+    )
+    run(cfg, x, N=1 << 17, padded=2600, meta_rows=rows, meta_lanes=lanes)
