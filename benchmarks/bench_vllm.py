@@ -13,6 +13,11 @@ graph; time per copy = replay time (CUDA events, median of R replays) / N, for
 Shapes: decode batches of 64, 1024 and 4096 requests and 256 requests carrying 16k
 tokens (kvaddr.measure.vllm_workload), each with 1 group (B = 16) and 2 groups
 (B = 16 and 64). Targets (issue 13): vllm-one <= 1.3x core; vllm-three / vllm-one >= 4.
+With --attention, only the attention rows: v2 with attention=("flashinfer", "varlen") (the
+kernel kvaddr_vllm_step_v2a) against v2 without, graph mode, ratio on/off (target <= 1.5x, as
+for the core step's metadata), after checking both against the reference; --meta lists the
+metadata variants timed, LANESxROWS:IMPL or auto:IMPL (IMPL 0 = the first version, 1 = the
+shorter chain; auto = the planner's default geometry for the shape, printed resolved).
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
 against StepPlanner.compute on the same batch; target <= 1.2x. Both planners memoise their
 checked inputs (the same objects with unchanged signatures skip the checks); each is also
@@ -107,9 +112,21 @@ def main(argv=None):
     ap.add_argument(
         "--lanes", default="8,32", help="also time v2 with these fixed gather lanes per pair (comma list; '' for none)"
     )
+    ap.add_argument(
+        "--attention",
+        action="store_true",
+        help="only the attention rows: v2 with attention metadata (flashinfer + varlen) on vs off (target <= 1.5x)",
+    )
+    ap.add_argument(
+        "--meta",
+        default=DEFAULT_META,
+        help="--attention: metadata variants to time, LANESxROWS:IMPL or auto:IMPL (comma list; IMPL 0 or 1)",
+    )
     a = ap.parse_args(argv)
     lanes = [] if a.host_only else [int(v) for v in a.lanes.split(",") if v.strip()]
     stream = cupy.cuda.Stream(non_blocking=True)
+    if a.attention:
+        return attention_rows(a, stream)
     rows = []
     with stream:
         for shape_text in a.shape or SHAPES:
@@ -253,6 +270,122 @@ def main(argv=None):
         with open(a.json, "w") as fh:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else dev, "rows": rows}, fh, indent=2)
     return 0 if all(all(r["targets_met"].values()) for r in rows) else 1
+
+
+#: --attention: the attention metadata's cost on the vLLM step, on vs off (issue 14).
+ATTENTION_TARGET = 1.5
+#: --attention's default variants: the first version at its old default (8x64) and its
+#: measured best (32x16), then the automatic geometry with both codes, then the shorter chain
+#: at fixed geometries (variants resolving to the same (lanes, rows, impl) are timed once).
+DEFAULT_META = "8x64:0,32x16:0,auto:0,auto:1,32x16:1,8x32:1"
+
+
+def parse_meta(text: str) -> list[tuple[str, int | None, int | None, int]]:
+    """--meta: [(label, lanes or None, rows or None, impl)]; None = the planner's automatic choice."""
+    out = []
+    for v in text.split(","):
+        v = v.strip()
+        if not v:
+            continue
+        geo, _, impl = v.partition(":")
+        impl = int(impl) if impl else 1
+        if geo == "auto":
+            out.append((v, None, None, impl))
+        else:
+            L, R = (int(u) for u in geo.split("x"))
+            out.append((f"{L}x{R}:{impl}", L, R, impl))
+    return out
+
+
+def attention_rows(a, stream) -> int:
+    """v2 with ``attention=("flashinfer", "varlen")`` against v2 without, graph mode, per shape
+    and group count; both first checked against the reference (the metadata included)."""
+    metas = parse_meta(a.meta)
+    rows = []
+    attention = ("flashinfer", "varlen")
+    with stream:
+        for shape_text in a.shape or SHAPES:
+            for groups in GROUPS:
+                bs = make_batch_set(VllmWorkload(block_sizes=groups, input_sets=1), parse_shape(shape_text))
+                x = bs.inputs[0]
+                plain_ref = vllm_step_reference(bs.config, **x, num_reqs_padded=bs.num_reqs_padded).outputs
+                # N: the batch's own bound, its pages in the group with the smallest block size (as
+                # benchmarks/bench_attention.py sizes the core step's; every entry past the used ones
+                # is rewritten by every call, so a larger N costs its pad)
+                pages = max(int((-(-plain_ref.seq_lens.astype(np.int64) // B)).sum()) for B in groups)
+                N = max(pages, 1)
+                want = vllm_step_reference(
+                    bs.config, **x, num_reqs_padded=bs.num_reqs_padded, attention=attention, kv_indices_capacity=N
+                )
+                d = {
+                    k: ([cupy.asarray(t) for t in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()
+                }
+                args = tuple(d[k] for k in NAMES) + (bs.num_reqs_padded,)
+                kw = dict(
+                    max_num_reqs=bs.config.max_num_reqs,
+                    max_num_batched_tokens=bs.config.max_num_batched_tokens,
+                    block_sizes=list(groups),
+                    widths=list(bs.config.widths),
+                )
+                off = VllmStepPlanner(**kw)
+                on, resolved = {}, {}
+                for label, L, R, impl in metas:
+                    pl = VllmStepPlanner(
+                        **kw, attention=attention, kv_indices_capacity=N, meta_lanes=L, meta_rows=R, meta_impl=impl
+                    )
+                    key = (pl.meta_lanes, pl.meta_rows, pl.meta_impl)
+                    resolved[label] = key
+                    if key not in on:
+                        on[key] = pl
+                for impl in (off, *on.values()):
+                    for _ in range(2):
+                        out = impl.compute(*args, stream=stream)
+                        stream.synchronize()
+                        for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+                            assert np.array_equal(getattr(out, f).get(), getattr(want.outputs, f)), f
+                        assert impl.errors(stream) == (want.error_mask, want.error_key)
+                        if impl is not off:
+                            w = want.outputs.attention
+                            for f in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "cu_seqlens_k"):
+                                assert np.array_equal(getattr(out.attention, f).get(), getattr(w, f)), f
+                            assert int(out.attention.max_seqlen_q.get()) == int(w.max_seqlen_q)
+                            assert out.attention.max_seqlen_k.get().tolist() == w.max_seqlen_k.tolist()
+                t_off = graph_time_per_copy(lambda: off.compute(*args, stream=stream), stream, a.copies, a.replays)
+                t_key = {
+                    key: graph_time_per_copy(
+                        lambda impl=impl: impl.compute(*args, stream=stream), stream, a.copies, a.replays
+                    )
+                    for key, impl in on.items()
+                }
+                t_on = {label: t_key[key] for label, key in resolved.items()}
+                best = min(t_on.values())
+                row = dict(
+                    shape=shape_text,
+                    groups=list(groups),
+                    num_reqs=bs.num_reqs,
+                    kv_indices_capacity=N,
+                    kv_entries=int(max(w_[-1] for w_ in want.outputs.attention.kv_indptr)),
+                    graph_us=dict(attention_off=t_off, **{f"attention_on_{L}": t for L, t in t_on.items()}),
+                    on_vs_off={L: t / t_off for L, t in t_on.items()},
+                    resolved={label: "{}x{}:{}".format(*key) for label, key in resolved.items()},
+                    target_met=best / t_off <= ATTENTION_TARGET,
+                )
+                rows.append(row)
+                ons = "  ".join(
+                    f"on[{L}{'=' + '{}x{}'.format(*resolved[L][:2]) if L.startswith('auto') else ''}] "
+                    f"{t:6.2f} ({t / t_off:4.2f}x)"
+                    for L, t in t_on.items()
+                )
+                print(
+                    f"{shape_text:>16} G={len(groups)}  attention graph us: off {t_off:6.2f}  {ons}  "
+                    f"(target <= {ATTENTION_TARGET}x: {'met' if row['target_met'] else 'MISSED'})",
+                    flush=True,
+                )
+    if a.json:
+        dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        with open(a.json, "w") as fh:
+            json.dump({"device": dev.decode() if isinstance(dev, bytes) else dev, "attention_rows": rows}, fh, indent=2)
+    return 0 if all(r["target_met"] for r in rows) else 1
 
 
 if __name__ == "__main__":

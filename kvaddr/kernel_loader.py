@@ -39,6 +39,7 @@ KERNEL_NAMES = (
     # kvaddr/engines/vllm.py and its three-launch baseline (the vLLM section of kernels.cu)
     "kvaddr_vllm_step",
     "kvaddr_vllm_step_v2",
+    "kvaddr_vllm_step_v2a",  # v2 with the attention metadata blocks (VllmStepPlanner(attention=...))
     "kvaddr_vllm3_prepare",
     "kvaddr_vllm3_gather",
     "kvaddr_vllm3_slots",

@@ -3084,6 +3084,20 @@ struct VllmStepParams {
     int token_blocks;                  // blocks [0, token_blocks) address tokens
     int request_blocks;                // the next request_blocks blocks write per-request outputs
     int pair_lanes;                    // kvaddr_vllm_step_v2: lanes per (group, row) pair of the gather, 8/16/32
+    // -- attention metadata (kvaddr_vllm_step_v2a only; appended: the fields above are unchanged) --
+    int* qo_indptr;                    // [max_num_reqs + 1], int32: query_start_loc, padded with qsl[num_reqs]
+    int* kv_indptr;                    // [num_groups, max_num_reqs + 1], int32 (row g at g * (max_num_reqs + 1))
+    int* kv_indices;                   // [num_groups, kv_indices_capacity], int32 (row g at g * capacity)
+    int* kv_last_page_len;             // [num_groups, max_num_reqs], int32
+    int* cu_seqlens_k;                 // [num_groups, max_num_reqs + 1], int32
+    int* max_seqlen;                   // [1 + num_groups], int32: max_seqlen_q, then max_seqlen_k of each group
+    int attention;                     // VLLM_ATTN_* bits asked for (kvaddr_vllm_step_v2a)
+    int kv_indices_capacity;           // N, entries of each group's kv_indices (1 when flashinfer is off)
+    int meta_blocks;                   // metadata blocks per group: ceil((max_num_reqs + 1) / meta_rows)
+    int meta_entries;                  // kv_indices entries each metadata block pads: ceil(N / meta_blocks)
+    int meta_lanes;                    // lanes per request of the metadata row copy (4, 8, 16 or 32)
+    int meta_rows;                     // batch rows per metadata block: block k owns [k * meta_rows, +meta_rows)
+    int meta_impl;                     // 0: vllm_attn_block0 (first version), 1: vllm_attn_block1 (shorter chain)
 };
 
 // a[g] for a runtime g, with compile-time indices only.
@@ -3749,12 +3763,598 @@ __device__ __forceinline__ void vllm2_gather_row(const VllmStepParams& p, bool a
 
 // ---- kvaddr_vllm_step_v2: the entry (warp-level code; not run by the CPU emulator) ----
 
-extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(const VllmStepParams p) {
+// ---- attention metadata of the vLLM step (kvaddr_vllm_step_v2a's last blocks) ----
+//
+// Per KV-cache group g, FlashInfer's paged-KV arrays (kv_indptr, kv_indices,
+// kv_last_page_len) and FlashAttention varlen's cu_seqlens_k / max_seqlen_k over the
+// batch's L_bg = seq_lens[b] (dcp_local_seq_lens[b] for a DCP-sharded group), and once
+// for the step qo_indptr (query_start_loc padded) and max_seqlen_q. Contract: docs/vllm.md
+// ("Attention metadata") and vllm_attention_reference in kvaddr/engines/vllm_reference.py.
+// num_groups * meta_blocks blocks; block (g, k) owns batch rows [k * meta_rows, +meta_rows) of
+// [0, max_num_reqs] (meta_rows 8 to VLLM_THREADS: fewer rows a block, more blocks copying rows
+// at once) and the kv_indices entries [k * meta_entries, +meta_entries) of the pad.
+// Like kv_meta_block2 (the core step's), a block waits for no other: it recomputes every
+// request's length from the inputs (idx_mapping -> row -> num_computed_tokens + query
+// length, as vllm2_request_row does), in
+//   1. one register pass over all num_reqs lengths: the sums (pages, L) before its rows,
+//      the totals and the maxima;
+//   2. a block scan of its own rows' pages and lengths: kv_indptr, cu_seqlens_k,
+//      kv_last_page_len, qo_indptr (group 0) and the per-request checks;
+//   3. the row copy: meta_lanes lanes per request copy the first pages of its row as the
+//      gather writes them (block_table[r, j] for first <= j < clamp(num_blocks, 0, W),
+//      else 0; -1 for j >= W and for a negative id), entries < N only;
+//   4. the pad: -1 over its entry range past the group's total pages.
+
+#define VLLM_ATTN_FLASHINFER 1
+#define VLLM_ATTN_VARLEN 2
+#define VLLM_ERR_KV_INDICES_CAPACITY 512
+#define VLLM_META_R 4  // requests in flight per thread in pass 1
+#define VLLM_META_U 8  // row entries in flight per lane in the copy
+
+struct VllmMetaShared {
+    int start[VLLM_THREADS];  // first kv_indices entry of each staged request (saturated)
+    int pages[VLLM_THREADS];  // its pages
+    int token[VLLM_THREADS];  // its first token (the error key's token)
+    int nbc[VLLM_THREADS];    // entries of its gathered row (clamp(num_blocks, 0, W)); 0: no row
+    int first[VLLM_THREADS];  // sliding window: its first non-null entry
+    int row[VLLM_THREADS];    // its request-state row (< max_num_reqs < 2^24)
+    int red[2][VLLM_WARPS];   // per-warp sums of the scan
+    int carry[2];             // pass 1: pages and L before the block's rows
+    int total[2];             // pass 1: total pages and L
+};
+
+__device__ __forceinline__ int vllm_sat_add(int a, int b) {  // a, b in [0, 2^31-1]
+    return (int)min((unsigned int)a + (unsigned int)b, 0x7fffffffu);
+}
+
+__device__ __forceinline__ int vllm_pages(int L, int B) {  // ceil(L / B), L >= 0, B >= 1
+    return L > 0 ? (int)((unsigned int)(L - 1) / (unsigned int)B) + 1 : 0;
+}
+
+// The loads of request b < num_reqs (issued together): its range and row.
+struct VllmReqLoads {
+    int q0, q1;
+    long long r;
+};
+
+__device__ __forceinline__ void vllm_attn_load(const VllmStepParams& p, int b, VllmReqLoads& x) {
+    x.q0 = p.query_start_loc[b];
+    x.q1 = p.query_start_loc[b + 1];
+    x.r = vllm_row_of(p, b);
+}
+
+// Whether the request reads its row (a real request with good inputs so far, as
+// vllm2_request_row decides before num_computed_tokens).
+__device__ __forceinline__ bool vllm_attn_has_row(const VllmReqLoads& x, int M) {
+    return x.r >= 0 && x.r < M && x.q0 >= 0 && x.q1 >= x.q0;
+}
+
+// seq_lens[b]'s value from the loads and num_computed_tokens[r] (nct; ignored without a row).
+__device__ __forceinline__ int vllm_attn_seq(const VllmReqLoads& x, bool has_row, int nct) {
+    if (!has_row || nct < 0) return 0;
+    const long long s = (long long)nct + ((long long)x.q1 - x.q0);
+    return (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
+}
+
+// The query length max(q1 - q0, 0), saturating (max_seqlen_q covers every request's range).
+__device__ __forceinline__ int vllm_attn_qlen(const VllmReqLoads& x) {
+    const long long d = (long long)x.q1 - x.q0;
+    return (int)(d < 0 ? 0 : (d > VLLM_INT_MAX ? VLLM_INT_MAX : d));
+}
+
+__device__ __forceinline__ void vllm_attn_block0(const VllmStepParams& p, int m, VllmErr& err) {
+    __shared__ VllmMetaShared sm;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = p.num_reqs, M = p.max_num_reqs, N = p.kv_indices_capacity;
+    const int g = m / p.meta_blocks, k = m - g * p.meta_blocks;
+    const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
+    const bool varlen = (p.attention & VLLM_ATTN_VARLEN) != 0;
+    const int B = vllm_pick(p.block_size, g), W = vllm_pick(p.width, g);
+    const bool sharded = (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED) != 0;
+    const int rows_k = p.meta_rows;
+    const int r0 = k * rows_k;  // this block's rows [r0, r0 + rows_k) of [0, M], thread tid < rows_k: row r0 + tid
+    // 1. one pass over all num_reqs lengths: sums before r0, totals, maxima
+    int bp = 0, bl = 0, tp = 0, tl = 0, mq = 0, ml = 0;
+#pragma unroll 1
+    for (int b0 = 0; b0 < n; b0 += VLLM_META_R * VLLM_THREADS) {
+        VllmReqLoads x[VLLM_META_R];
+        int nct[VLLM_META_R];
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) {
+            const int b = b0 + u * VLLM_THREADS + tid;
+            x[u].q0 = x[u].q1 = 0;
+            x[u].r = -1;
+            if (b < n) vllm_attn_load(p, b, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) nct[u] = vllm_attn_has_row(x[u], M) ? p.num_computed_tokens[x[u].r] : 0;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) {
+            const int b = b0 + u * VLLM_THREADS + tid;
+            const int s = vllm_attn_seq(x[u], vllm_attn_has_row(x[u], M), nct[u]);
+            const int L = sharded ? vllm_dcp_len(p, s) : s;
+            const int P = vllm_pages(L, B);
+            if (b < r0) {
+                bp = vllm_sat_add(bp, P);
+                bl = vllm_sat_add(bl, L);
+            }
+            tp = vllm_sat_add(tp, P);
+            tl = vllm_sat_add(tl, L);
+            ml = max(ml, L);
+            if (b < n) mq = max(mq, vllm_attn_qlen(x[u]));
+        }
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        bp = vllm_sat_add(bp, __shfl_xor_sync(0xffffffffu, bp, s));
+        bl = vllm_sat_add(bl, __shfl_xor_sync(0xffffffffu, bl, s));
+        tp = vllm_sat_add(tp, __shfl_xor_sync(0xffffffffu, tp, s));
+        tl = vllm_sat_add(tl, __shfl_xor_sync(0xffffffffu, tl, s));
+    }
+    mq = __reduce_max_sync(0xffffffffu, mq);
+    ml = __reduce_max_sync(0xffffffffu, ml);
+    // (sm.start / pages / token / nbc / first hold the warps' partials until the scan)
+    if (lane == 0) {
+        sm.start[warp] = bp;
+        sm.pages[warp] = bl;
+        sm.token[warp] = tp;
+        sm.nbc[warp] = tl;
+        sm.first[warp] = mq;
+        sm.row[warp] = ml;
+    }
+    // 2. this block's rows: their own loads, issued before the barrier
+    const int b = r0 + tid;
+    const bool mine = tid < rows_k;
+    VllmReqLoads x;
+    x.q0 = x.q1 = 0;
+    x.r = -1;
+    if (mine && b < n) vllm_attn_load(p, b, x);
+    const bool has_row = mine && b < n && vllm_attn_has_row(x, M);
+    int nct = 0, nb = 0;
+    if (has_row) {
+        nct = p.num_computed_tokens[x.r];
+        nb = vllm_pick(p.num_blocks, g)[x.r];
+    }
+    const int qn = (mine && b >= n && b <= M) ? p.query_start_loc[n] : 0;
+    __syncthreads();
+    if (tid == 0) {
+        int cp = 0, cl = 0, Tp = 0, Tl = 0, Mq = 0, Ml = 0;
+#pragma unroll
+        for (int i = 0; i < VLLM_WARPS; ++i) {
+            cp = vllm_sat_add(cp, sm.start[i]);
+            cl = vllm_sat_add(cl, sm.pages[i]);
+            Tp = vllm_sat_add(Tp, sm.token[i]);
+            Tl = vllm_sat_add(Tl, sm.nbc[i]);
+            Mq = max(Mq, sm.first[i]);
+            Ml = max(Ml, sm.row[i]);
+        }
+        sm.carry[0] = cp;
+        sm.carry[1] = cl;
+        sm.total[0] = Tp;
+        sm.total[1] = Tl;
+        if (k == 0 && varlen) {
+            if (g == 0) p.max_seqlen[0] = Mq;
+            p.max_seqlen[1 + g] = Ml;
+        }
+    }
+    const int s = vllm_attn_seq(x, has_row, nct);
+    const int L = sharded ? vllm_dcp_len(p, s) : s;
+    const int P = vllm_pages(L, B);
+    // block scan of (pages, L): in-warp inclusive, exclusive by the previous lane's
+    int ip = P, il = L;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int yp = __shfl_up_sync(0xffffffffu, ip, off), yl = __shfl_up_sync(0xffffffffu, il, off);
+        if (lane >= off) {
+            ip = vllm_sat_add(ip, yp);
+            il = vllm_sat_add(il, yl);
+        }
+    }
+    int xp = __shfl_up_sync(0xffffffffu, ip, 1), xl = __shfl_up_sync(0xffffffffu, il, 1);
+    if (lane == 0) xp = xl = 0;
+    __syncthreads();  // the warps' partials of pass 1 are read
+    if (lane == 31) {
+        sm.red[0][warp] = ip;
+        sm.red[1][warp] = il;
+    }
+    __syncthreads();
+    int wp = sm.carry[0], wl = sm.carry[1];
+    for (int i = 0; i < warp; ++i) {
+        wp = vllm_sat_add(wp, sm.red[0][i]);
+        wl = vllm_sat_add(wl, sm.red[1][i]);
+    }
+    xp = vllm_sat_add(wp, xp);  // absolute exclusive prefixes
+    xl = vllm_sat_add(wl, xl);
+    const int total_p = sm.total[0], total_l = sm.total[1];
+    const long long goff = (long long)g * (M + 1);
+    if (mine && b < n) {
+        if (fi) {
+            p.kv_indptr[goff + b] = xp;
+            p.kv_last_page_len[(long long)g * M + b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+        }
+        if (varlen) p.cu_seqlens_k[goff + b] = xl;
+        if (g == 0) p.qo_indptr[b] = x.q0;
+    } else if (mine && b <= M) {  // padding: empty requests after the batch
+        if (fi) {
+            p.kv_indptr[goff + b] = total_p;
+            if (b < M) p.kv_last_page_len[(long long)g * M + b] = 0;
+        }
+        if (varlen) p.cu_seqlens_k[goff + b] = total_l;
+        if (g == 0) p.qo_indptr[b] = qn;
+    }
+    // 3. the row copy (flashinfer)
+    if (fi) {
+        int nbc = 0, first = 0;
+        const int tok = x.q0 < 0 ? 0 : x.q0;
+        if (P > 0) {  // a real request with good inputs (else L = 0)
+            nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+            const int reach = vllm_pick(p.sliding_window_reach, g);
+            if (reach > 0) {
+                const long long f = ((long long)nct - reach) / B;
+                first = f < 0 ? 0 : (int)(f > W ? W : f);
+            }
+            if (P > W) err.add(VLLM_ERR_BLOCK_INDEX, 0, tok, b, g);
+            else if (P > nbc) err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, tok, b, g);
+            if (xp <= N && N < vllm_sat_add(xp, P)) err.add(VLLM_ERR_KV_INDICES_CAPACITY, 9, tok, b, g);
+        }
+        __syncthreads();  // sm.red and sm.carry are read
+        sm.start[tid] = xp;
+        sm.pages[tid] = P;
+        sm.token[tid] = tok;
+        sm.nbc[tid] = nbc;
+        sm.first[tid] = first;
+        sm.row[tid] = (int)(has_row ? x.r : 0);
+        __syncthreads();
+        const int lanes = p.meta_lanes, grp = tid / lanes, sub = tid - grp * lanes, groups = VLLM_THREADS / lanes;
+        const int cnt = min(rows_k, max(n - r0, 0));
+        int* __restrict__ out = p.kv_indices + (long long)g * N;
+        const int* __restrict__ table = vllm_pick(p.block_table, g);
+        const long long stride = vllm_pick(p.table_stride, g);
+#pragma unroll 1
+        for (int i = grp; i < cnt; i += groups) {
+            const int s0 = sm.start[i];
+            const int end = s0 < N ? min(sm.pages[i], N - s0) : 0;  // entries of this row below N
+            const int c_nb = sm.nbc[i], c_first = sm.first[i];
+            const int* __restrict__ row = table + (long long)sm.row[i] * stride;
+#pragma unroll 1
+            for (int c0 = sub; c0 < end; c0 += VLLM_META_U * lanes) {
+                int v[VLLM_META_U];
+#pragma unroll
+                for (int u = 0; u < VLLM_META_U; ++u) {
+                    const int col = c0 + u * lanes;
+                    v[u] = col >= W ? -1 : ((col < c_nb && col >= c_first) ? row[col] : 0);
+                }
+#pragma unroll
+                for (int u = 0; u < VLLM_META_U; ++u) {
+                    const int col = c0 + u * lanes;
+                    if (col < end) {
+                        if (col < W && v[u] < 0) err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, sm.token[i], r0 + i, g);
+                        out[s0 + col] = v[u] < 0 ? -1 : v[u];
+                    }
+                }
+            }
+        }
+        // 4. the pad of this block's entry range past the group's used entries
+        const int e_lo = (int)min((long long)k * p.meta_entries, (long long)N);
+        const int e_hi = (int)min((long long)e_lo + p.meta_entries, (long long)N);
+#pragma unroll 1
+        for (int e = max(e_lo, total_p) + tid; e < e_hi; e += VLLM_THREADS) out[e] = -1;
+    }
+}
+
+
+// ---- meta_impl 1: the same outputs with a shorter dependent chain ----
+//
+// vllm_attn_block0 (meta_impl 0) runs pass 1, then its rows' loads, then 5 barriers, then
+// the row loads (their addresses read back from shared memory): ~6 dependent round trips
+// and 5 barriers before the last store. vllm_attn_block1 issues, in one straight-line
+// stretch before any barrier:
+//   RT1: pass 1's first VLLM_META_R * VLLM_THREADS requests' (qsl, idx), this thread's own
+//        row's (qsl, idx) (thread tid < meta_rows: row r0 + tid) and the (qsl, idx) of the
+//        request its lane group copies first (group grp = tid / meta_lanes: row r0 + grp;
+//        the group's lanes load the same addresses);
+//   RT2: the num_computed_tokens of all of them, num_blocks of the own and group rows, and
+//        VLLM_META_PRE block-table columns per lane of the group's row (col = sub + u *
+//        lanes < W: the addresses need the row only, not the prefix; the values are
+//        masked by num_blocks / the sliding window afterwards and kept in registers);
+// then the rest of pass 1 (num_reqs > VLLM_META_R * VLLM_THREADS only), the in-warp scan,
+// ONE barrier (the per-warp partials, the warps' scan totals and each row's exclusive
+// in-warp prefix and copy state are all written before it), and the stores: each thread
+// sums the (<= 8) warp partials it needs itself, so no second barrier. Rows past the
+// preloaded columns, or past the first round (meta_rows > VLLM_THREADS / meta_lanes),
+// are copied as vllm_attn_block0 copies them.
+#define VLLM_META_PRE 4  // meta_impl 1: block-table columns per lane loaded before the barrier
+
+struct VllmMeta1Shared {
+    int excl[VLLM_THREADS];   // exclusive in-warp prefix of the pages of row thread tid's request
+    int pages[VLLM_THREADS];  // its pages
+    int token[VLLM_THREADS];  // its first token (the error key's token)
+    int nbc[VLLM_THREADS];    // entries of its gathered row (clamp(num_blocks, 0, W)); 0: no row
+    int first[VLLM_THREADS];  // sliding window: its first non-null entry
+    int row[VLLM_THREADS];    // its request-state row (< max_num_reqs < 2^24)
+    int red[2][VLLM_WARPS];   // per-warp inclusive totals of (pages, L) of the row threads
+    int part[6][VLLM_WARPS];  // pass 1's per-warp partials: pages, L before r0; total pages, L; max q; max L
+};
+
+// One request of pass 1 into the running sums (b >= num_reqs: loads left at their defaults, adds 0).
+__device__ __forceinline__ void vllm_attn_acc(const VllmStepParams& p, const VllmReqLoads& x, int nct, int b, int r0,
+                                              int B, bool sharded, int& bp, int& bl, int& tp, int& tl, int& mq,
+                                              int& ml) {
+    const int s = vllm_attn_seq(x, vllm_attn_has_row(x, p.max_num_reqs), nct);
+    const int L = sharded ? vllm_dcp_len(p, s) : s;
+    const int P = vllm_pages(L, B);
+    if (b < r0) {
+        bp = vllm_sat_add(bp, P);
+        bl = vllm_sat_add(bl, L);
+    }
+    tp = vllm_sat_add(tp, P);
+    tl = vllm_sat_add(tl, L);
+    ml = max(ml, L);
+    if (b < p.num_reqs) mq = max(mq, vllm_attn_qlen(x));
+}
+
+// sat(sum of w[0..upto)), w >= 0 (upto <= VLLM_WARPS; shared memory, broadcast reads).
+__device__ __forceinline__ int vllm_attn_sum(const int* w, int upto) {
+    int s = 0;
+    for (int i = 0; i < upto; ++i) s = vllm_sat_add(s, w[i]);
+    return s;
+}
+
+__device__ __forceinline__ void vllm_attn_block1(const VllmStepParams& p, int m, VllmErr& err) {
+    __shared__ VllmMeta1Shared sm;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = p.num_reqs, M = p.max_num_reqs, N = p.kv_indices_capacity;
+    const int g = m / p.meta_blocks, k = m - g * p.meta_blocks;
+    const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
+    const bool varlen = (p.attention & VLLM_ATTN_VARLEN) != 0;
+    const int B = vllm_pick(p.block_size, g), W = vllm_pick(p.width, g);
+    const bool sharded = (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED) != 0;
+    const int rows_k = p.meta_rows, r0 = k * rows_k;
+    const int lanes = p.meta_lanes, grp = tid / lanes, sub = tid - grp * lanes, groups = VLLM_THREADS / lanes;
+    const int* __restrict__ table = vllm_pick(p.block_table, g);
+    const long long stride = vllm_pick(p.table_stride, g);
+    const int* __restrict__ nbs = vllm_pick(p.num_blocks, g);
+    // RT1: pass 1's first chunk, the own row, the group's first request
+    VllmReqLoads x0[VLLM_META_R];
+#pragma unroll
+    for (int u = 0; u < VLLM_META_R; ++u) {
+        const int b = u * VLLM_THREADS + tid;
+        x0[u].q0 = x0[u].q1 = 0;
+        x0[u].r = -1;
+        if (b < n) vllm_attn_load(p, b, x0[u]);
+    }
+    const int b = r0 + tid;
+    const bool mine = tid < rows_k;
+    VllmReqLoads x;
+    x.q0 = x.q1 = 0;
+    x.r = -1;
+    if (mine && b < n) vllm_attn_load(p, b, x);
+    const int qn = (mine && b >= n && b <= M) ? p.query_start_loc[n] : 0;
+    const int bg = r0 + grp;
+    const bool gmine = fi && grp < rows_k && bg < n;
+    VllmReqLoads xg;
+    xg.q0 = xg.q1 = 0;
+    xg.r = -1;
+    if (gmine) vllm_attn_load(p, bg, xg);
+    // RT2: num_computed_tokens of all of them, num_blocks, the group row's first columns
+    int nct0[VLLM_META_R];
+#pragma unroll
+    for (int u = 0; u < VLLM_META_R; ++u) nct0[u] = vllm_attn_has_row(x0[u], M) ? p.num_computed_tokens[x0[u].r] : 0;
+    const bool has_row = mine && b < n && vllm_attn_has_row(x, M);
+    int nct = 0, nb = 0;
+    if (has_row) {
+        nct = p.num_computed_tokens[x.r];
+        nb = nbs[x.r];
+    }
+    const bool g_row = gmine && vllm_attn_has_row(xg, M);
+    int gnct = 0, gnb = 0;
+    int v[VLLM_META_PRE];
+    {
+        const int* __restrict__ grow = table + (g_row ? xg.r : 0) * stride;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            v[u] = (g_row && col < W) ? grow[col] : 0;
+        }
+    }
+    if (g_row) {
+        gnct = p.num_computed_tokens[xg.r];
+        gnb = nbs[xg.r];
+    }
+    // pass 1: the first chunk, then the rest
+    int bp = 0, bl = 0, tp = 0, tl = 0, mq = 0, ml = 0;
+#pragma unroll
+    for (int u = 0; u < VLLM_META_R; ++u)
+        vllm_attn_acc(p, x0[u], nct0[u], u * VLLM_THREADS + tid, r0, B, sharded, bp, bl, tp, tl, mq, ml);
+#pragma unroll 1
+    for (int b0 = VLLM_META_R * VLLM_THREADS; b0 < n; b0 += VLLM_META_R * VLLM_THREADS) {
+        VllmReqLoads y[VLLM_META_R];
+        int c[VLLM_META_R];
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) {
+            const int bb = b0 + u * VLLM_THREADS + tid;
+            y[u].q0 = y[u].q1 = 0;
+            y[u].r = -1;
+            if (bb < n) vllm_attn_load(p, bb, y[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u) c[u] = vllm_attn_has_row(y[u], M) ? p.num_computed_tokens[y[u].r] : 0;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_R; ++u)
+            vllm_attn_acc(p, y[u], c[u], b0 + u * VLLM_THREADS + tid, r0, B, sharded, bp, bl, tp, tl, mq, ml);
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        bp = vllm_sat_add(bp, __shfl_xor_sync(0xffffffffu, bp, s));
+        bl = vllm_sat_add(bl, __shfl_xor_sync(0xffffffffu, bl, s));
+        tp = vllm_sat_add(tp, __shfl_xor_sync(0xffffffffu, tp, s));
+        tl = vllm_sat_add(tl, __shfl_xor_sync(0xffffffffu, tl, s));
+    }
+    mq = __reduce_max_sync(0xffffffffu, mq);
+    ml = __reduce_max_sync(0xffffffffu, ml);
+    // the own row: length, pages, in-warp scan
+    const int s = vllm_attn_seq(x, has_row, nct);
+    const int L = sharded ? vllm_dcp_len(p, s) : s;
+    const int P = vllm_pages(L, B);
+    int ip = P, il = L;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int yp = __shfl_up_sync(0xffffffffu, ip, off), yl = __shfl_up_sync(0xffffffffu, il, off);
+        if (lane >= off) {
+            ip = vllm_sat_add(ip, yp);
+            il = vllm_sat_add(il, yl);
+        }
+    }
+    int xp = __shfl_up_sync(0xffffffffu, ip, 1), xl = __shfl_up_sync(0xffffffffu, il, 1);
+    if (lane == 0) xp = xl = 0;
+    int nbc = 0, first = 0;
+    const int tok = x.q0 < 0 ? 0 : x.q0;
+    if (P > 0) {  // a real request with good inputs (else L = 0)
+        nbc = nb < 0 ? 0 : (nb > W ? W : nb);
+        const int reach = vllm_pick(p.sliding_window_reach, g);
+        if (reach > 0) {
+            const long long f = ((long long)nct - reach) / B;
+            first = f < 0 ? 0 : (int)(f > W ? W : f);
+        }
+    }
+    if (lane == 0) {
+        sm.part[0][warp] = bp;
+        sm.part[1][warp] = bl;
+        sm.part[2][warp] = tp;
+        sm.part[3][warp] = tl;
+        sm.part[4][warp] = mq;
+        sm.part[5][warp] = ml;
+    }
+    if (lane == 31) {
+        sm.red[0][warp] = ip;
+        sm.red[1][warp] = il;
+    }
+    sm.excl[tid] = xp;
+    sm.pages[tid] = P;
+    sm.token[tid] = tok;
+    sm.nbc[tid] = nbc;
+    sm.first[tid] = first;
+    sm.row[tid] = (int)(has_row ? x.r : 0);
+    __syncthreads();  // the only barrier
+    const int carry_p = vllm_attn_sum(sm.part[0], VLLM_WARPS), total_p = vllm_attn_sum(sm.part[2], VLLM_WARPS);
+    if (tid == 0 && k == 0 && varlen) {
+        int Mq = 0, Ml = 0;
+#pragma unroll
+        for (int i = 0; i < VLLM_WARPS; ++i) {
+            Mq = max(Mq, sm.part[4][i]);
+            Ml = max(Ml, sm.part[5][i]);
+        }
+        if (g == 0) p.max_seqlen[0] = Mq;
+        p.max_seqlen[1 + g] = Ml;
+    }
+    xp = vllm_sat_add(vllm_sat_add(carry_p, vllm_attn_sum(sm.red[0], warp)), xp);  // absolute exclusive prefixes
+    const long long goff = (long long)g * (M + 1);
+    if (mine && b < n) {
+        if (fi) {
+            p.kv_indptr[goff + b] = xp;
+            p.kv_last_page_len[(long long)g * M + b] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
+            if (P > 0) {
+                if (P > W) err.add(VLLM_ERR_BLOCK_INDEX, 0, tok, b, g);
+                else if (P > nbc) err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, tok, b, g);
+                if (xp <= N && N < vllm_sat_add(xp, P)) err.add(VLLM_ERR_KV_INDICES_CAPACITY, 9, tok, b, g);
+            }
+        }
+        if (varlen) {
+            const int carry_l = vllm_attn_sum(sm.part[1], VLLM_WARPS);
+            p.cu_seqlens_k[goff + b] = vllm_sat_add(vllm_sat_add(carry_l, vllm_attn_sum(sm.red[1], warp)), xl);
+        }
+        if (g == 0) p.qo_indptr[b] = x.q0;
+    } else if (mine && b <= M) {  // padding: empty requests after the batch
+        if (fi) {
+            p.kv_indptr[goff + b] = total_p;
+            if (b < M) p.kv_last_page_len[(long long)g * M + b] = 0;
+        }
+        if (varlen) p.cu_seqlens_k[goff + b] = vllm_attn_sum(sm.part[3], VLLM_WARPS);
+        if (g == 0) p.qo_indptr[b] = qn;
+    }
+    if (!fi) return;
+    // the row copy: first the preloaded columns of the group's first request
+    int* __restrict__ out = p.kv_indices + (long long)g * N;
+    const int cnt = min(rows_k, max(n - r0, 0));
+    if (gmine) {
+        const int i = grp;
+        const int s0 = vllm_sat_add(vllm_sat_add(carry_p, vllm_attn_sum(sm.red[0], i >> 5)), sm.excl[i]);
+        // the group's own view of the request (the values the row thread staged, recomputed)
+        const int gs = vllm_attn_seq(xg, g_row, gnct);
+        const int gL = sharded ? vllm_dcp_len(p, gs) : gs;
+        const int gP = vllm_pages(gL, B);
+        int gnbc = 0, gfirst = 0;
+        if (gP > 0) {
+            gnbc = gnb < 0 ? 0 : (gnb > W ? W : gnb);
+            const int reach = vllm_pick(p.sliding_window_reach, g);
+            if (reach > 0) {
+                const long long f = ((long long)gnct - reach) / B;
+                gfirst = f < 0 ? 0 : (int)(f > W ? W : f);
+            }
+        }
+        const int end = s0 < N ? min(gP, N - s0) : 0;
+        const int gtok = xg.q0 < 0 ? 0 : xg.q0;
+#pragma unroll
+        for (int u = 0; u < VLLM_META_PRE; ++u) {
+            const int col = sub + u * lanes;
+            if (col < end) {
+                const int w = col >= W ? -1 : ((col < gnbc && col >= gfirst) ? v[u] : 0);
+                if (col < W && w < 0) err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, gtok, bg, g);
+                out[s0 + col] = w < 0 ? -1 : w;
+            }
+        }
+    }
+    // the rest: columns past the preloaded ones, rows past the first round
+#pragma unroll 1
+    for (int i = grp; i < cnt; i += groups) {
+        const int c_from = sub + (i == grp ? VLLM_META_PRE * lanes : 0);
+        const int c_pages = sm.pages[i];
+        if (c_pages <= c_from) continue;
+        const int s0 = vllm_sat_add(vllm_sat_add(carry_p, vllm_attn_sum(sm.red[0], i >> 5)), sm.excl[i]);
+        const int end = s0 < N ? min(c_pages, N - s0) : 0;  // entries of this row below N
+        const int c_nb = sm.nbc[i], c_first = sm.first[i];
+        const int* __restrict__ row = table + (long long)sm.row[i] * stride;
+#pragma unroll 1
+        for (int c0 = c_from; c0 < end; c0 += VLLM_META_U * lanes) {
+            int w[VLLM_META_U];
+#pragma unroll
+            for (int u = 0; u < VLLM_META_U; ++u) {
+                const int col = c0 + u * lanes;
+                w[u] = col >= W ? -1 : ((col < c_nb && col >= c_first) ? row[col] : 0);
+            }
+#pragma unroll
+            for (int u = 0; u < VLLM_META_U; ++u) {
+                const int col = c0 + u * lanes;
+                if (col < end) {
+                    if (col < W && w[u] < 0) err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, sm.token[i], r0 + i, g);
+                    out[s0 + col] = w[u] < 0 ? -1 : w[u];
+                }
+            }
+        }
+    }
+    // the pad of this block's entry range past the group's used entries
+    const int e_lo = (int)min((long long)k * p.meta_entries, (long long)N);
+    const int e_hi = (int)min((long long)e_lo + p.meta_entries, (long long)N);
+#pragma unroll 1
+    for (int e = max(e_lo, total_p) + tid; e < e_hi; e += VLLM_THREADS) out[e] = -1;
+}
+
+// The metadata block m (meta_impl 0: the first version; 1: the shorter chain).
+__device__ __forceinline__ void vllm_attn_block(const VllmStepParams& p, int m, VllmErr& err) {
+    if (p.meta_impl == 1) vllm_attn_block1(p, m, err);
+    else vllm_attn_block0(p, m, err);
+}
+
+// The body of kvaddr_vllm_step_v2 (ATTN = false: its code as before the template) and of
+// kvaddr_vllm_step_v2a (ATTN = true: the last num_groups * meta_blocks blocks of the grid
+// write the attention metadata, vllm_attn_block below).
+template <bool ATTN>
+__device__ __forceinline__ void vllm2_body(const VllmStepParams& p) {
     __shared__ int sq[VLLM2_QSL_SMEM];  // query_start_loc, staged when a token block searches
     VllmErr err;
     err.mask = 0;
     err.key = VLLM_NO_ERROR;
-    const int blk = blockIdx.x;
+    int blk = blockIdx.x;
     const int lane = (int)(threadIdx.x & 31);
     if (blk < p.token_blocks) {
         const int t = blk * VLLM_THREADS + (int)threadIdx.x;
@@ -3806,6 +4406,10 @@ extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(c
             }
             if (fills[g] > 0) p.row_fill[g][b] = 0;
         }
+    } else if (ATTN && blk >= (int)gridDim.x - p.num_groups * p.meta_blocks) {
+        const int m = blk - ((int)gridDim.x - p.num_groups * p.meta_blocks);
+        vllm_attn_block(p, m, err);
+        blk = p.token_blocks + p.request_blocks + m;  // this block's records follow the request blocks'
     } else {
         // Pairs (group g, real row b < num_reqs), pair_lanes lanes each, 32 / pair_lanes a
         // warp; the loop runs the same number of times for every lane of a warp, so the
@@ -3813,7 +4417,9 @@ extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(c
         const int L = p.pair_lanes, per_warp = 32 / L;
         const int n = p.num_reqs;
         const long long pairs = (long long)p.num_groups * n;
-        const long long warps = (long long)(gridDim.x - p.token_blocks - p.request_blocks) * VLLM_WARPS;
+        const long long warps =
+            (long long)(gridDim.x - p.token_blocks - p.request_blocks - (ATTN ? p.num_groups * p.meta_blocks : 0)) *
+            VLLM_WARPS;
         const int slot = lane / L, sub = lane - slot * L;
         for (long long w = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
              w * per_warp < pairs; w += warps) {
@@ -3837,4 +4443,13 @@ extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(c
         p.errors[2 * w] = (unsigned long long)err.mask;
         p.errors[2 * w + 1] = err.key;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2(const VllmStepParams p) {
+    vllm2_body<false>(p);
+}
+
+// kvaddr_vllm_step_v2 plus the attention metadata (VllmStepPlanner(attention=...)).
+extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step_v2a(const VllmStepParams p) {
+    vllm2_body<true>(p);
 }

@@ -15,10 +15,12 @@ import ctypes
 import numpy as np
 
 from kvaddr import kernel_loader
+from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.vllm_config import (
     INT32,
     INT64,
     VLLM_MAX_GROUPS,
+    VllmAttentionOutputs,
     VllmStepConfig,
     VllmStepOutputs,
     check_matrix,
@@ -40,6 +42,38 @@ THREADS_3 = 128
 KERNELS = {"v1": "kvaddr_vllm_step", "v2": "kvaddr_vllm_step_v2"}
 #: Lanes per (group, row) pair of kvaddr_vllm_step_v2's gather.
 PAIR_LANES = (8, 16, 32)
+#: The v2 kernel with the attention metadata blocks (``attention=``).
+ATTENTION_KERNEL = "kvaddr_vllm_step_v2a"
+#: Lanes per request of the metadata blocks' row copy (``meta_lanes``).
+META_LANES = (4, 8, 16, 32)
+#: Batch rows per metadata block (``meta_rows``).
+META_ROWS = (8, 16, 32, 64, 128, 256)
+#: The metadata blocks' implementations (``meta_impl``): 0 the first version (vllm_attn_block0),
+#: 1 the shorter dependent chain (vllm_attn_block1: one barrier, row loads before it).
+META_IMPLS = (0, 1)
+#: The automatic geometry keeps num_groups * meta_blocks at most this (2 blocks per SM of an
+#: H200): every metadata block reads all num_reqs lengths (pass 1), so more blocks cost L2
+#: traffic and a second wave (measured: 32 lanes x 16 rows at max_num_reqs 8192 and 2 groups,
+#: 1026 blocks, 28.5 us against 17.1 us for 8 x 64, 258 blocks).
+META_BLOCKS_CAP = 264
+
+
+def auto_meta_geometry(max_num_reqs: int, num_groups: int, meta_impl: int = 1) -> tuple[int, int]:
+    """The default ``(meta_lanes, meta_rows)`` of the attention metadata blocks.
+
+    ``meta_rows``: the smallest of 16, 32, 64, 128, 256 with ``num_groups *
+    ceil((max_num_reqs + 1) / meta_rows) <= META_BLOCKS_CAP`` (256 if none). ``meta_lanes``:
+    32 for ``meta_impl`` 0 (measured best with 16 rows); for ``meta_impl`` 1 one lane group per
+    row, ``clamp(256 // meta_rows, 4, 32)``, so every row's first columns are loaded before the
+    barrier.
+    """
+    rows = next((r for r in (16, 32, 64, 128, 256) if num_groups * -(-(max_num_reqs + 1) // r) <= META_BLOCKS_CAP), 256)
+    lanes = 32 if meta_impl == 0 else max(4, min(32, THREADS // rows))
+    return lanes, rows
+
+
+#: VLLM_ATTN_* bits of kernels.cu.
+ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -100,6 +134,20 @@ class VllmStepParams(ctypes.Structure):
         ("token_blocks", _I32),
         ("request_blocks", _I32),
         ("pair_lanes", _I32),
+        # attention metadata (kvaddr_vllm_step_v2a; appended)
+        ("qo_indptr", _P),
+        ("kv_indptr", _P),
+        ("kv_indices", _P),
+        ("kv_last_page_len", _P),
+        ("cu_seqlens_k", _P),
+        ("max_seqlen", _P),
+        ("attention", _I32),
+        ("kv_indices_capacity", _I32),
+        ("meta_blocks", _I32),
+        ("meta_entries", _I32),
+        ("meta_lanes", _I32),
+        ("meta_rows", _I32),
+        ("meta_impl", _I32),
     ]
 
 
@@ -161,10 +209,31 @@ class VllmStepPlanner:
         v2 only: caller-owned memory for the step's error records (e.g. a view into one
         packed buffer of the caller's): int64 or uint64, C-contiguous, shape
         :meth:`error_records_shape` ``(R, 2)`` of this ``max_num_reqs`` and
-        ``max_num_batched_tokens``, on ``device`` (CuPy, PyTorch or any
+        ``max_num_batched_tokens`` (with attention outputs, ``attention_blocks=``
+        :attr:`attention_blocks`), on ``device`` (CuPy, PyTorch or any
         ``__cuda_array_interface__`` array). The planner writes ``(0, no error)`` into
         every record here, the kernel rewrites every record on every launch, and
         :meth:`errors` / :meth:`check` read them. By default the planner allocates them.
+    attention : str or sequence of str, optional
+        Attention metadata written by the same launch (docs/vllm.md, "Attention metadata"):
+        groups among ``"flashinfer"`` (``qo_indptr``, per group ``kv_indptr``, ``kv_indices``,
+        ``kv_last_page_len``), ``"varlen"`` (``qo_indptr``, per group ``cu_seqlens_k``,
+        ``seqused_k``, ``max_seqlen_k``, and ``max_seqlen_q``) and ``"page_table"`` (the
+        gathered tables themselves); a comma-separated str or a sequence. v2 only (the kernel
+        ``kvaddr_vllm_step_v2a``). The buffers are the planner's (``outputs.attention``,
+        :class:`~kvaddr.engines.vllm_config.VllmAttentionOutputs`).
+    kv_indices_capacity : int, optional
+        N, the entries of each group's ``kv_indices`` (``[G, N]``); required with
+        ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
+    meta_lanes : {4, 8, 16, 32}, optional
+        Lanes per request of the metadata row copy (settable later, ``meta_lanes``); default
+        :func:`auto_meta_geometry`'s.
+    meta_rows : {8, 16, 32, 64, 128, 256}, optional
+        Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per
+        group); default :func:`auto_meta_geometry`'s (by max_num_reqs and the group count).
+    meta_impl : {0, 1}, default 1
+        The metadata blocks' code: 1 the shorter dependent chain (one barrier, the block-table
+        row loads issued before it), 0 the first version; same outputs (settable later).
 
     Examples
     --------
@@ -196,12 +265,28 @@ class VllmStepPlanner:
         kernel: str = "v2",
         pair_lanes: int | None = None,
         error_records=None,
+        attention=None,
+        kv_indices_capacity: int | None = None,
+        meta_lanes: int | None = None,
+        meta_rows: int | None = None,
+        meta_impl: int = 1,
     ):
         import cupy
 
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
         self._kernel = kernel
+        # Attention metadata (docs/vllm.md, "Attention metadata"): the groups asked for, the
+        # kernel's VLLM_ATTN_* bits (0: plain v2, no metadata blocks) and N.
+        self.attention = normalize_attention(attention)
+        self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
+        self._attn_bits = sum(ATTN_BITS.get(a, 0) for a in self.attention)
+        if self._attn_bits and (kernel != "v2" or type(self)._load_functions is not VllmStepPlanner._load_functions):
+            raise ValueError(f"attention needs kernel='v2' (kvaddr_vllm_step_v2a), got kernel={kernel!r}")
+        if meta_impl not in META_IMPLS:
+            raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {meta_impl!r}")
+        if meta_rows is not None and meta_rows not in META_ROWS:
+            raise ValueError(f"meta_rows must be one of {META_ROWS}, got {meta_rows!r}")
         # compute()'s memo of the last checked call (see _remember) and of the last stream
         # object's handle; CuPy's current-stream getter looked up once.
         self._memo: tuple | None = None
@@ -211,7 +296,7 @@ class VllmStepPlanner:
         self._current_stream = cupy.cuda.get_current_stream
         self.pair_lanes = pair_lanes  # checked by the property's setter
         if type(self)._load_functions is VllmStepPlanner._load_functions:
-            self.kernel_name = KERNELS[kernel]
+            self.kernel_name = ATTENTION_KERNEL if self._attn_bits else KERNELS[kernel]
 
         self.config = cfg = VllmStepConfig(
             max_num_reqs,
@@ -228,6 +313,8 @@ class VllmStepPlanner:
         )
         self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
         M, T, G = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.num_groups
+        auto_lanes, auto_rows = auto_meta_geometry(M, G, meta_impl)
+        self._meta_rows = meta_rows = auto_rows if meta_rows is None else meta_rows
         given = self._out_fields(out)
         p = self._params = VllmStepParams()
         with cupy.cuda.Device(self.device):
@@ -244,7 +331,10 @@ class VllmStepPlanner:
             self._state = cupy.asarray(np.array([M, 0], dtype=np.uint32))
             # v2: one record (mask, first-bad key) per warp of the token and request blocks,
             # each rewritten by every launch.
-            rec = np.zeros(self.error_records_shape(M, T), dtype=np.uint64)
+            # attention: num_groups * meta_blocks more blocks, each owning meta_rows batch rows of [0, M]
+            self._meta_blocks = -(-(M + 1) // meta_rows) if self._attn_bits else 0
+            self._make_attention_buffers()
+            rec = np.zeros(self.error_records_shape(M, T, attention_blocks=G * self._meta_blocks), dtype=np.uint64)
             rec[:, 1] = VLLM_NO_ERROR_KEY
             if error_records is None:
                 self._records = cupy.asarray(rec)
@@ -282,6 +372,9 @@ class VllmStepPlanner:
         p.cp_size, p.cp_rank, p.cp_interleave = cfg.cp_size, cfg.cp_rank, cfg.cp_interleave
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
+        self._set_attention_params()
+        self.meta_lanes = auto_lanes if meta_lanes is None else meta_lanes
+        self.meta_impl = meta_impl
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.
@@ -297,12 +390,22 @@ class VllmStepPlanner:
 
     # -- construction helpers ---------------------------------------------------------
     @staticmethod
-    def error_records_shape(max_num_reqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
+    def error_records_shape(
+        max_num_reqs: int, max_num_batched_tokens: int, attention_blocks: int = 0
+    ) -> tuple[int, int]:
         """``(R, 2)``: the v2 kernel's error records, one ``(mask, first-bad key)`` pair of
-        64-bit words per warp of its token and request blocks,
-        ``R = (ceil(max_num_batched_tokens / 256) + ceil(max_num_reqs / 256)) * 8``
-        (the shape an ``error_records=`` array must have)."""
-        return ((-(-int(max_num_batched_tokens) // THREADS) + -(-int(max_num_reqs) // THREADS)) * WARPS, 2)
+        64-bit words per warp of its token, request and attention metadata blocks,
+        ``R = (ceil(max_num_batched_tokens / 256) + ceil(max_num_reqs / 256) + attention_blocks) * 8``
+        (the shape an ``error_records=`` array must have). ``attention_blocks``: 0 without
+        attention outputs, else ``num_groups * ceil((max_num_reqs + 1) / meta_rows)``
+        (a planner's :attr:`attention_blocks`)."""
+        blocks = -(-int(max_num_batched_tokens) // THREADS) + -(-int(max_num_reqs) // THREADS) + int(attention_blocks)
+        return (blocks * WARPS, 2)
+
+    @property
+    def attention_blocks(self) -> int:
+        """The attention metadata blocks of this planner's launch (0 without attention outputs)."""
+        return len(self.config.block_sizes) * self._meta_blocks
 
     def _caller_records(self, x, shape: tuple[int, int]):
         """``error_records=``, checked; a CuPy uint64 view of it (the caller's memory)."""
@@ -332,8 +435,82 @@ class VllmStepPlanner:
         return self.kernel == "v2" and type(self)._load_functions is VllmStepPlanner._load_functions
 
     def _load_functions(self) -> dict:
-        fn = kernel_loader.get_function(KERNELS[self.kernel], self.device)
+        fn = kernel_loader.get_function(ATTENTION_KERNEL if self._attn_bits else KERNELS[self.kernel], self.device)
         return {"step": StructLaunch(fn, self._params)}
+
+    def _make_attention_buffers(self) -> None:
+        """The attention metadata's buffers (planner-owned, persistent; docs/vllm.md)."""
+        import cupy
+
+        cfg, groups = self.config, self.attention
+        M, G = cfg.max_num_reqs, cfg.num_groups
+        self.attention_outputs = None
+        if not groups:
+            return
+        a = VllmAttentionOutputs()
+        if "page_table" in groups:
+            a.page_table = self.outputs.input_block_tables  # the gathered tables, no copy
+        if self._attn_bits:
+            # Zero-filled: qo_indptr, kv_indptr and cu_seqlens_k start as an empty batch.
+            a.qo_indptr = cupy.zeros(M + 1, dtype=np.int32)
+        if "flashinfer" in groups:
+            a.kv_indptr = cupy.zeros((G, M + 1), dtype=np.int32)
+            a.kv_indices = cupy.full((G, self.kv_indices_capacity), -1, dtype=np.int32)
+            a.kv_last_page_len = cupy.zeros((G, M), dtype=np.int32)
+        if "varlen" in groups:
+            a.cu_seqlens_k = cupy.zeros((G, M + 1), dtype=np.int32)
+            self._max_seqlen = cupy.zeros(1 + G, dtype=np.int32)
+            a.max_seqlen_q = self._max_seqlen[0]
+            a.max_seqlen_k = self._max_seqlen[1:]
+            o = self.outputs
+            a.seqused_k = tuple(o.dcp_local_seq_lens if cfg.sharded(g) else o.seq_lens for g in range(G))
+        self.attention_outputs = self.outputs.attention = a
+
+    def _set_attention_params(self) -> None:
+        p, a = self._params, self.attention_outputs
+        p.attention = self._attn_bits
+        p.meta_blocks = self._meta_blocks
+        p.meta_rows = self._meta_rows
+        if not self._attn_bits:
+            return
+        p.qo_indptr = a.qo_indptr.data.ptr
+        if a.kv_indptr is not None:
+            N = self.kv_indices_capacity
+            p.kv_indptr = a.kv_indptr.data.ptr
+            p.kv_indices = a.kv_indices.data.ptr
+            p.kv_last_page_len = a.kv_last_page_len.data.ptr
+            p.kv_indices_capacity = N
+            p.meta_entries = -(-N // self._meta_blocks)
+        if a.cu_seqlens_k is not None:
+            p.cu_seqlens_k = a.cu_seqlens_k.data.ptr
+            p.max_seqlen = self._max_seqlen.data.ptr
+
+    @property
+    def meta_lanes(self) -> int:
+        """Lanes per request of the attention metadata's row copy (4, 8, 16 or 32; default 8)."""
+        return self._params.meta_lanes
+
+    @meta_lanes.setter
+    def meta_lanes(self, lanes: int) -> None:
+        if lanes not in META_LANES:
+            raise ValueError(f"meta_lanes must be one of {META_LANES}, got {lanes!r}")
+        self._params.meta_lanes = lanes  # read by the kernel from the parameter block (no memo change)
+
+    @property
+    def meta_rows(self) -> int:
+        """Batch rows per attention metadata block (fixed at construction: it sizes the grid)."""
+        return self._meta_rows
+
+    @property
+    def meta_impl(self) -> int:
+        """The attention metadata blocks' code: 1 the shorter chain (default), 0 the first version."""
+        return self._params.meta_impl
+
+    @meta_impl.setter
+    def meta_impl(self, impl: int) -> None:
+        if impl not in META_IMPLS:
+            raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {impl!r}")
+        self._params.meta_impl = impl  # read by the kernel from the parameter block (no memo change)
 
     @staticmethod
     def _out_fields(out) -> dict:
@@ -343,7 +520,7 @@ class VllmStepPlanner:
             out = out.as_dict()
         if not isinstance(out, dict):
             raise TypeError(f"out must be a VllmStepOutputs or a dict of output arrays, got {type(out).__name__}")
-        unknown = set(out) - set(VllmStepOutputs.__dataclass_fields__)
+        unknown = set(out) - (set(VllmStepOutputs.__dataclass_fields__) - {"attention"})
         if unknown:
             raise ValueError(f"out has unknown fields {sorted(unknown)}")
         return {k: v for k, v in out.items() if v is not None}
@@ -564,7 +741,7 @@ class VllmStepPlanner:
             if p.pair_lanes != lanes:
                 p.pair_lanes = lanes
                 self._memo = None  # the memo's grid was for the lanes in the struct
-            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS)
+            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks
         rows = max(num_reqs_padded, 1)
         return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS))
 

@@ -170,9 +170,73 @@ class VllmStepOutputs:
     slot_mappings: Any
     input_block_tables: tuple
     dcp_local_seq_lens: Any
+    #: The attention metadata (:class:`VllmAttentionOutputs`) when the planner was built with
+    #: ``attention=``; None otherwise. Not an ``out=`` field (the planner owns those buffers).
+    attention: Any = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in OUTPUT_FIELDS}
+
+
+#: Fields of :class:`VllmAttentionOutputs`, in order.
+VLLM_ATTENTION_FIELDS = (
+    "qo_indptr",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "cu_seqlens_k",
+    "seqused_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "page_table",
+)
+
+
+@dataclass
+class VllmAttentionOutputs:
+    """The vLLM step's attention metadata (docs/vllm.md, "Attention metadata").
+
+    M = max_num_reqs, G groups, N = kv_indices_capacity; ``L_bg`` = ``seq_lens[b]``, or
+    ``dcp_local_seq_lens[b]`` for a DCP-sharded group (``cp_size > 1``); 0 for a dummy,
+    skipped or padding request. Fields of a group not asked for are None.
+
+    Attributes
+    ----------
+    qo_indptr : int32 [M + 1]
+        ``query_start_loc[b]`` for b <= num_reqs, ``query_start_loc[num_reqs]`` after
+        (flashinfer or varlen; FlashAttention's ``cu_seqlens_q``).
+    kv_indptr : int32 [G, M + 1]
+        Prefix sums of ``ceil(L_bg / B_g)`` from 0, saturating; constant past num_reqs.
+    kv_indices : int32 [G, N]
+        Request by request, the first ``ceil(L_bg / B_g)`` entries of the gathered row b;
+        -1 from ``kv_indptr[g, M]`` to N and for a bad entry.
+    kv_last_page_len : int32 [G, M]
+        ``(L_bg - 1) % B_g + 1`` for ``L_bg > 0``, else 0.
+    cu_seqlens_k : int32 [G, M + 1]
+        Prefix sums of ``L_bg`` from 0, saturating.
+    seqused_k : tuple of G int32 [M]
+        ``L_bg``: the step's own ``seq_lens`` (or ``dcp_local_seq_lens`` for a sharded
+        group), the same buffer, no copy (FlashMLA's ``cache_seqlens``).
+    max_seqlen_q : int32 scalar (0-d)
+        Max over b < num_reqs of ``max(qsl[b+1] - qsl[b], 0)``.
+    max_seqlen_k : int32 [G]
+        Max over b of ``L_bg``.
+    page_table : tuple of G int32 [M, W_g]
+        The gathered block tables (``input_block_tables``), the same buffers.
+    """
+
+    qo_indptr: Any = None
+    kv_indptr: Any = None
+    kv_indices: Any = None
+    kv_last_page_len: Any = None
+    cu_seqlens_k: Any = None
+    seqused_k: Any = None
+    max_seqlen_q: Any = None
+    max_seqlen_k: Any = None
+    page_table: Any = None
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in VLLM_ATTENTION_FIELDS}
 
 
 # -- argument checks ---------------------------------------------------------------

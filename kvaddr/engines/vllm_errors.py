@@ -36,6 +36,9 @@ VERR_NUM_BLOCKS = 64
 VERR_NEGATIVE_COMPUTED = 128
 #: An int32 slot mapping was asked for and the slot is > 2**31 - 1: -1 is written instead.
 VERR_SLOT_INT32 = 256
+#: Attention metadata (``attention`` includes "flashinfer"): a group's ``kv_indices`` needs more
+#: entries than ``kv_indices_capacity``; entries past the capacity are dropped.
+VERR_KV_INDICES_CAPACITY = 512
 
 VLLM_ERROR_REASONS = {
     VERR_BLOCK_INDEX: "block index beyond the block table's width",
@@ -47,10 +50,18 @@ VLLM_ERROR_REASONS = {
     VERR_NUM_BLOCKS: "num_blocks outside [0, width]",
     VERR_NEGATIVE_COMPUTED: "negative num_computed_tokens",
     VERR_SLOT_INT32: "slot does not fit the int32 slot mapping",
+    VERR_KV_INDICES_CAPACITY: "kv_indices needs more entries than kv_indices_capacity",
 }
 
 #: Bits whose key names a KV-cache group.
-GROUP_BITS = VERR_BLOCK_INDEX | VERR_NEGATIVE_BLOCK | VERR_PAST_NUM_BLOCKS | VERR_NUM_BLOCKS | VERR_SLOT_INT32
+GROUP_BITS = (
+    VERR_BLOCK_INDEX
+    | VERR_NEGATIVE_BLOCK
+    | VERR_PAST_NUM_BLOCKS
+    | VERR_NUM_BLOCKS
+    | VERR_SLOT_INT32
+    | VERR_KV_INDICES_CAPACITY
+)
 
 #: Key of "no error" (all ones).
 VLLM_NO_ERROR_KEY = (1 << 64) - 1

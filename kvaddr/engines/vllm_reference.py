@@ -36,9 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvaddr.attention_reference import attention_metadata, check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.vllm_config import (
     INT32,
     INT64,
+    VllmAttentionOutputs,
     VllmStepConfig,
     VllmStepOutputs,
     check_matrix,
@@ -49,6 +51,7 @@ from kvaddr.engines.vllm_config import (
 from kvaddr.engines.vllm_errors import (
     VERR_BLOCK_INDEX,
     VERR_CAPACITY,
+    VERR_KV_INDICES_CAPACITY,
     VERR_NEGATIVE_BLOCK,
     VERR_NEGATIVE_COMPUTED,
     VERR_NUM_BLOCKS,
@@ -60,6 +63,7 @@ from kvaddr.engines.vllm_errors import (
     VllmAddressingError,
     vllm_error_key,
 )
+from kvaddr.outputs import PAD_PAGE_ID
 from kvaddr.validation import INT32_MAX, host_info
 
 PAD_SLOT_ID = -1
@@ -73,6 +77,8 @@ class VllmReferenceResult:
     num_tokens: int
     error_mask: int
     error_key: int
+    #: The attention metadata's records alone (mask, key), also folded into the two above.
+    attention_errors: tuple = (0, VLLM_NO_ERROR_KEY)
 
     def check(self) -> None:
         """Raise :class:`~kvaddr.engines.vllm_errors.VllmAddressingError` on bad values."""
@@ -190,6 +196,8 @@ def vllm_step_reference(
     num_blocks,
     *,
     num_reqs_padded: int | None = None,
+    attention=None,
+    kv_indices_capacity: int | None = None,
 ) -> VllmReferenceResult:
     """Compute a vLLM step on the host.
 
@@ -204,11 +212,19 @@ def vllm_step_reference(
     num_blocks : int32 [rows >= max_num_reqs] per group, or one int32 [G, rows >= max_num_reqs]
     num_reqs_padded : int, optional
         ``num_reqs <= . <= max_num_reqs``; checked (the outputs do not depend on it).
+    attention : str or sequence of str, optional
+        Attention metadata groups (``"flashinfer"``, ``"varlen"``, ``"page_table"``), as
+        :class:`~kvaddr.engines.vllm.VllmStepPlanner` takes them: ``outputs.attention``
+        (:func:`vllm_attention_metadata`); None or empty: none.
+    kv_indices_capacity : int, optional
+        N, the entries of each group's ``kv_indices`` (required with "flashinfer").
 
     Returns
     -------
     VllmReferenceResult
     """
+    groups = normalize_attention(attention)
+    N = check_kv_indices_capacity(groups, kv_indices_capacity)
     c = check_host_inputs(
         config, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
     )
@@ -327,4 +343,113 @@ def vllm_step_reference(
         input_block_tables=tuple(gathered),
         dcp_local_seq_lens=dcp,
     )
-    return VllmReferenceResult(outputs, num_tokens, mask, min(keys) if keys else VLLM_NO_ERROR_KEY)
+    attn_errors = (0, VLLM_NO_ERROR_KEY)
+    if groups:
+        outputs.attention, a_mask, a_key = vllm_attention_metadata(config, c, outputs, groups, N)
+        attn_errors = (a_mask, a_key)
+        mask |= a_mask
+        if a_mask:
+            keys.append(a_key)
+    return VllmReferenceResult(outputs, num_tokens, mask, min(keys) if keys else VLLM_NO_ERROR_KEY, attn_errors)
+
+
+def attention_lengths(config: VllmStepConfig, outputs: VllmStepOutputs, g: int) -> np.ndarray:
+    """``L_bg`` (int32 [M]): group g's KV length of each batch row, the length its attention
+    reads on this rank: ``dcp_local_seq_lens`` for a DCP-sharded group, else ``seq_lens``."""
+    return outputs.dcp_local_seq_lens if config.sharded(g) else outputs.seq_lens
+
+
+def vllm_attention_metadata(
+    config: VllmStepConfig, c: CheckedInputs, outputs: VllmStepOutputs, groups: tuple, N: int | None
+) -> tuple:
+    """The attention metadata of a computed step (docs/vllm.md, "Attention metadata").
+
+    Parameters
+    ----------
+    config : VllmStepConfig
+    c : CheckedInputs
+        The step's checked inputs (:func:`check_host_inputs`).
+    outputs : VllmStepOutputs
+        The step's outputs (``seq_lens``, ``dcp_local_seq_lens``, the gathered tables).
+    groups : tuple of str
+        :func:`~kvaddr.attention_reference.normalize_attention`'s groups.
+    N : int or None
+        ``kv_indices_capacity`` (with "flashinfer").
+
+    Returns
+    -------
+    (VllmAttentionOutputs, error_mask, first_key)
+        Bits 1 (pages beyond the row's width), 16 (pages beyond ``num_blocks``), 2 (a
+        negative block id among the entries written) and 512 (more entries than N), each
+        keyed at the request's first token ``(qsl[b], b, g, bit)``; flashinfer only.
+    """
+    M, G, n = config.max_num_reqs, config.num_groups, c.num_reqs
+    qsl = c.query_start_loc.astype(np.int64)
+    out = VllmAttentionOutputs()
+    mask, keys = 0, []
+    fi, varlen = "flashinfer" in groups, "varlen" in groups
+    if "page_table" in groups:
+        out.page_table = outputs.input_block_tables
+    if not (fi or varlen):
+        return out, 0, VLLM_NO_ERROR_KEY
+    qo = np.empty(M + 1, dtype=np.int32)
+    qo[: n + 1] = c.query_start_loc
+    qo[n + 1 :] = c.query_start_loc[n]
+    out.qo_indptr = qo
+    Ls = [attention_lengths(config, outputs, g).astype(np.int64) for g in range(G)]
+    if varlen:
+        out.cu_seqlens_k = np.zeros((G, M + 1), dtype=np.int32)
+        for g in range(G):
+            out.cu_seqlens_k[g] = np.minimum(np.concatenate([[0], np.cumsum(Ls[g])]), INT32_MAX)
+        out.seqused_k = tuple(attention_lengths(config, outputs, g) for g in range(G))
+        q = np.clip(qsl[1:] - qsl[:-1], 0, INT32_MAX)
+        out.max_seqlen_q = np.array(q.max() if n else 0, dtype=np.int32)
+        out.max_seqlen_k = np.array([L.max() for L in Ls], dtype=np.int32)
+    if not fi:
+        return out, 0, VLLM_NO_ERROR_KEY
+    out.kv_indptr = np.zeros((G, M + 1), dtype=np.int32)
+    out.kv_indices = np.full((G, N), PAD_PAGE_ID, dtype=np.int32)
+    out.kv_last_page_len = np.zeros((G, M), dtype=np.int32)
+    tok = np.clip(qsl[:-1], 0, INT32_MAX)
+    rr = np.clip(c.idx_mapping.astype(np.int64), 0, M - 1)
+    for g in range(G):
+        B, W, L = config.block_sizes[g], config.widths[g], Ls[g]
+        # The metadata of the first num_reqs rows (the reference of the core step's attention):
+        # kv_indptr, the entries of the gathered rows (-1 past the width, for a negative id
+        # and past kv_indptr[g, n]), kv_last_page_len.
+        res = attention_metadata(qsl[: n + 1], L[:n], [outputs.input_block_tables[g]], [B], "flashinfer", N)
+        a = res.outputs
+        out.kv_indptr[g, : n + 1] = a.kv_indptr[0]
+        out.kv_indptr[g, n + 1 :] = a.kv_indptr[0, n]
+        out.kv_indices[g] = a.kv_indices[0]
+        out.kv_last_page_len[g, :n] = a.kv_last_page_len[0]
+        # The checks, every request (the smallest key of each bit)
+        pages = -(-L[:n] // B)
+        start = np.concatenate([[0], np.cumsum(pages)])[:-1]
+        nb = np.clip(c.num_blocks[g].astype(np.int64)[rr], 0, W)
+        nb = np.where(pages > 0, nb, 0)
+        first = np.zeros(n, dtype=np.int64)
+        R = config.sliding_window_reach[g]
+        if R > 0 and n:
+            nct = c.num_computed_tokens.astype(np.int64)[rr]
+            first = np.clip(np.maximum(nct - R, 0) // B, 0, W)
+        e_w = pages > W
+        e_nb = ~e_w & (pages > nb)
+        e_cap = (start <= N) & (start + pages > N)
+        e_neg = np.zeros(n, dtype=bool)
+        for b in np.flatnonzero(pages > 0):
+            hi = min(int(pages[b]), W, int(nb[b]), max(N - int(start[b]), 0))  # entries read and written
+            lo = int(first[b])
+            if hi > lo:
+                e_neg[b] = bool((c.block_tables[g][rr[b], lo:hi] < 0).any())
+        for bit, where in (
+            (VERR_BLOCK_INDEX, e_w),
+            (VERR_PAST_NUM_BLOCKS, e_nb),
+            (VERR_NEGATIVE_BLOCK, e_neg),
+            (VERR_KV_INDICES_CAPACITY, e_cap),
+        ):
+            hit = np.flatnonzero(where)
+            if hit.size:
+                mask |= bit
+                keys.extend(vllm_error_key(int(tok[b]), int(b), g, bit) for b in hit)
+    return out, mask, min(keys) if keys else VLLM_NO_ERROR_KEY
