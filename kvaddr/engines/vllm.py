@@ -58,7 +58,7 @@ META_IMPLS = (0, 1)
 META_BLOCKS_CAP = 264
 
 
-def auto_meta_geometry(max_num_reqs: int, num_groups: int, meta_impl: int = 1) -> tuple[int, int]:
+def auto_meta_geometry(max_num_reqs: int, num_groups: int, meta_impl: int = 0) -> tuple[int, int]:
     """The default ``(meta_lanes, meta_rows)`` of the attention metadata blocks.
 
     ``meta_rows``: the smallest of 16, 32, 64, 128, 256 with ``num_groups *
@@ -231,9 +231,11 @@ class VllmStepPlanner:
     meta_rows : {8, 16, 32, 64, 128, 256}, optional
         Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per
         group); default :func:`auto_meta_geometry`'s (by max_num_reqs and the group count).
-    meta_impl : {0, 1}, default 1
-        The metadata blocks' code: 1 the shorter dependent chain (one barrier, the block-table
-        row loads issued before it), 0 the first version; same outputs (settable later).
+    meta_impl : {0, 1}, default 0
+        The metadata blocks' code: 0 the first version (measured fastest on the H200 at the
+        automatic geometry), 1 a shorter dependent chain (one barrier, the block-table row
+        loads issued before it; not faster there: docs/perf-notes.md); same outputs (settable
+        later).
 
     Examples
     --------
@@ -269,7 +271,7 @@ class VllmStepPlanner:
         kv_indices_capacity: int | None = None,
         meta_lanes: int | None = None,
         meta_rows: int | None = None,
-        meta_impl: int = 1,
+        meta_impl: int = 0,
     ):
         import cupy
 

@@ -183,18 +183,18 @@ def test_default_geometry_and_impl(fake):
 
     d = _worked(G=2, rows=300)
     pl = VllmStepPlanner(300, 6, [4, 16], [4, 4], attention="flashinfer,varlen", kv_indices_capacity=1000)
-    assert (pl.meta_lanes, pl.meta_rows, pl.meta_impl) == (16, 16, 1)
+    assert (pl.meta_lanes, pl.meta_rows, pl.meta_impl) == (32, 16, 0)
     pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
     L = fake.launches[-1]
     p = L["params"]
     # ceil(301 / 16) = 19 blocks per group, 38 in all, after 1 token, 2 request and 1 gather block
-    assert p["meta_blocks"] == 19 and p["meta_rows"] == 16 and p["meta_lanes"] == 16 and p["meta_impl"] == 1
+    assert p["meta_blocks"] == 19 and p["meta_rows"] == 16 and p["meta_lanes"] == 32 and p["meta_impl"] == 0
     assert L["grid"] == (1 + 2 + 1 + 38, 1, 1)
     assert pl._records.shape == ((1 + 2 + 38) * 8, 2)
     assert p["meta_entries"] == -(-1000 // 19)
     # meta_impl is read from the parameter block: settable, the next launch carries it
-    pl.meta_impl = 0
+    pl.meta_impl = 1
     pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
-    assert fake.launches[-1]["params"]["meta_impl"] == 0 and fake.launches[-1]["grid"] == L["grid"]
+    assert fake.launches[-1]["params"]["meta_impl"] == 1 and fake.launches[-1]["grid"] == L["grid"]
     with pytest.raises(ValueError, match="meta_impl must be one of"):
         pl.meta_impl = 3
