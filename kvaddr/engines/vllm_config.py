@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvaddr.engines.vllm_errors import VLLM_MAX_REQUESTS
+from kvaddr.outputs import ATTENTION_FIELDS
 from kvaddr.validation import INT32_MAX, ArrayInfo, check_int
 
 INT32 = np.dtype(np.int32)
@@ -178,18 +179,8 @@ class VllmStepOutputs:
         return {name: getattr(self, name) for name in OUTPUT_FIELDS}
 
 
-#: Fields of :class:`VllmAttentionOutputs`, in order.
-VLLM_ATTENTION_FIELDS = (
-    "qo_indptr",
-    "kv_indptr",
-    "kv_indices",
-    "kv_last_page_len",
-    "cu_seqlens_k",
-    "seqused_k",
-    "max_seqlen_q",
-    "max_seqlen_k",
-    "page_table",
-)
+#: Fields of :class:`VllmAttentionOutputs`, in order: the core step's (:data:`kvaddr.outputs.ATTENTION_FIELDS`).
+VLLM_ATTENTION_FIELDS = ATTENTION_FIELDS
 
 
 @dataclass
