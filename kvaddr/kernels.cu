@@ -2314,7 +2314,8 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 //
 // kvaddr_step1m_c{G}_i64 / _i32, G = 0..4 caches: for bsz <= KV_THREADS requests with
 // attention outputs on. The first ceil(C / T) blocks are v9's token blocks, exactly
-// kv_step_one<G, PosT> (T threads, T >= bsz, T <= KV_THREADS); the M = gridDim.x -
+// kvaddr_step1_c{G}_*'s code (kv_step_one with KV_V9_DEFAULT's fixes; T threads, T >= bsz,
+// T <= KV_THREADS); the M = gridDim.x -
 // ceil(C / T) blocks after them are metadata blocks (kv_meta_one), the planner's choice of
 // M: G x K with flashinfer or page_table (block (g, k) owns requests [k rq, (k + 1) rq),
 // rq = ceil(bsz / K), and kv_indices[g]'s pad range [k ceil(N / K), (k + 1) ceil(N / K))),
@@ -2610,7 +2611,7 @@ __device__ __forceinline__ void kv_step_one_meta(const KvStepParams& p) {
         kv_meta_one<G>(p, (int)blockIdx.x - token_blocks, (int)gridDim.x - token_blocks);
         return;
     }
-    kv_step_one<G, PosT>(p);
+    kv_step_one_ablate<G, PosT, KV_V9_DEFAULT>(p);  // the token blocks: v9 with its measured fixes
 }
 
 extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c0_i64(const KvStepParams params) {
