@@ -29,7 +29,7 @@ from kvaddr.engines.vllm_config import (
     per_group,
 )
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
-from kvaddr.validation import cupy_stream, describe, memo_guard, signature_getter, stream_handle
+from kvaddr.validation import cupy_stream, describe, memo_guard, repeats, signature_getter, stream_handle
 
 __all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
 
@@ -292,6 +292,7 @@ class VllmStepPlanner:
         # compute()'s memo of the last checked call (see _remember) and of the last stream
         # object's handle; CuPy's current-stream getter looked up once.
         self._memo: tuple | None = None
+        self._last_args: tuple | None = None  # the last checked call's arguments (see _remember)
         self._memoize = True
         self._stream_obj = None
         self._stream_ptr = 0
@@ -690,7 +691,7 @@ class VllmStepPlanner:
 
     def forget_inputs(self) -> None:
         """Drop the remembered inputs (the next call checks every array again)."""
-        self._memo = None
+        self._memo = self._last_args = None
         self._seen_nct = self._seen_nb = None
         self._seen_tables = [None] * self.config.num_groups
 
@@ -703,7 +704,7 @@ class VllmStepPlanner:
     @memoize_checks.setter
     def memoize_checks(self, on: bool) -> None:
         self._memoize = bool(on)
-        self._memo = None
+        self._memo = self._last_args = None
 
     @property
     def kernel(self) -> str:
@@ -788,9 +789,9 @@ class VllmStepPlanner:
         Notes
         -----
         The checks run in full on a call with new argument objects (a list of tables or of
-        num_blocks counts by its items); the same objects as the last checked call, each
-        array with an unchanged pointer, device, shape, strides and dtype, skip them (they
-        would pass again) and launch from the parameter block as it is, with only
+        num_blocks counts by its items); once two checked calls in a row had the same objects,
+        later calls with those objects, each array with an unchanged pointer, device, shape,
+        strides and dtype, skip them (they would pass again) and launch from the parameter block as it is, with only
         ``num_reqs_padded`` and the stream taken per call. The planner keeps a reference to
         the last inputs. ``memoize_checks = False`` checks every call.
         """
@@ -843,7 +844,10 @@ class VllmStepPlanner:
         return self.outputs
 
     def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
-        """Memoise the inputs just checked and launched, for compute()'s fast path.
+        """Memoise the inputs just checked and launched, for compute()'s fast path, when they
+        are the objects of the checked call before (``validation.repeats``; a list by its items):
+        the second checked call with the same objects makes the memo, and a call with new objects
+        costs the checks alone.
 
         The memo's guard (``validation.memo_guard``, shared with ``StepPlanner``) holds the
         argument objects themselves (so their ids stay theirs), the items of a sequence of
@@ -858,8 +862,15 @@ class VllmStepPlanner:
         """
         if not self._memoize:
             return
+        # The guard is built only when this call repeats the last checked call's objects (see
+        # validation.repeats): new idx_mapping / query_start_loc objects every step (vLLM's fresh
+        # slices) never hit a memo, so they pay the checks alone.
+        args, last = (idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks), self._last_args
+        self._last_args = args
+        if not repeats(args, last):
+            return
         # (every argument object, sequences by their items, is a checked array)
-        same = memo_guard((idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks))
+        same = memo_guard(args)
         if same is None:  # no cheap signature, or a list/tuple subclass
             return
         step = self._fns["step"]

@@ -73,11 +73,13 @@ def test_the_same_inputs_are_checked_once_and_launched_every_time(fake):
     pl = _planner(G=2)
     d = _inputs(G=2)
     out = _call(pl, d)
+    assert len(fake.described) == 7 and pl._memo is None  # idx, qsl, nct, 2 tables, 2 num_blocks
+    _call(pl, d)  # the same objects again: checked (idx, qsl: the state is remembered), memoised
     checked = len(fake.described)
-    assert checked == 7  # idx, qsl, nct, 2 tables, 2 num_blocks
+    assert checked == 7 + 2 and pl._memo is not None
     outs = [_call(pl, d) for _ in range(3)]
     assert len(fake.described) == checked, "a memoised call described an input again"
-    assert len(fake.launches) == 4 and all(o is out for o in outs)
+    assert len(fake.launches) == 5 and all(o is out for o in outs)
     first, last = fake.launches[0], _last(fake)
     assert (first["fn"], first["grid"], first["block"], first["stream"]) == (
         last["fn"],
@@ -106,14 +108,16 @@ def test_memoize_checks_off_after_a_memoised_call(fake):
     d = _inputs(G=2)
     _call(pl, d)
     _call(pl, d)
-    pl.memoize_checks = False  # forgets the memo
+    assert pl._memo is not None
+    pl.memoize_checks = False  # forgets the memo (and the last call's objects)
     assert pl._memo is None and pl.memoize_checks is False
     _call(pl, d)
-    assert len(fake.described) == 7 + 2
+    assert len(fake.described) == 7 + 2 + 2
     pl.memoize_checks = True
+    _call(pl, d)  # checked: the first call since the memo was turned on
+    _call(pl, d)  # checked again, memoised
     _call(pl, d)
-    _call(pl, d)
-    assert len(fake.described) == 7 + 2 + 2 and pl._memo is not None
+    assert len(fake.described) == 7 + 2 + 2 + 2 + 2 and pl._memo is not None
 
 
 def _field(params, which, g=0):
@@ -269,7 +273,7 @@ def test_lists_changed_in_place_are_seen(fake):
     d = _inputs(G=2)
     _call(pl, d)
     _call(pl, d)
-    assert len(fake.described) == 7
+    assert len(fake.described) == 7 + 2 and pl._memo is not None
     t2 = FakeArray(np.zeros((M, 4), np.int32))
     d["block_tables"][1] = t2  # the same list object, another table
     _call(pl, d)
@@ -302,7 +306,7 @@ def test_tuples_and_a_single_table_are_memoised(fake):
     d["num_blocks"] = tuple(d["num_blocks"])
     _call(pl, d)
     _call(pl, d)
-    assert len(fake.described) == 5
+    assert len(fake.described) == 5 + 2 and pl._memo is not None
     d["num_blocks"] = (FakeArray(np.zeros(M, np.int32)),)  # a new tuple
     _call(pl, d)
     assert _last(fake)["params"]["num_blocks"][0] == d["num_blocks"][0].data.ptr
@@ -333,6 +337,10 @@ def test_other_objects_are_checked(fake):
         _call(pl, d)
         assert len(fake.described) > n and _field(_last(fake)["params"], which) == d[which].data.ptr
     d["block_tables"] = list(d["block_tables"])  # another list, the same tables: compared by items
+    n = len(fake.described)
+    _call(pl, d)  # the objects of the checked call before: checked (idx, qsl) and memoised
+    assert len(fake.described) == n + 2 and pl._memo is not None
+    d["block_tables"] = list(d["block_tables"])
     n = len(fake.launches), len(fake.described)
     _call(pl, d)
     assert (len(fake.launches), len(fake.described)) == (n[0] + 1, n[1])
@@ -345,7 +353,7 @@ def test_num_reqs_padded_per_call(fake):
     for padded in (3, 4, 2, None):
         _call(pl, d, padded=padded)
         assert _last(fake)["params"]["num_reqs_padded"] == (2 if padded is None else padded)
-    assert len(fake.described) == 7
+    assert len(fake.described) == 7 + 2  # (the second call made the memo)
     n = len(fake.launches)
     for bad, exc, message in (
         (1, ValueError, r"num_reqs_padded must be an int in \[2, 4\], got 1"),
@@ -379,8 +387,9 @@ def test_num_reqs_padded_remembered_object_and_every_order(fake, kernel):
         want = 2 if padded is None else int(padded)
         assert _last(fake)["params"]["num_reqs_padded"] == want, (seq, padded)
         assert _last(fake)["grid"] == grids[want], (seq, padded)
-    # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one)
-    assert len(fake.described) - before == 7 + 2 * 3
+    # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one, and
+    # 2 for the second call, which made the memo)
+    assert len(fake.described) - before == 7 + 2 + 2 * 3
 
 
 def test_v1_grid_follows_num_reqs_padded_on_the_memoised_path(fake):
@@ -538,7 +547,7 @@ def test_the_memoised_path_matches_the_emulated_kernel(monkeypatch, kernel):
         d["query_start_loc"].a[:] = nxt["query_start_loc"]
         if step % 2 == 0:
             d["block_tables"][1].a[rng.integers(0, 40), 0] = -5
-    assert len(described) == 7 and pl._memo is not None
+    assert len(described) == 7 + 2 and pl._memo is not None  # (the second step made the memo)
 
 
 def test_one_table_object_for_two_groups_changed_in_place_is_seen(fake):
@@ -549,6 +558,7 @@ def test_one_table_object_for_two_groups_changed_in_place_is_seen(fake):
     d = _inputs(G=2)
     t, nb = d["block_tables"][0], d["num_blocks"][0]
     d["block_tables"], d["num_blocks"] = [t, t], [nb, nb]
+    _call(pl, d)
     _call(pl, d)
     checked = len(fake.described)
     _call(pl, d)
