@@ -358,3 +358,35 @@ def test_one_table_object_for_both_caches_changed_in_place_is_seen(fake):
     t.a = np.zeros((2 * BSZ, 6), np.int32)[::2]  # same shape, twice the row stride
     p.compute(dec, q, tables, stream=9)
     assert len(fake.described) > n and list(_last(fake)["params"].table_stride[:2]) == [12, 12]
+
+
+def test_no_guard_for_new_objects_every_call_and_one_when_they_repeat(fake, monkeypatch):
+    """An engine passing new dec / q objects every step never gets a guard built (it could never
+    hit); the second checked call with the same objects builds it, and later calls use it."""
+    from kvaddr import planner as planner_module
+
+    built = []
+    real = planner_module.memo_guard
+    monkeypatch.setattr(planner_module, "memo_guard", lambda *a: built.append(a) or real(*a))
+    p = _planner()
+    dec, q, table = _inputs(fake)
+    for _ in range(4):
+        d2, q2, _ = _inputs(fake)
+        p.compute(d2, q2, table, stream=9)
+        assert _last(fake)["params"].seq_lens_decoder == d2.data.ptr
+    assert built == [] and p._memo is None
+    p.compute(dec, q, table, stream=9)
+    assert built == []
+    p.compute(dec, q, table, stream=9)
+    assert len(built) == 1 and p._memo is not None
+    n = len(fake.described)
+    p.compute(dec, q, [table, table], stream=9)  # a list of the same table: another argument pattern
+    p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == n + 2 * 3 and len(built) == 1
+    p.compute(dec, q, table, stream=9)  # repeats the call before: guard built, then used
+    p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == n + 3 * 3 and len(built) == 2
+    dec.a = dec.a.copy()  # a signature changed in place: checked again, the guard rebuilt
+    p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == n + 4 * 3 and len(built) == 3
+    assert _last(fake)["params"].seq_lens_decoder == dec.data.ptr

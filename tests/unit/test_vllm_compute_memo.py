@@ -598,3 +598,76 @@ def test_an_array_passed_in_two_roles_is_checked_in_both(fake):
     x.a = x.a[:3]
     with pytest.raises(ValueError, match=r"num_computed_tokens must be .* got shape \(3,\)"):
         _call(pl, d)
+
+
+def _counting_guards(monkeypatch, module):
+    """memo_guard of ``module``, counting the guards it builds."""
+    built = []
+    real = module.memo_guard
+
+    def memo_guard(*a, **kw):
+        built.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, "memo_guard", memo_guard)
+    return built
+
+
+def test_no_guard_is_built_for_new_objects_every_call(fake, monkeypatch):
+    """vLLM's pattern: new idx_mapping / query_start_loc objects (slices) every step. No call repeats
+    the objects of the one before, so no memo guard is built (it could never hit): each call costs
+    the checked path alone, and is checked in full."""
+    built = _counting_guards(monkeypatch, vllm_module)
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    for _ in range(5):
+        d["idx_mapping"] = FakeArray(d["idx_mapping"].a.copy())
+        d["query_start_loc"] = FakeArray(d["query_start_loc"].a.copy())
+        _call(pl, d)
+        assert _last(fake)["params"]["idx_mapping"] == d["idx_mapping"].data.ptr
+    assert built == [] and pl._memo is None
+    assert len(fake.described) == 7 + 2 * 4
+
+
+def test_the_guard_is_built_when_the_objects_repeat_and_then_used(fake, monkeypatch):
+    built = _counting_guards(monkeypatch, vllm_module)
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    _call(pl, d)
+    assert built == [] and pl._memo is None
+    _call(pl, d)  # the objects of the checked call before: the guard is built
+    assert len(built) == 1 and pl._memo is not None
+    n = len(fake.described)
+    for _ in range(3):
+        _call(pl, d)
+    assert len(built) == 1 and len(fake.described) == n  # used: no check, no new guard
+    d["block_tables"] = list(d["block_tables"])  # a new list with the same items: still the memo
+    _call(pl, d)
+    assert len(built) == 1 and len(fake.described) == n
+    # an in-place change of a signature: checked again; the same objects, so the guard is rebuilt
+    # at once for the new signature (and used by the next call)
+    x = d["num_computed_tokens"]
+    x.a = x.a.copy()
+    _call(pl, d)
+    assert len(fake.described) == n + 3 and len(built) == 2
+    assert _last(fake)["params"]["num_computed_tokens"] == x.data.ptr
+    _call(pl, d)
+    assert len(fake.described) == n + 3 and len(built) == 2
+    # a bad change in place: checked, refused, no guard; the same objects restored: memoised again
+    good = x.a
+    x.a = good[:3]
+    with pytest.raises(ValueError, match=r"num_computed_tokens must be .* got shape \(3,\)"):
+        _call(pl, d)
+    assert pl._memo is None and len(built) == 2
+    x.a = good
+    _call(pl, d)
+    assert len(built) == 3 and pl._memo is not None
+    # new objects after a memo: checked, the memo dropped, no guard built for them
+    d["idx_mapping"] = FakeArray(d["idx_mapping"].a.copy())
+    _call(pl, d)
+    assert pl._memo is None and len(built) == 3
+    assert _last(fake)["params"]["idx_mapping"] == d["idx_mapping"].data.ptr
+    # forget_inputs() forgets the last call's objects too: the next call does not build a guard
+    pl.forget_inputs()
+    _call(pl, d)
+    assert pl._memo is None and len(built) == 3
