@@ -192,7 +192,10 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     ``num_blocks`` as a list of one array per group; plus a vLLM row with the same table object
     passed for both groups, and rows with the memo on but new idx_mapping/query_start_loc (core:
     dec/q) objects every call (an engine passing fresh slices: the memo never hits, what it costs
-    is the checked path plus making the memo). The last rows: vLLM minus core, best sample
+    is the checked path alone since the memo is made only for repeated objects). The ``bind()``
+    rows: ``VllmStepPlanner.bind(nct, tables, num_blocks)`` once, then ``launch(idx_mapping,
+    query_start_loc, num_reqs_padded)`` with new or the same batch objects (the batch checked every
+    launch, the bound state's signatures compared). The last rows: vLLM minus core, best sample
     against best sample."""
     from kvaddr.engines.vllm import VllmStepPlanner
 
@@ -204,6 +207,9 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
 
     def core_call(pl, dec, q, tables):
         return lambda: pl.compute(dec, q, tables, stream=stream)
+
+    def bound_call(b, idx, qsl):
+        return lambda: b.launch(idx, qsl, bsz, stream=stream)
 
     def fresh(make, k=8):  # a call on new objects every time (k sets of them in turn)
         calls = itertools.cycle([make() for _ in range(k)])
@@ -235,6 +241,19 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
             fresh(lambda c=core, t=ctables: core_call(c, ndarray((bsz,)), ndarray((bsz,)), t)),
             False,
         )
+        # VllmStepPlanner.bind(): the request state bound once, the batch checked every launch
+        vb = VllmStepPlanner(M, T, sizes, widths, kernel="v2")
+        bound = vb.bind(nct, tables, nbs)
+        calls[f"vLLM G={G}, bind(): launch, new idx/qsl objects every call"] = (
+            vb,
+            fresh(lambda b=bound: bound_call(b, ndarray((bsz,)), ndarray((bsz + 1,)))),
+            False,
+        )
+        calls[f"vLLM G={G}, bind(): launch, the same idx/qsl objects"] = (
+            vb,
+            bound_call(bound, idx, qsl),
+            False,
+        )
     modes = (True,) if only_memo else (True, False)
     samples = {(k, on): [] for on in modes for k in calls if on or calls[k][2]}
     for _ in range(repeats):
@@ -247,7 +266,8 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     for pl, _fn, _ in calls.values():
         pl.memoize_checks = True
     rows = {
-        f"{k}: compute(), {'memo' if on else 'no memo'}": (statistics.median(v), v) for (k, on), v in samples.items()
+        (k if "bind()" in k else f"{k}: compute(), {'memo' if on else 'no memo'}"): (statistics.median(v), v)
+        for (k, on), v in samples.items()
     }
     best = {key: min(v) for key, v in samples.items()}
     for on in modes:

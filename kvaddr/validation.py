@@ -95,6 +95,16 @@ def _kind_of(cls) -> int:
     return _OTHER
 
 
+def array_kind(x) -> str:
+    """Which path :func:`describe` takes for ``x``: ``"cupy"``, ``"torch"`` (a tensor) or ``""``
+    (anything else); decided once per class."""
+    cls = x.__class__
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    return ("", "cupy", "torch")[kind]
+
+
 def describe(name: str, x) -> ArrayInfo:
     """Describe a device array: CuPy, PyTorch, __cuda_array_interface__ or __dlpack__.
 

@@ -39,10 +39,11 @@ graph (the driver copies the parameter block at the launch, also while capturing
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import TYPE_CHECKING
 
-from kvaddr.engines.vllm_config import INT64, VllmStepOutputs, check_num_reqs_padded
-from kvaddr.validation import memo_guard, stream_handle
+from kvaddr.engines.vllm_config import INT32, INT64, VllmStepOutputs, check_num_reqs_padded
+from kvaddr.validation import array_kind, memo_guard, stream_handle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,6 +51,60 @@ if TYPE_CHECKING:
 __all__ = ["BoundVllmStep"]
 
 _NAMES = ("num_computed_tokens", "block_tables", "num_blocks")
+
+
+def cupy_batch_check(max_num_reqs: int, device: int) -> Callable:
+    """``check(idx_mapping, query_start_loc) -> (idx pointer, num_reqs, idx is int64, qsl pointer)``
+    for CuPy arrays, read straight from their attributes, or None where any check of
+    ``check_batch`` would fail (or the attributes are not CuPy's): then ``check_batch`` runs and
+    raises its message. The checks are ``check_batch``'s: idx_mapping int32 or int64, 1-D, at most
+    ``max_num_reqs`` entries, contiguous (more than one entry: a stride of one element), on
+    ``device``; query_start_loc int32, shape ``(num_reqs + 1,)``, contiguous, on ``device``."""
+    M, dev = max_num_reqs, device
+
+    def check(idx, qsl):
+        sh, dt = idx.shape, idx.dtype
+        if len(sh) != 1 or (dt is not INT32 and dt is not INT64 and dt != INT32 and dt != INT64):
+            return None
+        n = sh[0]
+        if n > M or (n > 1 and idx.strides[0] != dt.itemsize):
+            return None
+        qs, qt = qsl.shape, qsl.dtype
+        if len(qs) != 1 or qs[0] != n + 1 or (qt is not INT32 and qt != INT32) or (n > 0 and qsl.strides[0] != 4):
+            return None
+        mi, mq = idx.data, qsl.data
+        di, dq = getattr(mi, "device_id", None), getattr(mq, "device_id", None)
+        if di is None:  # (a MemoryPointer without device_id: describe() reads x.device.id)
+            di = idx.device.id
+        if dq is None:
+            dq = qsl.device.id
+        if di != dev or dq != dev:
+            return None
+        return mi.ptr, n, dt == INT64, mq.ptr
+
+    return check
+
+
+def torch_batch_check(max_num_reqs: int, device: int, int32, int64) -> Callable:
+    """:func:`cupy_batch_check` for torch tensors (``int32``, ``int64``: torch's dtypes): CUDA
+    tensors (``is_cuda``) on ``device``, strides in elements."""
+    M, dev = max_num_reqs, device
+
+    def check(idx, qsl):
+        sh, dt = idx.shape, idx.dtype
+        if len(sh) != 1 or (dt is not int32 and dt is not int64):
+            return None
+        n = sh[0]
+        if n > M or (n > 1 and idx.stride(0) != 1):
+            return None
+        qs = qsl.shape
+        if len(qs) != 1 or qs[0] != n + 1 or qsl.dtype is not int32 or (n > 0 and qsl.stride(0) != 1):
+            return None
+        if not (idx.is_cuda and qsl.is_cuda) or idx.get_device() != dev or qsl.get_device() != dev:
+            return None
+        return idx.data_ptr(), n, dt is int64, qsl.data_ptr()
+
+    return check
 
 
 class BoundVllmStep:
@@ -74,6 +129,7 @@ class BoundVllmStep:
         "_check_state",
         "_current_stream",
         "_device",
+        "_fast",
         "_fptr",
         "_lanes",
         "_launch",
@@ -89,6 +145,7 @@ class BoundVllmStep:
         "_stream_ptr",
         "_threads",
         "_v2",
+        "_written",
         "params",
         "planner",
     )
@@ -134,9 +191,26 @@ class BoundVllmStep:
         # kernelParams: one pointer, to this binding's struct (passed by value)
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         self._args_ptr = ctypes.addressof(self._args)
+        self._fast: dict = {}  # (idx_mapping class, query_start_loc class) -> a fast batch check or None
+        self._written = None  # the batch fields last written into the parameter block
         self._state = (num_computed_tokens, block_tables, num_blocks)
         self._same = None
         self._bind_state()
+
+    def _fast_check(self, idx_mapping, query_start_loc):
+        """The fast batch check for these classes (both CuPy or both torch), or None."""
+        key = (idx_mapping.__class__, query_start_loc.__class__)
+        kind = array_kind(idx_mapping)
+        check = None
+        if kind and array_kind(query_start_loc) == kind:
+            if kind == "cupy":
+                check = cupy_batch_check(self._max_num_reqs, self._device)
+            else:
+                torch = sys.modules.get("torch")  # (loaded: x is one of its tensors)
+                if torch is not None:
+                    check = torch_batch_check(self._max_num_reqs, self._device, torch.int32, torch.int64)
+        self._fast[key] = check
+        return check
 
     def _bind_state(self) -> None:
         """Check the bound request state (as compute() does) and write it into the parameter block;
@@ -203,10 +277,18 @@ class BoundVllmStep:
         same = self._same
         if same is None or not same(*self._state):
             self._bind_state()
-        # The batch: every check, every launch.
+        # The batch: every check, every launch. CuPy arrays and torch tensors are read straight
+        # (cupy_batch_check / torch_batch_check: check_batch's checks, inline); anything else, or a
+        # failed check, goes through check_batch (describe + check_vector), which raises the message.
         M = self._max_num_reqs
-        idx, qsl = self._check_batch(idx_mapping, query_start_loc, M, self._device)
-        n = idx[1][0]  # (ArrayInfo.shape)
+        fast = self._fast.get((idx_mapping.__class__, query_start_loc.__class__), False)
+        if fast is False:
+            fast = self._fast_check(idx_mapping, query_start_loc)
+        batch = None if fast is None else fast(idx_mapping, query_start_loc)
+        if batch is None:
+            idx, qsl = self._check_batch(idx_mapping, query_start_loc, M, self._device)
+            batch = (idx.ptr, idx.shape[0], idx.dtype == INT64, qsl.ptr)
+        n = batch[1]
         if num_reqs_padded is None:
             padded = n
         elif num_reqs_padded.__class__ is int and n <= num_reqs_padded <= M:
@@ -216,13 +298,16 @@ class BoundVllmStep:
         plan = self._plans.get(n if self._v2 else padded)
         if plan is None:
             plan = self._plans[n if self._v2 else padded] = self._plan(padded, n, self._pair_lanes)
-        P = self.params
-        P.idx_mapping = idx[0]  # [num_reqs], int32 or int64
-        P.idx_is_64 = idx[3] is INT64 or idx[3] == INT64
-        P.query_start_loc = qsl[0]  # [num_reqs + 1], int32
-        P.num_reqs = n
-        P.num_reqs_padded = padded
-        if plan[1] != self._lanes and plan[1]:  # v2's lanes per pair, by num_reqs
-            P.pair_lanes = self._lanes = plan[1]
+        written = (batch, padded)
+        if written != self._written:  # (vLLM's slices of persistent buffers keep their pointers)
+            P = self.params
+            P.idx_mapping = batch[0]  # [num_reqs], int32 or int64
+            P.num_reqs = n
+            P.idx_is_64 = batch[2]
+            P.query_start_loc = batch[3]  # [num_reqs + 1], int32
+            P.num_reqs_padded = padded
+            if plan[1] and plan[1] != self._lanes:  # v2's lanes per pair, by num_reqs
+                P.pair_lanes = self._lanes = plan[1]
+            self._written = written
         self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
         return self._outputs

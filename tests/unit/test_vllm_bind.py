@@ -116,14 +116,14 @@ def test_the_state_is_checked_once_and_the_batch_every_launch(fake):
     fake.described.clear()
     for _ in range(3):
         _launch(bound, d)
-    assert fake.described == ["idx_mapping", "query_start_loc"] * 3
+    assert fake.described == []  # the batch: read inline (cupy_batch_check), the state: not again
     for _ in range(2):  # new batch objects every step (vLLM's slices)
         d["idx_mapping"] = FakeArray(d["idx_mapping"].a.copy())
         d["query_start_loc"] = FakeArray(d["query_start_loc"].a.copy())
         _launch(bound, d)
         assert fake.launches[-1]["params"]["idx_mapping"] == d["idx_mapping"].data.ptr
         assert fake.launches[-1]["params"]["query_start_loc"] == d["query_start_loc"].data.ptr
-    assert fake.described == ["idx_mapping", "query_start_loc"] * 5
+    assert fake.described == []
     assert pl._memo is None  # compute()'s memo is not involved
 
 
@@ -219,12 +219,12 @@ def test_a_bound_array_changed_in_place_is_checked_again(fake, which, change, ex
     x.a = good.copy()  # good again, in new memory: checked and bound
     fake.described.clear()
     _launch(bound, d)
-    assert len(fake.launches) == n + 1 and len(fake.described) == 2 + 5
+    assert len(fake.launches) == n + 1 and len(fake.described) == 5
     _compute(pl, d)
     _same_launch(fake.launches[-2], fake.launches[-1])
     fake.described.clear()
     _launch(bound, d)
-    assert fake.described == ["idx_mapping", "query_start_loc"]  # bound again: checked once
+    assert fake.described == []  # bound again: checked once
 
 
 @pytest.mark.parametrize("which", STATE)
@@ -468,3 +468,130 @@ def test_bound_launches_match_the_emulated_kernel(monkeypatch, kernel):
         if step % 2 == 0:
             state["block_tables"][1].a[rng.integers(0, 40), 0] = -5
         batch = new_batch(rng, cfg, dict(host, idx_mapping=batch["idx_mapping"]), int(rng.integers(1, 31)), max_query=1)
+
+
+def test_the_fast_batch_check_agrees_with_check_batch(fake, monkeypatch):
+    """cupy_batch_check (the batch read inline) against check_batch (describe + check_vector) on
+    good and bad batches of every kind: where the fast check answers, its answer is check_batch's;
+    where check_batch raises, the fast check declines (None) and the launch raises check_batch's
+    message."""
+    from kvaddr.engines.vllm_bound import cupy_batch_check
+
+    check = cupy_batch_check(M, 0)
+    rng = np.random.default_rng(5)
+    cases = []
+    for n in range(M + 2):
+        for idt in (np.int32, np.int64, np.uint32, np.float32):
+            for qdt in (np.int32, np.int64):
+                for qlen in (n, n + 1, n + 2):
+                    for step in (1, 2):
+                        idx = np.zeros(2 * max(n, 1), idt)[: n * step : step]
+                        qsl = np.zeros(2 * qlen, qdt)[::2] if step == 2 and rng.random() < 0.5 else np.zeros(qlen, qdt)
+                        cases.append((idx, qsl))
+    cases.append((np.zeros((1, 2), np.int32), np.zeros(3, np.int32)))
+    cases.append((np.zeros(2, np.int32), np.zeros((3, 1), np.int32)))
+    accepted = 0
+    for idx, qsl in cases:
+        for dev_i, dev_q in ((0, 0), (1, 0), (0, 1)):
+            a, b = FakeArray(idx, dev_i), FakeArray(qsl, dev_q)
+            got = check(a, b)
+            try:
+                i, q = vllm_module.check_batch(a, b, M, 0)
+            except (TypeError, ValueError):
+                assert got is None, (idx.dtype, idx.shape, idx.strides, qsl.dtype, qsl.shape, dev_i, dev_q)
+                continue
+            if got is not None:  # (it may decline a batch check_batch takes, never the reverse)
+                accepted += 1
+                assert got == (i.ptr, i.shape[0], i.dtype == np.int64, q.ptr)
+    assert accepted >= 2 * (M + 1)
+
+
+def test_mixed_and_other_kinds_take_check_batch(fake, monkeypatch):
+    from kvaddr import validation
+
+    monkeypatch.setattr(validation, "_device_of_pointer", lambda ptr: 0)
+    d = _inputs()
+    bound = _bind(_planner(), d)
+    assert len(fake.described) == 3
+
+    class Cai:
+        def __init__(self, a):
+            self.__cuda_array_interface__ = dict(
+                shape=a.shape, typestr=a.dtype.str, data=(a.ctypes.data, False), strides=None, version=3
+            )
+
+    q = Cai(d["query_start_loc"].a)
+    bound.launch(d["idx_mapping"], q, stream=9)  # CuPy and another kind: described and checked
+    assert fake.described[3:] == ["idx_mapping", "query_start_loc"]
+    assert fake.launches[-1]["params"]["query_start_loc"] == d["query_start_loc"].a.ctypes.data
+    q.__cuda_array_interface__["typestr"] = "<i8"
+    with pytest.raises(TypeError, match="query_start_loc must be int32"):
+        bound.launch(d["idx_mapping"], q, stream=9)
+
+
+def test_torch_tensors_take_the_torch_batch_check(fake, monkeypatch):
+    """torch_batch_check on stand-ins of torch tensors (a fake ``torch`` module with its dtypes):
+    the same launch as compute()'s for good batches; each bad one declined, raising compute()'s
+    message."""
+    import sys
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.int32, torch.int64, torch.float32 = "torch.int32", "torch.int64", "torch.float32"
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    np_of = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
+
+    class Tensor:
+        def __init__(self, a, dtype, dev=0, cuda=True):
+            self.a, self.dtype, self.dev, self.is_cuda = np.asarray(a, np_of[dtype]), dtype, dev, cuda
+
+        shape = property(lambda self: self.a.shape)
+        device = property(lambda self: f"cuda:{self.dev}")
+
+        def data_ptr(self):
+            return self.a.ctypes.data
+
+        def stride(self, dim=None):
+            st = tuple(s // self.a.itemsize for s in self.a.strides)
+            return st if dim is None else st[dim]
+
+        def get_device(self):
+            return self.dev if self.is_cuda else -1
+
+    Tensor.__module__ = "torch"
+    from kvaddr import validation
+
+    monkeypatch.setitem(validation._TORCH_DTYPES, torch.int32, np.dtype(np.int32))
+    monkeypatch.setitem(validation._TORCH_DTYPES, torch.int64, np.dtype(np.int64))
+    monkeypatch.setitem(validation._TORCH_DTYPES, torch.float32, np.dtype(np.float32))
+    d = _inputs(G=2)
+    pl = _planner(G=2)
+    bound = _bind(pl, d)
+    for idx, idt in (([2, 0], torch.int32), ([1, -1, 3], torch.int64), ([], torch.int32)):
+        i, q = Tensor(idx, idt), Tensor(np.arange(len(idx) + 1), torch.int32)
+        pl.compute(i, q, *(d[k] for k in STATE), 4, stream=9)
+        want = fake.launches[-1]
+        n = len(fake.described)
+        bound.launch(i, q, 4, stream=9)
+        assert len(fake.described) == n  # read inline, not described
+        _same_launch(fake.launches[-1], want)
+    good_i, good_q = Tensor([2, 0], torch.int32), Tensor([0, 1, 3], torch.int32)
+    for i, q, exc, message in (
+        (Tensor([2, 0], torch.float32), good_q, TypeError, "idx_mapping must be int32 or int64"),
+        (Tensor([[2, 0]], torch.int32), good_q, ValueError, r"idx_mapping must be .* got shape \(1, 2\)"),
+        (Tensor(np.zeros(5), torch.int32), good_q, ValueError, "at most max_num_reqs = 4 entries, got 5"),
+        (good_i, Tensor([0, 1, 3], torch.int64), TypeError, "query_start_loc must be int32"),
+        (good_i, Tensor([0, 1], torch.int32), ValueError, r"query_start_loc must be .* = \(3,\), got shape \(2,\)"),
+        (good_i, Tensor([0, 1, 3], torch.int32, dev=1), ValueError, "query_start_loc must be on CUDA device 0"),
+        (Tensor([2, 0], torch.int32, cuda=False), good_q, TypeError, "idx_mapping must be a CUDA array"),
+    ):
+        n = len(fake.launches)
+        with pytest.raises(exc, match=message):
+            pl.compute(i, q, *(d[k] for k in STATE), 4, stream=9)
+        with pytest.raises(exc, match=message):
+            bound.launch(i, q, 4, stream=9)
+        assert len(fake.launches) == n
+    strided = Tensor([2, 9, 0, 9], torch.int32)
+    strided.a = strided.a[::2]
+    with pytest.raises(ValueError, match="idx_mapping must be contiguous"):
+        bound.launch(strided, good_q, 4, stream=9)
