@@ -346,3 +346,31 @@ def test_attention_metadata_from_a_binding():
         assert int(out.attention.max_seqlen_q.get()) == int(w.max_seqlen_q)
         assert out.attention.max_seqlen_k.get().tolist() == w.max_seqlen_k.tolist()
         assert planner.errors() == (want.error_mask, want.error_key)
+
+
+def test_readme_bind_snippet():
+    """README's bind() snippet, after its vLLM example (the same tensors), verbatim apart from the asserts."""
+    torch = pytest.importorskip("torch")
+
+    dev = "cuda"
+    num_computed_tokens = torch.tensor([9, 0, 5, 0], dtype=torch.int32, device=dev)
+    block_table = torch.tensor(
+        [[1, 3, 8, -1], [0, 0, 0, 0], [7, 2, -1, -1], [0, 0, 0, 0]], dtype=torch.int32, device=dev
+    )
+    num_blocks = torch.tensor([[3, 0, 2, 0]], dtype=torch.int32, device=dev)
+    positions = torch.zeros(6, dtype=torch.int64, device=dev)
+    slot_mappings = torch.zeros((1, 6), dtype=torch.int64, device=dev)
+    planner = VllmStepPlanner(
+        max_num_reqs=4, max_num_batched_tokens=6, block_sizes=[4], widths=[4],
+        out={"positions": positions, "slot_mappings": slot_mappings},
+    )  # fmt: skip
+    idx_mapping = torch.tensor([2, 0], dtype=torch.int32, device=dev)
+    query_start_loc = torch.tensor([0, 1, 3], dtype=torch.int32, device=dev)
+    # the README's snippet:
+    bound = planner.bind(num_computed_tokens, [block_table], num_blocks)  # checked once
+    out = bound.launch(idx_mapping, query_start_loc, num_reqs_padded=2, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert positions.tolist() == [5, 9, 10, 0, 0, 0]
+    assert slot_mappings.tolist() == [[9, 33, 34, -1, -1, -1]]
+    assert out.seq_lens.tolist() == [6, 11, 0, 0]
+    assert out.positions is positions
