@@ -130,6 +130,7 @@ class BoundVllmStep:
         "_current_stream",
         "_device",
         "_fast",
+        "_fast_checks",
         "_fptr",
         "_lanes",
         "_launch",
@@ -191,15 +192,25 @@ class BoundVllmStep:
         # kernelParams: one pointer, to this binding's struct (passed by value)
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         self._args_ptr = ctypes.addressof(self._args)
-        self._fast: dict = {}  # (idx_mapping class, query_start_loc class) -> a fast batch check or None
+        # (idx_mapping class, query_start_loc class, their fast batch check or None): the last classes seen
+        self._fast: tuple = (None, None, None)
+        self._fast_checks: dict = {}  # (idx_mapping class, query_start_loc class) -> fast batch check or None
         self._written = None  # the batch fields last written into the parameter block
         self._state = (num_computed_tokens, block_tables, num_blocks)
         self._same = None
         self._bind_state()
 
-    def _fast_check(self, idx_mapping, query_start_loc):
-        """The fast batch check for these classes (both CuPy or both torch), or None."""
+    def _fast_check(self, idx_mapping, query_start_loc) -> tuple:
+        """``(idx class, qsl class, the fast batch check for them or None)``, remembered as the last."""
         key = (idx_mapping.__class__, query_start_loc.__class__)
+        check = self._fast_checks.get(key, False)
+        if check is False:
+            check = self._fast_checks[key] = self._make_fast_check(idx_mapping, query_start_loc)
+        self._fast = (*key, check)
+        return self._fast
+
+    def _make_fast_check(self, idx_mapping, query_start_loc):
+        """The fast batch check for these classes (both CuPy or both torch), or None."""
         kind = array_kind(idx_mapping)
         check = None
         if kind and array_kind(query_start_loc) == kind:
@@ -209,7 +220,6 @@ class BoundVllmStep:
                 torch = sys.modules.get("torch")  # (loaded: x is one of its tensors)
                 if torch is not None:
                     check = torch_batch_check(self._max_num_reqs, self._device, torch.int32, torch.int64)
-        self._fast[key] = check
         return check
 
     def _bind_state(self) -> None:
@@ -281,9 +291,10 @@ class BoundVllmStep:
         # (cupy_batch_check / torch_batch_check: check_batch's checks, inline); anything else, or a
         # failed check, goes through check_batch (describe + check_vector), which raises the message.
         M = self._max_num_reqs
-        fast = self._fast.get((idx_mapping.__class__, query_start_loc.__class__), False)
-        if fast is False:
+        fast = self._fast
+        if idx_mapping.__class__ is not fast[0] or query_start_loc.__class__ is not fast[1]:
             fast = self._fast_check(idx_mapping, query_start_loc)
+        fast = fast[2]
         batch = None if fast is None else fast(idx_mapping, query_start_loc)
         if batch is None:
             idx, qsl = self._check_batch(idx_mapping, query_start_loc, M, self._device)
