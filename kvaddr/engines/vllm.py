@@ -273,6 +273,8 @@ class VllmStepPlanner:
     >>> out = planner.compute(idx_mapping, query_start_loc, num_computed_tokens,
     ...                       [block_table], [num_blocks], num_reqs_padded=256, stream=s)
     >>> planner.check()  # optional: synchronises, raises VllmAddressingError on bad values
+    >>> bound = planner.bind(num_computed_tokens, [block_table], [num_blocks])  # the state, checked once
+    >>> out = bound.launch(idx_mapping, query_start_loc, num_reqs_padded=256, stream=s)  # per step
     """
 
     kernel_name = "kvaddr_vllm_step"
