@@ -343,6 +343,12 @@ def main(argv=None):
                 )
     met = sum(r["targets_met"]["host"] for r in rows)
     print(f"host target (v2 memo / core compute() <= 1.2): met in {met} of {len(rows)} rows", flush=True)
+    bound_met = sum(r["host_bind_new_vs_core"] <= 1.2 for r in rows)
+    print(
+        f"v2 bind(): launch with new batch objects / core compute() (memo) <= 1.2: met in {bound_met} of "
+        f"{len(rows)} rows (not in the exit status)",
+        flush=True,
+    )
     if a.json:
         dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         with open(a.json, "w") as fh:
