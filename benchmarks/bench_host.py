@@ -14,7 +14,9 @@ Rows (every one launched on the same CUDA stream, inputs persistent, one decode 
 * ``compute() (CuPy)`` / ``compute() (torch)``: ``StepPlanner.compute`` with full checks
   (memoised: the same input objects with unchanged pointer, shape, strides, dtype and device
   skip re-running them); ``compute() (CuPy), no memo``: every check on every call
-  (``planner.memoize_checks = False``, the path before the memo);
+  (``planner.memoize_checks = False``, the path before the memo); ``new dec/q objects``: new
+  views of the same buffers every call (8 sets in turn), as an engine passing fresh slices:
+  the memo never hits, and (since session 6) no memo guard is built for them;
 * ``torch op (eager)``: ``torch.ops.kvaddr.step_into.default`` (the packed op: one table, the
   outputs in one mutated tensor ``StepBuffers.storage``, an int layout handle; 5 arguments) with
   persistent tensors, on torch's current stream; ``.tables overload``: ``step_into.tables``
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import platform
 import statistics
@@ -133,6 +136,16 @@ def main(argv=None) -> int:
         planner_nomemo = StepPlanner(bsz, capacity, [B, B])
         planner_nomemo.memoize_checks = False
         rows["compute() (CuPy), no memo"] = lambda: planner_nomemo.compute(dec, q, table, stream=stream)
+        # an engine passing new input objects every step (vLLM's slices of its persistent buffers):
+        # 8 sets of new views of dec and q in turn, so the memo never hits (and no guard is built)
+        planner_new = StepPlanner(bsz, capacity, [B, B])
+        views = itertools.cycle([(dec[:], q[:]) for _ in range(8)])
+
+        def compute_new_objects():
+            d_, q_ = next(views)
+            planner_new.compute(d_, q_, table, stream=stream)
+
+        rows["compute() (CuPy), new dec/q objects"] = compute_new_objects
 
         torch = None
         try:

@@ -21,7 +21,10 @@ shorter chain; auto = the planner's default geometry for the shape, printed reso
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
 against StepPlanner.compute on the same batch; target <= 1.2x. Both planners memoise their
 checked inputs (the same objects with unchanged signatures skip the checks); each is also
-timed with ``memoize_checks = False`` (every call checked: "no memo"). Every implementation is
+timed with ``memoize_checks = False`` (every call checked: "no memo"), and with new batch
+objects every call (8 sets of new views of the same buffers in turn, as vLLM passes new slices:
+the memo never hits) for compute() of both and for ``VllmStepPlanner.bind()``'s
+``BoundVllmStep.launch`` (the request state bound once; also with the same objects). Every implementation is
 first checked against the NumPy reference on the same batch (outputs and error record).
 The exit status is 0 when v2 meets every target. ``--host-only``: the correctness check and the
 eager host comparison alone (v2, v1 and core interleaved; no graph timing), about 15 s.
@@ -30,6 +33,7 @@ eager host comparison alone (v2, v1 and core interleaved; no graph timing), abou
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -168,6 +172,41 @@ def main(argv=None):
                 # (the arguments spelled out, as an engine calls it and as run_core does: a star call
                 # builds a tuple and a dict per call, which the core step's call did not pay)
                 i_, s_, c_, t_, b_, p_ = args
+                # vLLM passes new idx_mapping / query_start_loc objects every step (slices of its
+                # persistent buffers): K sets of new views of the same memory, taken in turn (the core
+                # step: new dec / q views), so compute()'s memo never hits
+                views = itertools.cycle([(i_[:], s_[:]) for _ in range(8)])
+                core_views = itertools.cycle([(dec[:], q[:]) for _ in range(8)])
+                one_new = VllmStepPlanner(**kw, kernel="v2")
+                core_new = StepPlanner(
+                    max_requests=bs.num_reqs, capacity=bs.config.max_num_batched_tokens, block_sizes=list(groups)
+                )
+                # VllmStepPlanner.bind(): the request state bound once, the batch checked every launch
+                one_b = VllmStepPlanner(**kw, kernel="v2")
+                bound = one_b.bind(c_, t_, b_)
+                for _ in range(2):
+                    out = bound.launch(*next(views), p_, stream=stream)
+                    stream.synchronize()
+                    for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+                        assert np.array_equal(getattr(out, f).get(), getattr(ref, f)), ("bind", f)
+                    for g, t in enumerate(out.input_block_tables):
+                        assert np.array_equal(t.get(), ref.input_block_tables[g]), ("bind", g)
+                    assert one_b.errors(stream)[0] == 0, "bind"
+
+                def run_one_new():
+                    i, s = next(views)
+                    one_new.compute(i, s, c_, t_, b_, p_, stream=stream)
+
+                def run_core_new():
+                    d_, q_ = next(core_views)
+                    core_new.compute(d_, q_, tables, stream=stream)
+
+                def run_bind_new():
+                    i, s = next(views)
+                    bound.launch(i, s, p_, stream=stream)
+
+                def run_bind():
+                    bound.launch(i_, s_, p_, stream=stream)
 
                 def run_one():
                     one.compute(i_, s_, c_, t_, b_, p_, stream=stream)
@@ -197,8 +236,23 @@ def main(argv=None):
                 # eager host time: v2, v1 and the core step memoised, interleaved; then both without
                 # the memo (every call checked), interleaved
                 hb = {}
-                h = host_times(dict(one=run_one, old=run_old, core=run_core), stream, a.calls, a.host_samples, best=hb)
+                h = host_times(
+                    dict(
+                        one=run_one,
+                        old=run_old,
+                        core=run_core,
+                        one_new=run_one_new,
+                        core_new=run_core_new,
+                        bind_new=run_bind_new,
+                        bind=run_bind,
+                    ),
+                    stream,
+                    a.calls,
+                    a.host_samples,
+                    best=hb,
+                )
                 h_one, h_old, h_core = h["one"], h["old"], h["core"]
+                assert one_new._memo is None and core_new._memo is None, "a new-objects row took a memo"
                 assert one._memo is not None and core._memo is not None, "the host time was not on the memoised path"
                 one.memoize_checks = False  # (forgets the memo)
                 core.memoize_checks, core._memo = False, None  # (StepPlanner keeps a memo made before)
@@ -223,12 +277,31 @@ def main(argv=None):
                     ),
                     pair_lanes_auto=auto,
                     eager_host_us=dict(
-                        vllm_one=h_one, vllm_v1=h_old, core=h_core, vllm_one_no_memo=h_one_nm, core_no_memo=h_core_nm
+                        vllm_one=h_one,
+                        vllm_v1=h_old,
+                        core=h_core,
+                        vllm_one_no_memo=h_one_nm,
+                        core_no_memo=h_core_nm,
+                        vllm_one_new_objects=h["one_new"],
+                        core_new_objects=h["core_new"],
+                        vllm_bind_new_objects=h["bind_new"],
+                        vllm_bind=h["bind"],
                     ),
+                    host_bind_new_vs_core=h["bind_new"] / h_core,
+                    host_bind_new_vs_core_new=h["bind_new"] / h["core_new"],
+                    host_one_new_vs_core_new=h["one_new"] / h["core_new"],
                     one_vs_core=t_one / t_core,
                     three_vs_one=t_three / t_one,
                     host_one_vs_core=h_one / h_core,
-                    eager_host_best_us=dict(vllm_one=hb["one"], vllm_v1=hb["old"], core=hb["core"]),
+                    eager_host_best_us=dict(
+                        vllm_one=hb["one"],
+                        vllm_v1=hb["old"],
+                        core=hb["core"],
+                        vllm_one_new_objects=hb["one_new"],
+                        core_new_objects=hb["core_new"],
+                        vllm_bind_new_objects=hb["bind_new"],
+                        vllm_bind=hb["bind"],
+                    ),
                     host_one_vs_core_best=hb["one"] / hb["core"],
                     host_one_no_memo_vs_core_no_memo=h_one_nm / h_core_nm,
                     v1_vs_core=t_old / t_core,
@@ -249,7 +322,12 @@ def main(argv=None):
                     f"eager host us: v2 {h_one:6.2f} v1 {h_old:6.2f} core {h_core:6.2f} "
                     f"v2/core {h_one / h_core:5.2f} (<=1.2: {'met' if h_one / h_core <= 1.2 else 'MISSED'}; "
                     f"best {hb['one']:5.2f}/{hb['core']:5.2f} = {hb['one'] / hb['core']:4.2f}) "
-                    f"| no memo: v2 {h_one_nm:6.2f} core {h_core_nm:6.2f}"
+                    f"| no memo: v2 {h_one_nm:6.2f} core {h_core_nm:6.2f}\n{'':>20}new batch objects every call: "
+                    f"v2 compute() {h['one_new']:6.2f} core compute() {h['core_new']:6.2f} (v2/core "
+                    f"{h['one_new'] / h['core_new']:4.2f}) | v2 bind(): launch {h['bind_new']:6.2f} "
+                    f"(/core memo {h['bind_new'] / h_core:4.2f}, /core new {h['bind_new'] / h['core_new']:4.2f}; "
+                    f"best {hb['bind_new']:5.2f}/{hb['core']:5.2f} = {hb['bind_new'] / hb['core']:4.2f}) "
+                    f"| bind, same objects {h['bind']:6.2f}"
                 )
                 if a.host_only:
                     print(f"{shape_text:>16} G={len(groups)}  {host_text}", flush=True)
@@ -265,6 +343,12 @@ def main(argv=None):
                 )
     met = sum(r["targets_met"]["host"] for r in rows)
     print(f"host target (v2 memo / core compute() <= 1.2): met in {met} of {len(rows)} rows", flush=True)
+    bound_met = sum(r["host_bind_new_vs_core"] <= 1.2 for r in rows)
+    print(
+        f"v2 bind(): launch with new batch objects / core compute() (memo) <= 1.2: met in {bound_met} of "
+        f"{len(rows)} rows (not in the exit status)",
+        flush=True,
+    )
     if a.json:
         dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         with open(a.json, "w") as fh:

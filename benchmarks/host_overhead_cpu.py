@@ -192,7 +192,10 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     ``num_blocks`` as a list of one array per group; plus a vLLM row with the same table object
     passed for both groups, and rows with the memo on but new idx_mapping/query_start_loc (core:
     dec/q) objects every call (an engine passing fresh slices: the memo never hits, what it costs
-    is the checked path plus making the memo). The last rows: vLLM minus core, best sample
+    is the checked path alone since the memo is made only for repeated objects). The ``bind()``
+    rows: ``VllmStepPlanner.bind(nct, tables, num_blocks)`` once, then ``launch(idx_mapping,
+    query_start_loc, num_reqs_padded)`` with new or the same batch objects (the batch checked every
+    launch, the bound state's signatures compared). The last rows: vLLM minus core, best sample
     against best sample."""
     from kvaddr.engines.vllm import VllmStepPlanner
 
@@ -204,6 +207,9 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
 
     def core_call(pl, dec, q, tables):
         return lambda: pl.compute(dec, q, tables, stream=stream)
+
+    def bound_call(b, idx, qsl):
+        return lambda: b.launch(idx, qsl, bsz, stream=stream)
 
     def fresh(make, k=8):  # a call on new objects every time (k sets of them in turn)
         calls = itertools.cycle([make() for _ in range(k)])
@@ -235,6 +241,19 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
             fresh(lambda c=core, t=ctables: core_call(c, ndarray((bsz,)), ndarray((bsz,)), t)),
             False,
         )
+        # VllmStepPlanner.bind(): the request state bound once, the batch checked every launch
+        vb = VllmStepPlanner(M, T, sizes, widths, kernel="v2")
+        bound = vb.bind(nct, tables, nbs)
+        calls[f"vLLM G={G}, bind(): launch, new idx/qsl objects every call"] = (
+            vb,
+            fresh(lambda b=bound: bound_call(b, ndarray((bsz,)), ndarray((bsz + 1,)))),
+            False,
+        )
+        calls[f"vLLM G={G}, bind(): launch, the same idx/qsl objects"] = (
+            vb,
+            bound_call(bound, idx, qsl),
+            False,
+        )
     modes = (True,) if only_memo else (True, False)
     samples = {(k, on): [] for on in modes for k in calls if on or calls[k][2]}
     for _ in range(repeats):
@@ -247,7 +266,8 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     for pl, _fn, _ in calls.values():
         pl.memoize_checks = True
     rows = {
-        f"{k}: compute(), {'memo' if on else 'no memo'}": (statistics.median(v), v) for (k, on), v in samples.items()
+        (k if "bind()" in k else f"{k}: compute(), {'memo' if on else 'no memo'}"): (statistics.median(v), v)
+        for (k, on), v in samples.items()
     }
     best = {key: min(v) for key, v in samples.items()}
     for on in modes:
@@ -256,6 +276,92 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
             diff = best[(f"vLLM G={G}", on)] - best[(f"core G={G}", on)]
             rows[label] = (diff, [diff])
     return rows
+
+
+def load_tree_as(tree: str, name: str = "kvaddr_base"):
+    """Another checkout's ``kvaddr`` package (``tree``: its repository root, e.g. ``git archive REV |
+    tar -x -C DIR``) importable as ``name`` beside this one: copied to a temporary directory with its
+    ``kvaddr`` imports renamed. Call after install_fake_cupy(); returns the package module."""
+    import importlib
+    import re
+    import shutil
+    import tempfile
+    import types
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="kvaddr_ab_"))
+    shutil.copytree(Path(tree) / "kvaddr", root / name)
+    pattern = re.compile(r"\b(from|import) kvaddr\b|\"kvaddr\.")
+    for f in (root / name).rglob("*.py"):
+        text = f.read_text()
+        f.write_text(pattern.sub(lambda m: m.group(0).replace("kvaddr", name), text))
+    sys.path.insert(0, str(root))
+    pkg = importlib.import_module(name)
+    dev = importlib.import_module(f"{name}.device")
+    loader = importlib.import_module(f"{name}.kernel_loader")
+    dev._checked[:] = [sys.modules["cupy"], 1]
+    loader.get_function = lambda _name, _dev=None: types.SimpleNamespace(ptr=0xF00)
+    return pkg
+
+
+def ab_tree(tree: str, ndarray, bsz: int, n: int, repeats: int) -> dict:
+    """compute() of the vLLM step and of the core step from another checkout (``tree``, e.g. the
+    commit before a change) against this one, in one process, interleaved sample by sample: the
+    memo hit (the same objects), new batch objects every call (8 sets in turn; the ``next()`` and
+    star call of the harness cost about 0.5 us of these rows, in both trees), the memo off; and
+    this tree's ``bind()`` launch. One and two groups."""
+    import importlib
+
+    load_tree_as(tree)
+    base_vllm = importlib.import_module("kvaddr_base.engines.vllm").VllmStepPlanner
+    base_core = importlib.import_module("kvaddr_base.planner").StepPlanner
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from kvaddr.planner import StepPlanner
+
+    M, T, stream = max(bsz, 1), 256, 0x1234
+    calls = {}
+    for G in (1, 2):
+        sizes, widths = [16, 64][:G], [32, 8][:G]
+        nct, tables, nbs = ndarray((M,)), [ndarray((M, w)) for w in widths], [ndarray((M,)) for _ in range(G)]
+        sets = [(ndarray((bsz,)), ndarray((bsz + 1,))) for _ in range(8)]
+        csets = [(ndarray((bsz,)), ndarray((bsz,))) for _ in range(8)]
+        ctables = [ndarray((bsz, w)) for w in widths]
+        for tag, V, C in (("before", base_vllm, base_core), ("after", VllmStepPlanner, StepPlanner)):
+            hit, new, off = (V(M, T, sizes, widths, kernel="v2") for _ in range(3))
+            off.memoize_checks = False
+            chit, cnew = C(M, T, sizes), C(M, T, sizes)
+            cyc, ccyc = itertools.cycle(sets), itertools.cycle(csets)
+            i0, q0 = sets[0]
+            calls[f"{tag}: vLLM G={G} compute(), memo hit"] = lambda p=hit, i0=i0, q0=q0, a=(nct, tables, nbs): (
+                p.compute(i0, q0, *a, bsz, stream=stream)
+            )
+            calls[f"{tag}: vLLM G={G} compute(), new objects"] = lambda p=new, c=cyc, a=(nct, tables, nbs): p.compute(
+                *next(c), *a, bsz, stream=stream
+            )
+            calls[f"{tag}: vLLM G={G} compute(), no memo"] = lambda p=off, i0=i0, q0=q0, a=(nct, tables, nbs): (
+                p.compute(i0, q0, *a, bsz, stream=stream)
+            )
+            calls[f"{tag}: core G={G} compute(), memo hit"] = lambda p=chit, d=csets[0], t=ctables: p.compute(
+                *d, t, stream=stream
+            )
+            calls[f"{tag}: core G={G} compute(), new objects"] = lambda p=cnew, c=ccyc, t=ctables: p.compute(
+                *next(c), t, stream=stream
+            )
+        bound = VllmStepPlanner(M, T, sizes, widths, kernel="v2").bind(nct, tables, nbs)
+        bcyc = itertools.cycle(sets)
+        calls[f"after: vLLM G={G} bind() launch, new objects"] = lambda b=bound, c=bcyc: b.launch(
+            *next(c), bsz, stream=stream
+        )
+        calls[f"after: vLLM G={G} bind() launch, the same objects"] = lambda b=bound, s=sets[0]: b.launch(
+            *s, bsz, stream=stream
+        )
+    samples = {k: [] for k in calls}
+    for fn in calls.values():
+        per_call_us(fn, min(n, 500), 1)
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            samples[k].append(per_call_us(fn, n, 1)[0])
+    return {k: (statistics.median(v), v) for k, v in samples.items()}
 
 
 def dispatch_floor(torch, n, repeats) -> tuple:
@@ -327,6 +433,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--vllm-only", action="store_true", help="only the vLLM step against the core step (memo and no memo)"
     )
+    ap.add_argument(
+        "--ab-tree",
+        metavar="DIR",
+        help="only compute() (vLLM and core) from another checkout against this one, interleaved in one "
+        "process, plus bind() (e.g. mkdir /tmp/base && git archive 37e2a4c | tar -x -C /tmp/base; --ab-tree /tmp/base)",
+    )
     args = ap.parse_args(argv)
 
     noop = install_fake_cupy()
@@ -335,6 +447,8 @@ def main(argv=None) -> int:
     dec, q, table = ndarray((bsz,)), ndarray((bsz,)), ndarray((bsz, 32))
     stream = 0x1234
     rows = {}
+    if args.ab_tree:
+        return _print(ab_tree(args.ab_tree, ndarray, bsz, args.n, args.repeats), args)
     rows.update(vllm_vs_core(ndarray, bsz, args.n, args.repeats))
     if args.vllm_only:
         return _print(rows, args)

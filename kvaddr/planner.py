@@ -23,6 +23,7 @@ from kvaddr.validation import (
     describe,
     memo_guard,
     normalize_tables,
+    repeats,
     stream_handle,
 )
 
@@ -222,6 +223,7 @@ class StepPlanner:
         #: Let compute() skip the checks for the same inputs with unchanged signatures (see
         #: ``_remember``); False checks everything on every call (the path before the memo).
         self.memoize_checks = True
+        self._last_args: tuple | None = None  # the last checked call's arguments (see _remember)
         self._stream_obj: Any = None
         self._stream_ptr = 0
         self._current_stream = cupy.cuda.get_current_stream
@@ -645,7 +647,10 @@ class StepPlanner:
         return bsz
 
     def _remember(self, dec, q, block_tables, enc, bsz: int) -> None:
-        """Memoise the inputs just checked and written, for compute()'s fast path.
+        """Memoise the inputs just checked and written, for compute()'s fast path, when they are
+        the objects of the checked call before (``validation.repeats``; a list of tables by its
+        items): the second checked call with the same objects makes the memo, and a call with new
+        objects costs the checks alone.
 
         The memo's guard (``validation.memo_guard``) holds the argument objects themselves (so
         their ids stay theirs), the table sequence's items (a list may be changed in place), and
@@ -657,6 +662,12 @@ class StepPlanner:
         mixed CuPy and torch) and list/tuple subclasses are never memoised.
         """
         if not self.memoize_checks:
+            return
+        # The guard is built only when this call repeats the last checked call's objects (see
+        # validation.repeats): new objects every step (an engine's fresh slices) never hit a memo.
+        args, last = (dec, q, block_tables, enc), self._last_args
+        self._last_args = args
+        if not repeats(args, last):
             return
         tables = normalize_tables(block_tables, self.num_caches) if self.num_caches else []
         same = memo_guard((dec, q, block_tables, enc), [dec, q, *([] if enc is None else [enc]), *tables])
@@ -718,10 +729,11 @@ class StepPlanner:
 
         Notes
         -----
-        The checks run in full on a call with new argument objects; the same objects as
-        the last checked call, each with an unchanged pointer, device, shape, strides
-        and dtype, skip them (they would pass again). The planner keeps a reference to
-        the last inputs. ``memoize_checks = False`` checks every call.
+        The checks run in full on a call with new argument objects; once two checked calls
+        in a row had the same objects, later calls with those objects, each with an
+        unchanged pointer, device, shape, strides and dtype, skip them (they would pass
+        again). The planner keeps a reference to the last inputs. ``memoize_checks = False``
+        checks every call.
         """
         # Stream: a raw handle as is; the same CuPy or torch stream object as last time: its handle.
         if stream.__class__ is not int:

@@ -95,6 +95,16 @@ def _kind_of(cls) -> int:
     return _OTHER
 
 
+def array_kind(x) -> str:
+    """Which path :func:`describe` takes for ``x``: ``"cupy"``, ``"torch"`` (a tensor) or ``""``
+    (anything else); decided once per class."""
+    cls = x.__class__
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    return ("", "cupy", "torch")[kind]
+
+
 def describe(name: str, x) -> ArrayInfo:
     """Describe a device array: CuPy, PyTorch, __cuda_array_interface__ or __dlpack__.
 
@@ -314,6 +324,31 @@ def memo_guard(args: Sequence, arrays: Sequence | None = None):
     if getter is None:
         return None
     return _guard_factory(getter, tuple(pattern), len(distinct))(*objects, *distinct)
+
+
+def repeats(args: tuple, last: tuple | None) -> bool:
+    """Whether a checked call's ``args`` are the objects of the checked call before (``last``).
+
+    The planners build a memo guard (:func:`memo_guard`) only for a call that repeats the
+    objects of the checked call before it: an engine passing new objects every step (slices of
+    its buffers) would never hit the memo, so building the guard for it costs every call. Same
+    objects: each argument is the same object, or a plain ``list``/``tuple`` with the same items
+    as the one before. A heuristic of when to build the guard, not a check: the guard itself is
+    built from this call's objects and signatures. The first argument (an array in both
+    planners) is tested first, so a call with new objects costs one identity test.
+    """
+    if last is None or args[0] is not last[0] or len(args) != len(last):
+        return False
+    for x, y in zip(args, last):
+        if x is y:
+            continue
+        cls = x.__class__
+        if (cls is not list and cls is not tuple) or y.__class__ not in _PLAIN_SEQUENCES or len(x) != len(y):
+            return False
+        for a, b in zip(x, y):
+            if a is not b:
+                return False
+    return True
 
 
 def _device_of_pointer(ptr: int) -> int:

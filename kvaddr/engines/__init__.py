@@ -9,6 +9,8 @@ Modules
 vllm            :class:`~kvaddr.engines.vllm.VllmStepPlanner`, vLLM Model Runner V2's
                 input preparation (positions, seq_lens, slot mappings, gathered
                 block tables, DCP local lengths) in one launch
+vllm_bound      :class:`~kvaddr.engines.vllm_bound.BoundVllmStep`, the step bound to vLLM's
+                persistent request state (``VllmStepPlanner.bind``): the batch checked per launch
 vllm_config     its configuration, output dataclass and host-side input checks
 vllm_reference  the NumPy reference of the same contract (the oracle and the CPU path)
 vllm_errors     its device error bits and :class:`VllmAddressingError`

@@ -11,6 +11,7 @@ inside ``torch.cuda.graph`` / CuPy stream capture.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,7 +30,10 @@ from kvaddr.engines.vllm_config import (
     per_group,
 )
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
-from kvaddr.validation import cupy_stream, describe, memo_guard, signature_getter, stream_handle
+from kvaddr.validation import cupy_stream, describe, memo_guard, repeats, signature_getter, stream_handle
+
+if TYPE_CHECKING:
+    from kvaddr.engines.vllm_bound import BoundVllmStep
 
 __all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
 
@@ -91,6 +95,31 @@ def _state_signature(x) -> tuple | None:
 
 def _changed(x, state_sig) -> bool:
     return state_sig is not None and state_sig[0](x) != state_sig[1]
+
+
+def check_batch(idx_mapping, query_start_loc, max_num_reqs: int, device: int) -> tuple:
+    """The per-step arrays checked: ``idx_mapping`` (int32 or int64 ``[num_reqs]``, contiguous,
+    ``num_reqs <= max_num_reqs``) and ``query_start_loc`` (int32 ``[num_reqs + 1]``, contiguous),
+    both on ``device``; their :class:`~kvaddr.validation.ArrayInfo`. compute()'s checked path and
+    :meth:`BoundVllmStep.launch <kvaddr.engines.vllm_bound.BoundVllmStep.launch>` run exactly this."""
+    idx = check_vector(
+        "idx_mapping",
+        describe("idx_mapping", idx_mapping),
+        dtypes=_IDX_DTYPES,
+        shape_text="(num_reqs,)",
+        device=device,
+    )
+    n = idx.shape[0]
+    if n > max_num_reqs:
+        raise ValueError(f"idx_mapping must have at most max_num_reqs = {max_num_reqs} entries, got {n}")
+    qsl = check_vector(
+        "query_start_loc",
+        describe("query_start_loc", query_start_loc),
+        length=n + 1,
+        shape_text=lambda: f"(num_reqs + 1,) = ({n + 1},)",
+        device=device,
+    )
+    return idx, qsl
 
 
 class VllmStepParams(ctypes.Structure):
@@ -244,6 +273,8 @@ class VllmStepPlanner:
     >>> out = planner.compute(idx_mapping, query_start_loc, num_computed_tokens,
     ...                       [block_table], [num_blocks], num_reqs_padded=256, stream=s)
     >>> planner.check()  # optional: synchronises, raises VllmAddressingError on bad values
+    >>> bound = planner.bind(num_computed_tokens, [block_table], [num_blocks])  # the state, checked once
+    >>> out = bound.launch(idx_mapping, query_start_loc, num_reqs_padded=256, stream=s)  # per step
     """
 
     kernel_name = "kvaddr_vllm_step"
@@ -292,6 +323,7 @@ class VllmStepPlanner:
         # compute()'s memo of the last checked call (see _remember) and of the last stream
         # object's handle; CuPy's current-stream getter looked up once.
         self._memo: tuple | None = None
+        self._last_args: tuple | None = None  # the last checked call's arguments (see _remember)
         self._memoize = True
         self._stream_obj = None
         self._stream_ptr = 0
@@ -583,25 +615,10 @@ class VllmStepPlanner:
     def _prepare(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded):
         """Check the inputs and write them into the parameter block; returns (num_reqs, padded)."""
         self._memo = None  # the parameter block is being rewritten: forget the last call first
-        cfg, dev, p, tx = self.config, self.device, self._params, self._texts
+        cfg, p = self.config, self._params
         M, G = cfg.max_num_reqs, cfg.num_groups
-        idx = check_vector(
-            "idx_mapping",
-            describe("idx_mapping", idx_mapping),
-            dtypes=_IDX_DTYPES,
-            shape_text="(num_reqs,)",
-            device=dev,
-        )
+        idx, qsl = check_batch(idx_mapping, query_start_loc, M, self.device)
         n = idx.shape[0]
-        if n > M:
-            raise ValueError(f"idx_mapping must have at most max_num_reqs = {M} entries, got {n}")
-        qsl = check_vector(
-            "query_start_loc",
-            describe("query_start_loc", query_start_loc),
-            length=n + 1,
-            shape_text=lambda: f"(num_reqs + 1,) = ({n + 1},)",
-            device=dev,
-        )
         # The request state (num_computed_tokens, block tables, num_blocks) is the engine's
         # persistent buffers: each object is checked the first time it is seen and then
         # remembered by identity (a reference is held) with its exact signature (pointer,
@@ -612,13 +629,7 @@ class VllmStepPlanner:
         seen = self._seen_nct
         if seen is None or num_computed_tokens is not seen[0] or _changed(num_computed_tokens, seen[1]):
             self._seen_nct = None
-            p.num_computed_tokens = check_vector(
-                "num_computed_tokens",
-                describe("num_computed_tokens", num_computed_tokens),
-                min_length=M,
-                shape_text=tx["rows"],
-                device=dev,
-            ).ptr
+            p.num_computed_tokens = self._check_num_computed_tokens(num_computed_tokens)
             self._seen_nct = (num_computed_tokens, _state_signature(num_computed_tokens))
         seen = self._seen_tables
         tables = block_tables if type(block_tables) in (list, tuple) and len(block_tables) == G else None
@@ -630,11 +641,7 @@ class VllmStepPlanner:
             if s is not None and t is s[0] and not _changed(t, s[1]):
                 continue
             seen[g] = None
-            name = tx["table_names"][g]
-            W = cfg.widths[g]
-            info = check_matrix(name, describe(name, t), min_rows=M, cols=W, shape_text=tx["tables"][g], device=dev)
-            self._f_block_table[g] = info.ptr
-            self._f_table_stride[g] = info.strides[0] if info.shape[0] > 1 else W
+            self._f_block_table[g], self._f_table_stride[g] = self._check_table(g, t)
             seen[g] = (t, _state_signature(t))
         seen = self._seen_nb
         if (
@@ -655,12 +662,46 @@ class VllmStepPlanner:
         p.num_reqs_padded = padded
         return n, padded
 
+    def _check_num_computed_tokens(self, x) -> int:
+        """``num_computed_tokens`` checked (int32 ``[rows >= M]``, contiguous, on the device); its pointer."""
+        return check_vector(
+            "num_computed_tokens",
+            describe("num_computed_tokens", x),
+            min_length=self.config.max_num_reqs,
+            shape_text=self._texts["rows"],
+            device=self.device,
+        ).ptr
+
+    def _check_table(self, g: int, t) -> tuple[int, int]:
+        """Group g's block table checked (int32 ``[rows >= M, W_g]``, contiguous last dim, rows not
+        overlapping, on the device); ``(pointer, row stride in elements)``."""
+        tx, W = self._texts, self.config.widths[g]
+        name = tx["table_names"][g]
+        info = check_matrix(
+            name,
+            describe(name, t),
+            min_rows=self.config.max_num_reqs,
+            cols=W,
+            shape_text=tx["tables"][g],
+            device=self.device,
+        )
+        return info.ptr, (info.strides[0] if info.shape[0] > 1 else W)
+
     def _set_num_blocks(self, num_blocks) -> None:
+        nbp = self._f_num_blocks
+        self._seen_nb = None  # until every check passed
+        nbs, ptrs = self._check_num_blocks(num_blocks)
+        for g, ptr in enumerate(ptrs):
+            nbp[g] = ptr
+        items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
+        self._seen_nb = (num_blocks, items, tuple(nbs), tuple(_state_signature(a) for a in nbs))
+
+    def _check_num_blocks(self, num_blocks) -> tuple[list, list]:
+        """``num_blocks`` checked (G int32 ``[rows >= M]`` or one ``[G, rows >= M]``); ``(the
+        per-group arrays, one pointer per group)``."""
         cfg, dev, tx = self.config, self.device, self._texts
         M, G = cfg.max_num_reqs, cfg.num_groups
         nbs = per_group("num_blocks", num_blocks, G, allow_stacked=True)
-        nbp = self._f_num_blocks
-        self._seen_nb = None  # until every check passed
         if len(nbs) == 1 and (G > 1 or len(getattr(nbs[0], "shape", ())) == 2):
             info = describe("num_blocks", nbs[0])
             if info.dtype != INT32 or len(info.shape) != 2 or info.shape[0] != G or info.shape[1] < M:
@@ -683,14 +724,78 @@ class VllmStepPlanner:
             for g, nb in enumerate(nbs):
                 name = tx["nb_names"][g]
                 ptrs.append(check_vector(name, describe(name, nb), min_length=M, shape_text=tx["rows"], device=dev).ptr)
-        for g, ptr in enumerate(ptrs):
-            nbp[g] = ptr
-        items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
-        self._seen_nb = (num_blocks, items, tuple(nbs), tuple(_state_signature(a) for a in nbs))
+        return nbs, ptrs
+
+    def _check_state(self, num_computed_tokens, block_tables, num_blocks) -> tuple:
+        """The request state checked as compute() checks it: ``(num_computed_tokens' pointer,
+        [(table pointer, row stride)] per group, [num_blocks pointer] per group)``."""
+        nct = self._check_num_computed_tokens(num_computed_tokens)
+        tables = per_group("block_tables", block_tables, self.config.num_groups, allow_stacked=False)
+        return nct, [self._check_table(g, t) for g, t in enumerate(tables)], self._check_num_blocks(num_blocks)[1]
+
+    def bind(self, num_computed_tokens, block_tables, num_blocks, *, stream=None) -> BoundVllmStep:
+        """Bind vLLM's persistent request state once; the returned
+        :class:`~kvaddr.engines.vllm_bound.BoundVllmStep` then takes only the step's
+        ``idx_mapping``, ``query_start_loc``, ``num_reqs_padded`` and stream
+        (``bound.launch(idx_mapping, query_start_loc, num_reqs_padded, stream=s)``).
+
+        Parameters
+        ----------
+        num_computed_tokens : int32 [rows >= max_num_reqs], device array, by row
+        block_tables : sequence of G int32 [rows >= max_num_reqs, width_g] device arrays
+            (one array for one group); the last dim contiguous.
+        num_blocks : sequence of G int32 [rows >= max_num_reqs], or one int32 [G, rows]
+            The same arrays, checked the same way, as :meth:`compute` takes; checked now, and
+            again at a launch where one's signature (pointer, device, shape, strides, dtype) or
+            an item of a list given here changed since (a ``resize_``, ``set_``, a CuPy ``shape``
+            setter, a list item replaced).
+        stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
+            The launches' default stream (CuPy's current stream at each launch if None).
+
+        Returns
+        -------
+        BoundVllmStep
+            Holds references to the bound arrays (and the lists given); writes this planner's
+            outputs (the same buffers as :meth:`compute`, ``out=`` tensors where given) with
+            its own copy of the kernel's parameter block. The planner's settings
+            (``pair_lanes``, ``meta_lanes``, ``meta_impl``) are taken now: bind again after
+            changing one. Bind again when the engine replaces a bound array by a new object.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bound array fails a check (the message names it, as compute()'s does); the
+            planner is not a one-launch one (``VllmThreeLaunch``).
+        """
+        from kvaddr.engines.vllm_bound import BoundVllmStep
+
+        step = self._fns.get("step")
+        if type(step) is not StructLaunch:
+            raise TypeError(f"bind needs a one-launch VllmStepPlanner, got {type(self).__name__}")
+        return BoundVllmStep(
+            planner=self,
+            params=VllmStepParams.from_buffer_copy(self._params),
+            launch_kernel=step._launch,
+            fptr=step._fptr,
+            threads=THREADS,
+            max_num_reqs=self.config.max_num_reqs,
+            device=self.device,
+            outputs=self.outputs,
+            check_state=self._check_state,
+            check_batch=check_batch,
+            plan=self._plan,
+            v2=self._v2,
+            pair_lanes=self._pair_lanes,
+            current_stream=self._current_stream,
+            num_computed_tokens=num_computed_tokens,
+            block_tables=block_tables,
+            num_blocks=num_blocks,
+            stream=stream,
+        )
 
     def forget_inputs(self) -> None:
         """Drop the remembered inputs (the next call checks every array again)."""
-        self._memo = None
+        self._memo = self._last_args = None
         self._seen_nct = self._seen_nb = None
         self._seen_tables = [None] * self.config.num_groups
 
@@ -703,7 +808,7 @@ class VllmStepPlanner:
     @memoize_checks.setter
     def memoize_checks(self, on: bool) -> None:
         self._memoize = bool(on)
-        self._memo = None
+        self._memo = self._last_args = None
 
     @property
     def kernel(self) -> str:
@@ -735,17 +840,24 @@ class VllmStepPlanner:
     def grid(self, num_reqs_padded: int, num_reqs: int | None = None) -> int:
         """Blocks of the one launch for a batch of ``num_reqs`` requests (default: the
         padded size) padded to ``num_reqs_padded`` rows (v2 also sets ``pair_lanes``)."""
+        grid, lanes = self._plan(num_reqs_padded, num_reqs, self._pair_lanes)
+        p = self._params
+        if lanes and p.pair_lanes != lanes:
+            p.pair_lanes = lanes
+            self._memo = None  # the memo's grid was for the lanes in the struct
+        return grid
+
+    def _plan(self, num_reqs_padded: int, num_reqs: int | None, pair_lanes: int | None) -> tuple:
+        """``(blocks, v2's lanes per pair or 0 for v1)`` of the launch (see :meth:`grid`; writes
+        nothing); ``pair_lanes``: v2's fixed lanes per pair, None for the automatic choice."""
         p = self._params
         G = self.config.num_groups
         if self.kernel == "v2":
             pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
-            lanes = self._pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
-            if p.pair_lanes != lanes:
-                p.pair_lanes = lanes
-                self._memo = None  # the memo's grid was for the lanes in the struct
-            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks
+            lanes = pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
+            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks, lanes
         rows = max(num_reqs_padded, 1)
-        return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS))
+        return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS)), 0
 
     @property
     def launches_per_step(self) -> int:
@@ -788,9 +900,9 @@ class VllmStepPlanner:
         Notes
         -----
         The checks run in full on a call with new argument objects (a list of tables or of
-        num_blocks counts by its items); the same objects as the last checked call, each
-        array with an unchanged pointer, device, shape, strides and dtype, skip them (they
-        would pass again) and launch from the parameter block as it is, with only
+        num_blocks counts by its items); once two checked calls in a row had the same objects,
+        later calls with those objects, each array with an unchanged pointer, device, shape,
+        strides and dtype, skip them (they would pass again) and launch from the parameter block as it is, with only
         ``num_reqs_padded`` and the stream taken per call. The planner keeps a reference to
         the last inputs. ``memoize_checks = False`` checks every call.
         """
@@ -843,7 +955,10 @@ class VllmStepPlanner:
         return self.outputs
 
     def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
-        """Memoise the inputs just checked and launched, for compute()'s fast path.
+        """Memoise the inputs just checked and launched, for compute()'s fast path, when they
+        are the objects of the checked call before (``validation.repeats``; a list by its items):
+        the second checked call with the same objects makes the memo, and a call with new objects
+        costs the checks alone.
 
         The memo's guard (``validation.memo_guard``, shared with ``StepPlanner``) holds the
         argument objects themselves (so their ids stay theirs), the items of a sequence of
@@ -858,8 +973,15 @@ class VllmStepPlanner:
         """
         if not self._memoize:
             return
+        # The guard is built only when this call repeats the last checked call's objects (see
+        # validation.repeats): new idx_mapping / query_start_loc objects every step (vLLM's fresh
+        # slices) never hit a memo, so they pay the checks alone.
+        args, last = (idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks), self._last_args
+        self._last_args = args
+        if not repeats(args, last):
+            return
         # (every argument object, sequences by their items, is a checked array)
-        same = memo_guard((idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks))
+        same = memo_guard(args)
         if same is None:  # no cheap signature, or a list/tuple subclass
             return
         step = self._fns["step"]

@@ -140,7 +140,8 @@ def test_same_tensors_many_steps_take_the_planners_memo():
         vllm_step(*args, bufs, num_reqs_padded=128)
         torch.cuda.synchronize()
         assert_same(bufs.outputs, reference(cfg, step, 128).outputs.as_dict(), f"step {k}")
-        assert bufs.planner._memo is not None
+        if k > 0:  # the memo is made by the second call with the same tensors
+            assert bufs.planner._memo is not None
 
 
 def test_opcheck_on_cuda():

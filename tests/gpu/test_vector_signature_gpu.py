@@ -87,6 +87,7 @@ def test_the_planners_memo_uses_the_vector_signature(vectors):
     q = cupy.ones(8, dtype=cupy.int32)
     table = cupy.asarray(rng.integers(0, 1000, (8, 16)).astype(np.int32))
     planner.compute(dec, q, table)
+    planner.compute(dec, q, table)  # the same objects again: the memo is made
     same = planner._memo[0]
     if not validation._has_vectors(table):
         pytest.skip("this CuPy's _shape/_strides do not read as lists: CUPY_VECTOR_SIGNATURE falls back")

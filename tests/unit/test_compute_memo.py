@@ -48,11 +48,13 @@ def test_the_same_inputs_are_checked_once_and_launched_every_time(fake):
     p = _planner()
     dec, q, table = _inputs(fake)
     p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == 3 and p._memo is None  # no memo for a call's first objects
+    p.compute(dec, q, table, stream=9)  # the same objects again: checked, and the memo is made
     checked = len(fake.described)
-    assert checked == 3
+    assert checked == 6 and p._memo is not None
     out = [p.compute(dec, q, table, stream=9) for _ in range(3)]
     assert len(fake.described) == checked, "a memoised call described an input again"
-    assert len(fake.launches) == 4 and all(o is out[0] for o in out)
+    assert len(fake.launches) == 5 and all(o is out[0] for o in out)
     first, last = fake.launches[0], fake.launches[-1]
     assert (first["grid"], first["block"], first["stream"]) == (last["grid"], last["block"], last["stream"])
     assert bytes(first["params"]) == bytes(last["params"])
@@ -177,7 +179,8 @@ def test_a_table_list_changed_in_place_is_seen(fake):
     tables = [t0, t1]
     p.compute(dec, q, tables, stream=9)
     p.compute(dec, q, tables, stream=9)
-    assert len(fake.described) == 4
+    p.compute(dec, q, tables, stream=9)
+    assert len(fake.described) == 8 and p._memo is not None  # (memoised by the second call)
     t2 = fake.array(np.zeros((BSZ, 7)))
     tables[1] = t2  # the same list object, another table
     p.compute(dec, q, tables, stream=9)
@@ -258,7 +261,8 @@ def test_positions_only_planner(fake):
     dec, q, _ = _inputs(fake)
     p.compute(dec, q, stream=9)
     p.compute(dec, q, stream=9)
-    assert len(fake.described) == 2
+    p.compute(dec, q, stream=9)
+    assert len(fake.described) == 4 and p._memo is not None
     dec.a = np.zeros(BSZ, np.int64)
     with pytest.raises(TypeError, match="seq_lens_decoder must be int32"):
         p.compute(dec, q, stream=9)
@@ -338,7 +342,8 @@ def test_one_table_object_for_both_caches_changed_in_place_is_seen(fake):
     tables = [t, t]
     p.compute(dec, q, tables, stream=9)
     p.compute(dec, q, tables, stream=9)
-    assert len(fake.described) == 3 and p._memo is not None  # (the checks describe one object once too)
+    p.compute(dec, q, tables, stream=9)
+    assert len(fake.described) == 6 and p._memo is not None  # (the checks describe one object once too)
     good = t.a
     t.a = good[:2]  # fewer rows than bsz (a resize_ in place)
     with pytest.raises(ValueError, match=r"block_tables must .* got 2 rows for bsz = 3"):
@@ -353,3 +358,35 @@ def test_one_table_object_for_both_caches_changed_in_place_is_seen(fake):
     t.a = np.zeros((2 * BSZ, 6), np.int32)[::2]  # same shape, twice the row stride
     p.compute(dec, q, tables, stream=9)
     assert len(fake.described) > n and list(_last(fake)["params"].table_stride[:2]) == [12, 12]
+
+
+def test_no_guard_for_new_objects_every_call_and_one_when_they_repeat(fake, monkeypatch):
+    """An engine passing new dec / q objects every step never gets a guard built (it could never
+    hit); the second checked call with the same objects builds it, and later calls use it."""
+    from kvaddr import planner as planner_module
+
+    built = []
+    real = planner_module.memo_guard
+    monkeypatch.setattr(planner_module, "memo_guard", lambda *a: built.append(a) or real(*a))
+    p = _planner()
+    dec, q, table = _inputs(fake)
+    for _ in range(4):
+        d2, q2, _ = _inputs(fake)
+        p.compute(d2, q2, table, stream=9)
+        assert _last(fake)["params"].seq_lens_decoder == d2.data.ptr
+    assert built == [] and p._memo is None
+    p.compute(dec, q, table, stream=9)
+    assert built == []
+    p.compute(dec, q, table, stream=9)
+    assert len(built) == 1 and p._memo is not None
+    n = len(fake.described)
+    p.compute(dec, q, [table, table], stream=9)  # a list of the same table: another argument pattern
+    p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == n + 2 * 3 and len(built) == 1
+    p.compute(dec, q, table, stream=9)  # repeats the call before: guard built, then used
+    p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == n + 3 * 3 and len(built) == 2
+    dec.a = dec.a.copy()  # a signature changed in place: checked again, the guard rebuilt
+    p.compute(dec, q, table, stream=9)
+    assert len(fake.described) == n + 4 * 3 and len(built) == 3
+    assert _last(fake)["params"].seq_lens_decoder == dec.data.ptr

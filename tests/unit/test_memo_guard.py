@@ -233,3 +233,27 @@ def test_a_getter_without_inline_source_is_called(monkeypatch):
     assert same(a, [t, t]) and not same(t, [t, t])
     t.a = t.a[:-1]
     assert not same(a, [t, t])
+
+
+def test_repeats_compares_objects_and_sequence_items():
+    """validation.repeats: when a checked call's arguments are the objects of the checked call before
+    (the planners then build the memo guard)."""
+    from kvaddr.validation import repeats
+
+    a, b, t0, t1 = (_vec(FakeDeviceArray) for _ in range(4))
+    tables = [t0, t1]
+    last = (a, b, tables, None)
+    assert not repeats(last, None)  # no call before
+    assert repeats((a, b, tables, None), last)
+    assert repeats((a, b, [t0, t1], None), last) and repeats((a, b, (t0, t1), None), last)  # by items
+    assert not repeats((b, b, tables, None), last)  # a new first object
+    assert not repeats((a, a, tables, None), last)
+    assert not repeats((a, b, [t1, t0], None), last) and not repeats((a, b, [t0], None), last)
+    assert not repeats((a, b, tables, a), last)  # a new seq_lens_encoder
+    assert not repeats((a, b, t0, None), last) and not repeats((a, b, tables), last)
+
+    class Tables(list):
+        pass
+
+    assert not repeats((a, b, Tables(tables), None), last)  # (a subclass: never memoised anyway)
+    assert repeats((a, b, Tables(tables), None), (a, b, Tables(tables), None)) is False

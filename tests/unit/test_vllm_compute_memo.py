@@ -73,11 +73,13 @@ def test_the_same_inputs_are_checked_once_and_launched_every_time(fake):
     pl = _planner(G=2)
     d = _inputs(G=2)
     out = _call(pl, d)
+    assert len(fake.described) == 7 and pl._memo is None  # idx, qsl, nct, 2 tables, 2 num_blocks
+    _call(pl, d)  # the same objects again: checked (idx, qsl: the state is remembered), memoised
     checked = len(fake.described)
-    assert checked == 7  # idx, qsl, nct, 2 tables, 2 num_blocks
+    assert checked == 7 + 2 and pl._memo is not None
     outs = [_call(pl, d) for _ in range(3)]
     assert len(fake.described) == checked, "a memoised call described an input again"
-    assert len(fake.launches) == 4 and all(o is out for o in outs)
+    assert len(fake.launches) == 5 and all(o is out for o in outs)
     first, last = fake.launches[0], _last(fake)
     assert (first["fn"], first["grid"], first["block"], first["stream"]) == (
         last["fn"],
@@ -106,14 +108,16 @@ def test_memoize_checks_off_after_a_memoised_call(fake):
     d = _inputs(G=2)
     _call(pl, d)
     _call(pl, d)
-    pl.memoize_checks = False  # forgets the memo
+    assert pl._memo is not None
+    pl.memoize_checks = False  # forgets the memo (and the last call's objects)
     assert pl._memo is None and pl.memoize_checks is False
     _call(pl, d)
-    assert len(fake.described) == 7 + 2
+    assert len(fake.described) == 7 + 2 + 2
     pl.memoize_checks = True
+    _call(pl, d)  # checked: the first call since the memo was turned on
+    _call(pl, d)  # checked again, memoised
     _call(pl, d)
-    _call(pl, d)
-    assert len(fake.described) == 7 + 2 + 2 and pl._memo is not None
+    assert len(fake.described) == 7 + 2 + 2 + 2 + 2 and pl._memo is not None
 
 
 def _field(params, which, g=0):
@@ -269,7 +273,7 @@ def test_lists_changed_in_place_are_seen(fake):
     d = _inputs(G=2)
     _call(pl, d)
     _call(pl, d)
-    assert len(fake.described) == 7
+    assert len(fake.described) == 7 + 2 and pl._memo is not None
     t2 = FakeArray(np.zeros((M, 4), np.int32))
     d["block_tables"][1] = t2  # the same list object, another table
     _call(pl, d)
@@ -302,7 +306,7 @@ def test_tuples_and_a_single_table_are_memoised(fake):
     d["num_blocks"] = tuple(d["num_blocks"])
     _call(pl, d)
     _call(pl, d)
-    assert len(fake.described) == 5
+    assert len(fake.described) == 5 + 2 and pl._memo is not None
     d["num_blocks"] = (FakeArray(np.zeros(M, np.int32)),)  # a new tuple
     _call(pl, d)
     assert _last(fake)["params"]["num_blocks"][0] == d["num_blocks"][0].data.ptr
@@ -333,6 +337,10 @@ def test_other_objects_are_checked(fake):
         _call(pl, d)
         assert len(fake.described) > n and _field(_last(fake)["params"], which) == d[which].data.ptr
     d["block_tables"] = list(d["block_tables"])  # another list, the same tables: compared by items
+    n = len(fake.described)
+    _call(pl, d)  # the objects of the checked call before: checked (idx, qsl) and memoised
+    assert len(fake.described) == n + 2 and pl._memo is not None
+    d["block_tables"] = list(d["block_tables"])
     n = len(fake.launches), len(fake.described)
     _call(pl, d)
     assert (len(fake.launches), len(fake.described)) == (n[0] + 1, n[1])
@@ -345,7 +353,7 @@ def test_num_reqs_padded_per_call(fake):
     for padded in (3, 4, 2, None):
         _call(pl, d, padded=padded)
         assert _last(fake)["params"]["num_reqs_padded"] == (2 if padded is None else padded)
-    assert len(fake.described) == 7
+    assert len(fake.described) == 7 + 2  # (the second call made the memo)
     n = len(fake.launches)
     for bad, exc, message in (
         (1, ValueError, r"num_reqs_padded must be an int in \[2, 4\], got 1"),
@@ -379,8 +387,9 @@ def test_num_reqs_padded_remembered_object_and_every_order(fake, kernel):
         want = 2 if padded is None else int(padded)
         assert _last(fake)["params"]["num_reqs_padded"] == want, (seq, padded)
         assert _last(fake)["grid"] == grids[want], (seq, padded)
-    # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one)
-    assert len(fake.described) - before == 7 + 2 * 3
+    # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one, and
+    # 2 for the second call, which made the memo)
+    assert len(fake.described) - before == 7 + 2 + 2 * 3
 
 
 def test_v1_grid_follows_num_reqs_padded_on_the_memoised_path(fake):
@@ -538,7 +547,7 @@ def test_the_memoised_path_matches_the_emulated_kernel(monkeypatch, kernel):
         d["query_start_loc"].a[:] = nxt["query_start_loc"]
         if step % 2 == 0:
             d["block_tables"][1].a[rng.integers(0, 40), 0] = -5
-    assert len(described) == 7 and pl._memo is not None
+    assert len(described) == 7 + 2 and pl._memo is not None  # (the second step made the memo)
 
 
 def test_one_table_object_for_two_groups_changed_in_place_is_seen(fake):
@@ -549,6 +558,7 @@ def test_one_table_object_for_two_groups_changed_in_place_is_seen(fake):
     d = _inputs(G=2)
     t, nb = d["block_tables"][0], d["num_blocks"][0]
     d["block_tables"], d["num_blocks"] = [t, t], [nb, nb]
+    _call(pl, d)
     _call(pl, d)
     checked = len(fake.described)
     _call(pl, d)
@@ -588,3 +598,76 @@ def test_an_array_passed_in_two_roles_is_checked_in_both(fake):
     x.a = x.a[:3]
     with pytest.raises(ValueError, match=r"num_computed_tokens must be .* got shape \(3,\)"):
         _call(pl, d)
+
+
+def _counting_guards(monkeypatch, module):
+    """memo_guard of ``module``, counting the guards it builds."""
+    built = []
+    real = module.memo_guard
+
+    def memo_guard(*a, **kw):
+        built.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, "memo_guard", memo_guard)
+    return built
+
+
+def test_no_guard_is_built_for_new_objects_every_call(fake, monkeypatch):
+    """vLLM's pattern: new idx_mapping / query_start_loc objects (slices) every step. No call repeats
+    the objects of the one before, so no memo guard is built (it could never hit): each call costs
+    the checked path alone, and is checked in full."""
+    built = _counting_guards(monkeypatch, vllm_module)
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    for _ in range(5):
+        d["idx_mapping"] = FakeArray(d["idx_mapping"].a.copy())
+        d["query_start_loc"] = FakeArray(d["query_start_loc"].a.copy())
+        _call(pl, d)
+        assert _last(fake)["params"]["idx_mapping"] == d["idx_mapping"].data.ptr
+    assert built == [] and pl._memo is None
+    assert len(fake.described) == 7 + 2 * 4
+
+
+def test_the_guard_is_built_when_the_objects_repeat_and_then_used(fake, monkeypatch):
+    built = _counting_guards(monkeypatch, vllm_module)
+    pl = _planner(G=2)
+    d = _inputs(G=2)
+    _call(pl, d)
+    assert built == [] and pl._memo is None
+    _call(pl, d)  # the objects of the checked call before: the guard is built
+    assert len(built) == 1 and pl._memo is not None
+    n = len(fake.described)
+    for _ in range(3):
+        _call(pl, d)
+    assert len(built) == 1 and len(fake.described) == n  # used: no check, no new guard
+    d["block_tables"] = list(d["block_tables"])  # a new list with the same items: still the memo
+    _call(pl, d)
+    assert len(built) == 1 and len(fake.described) == n
+    # an in-place change of a signature: checked again; the same objects, so the guard is rebuilt
+    # at once for the new signature (and used by the next call)
+    x = d["num_computed_tokens"]
+    x.a = x.a.copy()
+    _call(pl, d)
+    assert len(fake.described) == n + 3 and len(built) == 2
+    assert _last(fake)["params"]["num_computed_tokens"] == x.data.ptr
+    _call(pl, d)
+    assert len(fake.described) == n + 3 and len(built) == 2
+    # a bad change in place: checked, refused, no guard; the same objects restored: memoised again
+    good = x.a
+    x.a = good[:3]
+    with pytest.raises(ValueError, match=r"num_computed_tokens must be .* got shape \(3,\)"):
+        _call(pl, d)
+    assert pl._memo is None and len(built) == 2
+    x.a = good
+    _call(pl, d)
+    assert len(built) == 3 and pl._memo is not None
+    # new objects after a memo: checked, the memo dropped, no guard built for them
+    d["idx_mapping"] = FakeArray(d["idx_mapping"].a.copy())
+    _call(pl, d)
+    assert pl._memo is None and len(built) == 3
+    assert _last(fake)["params"]["idx_mapping"] == d["idx_mapping"].data.ptr
+    # forget_inputs() forgets the last call's objects too: the next call does not build a guard
+    pl.forget_inputs()
+    _call(pl, d)
+    assert pl._memo is None and len(built) == 3

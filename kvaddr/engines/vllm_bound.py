@@ -1,0 +1,324 @@
+"""BoundVllmStep: the vLLM step bound once to vLLM's persistent request state.
+
+vLLM keeps the request state (``num_computed_tokens``, each KV-cache group's block table and
+``num_blocks``) in persistent device buffers, the same objects every step, while the batch
+(``idx_mapping``, ``query_start_loc``) is a new slice every step, so
+:meth:`VllmStepPlanner.compute <kvaddr.engines.vllm.VllmStepPlanner.compute>`'s memo of
+checked inputs never hits for it. :meth:`VllmStepPlanner.bind
+<kvaddr.engines.vllm.VllmStepPlanner.bind>` checks the request state once (exactly as
+``compute()`` does), writes its pointers and strides into a private copy of the planner's
+kernel parameter block, and returns a :class:`BoundVllmStep`. :meth:`BoundVllmStep.launch`
+then takes the step's ``idx_mapping``, ``query_start_loc``, ``num_reqs_padded`` and stream:
+it checks the two arrays in full (dtype, shape, contiguity, device, ``num_reqs <=
+max_num_reqs``: the same checks and messages as ``compute()``), compares the bound arrays'
+signatures in one generated expression, writes five fields and calls ``cuLaunchKernel``.
+
+Misuse, and what is detected
+----------------------------
+* **Freeing a bound buffer** cannot happen while the BoundVllmStep lives: it holds a
+  reference to every bound array and to the lists given (drop it to release them).
+* **Changing a bound buffer in place** (torch's ``resize_``, ``set_``, ``as_strided_``;
+  CuPy's ``shape`` setter) or **replacing an item of a bound list** is seen by the next
+  launch: its signature (pointer, device, shape, strides, dtype) or the list's items differ
+  from the bound ones, so the whole request state is checked again (a bad change raises the
+  error ``compute()`` raises, naming the array, and launches nothing; a good one is bound).
+  Bound arrays without a cheap signature (``__cuda_array_interface__`` or DLPack objects,
+  CuPy and torch mixed) and list/tuple subclasses are checked again at every launch.
+* **Reallocating** (the engine replaces a buffer by a new object outside a bound list)
+  needs a new ``bind``: the binding keeps launching on the old buffer, which it keeps alive.
+* **Bad values** inside the buffers (a row index out of range, a block index past the row's
+  width or ``num_blocks``, negative ids, ``query_start_loc`` decreasing) are recorded on the
+  device as for ``compute()``: ``planner.check()``.
+
+The planner's outputs and device state are shared: ``compute()`` and every binding of one
+planner write the same buffers, so launch them on one stream (or order the streams). A
+launch allocates no device memory and never synchronises, so it may be captured in a CUDA
+graph (the driver copies the parameter block at the launch, also while capturing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import TYPE_CHECKING
+
+from kvaddr.engines.vllm_config import INT32, INT64, VllmStepOutputs, check_num_reqs_padded
+from kvaddr.validation import array_kind, memo_guard, stream_handle
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["BoundVllmStep"]
+
+_NAMES = ("num_computed_tokens", "block_tables", "num_blocks")
+
+
+def cupy_batch_check(max_num_reqs: int, device: int) -> Callable:
+    """``check(idx_mapping, query_start_loc) -> (idx pointer, num_reqs, idx is int64, qsl pointer)``
+    for CuPy arrays, read straight from their attributes, or None where any check of
+    ``check_batch`` would fail (or the attributes are not CuPy's): then ``check_batch`` runs and
+    raises its message. The checks are ``check_batch``'s: idx_mapping int32 or int64, 1-D, at most
+    ``max_num_reqs`` entries, contiguous (more than one entry: a stride of one element), on
+    ``device``; query_start_loc int32, shape ``(num_reqs + 1,)``, contiguous, on ``device``."""
+    M, dev = max_num_reqs, device
+
+    def check(idx, qsl):
+        sh, dt = idx.shape, idx.dtype
+        if len(sh) != 1 or (dt is not INT32 and dt is not INT64 and dt != INT32 and dt != INT64):
+            return None
+        n = sh[0]
+        if n > M or (n > 1 and idx.strides[0] != dt.itemsize):
+            return None
+        qs, qt = qsl.shape, qsl.dtype
+        if len(qs) != 1 or qs[0] != n + 1 or (qt is not INT32 and qt != INT32) or (n > 0 and qsl.strides[0] != 4):
+            return None
+        mi, mq = idx.data, qsl.data
+        di, dq = getattr(mi, "device_id", None), getattr(mq, "device_id", None)
+        if di is None:  # (a MemoryPointer without device_id: describe() reads x.device.id)
+            di = idx.device.id
+        if dq is None:
+            dq = qsl.device.id
+        if di != dev or dq != dev:
+            return None
+        return mi.ptr, n, dt == INT64, mq.ptr
+
+    return check
+
+
+def torch_batch_check(max_num_reqs: int, device: int, int32, int64) -> Callable:
+    """:func:`cupy_batch_check` for torch tensors (``int32``, ``int64``: torch's dtypes): CUDA
+    tensors (``is_cuda``) on ``device``, strides in elements."""
+    M, dev = max_num_reqs, device
+
+    def check(idx, qsl):
+        sh, dt = idx.shape, idx.dtype
+        if len(sh) != 1 or (dt is not int32 and dt is not int64):
+            return None
+        n = sh[0]
+        if n > M or (n > 1 and idx.stride(0) != 1):
+            return None
+        qs = qsl.shape
+        if len(qs) != 1 or qs[0] != n + 1 or qsl.dtype is not int32 or (n > 0 and qsl.stride(0) != 1):
+            return None
+        if not (idx.is_cuda and qsl.is_cuda) or idx.get_device() != dev or qsl.get_device() != dev:
+            return None
+        return idx.data_ptr(), n, dt is int64, qsl.data_ptr()
+
+    return check
+
+
+class BoundVllmStep:
+    """The vLLM step bound to persistent request state: :meth:`launch` checks the batch and launches.
+
+    Built by :meth:`kvaddr.engines.vllm.VllmStepPlanner.bind` (see there for the parameters);
+    not meant to be built directly.
+
+    Attributes
+    ----------
+    planner : VllmStepPlanner
+        The planner whose kernel, outputs and device state this binding uses.
+    params : kvaddr.engines.vllm.VllmStepParams
+        This binding's own copy of the kernel's parameter block.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_args",
+        "_args_ptr",
+        "_check_batch",
+        "_check_state",
+        "_current_stream",
+        "_device",
+        "_fast",
+        "_fast_checks",
+        "_fptr",
+        "_lanes",
+        "_launch",
+        "_max_num_reqs",
+        "_outputs",
+        "_pair_lanes",
+        "_plan",
+        "_plans",
+        "_same",
+        "_state",
+        "_stream",
+        "_stream_obj",
+        "_stream_ptr",
+        "_threads",
+        "_v2",
+        "_written",
+        "params",
+        "planner",
+    )
+
+    def __init__(
+        self,
+        *,
+        planner,
+        params,
+        launch_kernel: Callable,
+        fptr: int,
+        threads: int,
+        max_num_reqs: int,
+        device: int,
+        outputs: VllmStepOutputs,
+        check_state: Callable,
+        check_batch: Callable,
+        plan: Callable,
+        v2: bool,
+        pair_lanes: int | None,
+        current_stream: Callable,
+        num_computed_tokens,
+        block_tables,
+        num_blocks,
+        stream=None,
+    ):
+        self.planner = planner
+        self.params = params  # this binding's own copy of the planner's parameter block
+        self._launch = launch_kernel  # cupy.cuda.driver.launchKernel
+        self._fptr, self._threads = int(fptr), int(threads)
+        self._max_num_reqs, self._device = max_num_reqs, device
+        self._outputs = outputs
+        self._check_state = check_state  # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], [ptr])
+        self._check_batch = check_batch  # (idx_mapping, query_start_loc, M, device) -> (ArrayInfo, ArrayInfo)
+        self._plan = plan  # (num_reqs_padded, num_reqs, pair_lanes) -> (blocks, lanes or 0)
+        self._v2 = v2
+        self._pair_lanes = pair_lanes  # v2's fixed lanes per pair (None: by batch size)
+        self._lanes = params.pair_lanes  # the lanes in this binding's parameter block
+        self._plans: dict = {}  # v2: num_reqs -> (blocks, lanes); v1: num_reqs_padded -> (blocks, 0)
+        self._stream = None if stream is None else stream_handle(stream)
+        self._stream_obj, self._stream_ptr = None, 0
+        self._current_stream = current_stream
+        # kernelParams: one pointer, to this binding's struct (passed by value)
+        self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        self._args_ptr = ctypes.addressof(self._args)
+        # (idx_mapping class, query_start_loc class, their fast batch check or None): the last classes seen
+        self._fast: tuple = (None, None, None)
+        self._fast_checks: dict = {}  # (idx_mapping class, query_start_loc class) -> fast batch check or None
+        self._written = None  # the batch fields last written into the parameter block
+        self._state = (num_computed_tokens, block_tables, num_blocks)
+        self._same = None
+        self._bind_state()
+
+    def _fast_check(self, idx_mapping, query_start_loc) -> tuple:
+        """``(idx class, qsl class, the fast batch check for them or None)``, remembered as the last."""
+        key = (idx_mapping.__class__, query_start_loc.__class__)
+        check = self._fast_checks.get(key, False)
+        if check is False:
+            check = self._fast_checks[key] = self._make_fast_check(idx_mapping, query_start_loc)
+        self._fast = (*key, check)
+        return self._fast
+
+    def _make_fast_check(self, idx_mapping, query_start_loc):
+        """The fast batch check for these classes (both CuPy or both torch), or None."""
+        kind = array_kind(idx_mapping)
+        check = None
+        if kind and array_kind(query_start_loc) == kind:
+            if kind == "cupy":
+                check = cupy_batch_check(self._max_num_reqs, self._device)
+            else:
+                torch = sys.modules.get("torch")  # (loaded: x is one of its tensors)
+                if torch is not None:
+                    check = torch_batch_check(self._max_num_reqs, self._device, torch.int32, torch.int64)
+        return check
+
+    def _bind_state(self) -> None:
+        """Check the bound request state (as compute() does) and write it into the parameter block;
+        then remember each array's signature (and a list's items) in one guard."""
+        self._same = None  # until every check passed: a failed check leaves the state unbound
+        P = self.params
+        nct, tables, nbs = self._check_state(*self._state)
+        P.num_computed_tokens = nct  # [rows >= M], int32
+        for g, (ptr, stride) in enumerate(tables):
+            P.block_table[g] = ptr  # [rows >= M, W_g], int32
+            P.table_stride[g] = stride  # int64, elements
+        for g, ptr in enumerate(nbs):
+            P.num_blocks[g] = ptr  # [rows >= M], int32
+        # (None: no cheap signature, or a list/tuple subclass: checked again at every launch)
+        self._same = memo_guard(self._state)
+
+    @property
+    def bound(self) -> dict:
+        """The bound request state by argument name (the objects given to ``bind``)."""
+        return dict(zip(_NAMES, self._state))
+
+    def launch(
+        self, idx_mapping, query_start_loc, num_reqs_padded: int | None = None, *, stream=None
+    ) -> VllmStepOutputs:
+        """One step's inputs for vLLM in one kernel launch, over the bound request state.
+
+        Parameters
+        ----------
+        idx_mapping : int32 or int64 [num_reqs], device array
+            Batch index b -> request-state row r; -1 marks a dummy (padding) request.
+        query_start_loc : int32 [num_reqs + 1], device array
+            Request b's tokens are ``[qsl[b], qsl[b+1])``.
+        num_reqs_padded : int, optional
+            The batch's graph size, ``num_reqs <= . <= max_num_reqs`` (default num_reqs).
+        stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
+            Where to launch; the stream given to ``bind`` by default, else CuPy's current stream.
+
+        Returns
+        -------
+        VllmStepOutputs
+            The planner's persistent output buffers (``out=`` tensors where given), as
+            :meth:`VllmStepPlanner.compute` returns them.
+
+        Notes
+        -----
+        ``idx_mapping`` and ``query_start_loc`` are checked in full at every launch (the checks
+        and messages of ``compute()``); the bound arrays are checked again only when one's
+        signature or a bound list's items changed (see the module's docstring).
+        """
+        # Stream: a raw handle as is; the bound default; the same CuPy or torch stream object as last time.
+        if stream.__class__ is not int:
+            if stream is None:
+                stream = self._stream
+                if stream is None:
+                    stream = self._current_stream().ptr
+            elif stream is self._stream_obj:
+                stream = self._stream_ptr
+            else:
+                handle = stream_handle(stream)
+                if type(stream).__module__.startswith(("cupy", "torch")):  # their handles never change
+                    self._stream_obj, self._stream_ptr = stream, handle
+                stream = handle
+        # The bound request state: the same signatures (and list items) as when it was checked.
+        same = self._same
+        if same is None or not same(*self._state):
+            self._bind_state()
+        # The batch: every check, every launch. CuPy arrays and torch tensors are read straight
+        # (cupy_batch_check / torch_batch_check: check_batch's checks, inline); anything else, or a
+        # failed check, goes through check_batch (describe + check_vector), which raises the message.
+        M = self._max_num_reqs
+        fast = self._fast
+        if idx_mapping.__class__ is not fast[0] or query_start_loc.__class__ is not fast[1]:
+            fast = self._fast_check(idx_mapping, query_start_loc)
+        fast = fast[2]
+        batch = None if fast is None else fast(idx_mapping, query_start_loc)
+        if batch is None:
+            idx, qsl = self._check_batch(idx_mapping, query_start_loc, M, self._device)
+            batch = (idx.ptr, idx.shape[0], idx.dtype == INT64, qsl.ptr)
+        n = batch[1]
+        if num_reqs_padded is None:
+            padded = n
+        elif num_reqs_padded.__class__ is int and n <= num_reqs_padded <= M:
+            padded = num_reqs_padded
+        else:
+            padded = check_num_reqs_padded(num_reqs_padded, n, M)
+        plan = self._plans.get(n if self._v2 else padded)
+        if plan is None:
+            plan = self._plans[n if self._v2 else padded] = self._plan(padded, n, self._pair_lanes)
+        written = (batch, padded)
+        if written != self._written:  # (vLLM's slices of persistent buffers keep their pointers)
+            P = self.params
+            P.idx_mapping = batch[0]  # [num_reqs], int32 or int64
+            P.num_reqs = n
+            P.idx_is_64 = batch[2]
+            P.query_start_loc = batch[3]  # [num_reqs + 1], int32
+            P.num_reqs_padded = padded
+            if plan[1] and plan[1] != self._lanes:  # v2's lanes per pair, by num_reqs
+                P.pair_lanes = self._lanes = plan[1]
+            self._written = written
+        self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
+        return self._outputs
