@@ -126,9 +126,9 @@ def reset_error_records(records) -> None:
     """Clear error records in place on the device (every mask 0, every key all ones), on the
     array library's current stream (torch's or CuPy's); no synchronisation.
 
-    For caller-owned records that the caller reads itself: a torch op's records
-    (:func:`kvaddr.torch.reset_records`, :func:`kvaddr.torch.reset_workspace_errors` wrap
-    this), ``VllmStepBuffers.records`` or the array given as ``VllmStepPlanner(error_records=...)``.
+    For caller-owned records that the caller reads itself: a torch op's workspace
+    (:func:`kvaddr.torch.reset_workspace_errors` wraps this), ``VllmStepBuffers.records`` or the
+    array given as ``VllmStepPlanner(error_records=...)`` when read directly.
     The records are sticky, so reset them after each read, or the next read also reports
     what this one did.
 

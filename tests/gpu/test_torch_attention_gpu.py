@@ -119,6 +119,8 @@ def test_worked_examples_on_cuda(meta_impl):
     assert out.attention.kv_indices.tolist() == [[5, 6, 9, 2, 0, -1], [10, 11, 12, 13, 14, 15]]
     mask, key = bufs.errors()
     assert mask == ERR_KV_INDICES_CAPACITY and decode_error_key(key) == (4, 2, 1, 16)
+    assert bufs.errors() == (0, NO_ERROR_KEY)  # the read reset the (sticky) records
+    out, bufs, _ = _run(EXAMPLE_2, "flashinfer", 6, buffers=bufs)
     with pytest.raises(AddressingError, match=r"token 4 of request 2, cache 1: more kv_indices entries"):
         bufs.check()
     out, bufs, _ = _run(EXAMPLE_3, "flashinfer", 8)
