@@ -180,8 +180,8 @@ def test_same_buffers_many_steps_with_bsz_changing_and_the_overflow_record_clear
         out, _, _ = _run(case, ALL, N, buffers=bufs)
         ref = _check_step(case, ALL, N, out, bufs, f"step {i} bsz {bsz}")
         overflowed.append(bool(ref.error_mask & ERR_KV_INDICES_CAPACITY))
-    # 9000 requests of up to 5000 tokens need more than N entries; 7 requests don't (their step's records
-    # replace the overflowing step's: errors() above equalled the reference's on each step)
+    # 9000 requests of up to 5000 tokens need more than N entries; 7 requests don't (errors() read and
+    # cleared the overflowing step's records: it equalled the reference's on each step)
     assert overflowed[4] and overflowed[6] and not overflowed[7], overflowed
 
 
