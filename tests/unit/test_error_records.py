@@ -141,3 +141,65 @@ def test_set_meta_impl_keeps_unread_errors(fake):
     rec[len(rec) - 1] = (16, error_key(0, 0, 1, 16))
     p._set_meta_impl(1, entries=4096)
     assert p.errors() == (16, error_key(0, 0, 1, 16))
+
+
+# -- the torch ops' CPU kernels merge like a device warp; their readers reset -------------------
+
+
+def test_torch_step_buffers_are_sticky_and_the_workspace_helpers_read_and_reset():
+    pytest.importorskip("torch")
+    import torch
+
+    import kvaddr.torch as kt
+    from tests.support.gpu import reference
+    from tests.support.sticky_cases import sticky_cases
+    from tests.support.torch_ops import case_tensors
+
+    cases = sticky_cases(bsz=40, num_caches=2)
+    C = cases["good"]["capacity"]
+    ra, rb = reference(cases["bad_a"]), reference(cases["bad_b"])
+    t = {k: case_tensors(c, "cpu") for k, c in cases.items()}
+    bufs = kt.StepBuffers(64, C, [16, 16], device="cpu")
+    kt.step(*t["bad_a"], bufs)
+    kt.step(*t["good"], bufs)
+    assert bufs.errors() == (ra.error_mask, ra.error_key), "a good step keeps the bad one's record"
+    assert bufs.errors() == (0, NO_ERROR_KEY), "the read reset the records"
+    kt.step(*t["bad_a"], bufs)
+    kt.step(*t["bad_b"], bufs)
+    assert bufs.errors() == (ra.error_mask | rb.error_mask, min(ra.error_key, rb.error_key))
+    kt.step(*t["bad_b"], bufs)
+    bufs.clear_errors()
+    assert bufs.errors() == (0, NO_ERROR_KEY)
+    # the old op on caller tensors: workspace_errors reads without resetting, the helper resets
+    ws = bufs.outputs_args[-1]
+    dec, q, tables = t["bad_a"]
+    torch.ops.kvaddr.step.default(dec, q, tables, [16, 16], *bufs.outputs_args)
+    assert kt.workspace_errors(ws, C) == (ra.error_mask, ra.error_key)
+    assert kt.workspace_errors(ws, C) == (ra.error_mask, ra.error_key), "reading does not reset"
+    kt.reset_workspace_errors(ws, C)
+    assert kt.workspace_errors(ws, C) == (0, NO_ERROR_KEY)
+
+
+def test_torch_vllm_buffers_are_sticky_and_the_records_reset_with_the_helper():
+    pytest.importorskip("torch")
+    from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY
+    from kvaddr.engines.vllm_reference import vllm_step_reference
+    from kvaddr.torch import VllmStepBuffers, vllm_step
+    from kvaddr.torch.vllm_ops import records_errors
+    from tests.support.torch_ops import vllm_case_tensors
+    from tests.support.vllm_cases import corrupt, random_case
+
+    rng = np.random.default_rng(3)
+    cfg, inputs = random_case(rng, max_num_reqs=20, num_reqs=15, block_sizes=(16, 8), max_query=4)
+    bad = corrupt(rng, cfg, inputs, rate=0.2)
+    want = vllm_step_reference(cfg, **bad)
+    assert want.error_mask
+    bufs = VllmStepBuffers(config=cfg, device="cpu")
+    vllm_step(*vllm_case_tensors(bad, "cpu"), bufs)
+    vllm_step(*vllm_case_tensors(inputs, "cpu"), bufs)
+    assert records_errors(bufs.records) == (want.error_mask, want.error_key)  # read, not reset
+    assert bufs.errors() == (want.error_mask, want.error_key)  # read and reset
+    assert records_errors(bufs.records) == (0, VLLM_NO_ERROR_KEY)
+    vllm_step(*vllm_case_tensors(bad, "cpu"), bufs)
+    reset_error_records(bufs.records)
+    assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)
