@@ -2051,9 +2051,7 @@ __device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
         r.block_size[g] = kv_pin(p.block_size[g]);
     }
     r.bsz = kv_pin(p.bsz);
-    r.capacity = kv_pin(p.capacity);
-    r.max_tiles = kv_pin(p.max_tiles);
-    r.num_meta = kv_pin(p.num_meta);
+    r.capacity = kv_pin(p.capacity);  // (max_tiles, num_meta: read by no v9 code since sticky records)
     kv_step_one<G, PosT, ABL & ~KV_ABL_PARAM_REGS>(r);
 }
 

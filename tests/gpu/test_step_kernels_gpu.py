@@ -151,6 +151,9 @@ def _launch_kernel(p, kernel, case):
     p.one_block_min_threads = 1024 if kernel == "v9-wide" else StepPlanner.one_block_min_threads
     version = "v9" if kernel == "v9-wide" else kernel
     p.use_kernel(version, **({"max_requests": 1024} if version.startswith("v9") else {}))
+    name = p.kernel_for(case["seq_lens_decoder"].shape[0])[0]
+    want = {"v8": "kvaddr_step_i", "v9": "kvaddr_step1_c", "v9-old": "kvaddr_step1old_c"}[version]
+    assert name.startswith(want), (kernel, name)
     dev = to_device(case)
     p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
     cupy.cuda.get_current_stream().synchronize()
@@ -167,7 +170,8 @@ def test_sticky_records_across_kernels(mixed):
     from kvaddr.errors import NO_ERROR_KEY
     from tests.support.sticky_cases import sticky_cases
 
-    cases = sticky_cases(bsz=40, num_caches=2, mixed=mixed)
+    # C > 256: v9 runs 3 blocks of 256 threads, v9-wide one of C, v8 ceil(C / 256) chunks
+    cases = sticky_cases(bsz=40, num_caches=2, mixed=mixed, spare=600)
     C = cases["good"]["capacity"]
     ra, rb = reference(cases["bad_a"]), reference(cases["bad_b"])
     assert ra.error_mask and rb.error_mask and rb.error_key < ra.error_key

@@ -15,9 +15,12 @@ import numpy as np
 I32 = np.int32
 
 
-def sticky_cases(*, bsz: int = 40, num_caches: int = 2, block_size: int = 16, width: int = 8, mixed=False) -> dict:
+def sticky_cases(
+    *, bsz: int = 40, num_caches: int = 2, block_size: int = 16, width: int = 8, mixed=False, spare: int = 24
+) -> dict:
     """``{"good": case, "bad_a": case, "bad_b": case}`` (step_addressing's keyword arguments,
-    NumPy inputs), one capacity, one set of block sizes, tables of one shape; ``bsz >= 2``."""
+    NumPy inputs), one capacity (the tokens plus ``spare``: more than 256 spreads the small-batch
+    kernels over several blocks), one set of block sizes, tables of one shape; ``bsz >= 2``."""
     assert bsz >= 2, bsz
     ia = min(5, bsz - 1)
     ib = min(3, ia - 1)
@@ -27,7 +30,7 @@ def sticky_cases(*, bsz: int = 40, num_caches: int = 2, block_size: int = 16, wi
         q[0] = 3
     dec = (np.arange(bsz, dtype=np.int64) * 3 % (width * block_size - 3)).astype(I32)
     tables = [rng.integers(0, 1 << 20, size=(bsz + 2, width)).astype(I32) for _ in range(num_caches)]
-    base = dict(block_sizes=[block_size] * num_caches, capacity=int(q.sum()) + 24)
+    base = dict(block_sizes=[block_size] * num_caches, capacity=int(q.sum()) + spare)
     good = dict(base, seq_lens_decoder=dec, seq_lens_this_time=q, block_tables=tables)
     # bad_a: request ia's block (in every cache) is -1
     ta = [t.copy() for t in tables]
