@@ -197,29 +197,25 @@ def test_hypothesis_steps(mask, seed, errors, over, big, wide, num_caches, bsz, 
 
 @requires_gpu
 @pytest.mark.parametrize("mask", [0, DEFAULT])
-def test_records_are_sticky(mask):
+@pytest.mark.parametrize("spare", [24, 600])
+def test_records_are_sticky(mask, spare):
     """No clearing between launches: a bad step's record survives a good step of the same
-    planner, and two bad steps merge (OR of the bits, the smaller key); errors() then resets."""
+    planner, and two bad steps merge (OR of the bits, the smaller key); errors() then resets.
+    One block (C = 64) and several (C = 640: three blocks of 256 threads)."""
     from kvaddr.errors import NO_ERROR_KEY
+    from tests.support.sticky_cases import sticky_cases
 
-    rng = np.random.default_rng(416 + mask)
-    bad1 = random_step(rng, bsz=40, num_caches=2, mix=("decode",), errors=True)
-    while reference(bad1).error_mask == 0:
-        bad1 = random_step(rng, bsz=40, num_caches=2, mix=("decode",), errors=True)
-    good = dict(bad1, seq_lens_decoder=np.zeros_like(bad1["seq_lens_decoder"]))
-    good["seq_lens_this_time"] = np.ones_like(bad1["seq_lens_this_time"])
-    good["block_tables"] = [np.abs(t) for t in bad1["block_tables"]]
-    r1, rg = reference(bad1), reference(good)
-    assert rg.error_mask == 0
-    p = _planner(bad1, False, 64)
+    cases = sticky_cases(bsz=40, num_caches=2, spare=spare)
+    ra, rb = reference(cases["bad_a"]), reference(cases["bad_b"])
+    assert reference(cases["good"]).error_mask == 0 and ra.error_mask and rb.error_mask
+    p = _planner(cases["good"], False, 64)
     p.clear_errors()
-    _launch(p, mask, to_device(bad1), bad1)
-    _launch(p, mask, to_device(good), good)
-    assert p.errors() == (r1.error_mask, r1.error_key), f"mask {mask}: bad then good"
+    _launch(p, mask, to_device(cases["bad_a"]), cases["bad_a"])
+    _launch(p, mask, to_device(cases["good"]), cases["good"])
+    assert p.errors() == (ra.error_mask, ra.error_key), f"mask {mask}: bad then good"
     assert p.errors() == (0, NO_ERROR_KEY), f"mask {mask}: the read reset the records"
-    over = random_step(rng, bsz=40, num_caches=2, mix=("decode",), over_capacity=True)
-    r2 = reference(over)
-    _launch(p, mask, to_device(bad1), bad1)
-    _launch(p, mask, to_device(over), over)
-    want = (r1.error_mask | r2.error_mask, min(r1.error_key, r2.error_key))
+    _launch(p, mask, to_device(cases["bad_a"]), cases["bad_a"])
+    _launch(p, mask, to_device(cases["bad_b"]), cases["bad_b"])
+    _launch(p, mask, to_device(cases["good"]), cases["good"])
+    want = (ra.error_mask | rb.error_mask, min(ra.error_key, rb.error_key))
     assert p.errors() == want, f"mask {mask}: two bad steps"
