@@ -14,8 +14,7 @@ N copies of one launch per graph, median of R replays, us per copy), on decode b
     ``kvaddr_abl_floor_out_c{G}``: what passing the struct costs.
 ``v9`` / ``v9-old`` / ``v9 (launcher)``
     ``StepPlanner.compute`` with the library's default (``kvaddr_step1_c{G}_i64``: since round 2
-    ``KV_V9_DEFAULT`` = params in regs + decode-first + lean, mask 416; the error-record fixes,
-    mask 12704 with them, measured slower on the H200), ``compute`` with ``use_kernel("v9-old")`` (``kvaddr_step1old_c{G}_i64``, v9 as first
+    ``KV_V9_DEFAULT`` = params in regs + decode-first + lean, mask 416), ``compute`` with ``use_kernel("v9-old")`` (``kvaddr_step1old_c{G}_i64``, v9 as first
     shipped), and v9-old recompiled in the ablation module (mask 0), launched bare with the
     planner's struct (the last two should agree: the same code). Phase costs are against mask 0.
 ``- <phase>``
@@ -35,14 +34,11 @@ N copies of one launch per graph, median of R replays, us per copy), on decode b
     into a register at entry; v9 reads bsz, compares, and only then the length pointers),
     ``decode-first`` (``KV_FIX_DECODE_FIRST``: one vote "every request is decode" replaces
     the scan, which runs only when the vote fails), ``lean`` (``KV_FIX_LEAN``: pos / B once
-    per token, record clearing not unrolled), decode-first + lean, all three; round 2 (the
-    error-record phase, 0.29-0.41 us in round 1): ``late clear`` (``KV_FIX_LATE_CLEAR``: the
-    loop clearing other kernels' records runs after the guess's table loads are issued),
-    ``16-byte records`` (``KV_FIX_REC16``: one 16-byte store per record; a vote before the
-    warp's (mask, key) reduction, which runs only in a warp with an error), and those on all
-    three; ``default (all five)`` is mask 12704, the library's code. Ablations ``- clearing
-    loop`` (1024) and ``- per-warp record`` (2048) split the phase; ``all three - error stores``
-    (417) and ``all three - clearing loop`` (1440) show what it costs after the three fixes.
+    per token), decode-first + lean, all three (mask 416, the library's code).
+    ``all three - error stores`` (417) shows what the error-record merge still costs after the
+    three fixes: since the sixth session records are sticky (a clean warp only votes and
+    writes nothing, no kernel clears records), so the fifth session's record variants
+    (clearing loop, late clear, 16-byte records: masks 1024-12704) are gone.
     Each fix's outputs and error record (and v9-old's) are compared with v9's before timing.
 
 Then issue 16's verdicts for v9 and each fix (``floor_step.py``'s targets: at most 1.25x
@@ -83,14 +79,10 @@ ABLATIONS = [
     ("- all, params in regs", 127),
     ("unguarded length loads", 512),
     ("- all but outputs, unguarded", 591),
-    # round 2: the error-record phase split (clearing loop of other kernels' records / own record)
-    ("- clearing loop", 1024),
-    ("- per-warp record", 2048),
 ]
-#: (label, mask) of all three fixes (416) less parts of the error-record phase: its cost after them.
+#: (label, mask) of all three fixes (416) less the error-record merge: its cost after them.
 ERR_ON_416 = [
     ("all three - error stores", 417),
-    ("all three - clearing loop", 1440),
 ]
 #: (label, mask) of the candidate fixes: KV_FIX_* bits (correct kernels).
 FIXES = [
@@ -99,12 +91,6 @@ FIXES = [
     ("fix: lean", 256),
     ("fix: decode-first + lean", 384),
     ("fix: all three", 416),
-    # round 2: the error-record phase, fixed (kernels.cu's KV_FIX_LATE_CLEAR, KV_FIX_REC16)
-    ("fix: late clear", 4096),
-    ("fix: 16-byte records", 8192),
-    ("fix: all three + late clear", 4512),
-    ("fix: all three + 16-B records", 8608),
-    ("fix: default (all five)", 12704),
 ]
 #: KV_V9_DEFAULT: what the library's kvaddr_step1_c* instantiate (StepPlanner's "v9" since round 2)
 DEFAULT = 416
@@ -129,9 +115,10 @@ def snapshot(planner, out, stream):
 
 
 def poison(planner, out):
+    """Poison the outputs; clear the (sticky) error records, so the next launch's errors are its own."""
     for f in OUTPUT_FIELDS:
         getattr(out, f).fill(0x5A5A5A5A if f != "num_tokens" else -77)
-    planner._records.fill(0x5A5A5A5A)
+    planner.clear_errors()
 
 
 def cell(us, floor):
@@ -293,7 +280,7 @@ def report(cols, dev, copies, replays) -> list:
             line += f"{c['times']['v9 (launcher)'] - c['times'][r]:>+15.3f}"
         print(line)
     print()
-    print("the error-record phase after all three fixes (fix: all three minus the variant), us:")
+    print("the error-record merge after all three fixes (fix: all three minus the variant), us:")
     for r, _ in ERR_ON_416 + [f for f in FIXES if f[1] & ~416]:
         line = f"{r:<30}"
         for c in cols:

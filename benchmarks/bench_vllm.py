@@ -6,7 +6,6 @@ Graph mode (as benchmarks/bench_step.py): N copies of one call captured in one C
 graph; time per copy = replay time (CUDA events, median of R replays) / N, for
   * vllm-one    VllmStepPlanner.compute (one launch), kernel="v2" (kvaddr_vllm_step_v2,
                 gather lanes per pair by batch size; --lanes adds fixed widths),
-  * vllm-v1     the same with kernel="v1" (the first version, kvaddr_vllm_step),
   * core        StepPlanner.compute on the same batch (dec = num_computed_tokens of
                 each request's row, q = its query length, the batch-order block rows),
   * vllm-three  VllmThreeLaunch.compute (vLLM's three launches).
@@ -27,7 +26,9 @@ the memo never hits) for compute() of both and for ``VllmStepPlanner.bind()``'s
 ``BoundVllmStep.launch`` (the request state bound once; also with the same objects). Every implementation is
 first checked against the NumPy reference on the same batch (outputs and error record).
 The exit status is 0 when v2 meets every target. ``--host-only``: the correctness check and the
-eager host comparison alone (v2, v1 and core interleaved; no graph timing), about 15 s.
+eager host comparison alone (v2 and core interleaved; no graph timing), about 15 s.
+(The first version of the kernel, ``kernel="v1"``, was measured here until the sixth session,
+slower than v2 on every row, and deleted.)
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ def main(argv=None):
     ap.add_argument(
         "--host-only",
         action="store_true",
-        help="only the eager host comparison (v2 and v1 against the core step, memo and no memo) and its "
-        "target, after checking v2 and v1 against the reference; no graph timing",
+        help="only the eager host comparison (v2 against the core step, memo and no memo) and its "
+        "target, after checking v2 against the reference; no graph timing",
     )
     ap.add_argument(
         "--lanes", default="8,32", help="also time v2 with these fixed gather lanes per pair (comma list; '' for none)"
@@ -149,15 +150,14 @@ def main(argv=None):
                     widths=list(bs.config.widths),
                 )
                 one, three = VllmStepPlanner(**kw, kernel="v2"), VllmThreeLaunch(**kw)
-                old = VllmStepPlanner(**kw, kernel="v1")
                 fixed = {L: VllmStepPlanner(**kw, kernel="v2", pair_lanes=L) for L in lanes}
                 dec, q, tables = core_inputs(bs, x, ref)
                 core = StepPlanner(
                     max_requests=bs.num_reqs, capacity=bs.config.max_num_batched_tokens, block_sizes=list(groups)
                 )
                 stream.synchronize()
-                # correctness first: both vLLM implementations against the reference
-                for impl in (one, old, *(() if a.host_only else (three,)), *fixed.values()):
+                # correctness first: the vLLM implementations against the reference
+                for impl in (one, *(() if a.host_only else (three,)), *fixed.values()):
                     name = f"{type(impl).__name__}({impl.kernel}, lanes {impl.pair_lanes})"
                     for _ in range(2):  # the second call finds the first one's device state
                         out = impl.compute(*args, stream=stream)
@@ -211,9 +211,6 @@ def main(argv=None):
                 def run_one():
                     one.compute(i_, s_, c_, t_, b_, p_, stream=stream)
 
-                def run_old():
-                    old.compute(i_, s_, c_, t_, b_, p_, stream=stream)
-
                 def run_three():
                     three.compute(*args, stream=stream)
 
@@ -221,10 +218,9 @@ def main(argv=None):
                     core.compute(dec, q, tables, stream=stream)
 
                 if a.host_only:
-                    t_one = t_old = t_core = t_three = float("nan")
+                    t_one = t_core = t_three = float("nan")
                 else:
                     t_one = graph_time_per_copy(run_one, stream, a.copies, a.replays)
-                    t_old = graph_time_per_copy(run_old, stream, a.copies, a.replays)
                     t_core = graph_time_per_copy(run_core, stream, a.copies, a.replays)
                     t_three = graph_time_per_copy(run_three, stream, a.copies, a.replays)
                 t_fixed = {
@@ -233,13 +229,12 @@ def main(argv=None):
                     )
                     for L, impl in fixed.items()
                 }
-                # eager host time: v2, v1 and the core step memoised, interleaved; then both without
+                # eager host time: v2 and the core step memoised, interleaved; then both without
                 # the memo (every call checked), interleaved
                 hb = {}
                 h = host_times(
                     dict(
                         one=run_one,
-                        old=run_old,
                         core=run_core,
                         one_new=run_one_new,
                         core_new=run_core_new,
@@ -251,7 +246,7 @@ def main(argv=None):
                     a.host_samples,
                     best=hb,
                 )
-                h_one, h_old, h_core = h["one"], h["old"], h["core"]
+                h_one, h_core = h["one"], h["core"]
                 assert one_new._memo is None and core_new._memo is None, "a new-objects row took a memo"
                 assert one._memo is not None and core._memo is not None, "the host time was not on the memoised path"
                 one.memoize_checks = False  # (forgets the memo)
@@ -270,7 +265,6 @@ def main(argv=None):
                     widths=list(bs.config.widths),
                     graph_us=dict(
                         vllm_one=t_one,
-                        vllm_v1=t_old,
                         core=t_core,
                         vllm_three=t_three,
                         **{f"vllm_one_lanes{L}": t for L, t in t_fixed.items()},
@@ -278,7 +272,6 @@ def main(argv=None):
                     pair_lanes_auto=auto,
                     eager_host_us=dict(
                         vllm_one=h_one,
-                        vllm_v1=h_old,
                         core=h_core,
                         vllm_one_no_memo=h_one_nm,
                         core_no_memo=h_core_nm,
@@ -295,7 +288,6 @@ def main(argv=None):
                     host_one_vs_core=h_one / h_core,
                     eager_host_best_us=dict(
                         vllm_one=hb["one"],
-                        vllm_v1=hb["old"],
                         core=hb["core"],
                         vllm_one_new_objects=hb["one_new"],
                         core_new_objects=hb["core_new"],
@@ -304,8 +296,6 @@ def main(argv=None):
                     ),
                     host_one_vs_core_best=hb["one"] / hb["core"],
                     host_one_no_memo_vs_core_no_memo=h_one_nm / h_core_nm,
-                    v1_vs_core=t_old / t_core,
-                    three_vs_v1=t_three / t_old,
                     targets_met=dict(host=h_one / h_core <= 1.2)
                     if a.host_only
                     else dict(
@@ -315,11 +305,11 @@ def main(argv=None):
                     ),
                 )
                 if a.host_only:  # (no graph times)
-                    for k in ("graph_us", "one_vs_core", "three_vs_one", "v1_vs_core", "three_vs_v1"):
+                    for k in ("graph_us", "one_vs_core", "three_vs_one"):
                         del row[k]
                 rows.append(row)
                 host_text = (
-                    f"eager host us: v2 {h_one:6.2f} v1 {h_old:6.2f} core {h_core:6.2f} "
+                    f"eager host us: v2 {h_one:6.2f} core {h_core:6.2f} "
                     f"v2/core {h_one / h_core:5.2f} (<=1.2: {'met' if h_one / h_core <= 1.2 else 'MISSED'}; "
                     f"best {hb['one']:5.2f}/{hb['core']:5.2f} = {hb['one'] / hb['core']:4.2f}) "
                     f"| no memo: v2 {h_one_nm:6.2f} core {h_core_nm:6.2f}\n{'':>20}new batch objects every call: "
@@ -334,10 +324,9 @@ def main(argv=None):
                     continue
                 extra = "".join(f"  v2/lanes{L} {t:6.2f}" for L, t in t_fixed.items())
                 print(
-                    f"{shape_text:>16} G={len(groups)}  graph us: v2 {t_one:6.2f} (lanes {auto:2d})  v1 {t_old:6.2f}  "
+                    f"{shape_text:>16} G={len(groups)}  graph us: v2 {t_one:6.2f} (lanes {auto:2d})  "
                     f"core {t_core:6.2f}  three {t_three:6.2f}{extra}\n"
                     f"{'':>20}v2: one/core {t_one / t_core:5.2f} (<=1.3)  three/one {t_three / t_one:5.2f} (>=4)  "
-                    f"| v1: one/core {t_old / t_core:5.2f}  three/one {t_three / t_old:5.2f}  "
                     f"| {host_text}",
                     flush=True,
                 )

@@ -26,6 +26,8 @@ map these types to exit codes.
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Block index ``pos // B`` is beyond the table's width.
 ERR_BLOCK_INDEX = 1
 #: Negative (unallocated) block id for a real token.
@@ -83,6 +85,64 @@ def decode_error_key(key: int) -> tuple[int, int, int, int]:
         (key >> _BIT_FIELD) & ((1 << _CACHE_FIELD) - 1),
         1 << (key & ((1 << _BIT_FIELD) - 1)),
     )
+
+
+# -- error records (docs/spec.md, "Errors") ---------------------------------------------
+#
+# A step's device errors live in records of two 64-bit words, (mask, first-bad key), one per
+# warp. They are STICKY: a kernel writes only from a warp that found an error, merging into its
+# record (atomicOr on the mask, atomicMin on the key), and no kernel clears them. The reader
+# reduces every record (OR of the masks, smallest key) and then clears them: the planners'
+# errors() / check() do both; whoever reads caller-owned records itself (a torch op's workspace,
+# VllmStepBuffers.records, a VllmStepPlanner(error_records=...) array read directly) resets them
+# with reset_error_records after reading.
+
+
+def clean_error_records(count: int) -> np.ndarray:
+    """``count`` cleared error records, uint64 ``[count, 2]``: mask 0, key :data:`NO_ERROR_KEY`."""
+    rec = np.zeros((int(count), 2), dtype=np.uint64)
+    rec[:, 1] = np.uint64(NO_ERROR_KEY)
+    return rec
+
+
+def reduce_error_records(records) -> tuple[int, int]:
+    """``(error_mask, first_bad_key)`` of host error records: the OR of the masks and the
+    smallest key (unsigned), ``(0, NO_ERROR_KEY)`` for none.
+
+    Parameters
+    ----------
+    records : int64 or uint64 array, [R, 2] or flat [2 R] (NumPy, host)
+        (mask, key) pairs; int64 words are read as their uint64 bit patterns.
+    """
+    rec = np.ascontiguousarray(records).reshape(-1)
+    if rec.dtype != np.uint64:
+        rec = rec.view(np.uint64)
+    if rec.size == 0:
+        return 0, NO_ERROR_KEY
+    return int(np.bitwise_or.reduce(rec[0::2])), int(rec[1::2].min())
+
+
+def reset_error_records(records) -> None:
+    """Clear error records in place on the device (every mask 0, every key all ones), on the
+    array library's current stream (torch's or CuPy's); no synchronisation.
+
+    For caller-owned records that the caller reads itself: a torch op's workspace
+    (:func:`kvaddr.torch.reset_workspace_errors` wraps this), ``VllmStepBuffers.records`` or the
+    array given as ``VllmStepPlanner(error_records=...)`` when read directly.
+    The records are sticky, so reset them after each read, or the next read also reports
+    what this one did.
+
+    Parameters
+    ----------
+    records : int64 or uint64 device array, [R, 2] or flat [2 R], contiguous
+        A CuPy array or torch tensor (or a NumPy array, for host copies).
+    """
+    signed = str(records.dtype).endswith("int64") and not str(records.dtype).endswith("uint64")
+    if not (signed or str(records.dtype).endswith("uint64")):
+        raise TypeError(f"error records must be int64 or uint64, got {records.dtype}")
+    pairs = records.reshape(-1, 2)
+    pairs[:, 0] = 0
+    pairs[:, 1] = -1 if signed else np.uint64(NO_ERROR_KEY)
 
 
 class KvaddrError(Exception):

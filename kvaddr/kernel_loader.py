@@ -37,7 +37,6 @@ KERNEL_NAMES = (
     "kvaddr_one_block_i64",
     "kvaddr_one_block_i32",
     # kvaddr/engines/vllm.py and its three-launch baseline (the vLLM section of kernels.cu)
-    "kvaddr_vllm_step",
     "kvaddr_vllm_step_v2",
     "kvaddr_vllm_step_v2a",  # v2 with the attention metadata blocks (VllmStepPlanner(attention=...))
     "kvaddr_vllm3_prepare",

@@ -56,9 +56,12 @@
 //     memory and binary-searches each entry's request), 3 kv_meta_block3 (block2's
 //     work in one round: one barrier, the first row loads in flight across it). With attention off num_meta = 0
 //     and the token blocks run exactly as before.
-//   * Errors: every warp writes one record (mask, first-bad key) of its own every
-//     launch, so no reset is needed; check() reduces the records on the host. The
-//     mask's bits are the KV_ERR_* below (kvaddr/errors.py's ERR_*, checked by a test).
+//   * Errors: sticky per-warp records (mask, first-bad key). Only a warp that found an
+//     error writes: it merges into its own record with atomicOr (mask) and atomicMin (key),
+//     so a record holds every error since the host last cleared it; a clean warp writes
+//     nothing and no kernel clears. errors()/check() reduce the records on the host (OR,
+//     min) and reset them. The mask's bits are the KV_ERR_* below (kvaddr/errors.py's
+//     ERR_*, checked by a test).
 //
 // Addresses are int64 throughout: block ids up to 2^31-1 times any block size.
 
@@ -480,31 +483,28 @@ __device__ __forceinline__ int kv_warp_search_global(const int* cu, int lo, int 
     return lo;
 }
 
-// Each warp writes its own error record (mask, first-bad key) every launch: no
-// block barrier, no atomics, nothing to reset. check() reduces the records.
-__device__ __forceinline__ void kv_store_errors(KvErr err, u64* __restrict__ rec, int slot) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const i64 i = (i64)slot * KV_WARPS + warp;
-    const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
-    if (mask) {
+// Sticky error record i (rec[2 i] = mask, rec[2 i + 1] = first-bad key), merged by the whole
+// warp (all 32 lanes): a vote first, and only a warp with an error reduces its (mask, key) and
+// merges it with atomicOr / atomicMin (the record may hold an unread error of an earlier
+// launch). A clean warp writes nothing; the host clears the records after reading them.
+__device__ __forceinline__ void kv_merge_record(u64* __restrict__ rec, i64 i, KvErr err) {
+    if (__any_sync(0xffffffffu, err.mask != 0u)) {
+        const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
-            u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
+            const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
             err.key = k < err.key ? k : err.key;
         }
-    }
-    if (lane == 0) {
-        rec[2 * i] = mask;
-        rec[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
+        if ((threadIdx.x & 31) == 0) {
+            atomicOr(rec + 2 * i, (u64)mask);
+            atomicMin(rec + 2 * i + 1, err.key);
+        }
     }
 }
 
-// Records [first, last) of whole blocks, cleared (blocks this launch does not run).
-__device__ __forceinline__ void kv_clear_records(u64* __restrict__ rec, int first, int last) {
-    for (i64 i = (i64)first * KV_WARPS + threadIdx.x; i < (i64)last * KV_WARPS; i += KV_THREADS) {
-        rec[2 * i] = 0;
-        rec[2 * i + 1] = KV_NO_ERROR;
-    }
+// The errors of this warp of a KV_THREADS block into record slot * KV_WARPS + warp (sticky).
+__device__ __forceinline__ void kv_store_errors(KvErr err, u64* __restrict__ rec, int slot) {
+    kv_merge_record(rec, (i64)slot * KV_WARPS + (threadIdx.x >> 5), err);
 }
 
 // The small-batch step (bsz <= KV_TILE): one token per thread, grid = ceil(C /
@@ -527,7 +527,7 @@ __device__ __forceinline__ void kv_step_small(KvShared& s, const int* __restrict
                                               int* __restrict__ cu_out, int* __restrict__ num_tokens_out,
                                               int* __restrict__ batch_out, PosT* __restrict__ pos_out,
                                               int* __restrict__ kv_out, i64* __restrict__ slot_out,
-                                              u64* __restrict__ rec, int max_tiles, int num_chunks) {
+                                              u64* __restrict__ rec, int num_chunks) {
     static_assert(KV_TOKENS == KV_THREADS, "the small-batch step runs one token per thread");
     KvErr err;
     err.mask = 0u;
@@ -573,7 +573,6 @@ __device__ __forceinline__ void kv_step_small(KvShared& s, const int* __restrict
             if (r < bsz) kv_out[r] = kv_sat_add(r == t ? dt : s.dec[r], q0);
         }
         if (t == 0) *num_tokens_out = total;
-        if (chunk == 0) kv_clear_records(rec, num_chunks, num_chunks + max_tiles);
         kv_store_errors(err, rec, chunk);
         return;
     }
@@ -612,7 +611,6 @@ __device__ __forceinline__ void kv_step_small(KvShared& s, const int* __restrict
         else cu_out[b] = start;
     }
     if (chunk == 0 && tid == 0) *num_tokens_out = end_tok;
-    if (chunk == 0) kv_clear_records(rec, num_chunks, num_chunks + max_tiles);
     if (t < end_tok) {
         int b = guess;
         const bool hit = b >= 0 && s.cu[KV_PAD(b)] == gstart && t < s.cu[KV_PAD(b + 1)];
@@ -747,20 +745,18 @@ __device__ __forceinline__ void kv_chunk_requests(KvShared& s, const int* cu_out
 }
 
 // A token ticket: chunk `chunk` of the tokens, [chunk * KV_TOKENS, + KV_TOKENS). Waits
-// for the scan, finds its requests, writes its tokens (and padding); chunk 0 also
-// clears the error records of the blocks this launch does not run.
+// for the scan, finds its requests, writes its tokens (and padding).
 template <typename PosT>
 __device__ __forceinline__ void kv_large_tokens(KvShared& s, int chunk, int num_tiles, int num_chunks,
                                                 const int* __restrict__ dec, int bsz, int capacity, int num_caches,
                                                 const KvCaches& c, int* __restrict__ cu_out,
                                                 int* __restrict__ batch_out, PosT* __restrict__ pos_out,
-                                                i64* __restrict__ slot_out, u64* __restrict__ rec, int max_tiles,
-                                                unsigned int* __restrict__ state, KvErr& err) {
+                                                i64* __restrict__ slot_out, unsigned int* __restrict__ state,
+                                                KvErr& err) {
     kv_wait_scan(state, num_tiles);
     const int total = __ldcg(cu_out + bsz);
     const int end_tok = min(total, capacity);
     const int c0 = chunk * KV_TOKENS;
-    if (chunk == 0) kv_clear_records(rec, num_chunks + num_tiles, num_chunks + max_tiles);
     int b_lo = 0, span = 0;
     if (c0 < end_tok) kv_chunk_requests(s, cu_out, dec, bsz, c0, end_tok, b_lo, span);
 #pragma unroll
@@ -815,7 +811,7 @@ __device__ void kv_step(KvShared& s, const int* __restrict__ dec, const int* __r
                         int num_caches, const KvCaches& c, int* __restrict__ cu_out,
                         int* __restrict__ num_tokens_out, int* __restrict__ batch_out,
                         PosT* __restrict__ pos_out, int* __restrict__ kv_out, i64* __restrict__ slot_out,
-                        u64* __restrict__ rec, int max_tiles, unsigned int* __restrict__ state,
+                        u64* __restrict__ rec, unsigned int* __restrict__ state,
                         u64* __restrict__ tile_status, int num_meta) {
     // err and num_chunks before the branch (the large path's): declared after it, ptxas
     // (CUDA 13) allocates one more register for sm_90 (80 instead of 79).
@@ -825,7 +821,7 @@ __device__ void kv_step(KvShared& s, const int* __restrict__ dec, const int* __r
     const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
     if (bsz <= KV_TILE) {
         kv_step_small<PosT>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,
-                            kv_out, slot_out, rec, max_tiles, (int)gridDim.x - num_meta);
+                            kv_out, slot_out, rec, (int)gridDim.x - num_meta);
         return;
     }
     const int num_tiles = (bsz + KV_TILE - 1) / KV_TILE;
@@ -841,7 +837,7 @@ __device__ void kv_step(KvShared& s, const int* __restrict__ dec, const int* __r
         const int chunk = ticket - num_tiles;
         rec_slot = chunk;
         kv_large_tokens<PosT>(s, chunk, num_tiles, num_chunks, dec, bsz, capacity, num_caches, c, cu_out,
-                              batch_out, pos_out, slot_out, rec, max_tiles, state, err);
+                              batch_out, pos_out, slot_out, state, err);
     }
     kv_store_errors(err, rec, rec_slot);
     kv_finish_launch(state, epoch, (int)gridDim.x - num_meta);
@@ -1717,7 +1713,7 @@ __device__ __forceinline__ void kv_step_params(const KvStepParams& p) {
     }
     kv_step<PosT>(s, p.seq_lens_decoder, p.seq_lens_this_time, p.bsz, p.capacity, p.num_caches, c, p.cu_seqlens_q,
                   p.num_tokens, p.batch_id_per_token, static_cast<PosT*>(p.position_ids), p.seq_lens_kv,
-                  p.slot_mapping, p.error_records, p.max_tiles, p.tile_state, p.tile_status, p.num_meta);
+                  p.slot_mapping, p.error_records, p.tile_state, p.tile_status, p.num_meta);
 }
 
 // The fused step, position_ids int64 / int32: one parameter, the whole step by name.
@@ -1748,9 +1744,8 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS, 2) kvaddr_step_i32(cons
 //   3. A second barrier (a __syncwarp for one warp: the prefixes in shared memory); the
 //      tokens the guess did not cover try "token t is request t / n0" (n0: request 0's
 //      tokens), else binary-search their request there.
-// Error records: warp w of block k writes record k * T / 32 + w every launch; block 0
-// clears the records past them (the multi-block kernel's, or a wider launch's), so check()
-// reads the same thing whichever kernel ran last (the planner sizes the records for both).
+// Error records: warp w of block k merges into record k * T / 32 + w, only when it found an
+// error (sticky, kv_merge_record; the planner sizes the records for every kernel it may run).
 // With attention metadata: kvaddr_step1m_* below (these token blocks plus metadata blocks).
 // CUDA-graph safe: no state outlives the launch.
 #define KV_SB_THREADS 1024
@@ -1802,7 +1797,7 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
 // ABL = 0 is v9 as shipped (every test below folds to a constant: the same code).
 // KV_ABL_* bits SKIP a phase (timing only: outputs and error records may be wrong);
 // KV_FIX_* bits are candidate fixes (correct: tests/gpu/test_ablate_v9_gpu.py).
-#define KV_ABL_NO_ERR_STORE 1      // no error-record stores (no clearing loop, no per-warp record)
+#define KV_ABL_NO_ERR_STORE 1      // no error-record merge (not even the warp's vote): timing only
 #define KV_ABL_NO_REQ_CHECKS 2     // lengths trusted: no bad-request test, no bits 4 and 8
 #define KV_ABL_NO_SCAN 4           // decode assumed (request i = token i): no scan, barrier or search
 #define KV_ABL_NO_PAD 8            // no padding stores [num_tokens, C)
@@ -1812,57 +1807,15 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
 #define KV_ABL_NO_TOKEN_CHECKS 64  // no block-index / negative-block checks (no guard on the load)
 #define KV_FIX_DECODE_FIRST 128    // fix: one vote "every request is decode (n == 1, d >= 0)" replaces
                                    // the scan; the v9 scan runs only when the vote fails
-#define KV_FIX_LEAN 256            // fix: pos / B computed once per token (load and store share it),
-                                   // the record-clearing loop not unrolled (fewer instructions)
+#define KV_FIX_LEAN 256            // fix: pos / B computed once per token (load and store share it)
 #define KV_ABL_UNGUARDED_LOADS 512 // every thread loads its lengths (no wait for bsz before the pointers;
                                    // reads past bsz: only for arrays allocated to T entries, timing only)
-#define KV_ABL_NO_CLEAR 1024       // no record-clearing loop (the per-warp record stays): timing only
-#define KV_ABL_NO_RECORD 2048      // no per-warp record (the clearing loop stays): timing only
-#define KV_FIX_LATE_CLEAR 4096     // fix: the record-clearing loop runs after the guess's table loads are
-                                   // issued (its constant loads and stores overlap that round trip
-                                   // instead of sitting between the length loads and the table loads)
-#define KV_FIX_REC16 8192          // fix: a record is ONE 16-byte store (mask, key) where error_records
-                                   // is 16-byte aligned; the warp's record: a vote first, the (mask,
-                                   // key) reduction only in a warp with an error
+// (Bits 1024-8192, the record-clearing and record-store variants of the fifth session, are gone:
+// since the sixth session no kernel clears records and a clean warp stores nothing.)
 // The v9 default (kvaddr_step1_c*): the fixes measured fastest on the H200 (decode-first, lean,
-// params in regs = mask 416; docs/perf-notes.md, "Fifth session"). The error-record fixes
-// (late clear, 16-byte records) measured slower on top of them and stay ablation bits.
+// params in regs = mask 416; docs/perf-notes.md, "Fifth session").
 // kvaddr_step1old_c* keep ABL = 0.
 #define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN)
-
-// One error record (mask, key) at rec: a 16-byte store where aligned (KV_FIX_REC16), else two.
-template <int ABL>
-__device__ __forceinline__ void kv1_store_record(u64* rec, u64 mask, u64 key) {
-    if ((ABL & KV_FIX_REC16) != 0 && ((unsigned long long)rec & 15ull) == 0) {
-        *reinterpret_cast<ulonglong2*>(rec) = make_ulonglong2(mask, key);
-    } else {
-        rec[0] = mask;
-        rec[1] = key;
-    }
-}
-
-// Block 0 clears the records past this launch's warps (the multi-block kernel's, or a wider
-// launch's: they may be stale), so check() reads the same thing whichever kernel ran last.
-template <int ABL>
-__device__ __forceinline__ void kv1_clear_records(const KvStepParams& p, int T, int tid, int capacity) {
-    const int n_rec = ((capacity + KV_TOKENS - 1) / KV_TOKENS + p.max_tiles + p.num_meta) * KV_WARPS;
-    if ((ABL & KV_FIX_REC16) != 0) {
-#pragma unroll 1
-        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T)
-            kv1_store_record<ABL>(p.error_records + 2 * (i64)i, 0, KV_NO_ERROR);
-    } else if ((ABL & KV_FIX_LEAN) != 0) {
-#pragma unroll 1
-        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
-            p.error_records[2 * i] = 0;
-            p.error_records[2 * i + 1] = KV_NO_ERROR;
-        }
-    } else {
-        for (int i = (int)gridDim.x * (T >> 5) + tid; i < n_rec; i += T) {
-            p.error_records[2 * i] = 0;
-            p.error_records[2 * i + 1] = KV_NO_ERROR;
-        }
-    }
-}
 
 // Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
 // the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS).
@@ -1925,11 +1878,6 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         d = p.seq_lens_decoder[tid];
         n = p.seq_lens_this_time[tid];
     }
-    // While the lengths fly, block 0 clears the records past this launch's warps (the
-    // multi-block kernel's, or a wider launch's: they may be stale).
-    // (KV_FIX_LATE_CLEAR: after the guess's table loads instead.)
-    const bool clear = (ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_CLEAR)) == 0;
-    if (first && clear && (ABL & KV_FIX_LATE_CLEAR) == 0) kv1_clear_records<ABL>(p, T, tid, capacity);
     const bool bad = (ABL & KV_ABL_NO_REQ_CHECKS) ? false : (d < 0) | (n < 0);
     const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
     int blk[G > 0 ? G : 1];
@@ -1943,7 +1891,6 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
             kv1_load_blocks<G>(p, tid, (i64)d, blk);
         }
     }
-    if (first && clear && (ABL & KV_FIX_LATE_CLEAR) != 0) kv1_clear_records<ABL>(p, T, tid, capacity);
 
     // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
     //    KV_FIX_DECODE_FIRST: one vote first; a decode batch (every request n == 1, d >= 0)
@@ -2059,37 +2006,8 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         }
     }
 
-    // Errors: warp w of block k writes record k * (T / 32) + w.
-    if ((ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_RECORD)) == 0 && (ABL & KV_FIX_REC16) != 0) {
-        // a vote first: the happy path writes (0, KV_NO_ERROR) with one 16-byte store
-        unsigned int mask = 0u;
-        if (__any_sync(0xffffffffu, err.mask != 0u)) {
-            mask = __reduce_or_sync(0xffffffffu, err.mask);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
-                err.key = k < err.key ? k : err.key;
-            }
-        }
-        if (lane == 0) {
-            const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
-            kv1_store_record<ABL>(p.error_records + 2 * i, mask, mask ? err.key : KV_NO_ERROR);
-        }
-    } else if ((ABL & (KV_ABL_NO_ERR_STORE | KV_ABL_NO_RECORD)) == 0) {
-        const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
-        if (mask) {
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
-                err.key = k < err.key ? k : err.key;
-            }
-        }
-        if (lane == 0) {
-            const i64 i = (i64)blockIdx.x * (T >> 5) + warp;
-            p.error_records[2 * i] = mask;
-            p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
-        }
-    }
+    // Errors: warp w of block k merges into record k * (T / 32) + w, only with an error (sticky).
+    if ((ABL & KV_ABL_NO_ERR_STORE) == 0) kv_merge_record(p.error_records, (i64)blockIdx.x * (T >> 5) + warp, err);
 }
 
 // KV_ABL_PARAM_REGS: every field the step reads copied into a register at entry (an empty
@@ -2133,9 +2051,7 @@ __device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
         r.block_size[g] = kv_pin(p.block_size[g]);
     }
     r.bsz = kv_pin(p.bsz);
-    r.capacity = kv_pin(p.capacity);
-    r.max_tiles = kv_pin(p.max_tiles);
-    r.num_meta = kv_pin(p.num_meta);
+    r.capacity = kv_pin(p.capacity);  // (max_tiles, num_meta: read by no v9 code since sticky records)
     kv_step_one<G, PosT, ABL & ~KV_ABL_PARAM_REGS>(r);
 }
 
@@ -2251,15 +2167,7 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_step1old_c
     KV_ABL_ENTRY(G, 416)                                                                                   \
     KV_ABL_ENTRY(G, 512)                                                                                   \
     KV_ABL_ENTRY(G, 591)                                                                                   \
-    KV_ABL_ENTRY(G, 417)                                                                                   \
-    KV_ABL_ENTRY(G, 1024)                                                                                  \
-    KV_ABL_ENTRY(G, 2048)                                                                                  \
-    KV_ABL_ENTRY(G, 4096)                                                                                  \
-    KV_ABL_ENTRY(G, 8192)                                                                                  \
-    KV_ABL_ENTRY(G, 1440)                                                                                  \
-    KV_ABL_ENTRY(G, 4512)                                                                                  \
-    KV_ABL_ENTRY(G, 8608)                                                                                  \
-    KV_ABL_ENTRY(G, 12704)
+    KV_ABL_ENTRY(G, 417)
 KV_ABL_ENTRIES(1)
 KV_ABL_ENTRIES(2)
 
@@ -2334,9 +2242,9 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 //      group after the first, kv_meta_block3's loop), the block's pad range written with
 //      int4 stores; block k = 0 writes entry bsz, block 0 the maxima.
 // Outputs and error records (bits 1, 2, 16 and their first-bad keys) are kv_meta_block2's.
-// Error records: every block (token or metadata) writes records blockIdx.x * T / 32 + warp;
-// token block 0 clears those past the launch up to the planner's record count (kv_step_one),
-// so switching between this kernel, kvaddr_step_* and kvaddr_step1_* leaves nothing stale.
+// Error records: every block (token or metadata) merges into records blockIdx.x * T / 32 + warp,
+// only from a warp with an error (sticky, kv_merge_record: nothing to clear when switching
+// between this kernel, kvaddr_step_* and kvaddr_step1_*; the host clears after reading).
 // KvStepParams::one_meta_flags (timing ablations, the outputs are then wrong): KV_M1_*.
 #define KV_M1_NO_COPY 1     // no row loads, no kv_indices entries below the total
 #define KV_M1_NO_OUTPUTS 2  // no per-request outputs (kv_indptr, kv_last_page_len, cu_seqlens_k) or checks
@@ -2370,22 +2278,9 @@ struct KvMetaOneShared {
     int red[5][KV_WARPS];   // per-warp totals (tokens, L, pages) and maxima (tokens, L)
 };
 
-// An error record of one warp: record i = blockIdx.x * (blockDim.x / 32) + warp.
+// The errors of one warp into record i = blockIdx.x * (blockDim.x / 32) + warp (sticky).
 __device__ __forceinline__ void kv_one_store_record(const KvStepParams& p, KvErr err) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned int mask = __reduce_or_sync(0xffffffffu, err.mask);
-    if (mask) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const u64 k = __shfl_xor_sync(0xffffffffu, err.key, off);
-            err.key = k < err.key ? k : err.key;
-        }
-    }
-    if (lane == 0) {
-        const i64 i = (i64)blockIdx.x * (blockDim.x >> 5) + warp;
-        p.error_records[2 * i] = mask;
-        p.error_records[2 * i + 1] = mask ? err.key : KV_NO_ERROR;
-    }
+    kv_merge_record(p.error_records, (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), err);
 }
 
 // Entries [lo, hi) of out set to -1 (PAD_PAGE_ID): scalar head to a 16-byte boundary, int4 body, tail.
@@ -2408,13 +2303,7 @@ template <int G>
 __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M) {
     __shared__ KvMetaOneShared sm;
     const int flags = p.one_meta_flags;
-    if (flags & KV_M1_EMPTY) {  // (ablation) no work: record this block's warps clean
-        KvErr none;
-        none.mask = 0u;
-        none.key = KV_NO_ERROR;
-        kv_one_store_record(p, none);
-        return;
-    }
+    if (flags & KV_M1_EMPTY) return;  // (ablation) no work, no error
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
@@ -2996,38 +2885,24 @@ kvaddr_one_block_i32(const KvOneBlockParams params) {
 // ==== vLLM engine step (kvaddr/engines/vllm.py) =======================================
 // =====================================================================================
 //
-// kvaddr_vllm_step: vLLM Model Runner V2's input preparation in ONE launch:
-// positions, seq_lens (zero-padded to max_num_reqs), the slot mapping of every
-// KV-cache group (-1 from num_tokens to the end), the batch-order gathered block
-// tables (stale and padding rows zeroed, sliding-window nulling) and the DCP local
-// lengths. Semantics: docs/vllm.md and kvaddr/engines/vllm_reference.py (the oracle).
-// Self-contained: it uses nothing above this banner (helpers carry a vllm_ prefix).
+// kvaddr_vllm_step_v2 (and kvaddr_vllm_step_v2a, with attention metadata): vLLM Model
+// Runner V2's input preparation in ONE launch: positions, seq_lens (zero-padded to
+// max_num_reqs), the slot mapping of every KV-cache group (-1 from num_tokens to the end),
+// the batch-order gathered block tables (stale and padding rows zeroed, sliding-window
+// nulling) and the DCP local lengths. Semantics: docs/vllm.md and
+// kvaddr/engines/vllm_reference.py (the oracle). Self-contained: it uses nothing above this
+// banner (helpers carry a vllm_ prefix). This part holds the shared helpers; the kernel is
+// in the section "vLLM engine step, second version" below (the first version,
+// kvaddr_vllm_step, slower on every measured row, was deleted in the sixth session).
 //
 // Parameters: ONE struct by value (VllmStepParams), mirrored field by field by
 // kvaddr/engines/vllm.py (ctypes, filled by name; tests/unit/test_vllm_struct.py
 // compares the layouts). Group-indexed fields are only ever indexed with
 // compile-time indices (unrolled loops, vllm_pick), so the struct stays in the
 // parameter space (no local copy, no stack frame).
-//
-// Grid (1-D, VLLM_THREADS threads a block), three roles by blockIdx.x:
-//   [0, token_blocks)                       one token per thread, every t < max_tokens:
-//       the owner request by a guess (b = t, the decode case) and a binary search
-//       over query_start_loc; positions and each group's slot; padding past num_tokens.
-//   [token_blocks, +request_blocks)         one request b < max_num_reqs per thread:
-//       seq_lens, dcp_local_seq_lens, the per-request checks.
-//   [.., gridDim.x)                         one half-warp per (group, batch row) pair,
-//       grid-stride over rows [0, max(num_reqs_padded, rows written by the previous
-//       launch)): copies the first num_blocks entries, zeroes what the row held
-//       before past them (row_fill, per row), zeroes padding rows.
-// Persistent device state makes it CUDA-graph safe with no memset: state[0] holds
-// the rows the previous launch left with data; the last block out (state[1], a
-// ticket) stores num_reqs there, publishes the error record and resets it.
-// Errors: each warp ORs its bits and min-reduces its key, then one lane updates
-// the live record with atomics (only when it saw an error).
 
 #define VLLM_THREADS 256
 #define VLLM_WARPS (VLLM_THREADS / 32)
-#define VLLM_PAIR_LANES 16  // lanes per (group, row) pair of the gather role: two pairs per warp
 #define VLLM_MAX_GROUPS 4
 #define VLLM_INT_MAX 0x7fffffffLL
 #define VLLM_NO_ERROR 0xffffffffffffffffULL
@@ -3065,8 +2940,7 @@ struct VllmStepParams {
     int* dcp_local_seq_lens;           // [max_num_reqs], int32
     // -- persistent scratch (owned by the planner) --
     int* row_fill[4];                  // group g: [max_num_reqs], int32: entries of gathered row b that may be non-zero
-    unsigned long long* errors;        // [4], uint64: live mask, live key, last step's mask, last step's key
-    unsigned int* state;               // [2], uint32: rows the previous launch left with data, block tickets
+    unsigned long long* errors;        // [R, 2], uint64: sticky per-warp error records (mask, first-bad key)
     // -- sizes and settings (4-byte fields) --
     int width[4];                      // group g: columns of block_table[g] and gathered[g] (>= 1)
     int block_size[4];                 // group g: B (>= 1)
@@ -3149,89 +3023,6 @@ __device__ __forceinline__ void vllm_store_slot(const VllmStepParams& p, int g, 
     else reinterpret_cast<long long*>(p.slot_mappings)[at] = slot;
 }
 
-// One token: positions[t] and every group's slot.
-__device__ __forceinline__ void vllm_token(const VllmStepParams& p, int t, VllmErr& err) {
-    const int n = p.num_reqs;
-    const int* __restrict__ qsl = p.query_start_loc;
-    bool valid = false;
-    int b = 0;
-    long long r = 0, pos = 0;
-    int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
-    if (n > 0) {
-        // Issued together: the token count, and the guess b = min(t, n-1) (every token of
-        // a decode batch) with its range and its row.
-        const int last = qsl[n];
-        b = t < n - 1 ? t : n - 1;
-        int q0 = qsl[b], q1 = qsl[b + 1];
-        r = vllm_row_of(p, b);
-        const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
-        if (t < num_tokens && !(q0 <= t && t < q1)) {
-            b = vllm_owner_search(qsl, n, t);
-            q0 = qsl[b];
-            q1 = qsl[b + 1];
-            r = vllm_row_of(p, b);
-        }
-        if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
-            if (r >= 0 && r < p.max_num_reqs) {
-                // The row's num_blocks are loaded with its num_computed_tokens (not after).
-#pragma unroll
-                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                    if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
-                const int nct = p.num_computed_tokens[r];
-                if (nct >= 0) {
-                    valid = true;
-                    pos = (long long)nct + (t - q0);
-                }
-            }
-        }
-    }
-    p.positions[t] = pos;
-#pragma unroll
-    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
-        if (g >= p.num_groups) break;
-        long long slot = -1;
-        const int flags = p.group_flags[g];
-        if (valid && (flags & VLLM_GROUP_SLOTS)) {
-            // pos < 2^32 (num_computed_tokens and t are both < 2^31): 32-bit division.
-            const unsigned int up = (unsigned int)pos;
-            const unsigned int B = (unsigned int)p.block_size[g];
-            unsigned int idx, off;
-            bool local = true;
-            if (flags & VLLM_GROUP_SHARDED) {
-                const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
-                const unsigned int vbs = B * cp;  // < 2^31 (checked on the host)
-                idx = up / vbs;
-                const unsigned int vo = up - idx * vbs;
-                local = ((vo / il) % cp) == (unsigned int)p.cp_rank;
-                off = (vo / (il * cp)) * il + vo % il;
-            } else {
-                idx = up / B;
-                off = up - idx * B;
-            }
-            if (local) {
-                const int nb = nbs[g];
-                if ((long long)idx >= (long long)p.width[g]) {
-                    err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
-                } else if ((long long)idx >= (long long)nb) {
-                    err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
-                } else {
-                    const int blk = p.block_table[g][r * p.table_stride[g] + idx];
-                    if (blk < 0) {
-                        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
-                    } else {
-                        slot = (long long)blk * (long long)B + off;
-                        if (p.slot_is_32 && slot > VLLM_INT_MAX) {
-                            err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
-                            slot = -1;
-                        }
-                    }
-                }
-            }
-        }
-        vllm_store_slot(p, g, t, slot);
-    }
-}
-
 // Is batch entry b < num_reqs a real request with good inputs? Sets its row and
 // num_computed_tokens; with record, adds its per-request errors.
 __device__ __forceinline__ bool vllm_request(const VllmStepParams& p, int b, long long& r, int& nct, int& q0,
@@ -3269,141 +3060,11 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
     return (int)(((long long)s / span) * il + rest);
 }
 
-// One batch row b < max_num_reqs: seq_lens, dcp_local_seq_lens, per-request checks.
-__device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b, VllmErr& err) {
-    int seq = 0;
-    if (b < p.num_reqs) {
-        long long r;
-        int nct, q0, q1;
-        if (vllm_request(p, b, r, nct, q0, q1, true, err)) {
-            const long long s = (long long)nct + ((long long)q1 - q0);
-            seq = (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
-        }
-    }
-    p.seq_lens[b] = seq;
-    p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
-}
-
-// One (group, batch row) pair, by the VLLM_PAIR_LANES lanes of a half-warp (sub = this
-// lane's index among them); an inactive half-warp (past the last pair) only reaches the
-// warp barrier. The row's validity is vllm_request's (a real request with good inputs),
-// written out so that num_blocks is loaded together with num_computed_tokens.
-__device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
-                                                VllmErr& err) {
-    int nbc = 0, first = 0, fill = 0;
-    int* __restrict__ out = 0;
-    int* __restrict__ fill_at = 0;
-    const int* __restrict__ src = 0;
-    if (active) {
-        const int W = vllm_pick(p.width, g);
-        out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
-        fill_at = vllm_pick(p.row_fill, g) + b;
-        fill = *fill_at;
-        if (b < p.num_reqs) {
-            const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
-            const long long r = vllm_row_of(p, b);
-            if (r >= 0 && r < p.max_num_reqs) {
-                const int nb = vllm_pick(p.num_blocks, g)[r];
-                const int nct = p.num_computed_tokens[r];
-                if (nct >= 0 && q0 >= 0 && q1 >= q0) {
-                    if ((nb < 0 || nb > W) && sub == 0) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
-                    nbc = nb < 0 ? 0 : (nb > W ? W : nb);
-                    src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
-                    const int reach = vllm_pick(p.sliding_window_reach, g);
-                    if (reach > 0) {
-                        const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
-                        first = f < 0 ? 0 : (int)(f > W ? W : f);
-                    }
-                }
-            }
-        }
-    }
-    // Entries [0, max(nbc, fill)): 4 loads in flight per lane before any store.
-    const int end = nbc > fill ? nbc : fill;
-    for (int j0 = 0; j0 < end; j0 += 4 * VLLM_PAIR_LANES) {
-        int v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int j = j0 + VLLM_PAIR_LANES * k + sub;
-            v[k] = (j < nbc && j >= first) ? src[j] : 0;
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int j = j0 + VLLM_PAIR_LANES * k + sub;
-            if (j < end) out[j] = v[k];
-        }
-    }
-    __syncwarp();  // every lane has read the row's fill before it is replaced
-    if (active && sub == 0) *fill_at = nbc;
-}
-
-__device__ __forceinline__ void vllm_flush_errors(const VllmStepParams& p, VllmErr& err) {
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-        err.mask |= __shfl_xor_sync(0xffffffffu, err.mask, s);
-        const unsigned long long k = __shfl_xor_sync(0xffffffffu, err.key, s);
-        err.key = k < err.key ? k : err.key;
-    }
-    if ((threadIdx.x & 31) == 0 && err.mask) {
-        atomicOr(&p.errors[0], (unsigned long long)err.mask);
-        atomicMin(&p.errors[1], err.key);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(VLLM_THREADS) kvaddr_vllm_step(const VllmStepParams p) {
-    VllmErr err;
-    err.mask = 0;
-    err.key = VLLM_NO_ERROR;
-    const int blk = blockIdx.x;
-    if (blk < p.token_blocks) {
-        const int t = blk * VLLM_THREADS + (int)threadIdx.x;
-        if (t < p.max_tokens) vllm_token(p, t, err);
-    } else if (blk < p.token_blocks + p.request_blocks) {
-        const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;
-        if (b < p.max_num_reqs) vllm_request_row(p, b, err);
-    } else {
-        // Rows to visit: this step's padded batch and every row the previous launch
-        // left with data (read before this block takes its ticket; the last block
-        // writes the new count only after every block has taken one).
-        const unsigned int dirty = *(volatile unsigned int*)&p.state[0];
-        int rows = p.num_reqs_padded > (int)dirty ? p.num_reqs_padded : (int)dirty;
-        rows = rows > p.max_num_reqs ? p.max_num_reqs : rows;
-        // Two pairs per warp (one per half-warp); the loop runs the same number of times
-        // for both halves of a warp, so the barrier in vllm_gather_row is reached by all lanes.
-        const long long pairs = (long long)p.num_groups * rows;
-        const long long warps = (long long)(gridDim.x - p.token_blocks - p.request_blocks) * VLLM_WARPS;
-        const int half = (int)(threadIdx.x & 31) / VLLM_PAIR_LANES, sub = (int)(threadIdx.x % VLLM_PAIR_LANES);
-        for (long long w = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
-             w * 2 < pairs; w += warps) {
-            const long long k = w * 2 + half;
-            const bool active = k < pairs;
-            const int g = active ? (int)(k / rows) : 0;
-            const int b = active ? (int)(k - (long long)g * rows) : 0;
-            vllm_gather_row(p, active, g, b, sub, err);
-        }
-    }
-    vllm_flush_errors(p, err);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(&p.state[1], 1u) == gridDim.x - 1) {
-            __threadfence();
-            const unsigned long long mask = atomicExch(&p.errors[0], 0ULL);
-            const unsigned long long key = atomicExch(&p.errors[1], VLLM_NO_ERROR);
-            p.errors[2] = mask;
-            p.errors[3] = key;
-            p.state[0] = (unsigned int)p.num_reqs;
-            p.state[1] = 0u;
-            __threadfence();
-        }
-    }
-}
-
 // =====================================================================================
 // ==== vLLM's three-launch design, re-implemented (kvaddr/strategies/vllm_three_launch.py)
 // =====================================================================================
 //
-// The baseline kvaddr_vllm_step is measured against: vLLM Model Runner V2 prepares
+// The baseline kvaddr_vllm_step_v2 is measured against: vLLM Model Runner V2 prepares
 // the same outputs in three launches, in this order and with these grids (kvaddr's
 // own code, written from the design, not vLLM's):
 //   1. kvaddr_vllm3_prepare   grid (num_reqs + 1): a program per request writes its
@@ -3556,18 +3217,18 @@ extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_slots(c
 // ==== vLLM engine step, second version (kvaddr_vllm_step_v2) =========================
 // =====================================================================================
 //
-// Same contract, same VllmStepParams and same outputs as kvaddr_vllm_step; selected by
-// VllmStepPlanner(kernel="v2") (the default; kernel="v1" keeps the first version until
-// both are measured side by side by benchmarks/bench_vllm.py). What changed, and why
-// (docs/perf-notes.md, "The vLLM step"):
+// The one-launch vLLM step (VllmStepPlanner). What changed from the first version
+// (kvaddr_vllm_step, deleted in the sixth session after it measured slower on every row of
+// benchmarks/bench_vllm.py), and why (docs/perf-notes.md, "The vLLM step"):
 //   * No grid-wide ticket, no fence, no device row count. The first version ended every
 //     block with __syncthreads + __threadfence + a ticket atomic, and its last block
 //     published the error record with two more atomics: a chain of dependent L2 round
-//     trips after the useful work. Here every warp of the token and request blocks (a
-//     number fixed by the planner's sizes) writes its own error record (mask, first-bad
-//     key) unconditionally, every launch: no reset and nothing stale to recognise; the
-//     host reduces the records (VllmStepPlanner.errors). The gather blocks detect no
-//     error (the num_blocks check moved to the request role, which holds the same row).
+//     trips after the useful work. Here every warp of the token, request and metadata
+//     blocks (a number fixed by the planner's sizes) has an error record (mask, first-bad
+//     key) of its own, written only by a warp that found an error (merged with atomicOr /
+//     atomicMin: sticky, sixth session); the host reduces the records and clears them
+//     (VllmStepPlanner.errors). The gather blocks detect no error (the num_blocks check
+//     moved to the request role, which holds the same row).
 //   * The gather role covers only the real batch rows [0, num_reqs): its blocks start
 //     with the row loads (the first version first loaded the device row count). Every
 //     row b >= num_reqs (padding rows and rows an earlier step left with data) belongs
@@ -3605,7 +3266,7 @@ __device__ __forceinline__ bool vllm2_token_guess(const VllmStepParams& p, int t
 }
 
 // Token t's outputs once its owner b (range [q0, q1), row r) is known: positions[t] and
-// every group's slot (vllm_token's second half, unchanged).
+// every group's slot (the first version's token code after the owner search, unchanged).
 __device__ __forceinline__ void vllm2_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
     bool valid = false;
@@ -4432,17 +4093,20 @@ __device__ __forceinline__ void vllm2_body(const VllmStepParams& p) {
         }
         return;  // the gather detects no error and writes no record
     }
-    // This warp's record, every launch: [2 * warp] = mask, [2 * warp + 1] = first-bad key.
+    // This warp's record [2 * w] = mask, [2 * w + 1] = first-bad key, sticky: merged only by a
+    // warp that found an error (a vote first); a clean warp writes nothing, the host clears.
+    if (__any_sync(0xffffffffu, err.mask != 0u)) {
 #pragma unroll
-    for (int s = 16; s > 0; s >>= 1) {
-        err.mask |= __shfl_xor_sync(0xffffffffu, err.mask, s);
-        const unsigned long long k = __shfl_xor_sync(0xffffffffu, err.key, s);
-        err.key = k < err.key ? k : err.key;
-    }
-    if (lane == 0) {
-        const long long w = (long long)blk * VLLM_WARPS + (threadIdx.x >> 5);
-        p.errors[2 * w] = (unsigned long long)err.mask;
-        p.errors[2 * w + 1] = err.key;
+        for (int s = 16; s > 0; s >>= 1) {
+            err.mask |= __shfl_xor_sync(0xffffffffu, err.mask, s);
+            const unsigned long long k = __shfl_xor_sync(0xffffffffu, err.key, s);
+            err.key = k < err.key ? k : err.key;
+        }
+        if (lane == 0) {
+            const long long w = (long long)blk * VLLM_WARPS + (threadIdx.x >> 5);
+            atomicOr(&p.errors[2 * w], (unsigned long long)err.mask);
+            atomicMin(&p.errors[2 * w + 1], err.key);
+        }
     }
 }
 

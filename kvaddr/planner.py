@@ -11,7 +11,7 @@ from numpy.typing import DTypeLike
 from kvaddr import kernel_loader
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.device import require_cuda
-from kvaddr.errors import NO_ERROR_KEY, AddressingError
+from kvaddr.errors import AddressingError, clean_error_records, reduce_error_records
 from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
 from kvaddr.validation import (
     INT32_MAX,
@@ -183,10 +183,9 @@ class StepPlanner:
                 m1_records = -(-(C + self._threads) // 32) + m1 * consts["KV_WARPS"]
                 self._max_tiles = max(self._max_tiles, -(-m1_records // consts["KV_WARPS"]) - self._num_chunks)
             n_rec = (self._num_chunks + self._max_tiles + self._num_meta) * consts["KV_WARPS"]  # one per warp
-            rec = np.empty(2 * n_rec, dtype=np.uint64)
-            rec[0::2] = 0
-            rec[1::2] = NO_ERROR_KEY
-            self._records = cupy.asarray(rec)
+            # Sticky records: cleared here, then only by errors() / check() / clear_errors().
+            self._clean_records = clean_error_records(n_rec).reshape(-1)
+            self._records = cupy.asarray(self._clean_records)
             self._state = cupy.zeros(4, dtype=np.uint32)
             self._tile_status = cupy.zeros(max(self._max_tiles, 1), dtype=np.uint64)
             # The buffers were initialised on CuPy's current stream; compute() may run on
@@ -511,14 +510,8 @@ class StepPlanner:
             self._meta_entries = int(entries)
             self._meta_per_cache = -(-N // self._meta_entries)
             self._num_meta = self.num_caches * self._meta_per_cache
-            # fewer blocks than the records were sized for: clear the records no block writes now
-            first = (self._num_chunks + self._max_tiles + self._num_meta) * self._kv_warps
-            import cupy
-
-            with cupy.cuda.Device(self.device):
-                self._records[2 * first :: 2] = 0
-                self._records[2 * first + 1 :: 2] = np.uint64(NO_ERROR_KEY)
-                cupy.cuda.get_current_stream().synchronize()
+            # (fewer blocks than the records were sized for: the records no block writes now stay
+            # clear, or hold errors not read yet; they are sticky, so nothing to clear here)
             self._params.meta_per_cache = self._meta_per_cache
             self._params.meta_entries = self._meta_entries
             self._params.num_meta = self._num_meta
@@ -832,7 +825,20 @@ class StepPlanner:
         )
 
     def errors(self, stream: Any = None) -> tuple[int, int]:
-        """Synchronise and return the last step's ``(error_mask, first_bad_key)``."""
+        """Synchronise; every step's errors since the last read, then clear them.
+
+        The error records are sticky (docs/spec.md, "Errors"): a launch only adds to them
+        (a warp with an error merges its bits and first-bad key), so this returns the OR of
+        the bits and the smallest key over every launch since the last :meth:`errors`,
+        :meth:`check` or :meth:`clear_errors` (with one launch in between, that step's
+        ``(error_mask, first_bad_key)``), and resets the records when something was set
+        (a clean read launches nothing). Read on the stream the steps run on.
+
+        Returns
+        -------
+        (int, int)
+            ``(error_mask, first_bad_key)``; ``(0, NO_ERROR_KEY)`` when clean.
+        """
         import cupy
 
         handle = stream_handle(stream)
@@ -841,12 +847,25 @@ class StepPlanner:
             s = cupy_stream(handle)
             self._records.get(stream=s, out=rec)
             s.synchronize()
-        mask = int(np.bitwise_or.reduce(rec[0::2])) if rec.size else 0
-        key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
+            mask, key = reduce_error_records(rec)
+            if mask:
+                self._records.set(self._clean_records, stream=s)  # (then in order before the next step on s)
         return mask, key
 
     def check(self, stream: Any = None) -> None:
-        """Synchronise; raise AddressingError naming the request, token and reason."""
+        """Synchronise; raise AddressingError naming the request, token and reason of the first
+        bad record since the last read (:meth:`errors`: the records are then clear)."""
         mask, key = self.errors(stream)
         if mask:
             raise AddressingError(mask, key)
+
+    def clear_errors(self, stream: Any = None) -> None:
+        """Clear the error records (mask 0, key all ones) on ``stream`` (CuPy's current one by
+        default), dropping errors not read yet; no synchronisation. :meth:`errors` and
+        :meth:`check` clear after reading already; this is for a fresh start (e.g. after
+        a run whose errors were expected)."""
+        import cupy
+
+        handle = stream_handle(stream)
+        with cupy.cuda.Device(self.device):
+            self._records.set(self._clean_records, stream=cupy_stream(handle))

@@ -30,6 +30,7 @@ from kvaddr.engines.vllm_config import (
     per_group,
 )
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
+from kvaddr.errors import clean_error_records, reduce_error_records
 from kvaddr.validation import cupy_stream, describe, memo_guard, repeats, signature_getter, stream_handle
 
 if TYPE_CHECKING:
@@ -37,13 +38,14 @@ if TYPE_CHECKING:
 
 __all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
 
-#: Threads per block of kvaddr_vllm_step (VLLM_THREADS in kernels.cu).
+#: Threads per block of kvaddr_vllm_step_v2 (VLLM_THREADS in kernels.cu).
 THREADS = 256
 WARPS = THREADS // 32
 #: Threads per program of the three-launch baseline (VLLM3_THREADS).
 THREADS_3 = 128
-#: The one-launch kernels, by ``VllmStepPlanner(kernel=...)``.
-KERNELS = {"v1": "kvaddr_vllm_step", "v2": "kvaddr_vllm_step_v2"}
+#: The one-launch kernel, by ``VllmStepPlanner(kernel=...)`` (the first version, "v1", was
+#: deleted in the sixth session: slower than v2 on every measured row).
+KERNELS = {"v2": "kvaddr_vllm_step_v2"}
 #: Lanes per (group, row) pair of kvaddr_vllm_step_v2's gather.
 PAIR_LANES = (8, 16, 32)
 #: The v2 kernel with the attention metadata blocks (``attention=``).
@@ -145,7 +147,6 @@ class VllmStepParams(ctypes.Structure):
         ("dcp_local_seq_lens", _P),
         ("row_fill", _P * _G),
         ("errors", _P),
-        ("state", _P),
         ("width", _I32 * _G),
         ("block_size", _I32 * _G),
         ("group_flags", _I32 * _G),
@@ -227,10 +228,9 @@ class VllmStepPlanner:
         in :class:`VllmStepOutputs` (``input_block_tables``: one array per group).
     device : int, optional
         CUDA device ordinal (the current device by default).
-    kernel : {"v2", "v1"}, default "v2"
-        The one-launch kernel: ``kvaddr_vllm_step_v2`` (no grid-wide ticket, per-warp error
-        records) or the first version ``kvaddr_vllm_step``, kept selectable until both are
-        measured side by side (``benchmarks/bench_vllm.py``). Same contract and outputs.
+    kernel : {"v2"}, default "v2"
+        The one-launch kernel: ``kvaddr_vllm_step_v2`` (no grid-wide ticket, sticky per-warp
+        error records). The only one since the first version (``"v1"``) was deleted.
     pair_lanes : {8, 16, 32}, optional
         v2 only: lanes per (group, row) pair of the gather (default: by batch size,
         :meth:`auto_pair_lanes`). Settable later through the ``pair_lanes`` attribute.
@@ -240,9 +240,11 @@ class VllmStepPlanner:
         :meth:`error_records_shape` ``(R, 2)`` of this ``max_num_reqs`` and
         ``max_num_batched_tokens`` (with attention outputs, ``attention_blocks=``
         :attr:`attention_blocks`), on ``device`` (CuPy, PyTorch or any
-        ``__cuda_array_interface__`` array). The planner writes ``(0, no error)`` into
-        every record here, the kernel rewrites every record on every launch, and
-        :meth:`errors` / :meth:`check` read them. By default the planner allocates them.
+        ``__cuda_array_interface__`` array). The planner clears every record here
+        (``(0, no error)``) at construction; the kernel merges errors into them (sticky:
+        only a warp that found one writes); :meth:`errors` / :meth:`check` read them and
+        clear them again. If you read them yourself instead, clear them after each read
+        (:func:`kvaddr.errors.reset_error_records`). By default the planner allocates them.
     attention : str or sequence of str, optional
         Attention metadata written by the same launch (docs/vllm.md, "Attention metadata"):
         groups among ``"flashinfer"`` (``qo_indptr``, per group ``kv_indptr``, ``kv_indices``,
@@ -277,7 +279,7 @@ class VllmStepPlanner:
     >>> out = bound.launch(idx_mapping, query_start_loc, num_reqs_padded=256, stream=s)  # per step
     """
 
-    kernel_name = "kvaddr_vllm_step"
+    kernel_name = "kvaddr_vllm_step_v2"
 
     def __init__(
         self,
@@ -314,8 +316,8 @@ class VllmStepPlanner:
         self.attention = normalize_attention(attention)
         self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
         self._attn_bits = sum(ATTN_BITS.get(a, 0) for a in self.attention)
-        if self._attn_bits and (kernel != "v2" or type(self)._load_functions is not VllmStepPlanner._load_functions):
-            raise ValueError(f"attention needs kernel='v2' (kvaddr_vllm_step_v2a), got kernel={kernel!r}")
+        if self._attn_bits and type(self)._load_functions is not VllmStepPlanner._load_functions:
+            raise ValueError(f"attention needs the one-launch step (kvaddr_vllm_step_v2a), not {type(self).__name__}")
         if meta_impl not in META_IMPLS:
             raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {meta_impl!r}")
         if meta_rows is not None and meta_rows not in META_ROWS:
@@ -361,15 +363,13 @@ class VllmStepPlanner:
             fill[:] = np.asarray(cfg.widths, dtype=np.int32)[:, None]
             fill[[g for g in range(G) if self._own_tables[g]]] = 0
             self._row_fill = cupy.asarray(fill)
-            self._errors = cupy.asarray(np.array([0, VLLM_NO_ERROR_KEY, 0, VLLM_NO_ERROR_KEY], dtype=np.uint64))
-            self._state = cupy.asarray(np.array([M, 0], dtype=np.uint32))
-            # v2: one record (mask, first-bad key) per warp of the token and request blocks,
-            # each rewritten by every launch.
+            # One record (mask, first-bad key) per warp of the token, request and metadata blocks,
+            # sticky: a warp with an error merges into its own; cleared here and by errors().
             # attention: num_groups * meta_blocks more blocks, each owning meta_rows batch rows of [0, M]
             self._meta_blocks = -(-(M + 1) // meta_rows) if self._attn_bits else 0
             self._make_attention_buffers()
-            rec = np.zeros(self.error_records_shape(M, T, attention_blocks=G * self._meta_blocks), dtype=np.uint64)
-            rec[:, 1] = VLLM_NO_ERROR_KEY
+            rec = clean_error_records(self.error_records_shape(M, T, attention_blocks=G * self._meta_blocks)[0])
+            self._clean_records = rec
             if error_records is None:
                 self._records = cupy.asarray(rec)
             else:
@@ -397,8 +397,7 @@ class VllmStepPlanner:
         for g in range(G, _G):
             p.width[g] = 1
             p.block_size[g] = 1
-        p.errors = (self._records if self._v2 else self._errors).data.ptr
-        p.state = self._state.data.ptr
+        p.errors = self._records.data.ptr
         p.num_groups = G
         p.max_num_reqs = M
         p.max_tokens = T
@@ -446,9 +445,9 @@ class VllmStepPlanner:
         import cupy
 
         if not self._v2:
-            who = "" if type(self) is VllmStepPlanner else f" by {type(self).__name__}"
             raise ValueError(
-                f"error_records is only taken with kernel='v2' (per-warp records), got kernel={self.kernel!r}{who}"
+                f"error_records is only taken by the one-launch step (its kernel's per-warp records), "
+                f"not by {type(self).__name__}"
             )
         want = f"error_records must be a C-contiguous int64 or uint64 device array of shape {shape}"
         info = describe("error_records", x)
@@ -466,7 +465,8 @@ class VllmStepPlanner:
 
     @property
     def _v2(self) -> bool:
-        return self.kernel == "v2" and type(self)._load_functions is VllmStepPlanner._load_functions
+        """The one-launch kernel runs (not a baseline subclass's own launches)."""
+        return type(self)._load_functions is VllmStepPlanner._load_functions
 
     def _load_functions(self) -> dict:
         fn = kernel_loader.get_function(ATTENTION_KERNEL if self._attn_bits else KERNELS[self.kernel], self.device)
@@ -812,7 +812,7 @@ class VllmStepPlanner:
 
     @property
     def kernel(self) -> str:
-        """The one-launch kernel, ``"v2"`` or ``"v1"`` (fixed at construction: its buffers differ)."""
+        """The one-launch kernel, ``"v2"``."""
         return self._kernel
 
     @property
@@ -852,12 +852,9 @@ class VllmStepPlanner:
         nothing); ``pair_lanes``: v2's fixed lanes per pair, None for the automatic choice."""
         p = self._params
         G = self.config.num_groups
-        if self.kernel == "v2":
-            pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
-            lanes = pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
-            return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks, lanes
-        rows = max(num_reqs_padded, 1)
-        return p.token_blocks + p.request_blocks + -(-(G * rows) // (2 * WARPS)), 0
+        pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
+        lanes = pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
+        return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks, lanes
 
     @property
     def launches_per_step(self) -> int:
@@ -936,8 +933,6 @@ class VllmStepPlanner:
                 last[1] = self._params.num_reqs_padded = m[1] if num_reqs_padded is None else num_reqs_padded
                 last[0] = num_reqs_padded
             grid = m[3]
-            if grid is None:  # v1: its grid follows num_reqs_padded
-                grid = self.grid(last[1], m[1])
             launch = m[4]
             if launch is None:
                 self._fns["step"](grid, 1, THREADS, stream)
@@ -990,7 +985,7 @@ class VllmStepPlanner:
             same,  # 0: same(*args): the same objects (sequences by their items), signatures unchanged
             n,  # 1: num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
             self.config.max_num_reqs,  # 2: num_reqs_padded's upper bound
-            grid if self._v2 else None,  # 3: v2's grid (lanes by num_reqs); None: v1's follows num_reqs_padded
+            grid,  # 3: the grid (lanes by num_reqs, not num_reqs_padded)
             step._launch if fast else None,  # 4: launchKernel (None: another launcher, called as is)
             step._fptr if fast else 0,  # 5
             step._args_ptr if fast else 0,  # 6
@@ -998,26 +993,46 @@ class VllmStepPlanner:
         )
 
     def errors(self, stream=None) -> tuple[int, int]:
-        """Synchronise; the last step's ``(error_mask, first_bad_key)``."""
+        """Synchronise; every step's errors since the last read, then clear them.
+
+        The error records are sticky (docs/vllm.md, "Errors"): a launch only adds to them, so
+        this returns the OR of the bits and the smallest key over every launch since the last
+        :meth:`errors`, :meth:`check` or :meth:`clear_errors` (with one launch in between, that
+        step's ``(error_mask, first_bad_key)``), and resets the records (caller-owned
+        ``error_records=`` memory included) when something was set: a clean read launches
+        nothing. Read on the stream the steps run on.
+
+        Returns
+        -------
+        (int, int)
+            ``(error_mask, first_bad_key)``; ``(0, VLLM_NO_ERROR_KEY)`` when clean.
+        """
         import cupy
 
         handle = stream_handle(stream)
-        if self._v2:
-            rec = np.empty(self._records.shape, dtype=np.uint64)
-            with cupy.cuda.Device(self.device):
-                s = cupy_stream(handle)
-                self._records.get(stream=s, out=rec)
-                s.synchronize()
-            return int(np.bitwise_or.reduce(rec[:, 0])), int(rec[:, 1].min())
-        rec = np.empty(4, dtype=np.uint64)
+        rec = np.empty(self._records.shape, dtype=np.uint64)
         with cupy.cuda.Device(self.device):
             s = cupy_stream(handle)
-            self._errors.get(stream=s, out=rec)
+            self._records.get(stream=s, out=rec)
             s.synchronize()
-        return int(rec[2]), int(rec[3])
+            mask, key = reduce_error_records(rec)
+            if mask:
+                self._records.set(self._clean_records, stream=s)  # (then in order before the next step on s)
+        return mask, key
 
     def check(self, stream=None) -> None:
-        """Synchronise; raise VllmAddressingError naming the first bad value."""
+        """Synchronise; raise VllmAddressingError naming the first bad value since the last
+        read (:meth:`errors`: the records are then clear)."""
         mask, key = self.errors(stream)
         if mask:
             raise VllmAddressingError(mask, key)
+
+    def clear_errors(self, stream=None) -> None:
+        """Clear the error records on ``stream`` (CuPy's current one by default), dropping
+        errors not read yet; no synchronisation (:meth:`errors` and :meth:`check` clear after
+        reading already)."""
+        import cupy
+
+        handle = stream_handle(stream)
+        with cupy.cuda.Device(self.device):
+            self._records.set(self._clean_records, stream=cupy_stream(handle))

@@ -36,6 +36,7 @@ Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/
 from kvaddr.torch.ops import (
     StepBuffers,
     clear_cache,
+    reset_workspace_errors,
     set_autograd_fallthrough,
     set_debug,
     step,
@@ -50,6 +51,7 @@ __all__ = [
     "StepBuffers",
     "VllmStepBuffers",
     "clear_cache",
+    "reset_workspace_errors",
     "set_autograd_fallthrough",
     "set_debug",
     "step",

@@ -51,7 +51,7 @@ import torch
 
 from kvaddr import kernel_loader
 from kvaddr.constants import INT32_MAX, MAX_CACHES
-from kvaddr.errors import NO_ERROR_KEY, AddressingError
+from kvaddr.errors import NO_ERROR_KEY, AddressingError, reduce_error_records, reset_error_records
 from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
 from kvaddr.planner import attention_meta_geometry
 from kvaddr.reference import step_addressing
@@ -129,27 +129,46 @@ def _init_workspace(ws: torch.Tensor, tiles: int) -> None:
 
 def _records_errors(workspace: torch.Tensor, tiles: int) -> tuple[int, int]:
     """``(error_mask, first_bad_key)`` of every record of a workspace with ``tiles`` tiles (synchronises)."""
-    rec = workspace.detach()[_records_offset(tiles) :].cpu().numpy().view(np.uint64)
-    mask = int(np.bitwise_or.reduce(rec[0::2])) if rec.size else 0
-    key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
-    return mask, key
+    return reduce_error_records(workspace.detach()[_records_offset(tiles) :].cpu().numpy())
 
 
-def workspace_errors(workspace: torch.Tensor, capacity: int) -> tuple[int, int]:
-    """The last step's ``(error_mask, first_bad_key)`` from a workspace (synchronises).
-
-    Same reduction as :meth:`kvaddr.planner.StepPlanner.errors`: OR of the masks, the
-    smallest key (``kvaddr.errors.NO_ERROR_KEY`` without errors).
-    """
+def _workspace_tiles(workspace: torch.Tensor, capacity: int) -> int:
     tiles = _tiles_of_workspace(workspace.numel(), capacity)
     if tiles is None:
         raise ValueError(
             f"workspace must have workspace_size(capacity = {capacity}, ...) words, got {workspace.numel()}"
         )
-    rec = workspace.detach()[_records_offset(tiles) :].cpu().numpy().view(np.uint64)
-    mask = int(np.bitwise_or.reduce(rec[0::2])) if rec.size else 0
-    key = int(rec[1::2].min()) if rec.size else NO_ERROR_KEY
-    return mask, key
+    return tiles
+
+
+def workspace_errors(workspace: torch.Tensor, capacity: int) -> tuple[int, int]:
+    """Every step's ``(error_mask, first_bad_key)`` since the workspace's records were last
+    reset (synchronises; does not reset them).
+
+    Same reduction as :meth:`kvaddr.planner.StepPlanner.errors`: OR of the masks, the
+    smallest key (``kvaddr.errors.NO_ERROR_KEY`` without errors). The records are sticky
+    (docs/spec.md, "Errors"): a step only adds to them, so call :func:`reset_workspace_errors`
+    after reading, or the next read reports these errors again.
+    """
+    return _records_errors(workspace, _workspace_tiles(workspace, capacity))
+
+
+def reset_workspace_errors(workspace: torch.Tensor, capacity: int) -> None:
+    """Clear a workspace's error records (mask 0, key all ones) in place, on torch's current
+    stream (no synchronisation): after :func:`workspace_errors`, before the next step."""
+    tiles = _workspace_tiles(workspace, capacity)
+    reset_error_records(workspace.detach()[_records_offset(tiles) :])
+
+
+def _merge_record(rec: torch.Tensor, mask: int, key: int) -> None:
+    """Merge ``(mask, key)`` into record 0 of ``rec`` (int64 words, flat), as a kernel's warp
+    does (OR of the masks, the smaller unsigned key): the CPU op's sticky record."""
+    if not mask:
+        return
+    old_mask, old_key = (int(v) & ((1 << 64) - 1) for v in rec[:2].tolist())
+    key = min(int(key), old_key)
+    rec[0] = old_mask | int(mask)
+    rec[1] = key - (1 << 64) if key >= 1 << 63 else key
 
 
 #: Byte alignment of each array inside ``StepBuffers.storage`` (cudaMalloc's).
@@ -505,13 +524,22 @@ class StepBuffers:
         )
 
     def errors(self) -> tuple[int, int]:
-        """Synchronise; the last step's ``(error_mask, first_bad_key)`` (the metadata blocks' errors included)."""
-        if self.attention:
-            return _records_errors(self.workspace, self._layout.tiles)
-        return workspace_errors(self.workspace, self.capacity)
+        """Synchronise; every step's ``(error_mask, first_bad_key)`` since the last read (the
+        metadata blocks' errors included), then reset the records (on torch's current stream,
+        only when something was set). The records are sticky (docs/spec.md, "Errors")."""
+        tiles = self._layout.tiles if self.attention else _workspace_tiles(self.workspace, self.capacity)
+        mask, key = _records_errors(self.workspace, tiles)
+        if mask:
+            reset_error_records(self.workspace.detach()[_records_offset(tiles) :])
+        return mask, key
+
+    def clear_errors(self) -> None:
+        """Reset the error records (on torch's current stream), dropping errors not read yet."""
+        tiles = self._layout.tiles if self.attention else _workspace_tiles(self.workspace, self.capacity)
+        reset_error_records(self.workspace.detach()[_records_offset(tiles) :])
 
     def check(self) -> None:
-        """Synchronise; raise :class:`kvaddr.AddressingError` if the last step had bad values."""
+        """Synchronise; raise :class:`kvaddr.AddressingError` if a step since the last read had bad values."""
         mask, key = self.errors()
         if mask:
             raise AddressingError(mask, key)
@@ -738,10 +766,8 @@ def _step_cpu(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws, la
             v["cu_seqlens_k"][: bsz + 1].copy_(torch.from_numpy(a.cu_seqlens_k))
             v["max_seqlen"][0] = int(a.max_seqlen_q)
             v["max_seqlen"][1] = int(a.max_seqlen_k)
-    _init_workspace(ws, tiles)
-    rec = ws[_records_offset(tiles) :]
-    rec[0] = res.error_mask
-    rec[1] = res.error_key - (1 << 64) if res.error_key >= 1 << 63 else res.error_key
+    ws[: _records_offset(tiles)] = 0  # the large path's tile state (the kernel leaves it reset)
+    _merge_record(ws[_records_offset(tiles) :], res.error_mask, res.error_key)
 
 
 def _into_fake(dec, q, table, out, layout) -> None:

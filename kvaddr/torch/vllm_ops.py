@@ -48,6 +48,7 @@ from kvaddr.engines.vllm import VllmStepPlanner
 from kvaddr.engines.vllm_config import INT32, INT64, VllmStepConfig, VllmStepOutputs
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
 from kvaddr.engines.vllm_reference import vllm_step_reference
+from kvaddr.errors import reduce_error_records, reset_error_records
 
 SCHEMA = (
     "vllm_step_into(Tensor idx_mapping, Tensor query_start_loc, Tensor num_computed_tokens, "
@@ -146,11 +147,10 @@ def _init_storage(lay: _VllmLayout, out: torch.Tensor) -> None:
 
 def records_errors(records: torch.Tensor) -> tuple[int, int]:
     """``(error_mask, first_bad_key)`` of error records (int64 [R, 2]; synchronises): the OR of the
-    masks and the smallest key (unsigned), as ``VllmStepPlanner.errors()`` reduces them."""
-    rec = records.detach().cpu().numpy().view(np.uint64).reshape(-1, 2)
-    if not rec.size:
-        return 0, VLLM_NO_ERROR_KEY
-    return int(np.bitwise_or.reduce(rec[:, 0])), int(rec[:, 1].min())
+    masks and the smallest key (unsigned), as ``VllmStepPlanner.errors()`` reduces them. Does not
+    reset them: the records are sticky (every step since the last reset), so reset them after
+    reading (:func:`kvaddr.errors.reset_error_records`; :meth:`VllmStepBuffers.errors` does)."""
+    return reduce_error_records(records.detach().cpu().numpy())
 
 
 class VllmStepBuffers:
@@ -243,11 +243,20 @@ class VllmStepBuffers:
             self.planner = _planner_for(self.storage, lay)
 
     def errors(self) -> tuple[int, int]:
-        """Synchronise; the last step's ``(error_mask, first_bad_key)`` (``(0, VLLM_NO_ERROR_KEY)``: none)."""
-        return records_errors(self.records)
+        """Synchronise; every step's ``(error_mask, first_bad_key)`` since the last read
+        (``(0, VLLM_NO_ERROR_KEY)``: none), then reset the records (on torch's current stream,
+        only when something was set). The records are sticky (docs/vllm.md, "Errors")."""
+        mask, key = records_errors(self.records)
+        if mask:
+            reset_error_records(self.records)
+        return mask, key
+
+    def clear_errors(self) -> None:
+        """Reset the error records (on torch's current stream), dropping errors not read yet."""
+        reset_error_records(self.records)
 
     def check(self) -> None:
-        """Synchronise; raise VllmAddressingError naming the last step's first bad value."""
+        """Synchronise; raise VllmAddressingError naming the first bad value since the last read."""
         mask, key = self.errors()
         if mask:
             raise VllmAddressingError(mask, key)
@@ -353,10 +362,11 @@ def _cpu(idx, qsl, nct, tables, nb, padded, out, layout) -> None:
     for v, g in zip(views.input_block_tables, r.input_block_tables):
         v.copy_(torch.from_numpy(g))
     views.dcp_local_seq_lens.copy_(torch.from_numpy(r.dcp_local_seq_lens))
-    rec[:, 0] = 0
-    rec[:, 1] = _NO_ERROR_I64
-    rec[0, 0] = res.error_mask
-    rec[0, 1] = res.error_key - (1 << 64) if res.error_key >= 1 << 63 else res.error_key
+    if res.error_mask:  # merged into record 0, as a kernel's warp merges (sticky)
+        old_mask, old_key = (int(v) & ((1 << 64) - 1) for v in rec[0].tolist())
+        key = min(int(res.error_key), old_key)
+        rec[0, 0] = old_mask | int(res.error_mask)
+        rec[0, 1] = key - (1 << 64) if key >= 1 << 63 else key
 
 
 #: (layout, id(out)) -> (planner, weak reference to out)
@@ -409,7 +419,7 @@ def _planner_for(out: torch.Tensor, lay: _VllmLayout):
         out=aliases,
         device=dev,
         kernel="v2",
-        # The error records (v2: one per warp, every one rewritten by each launch) live in out too,
+        # The error records (one per warp, sticky: merged by a warp with an error) live in out too,
         # so the op's every write lands in its one mutated tensor and errors() reads them.
         error_records=_alias(out, rec),
     )

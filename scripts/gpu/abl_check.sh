@@ -2,8 +2,8 @@
 # Issue 16, v9 at its floor, round 2: ONE H200 run that proves the new v9 default
 # (kvaddr_step1_c* = kernels.cu's KV_V9_DEFAULT, mask 416) and times it beside v9-old.
 # On a GPU machine, from the repository root (PYTHONPATH=. is set here):
-#   1. tests/gpu/test_ablate_v9_gpu.py: every fix bit (incl. round 2's KV_FIX_LATE_CLEAR and
-#      KV_FIX_REC16, unaligned records) and mask 0 (v9-old) against the NumPy reference (compiles
+#   1. tests/gpu/test_ablate_v9_gpu.py: every fix bit (round 2's record bits were removed with
+#      the sticky records of session 6) and mask 0 (v9-old) against the NumPy reference (compiles
 #      kernels.cu twice: the library's module and the KV_ABLATION one; CuPy caches both);
 #   2. v9's own GPU tests (tests/gpu/test_step_kernels_gpu.py, every v9 row: worked examples,
 #      edge cases, random and hypothesis steps, bad-input matrix, graph replay, switching

@@ -65,7 +65,7 @@ O=tests/gpu/test_torch_ops_gpu.py
 S=tests/gpu/test_vllm_step.py
 
 run new "$V" tests/gpu/test_vllm_error_records_gpu.py "$A" \
-  "$S::test_worked_example" "$S::test_errors_are_reset_by_the_next_step" \
+  "$S::test_worked_example" "$S::test_errors_are_sticky_until_read" \
   "$S::test_corrupted_inputs_match_the_reference_bits_and_keys" "$S::test_readme_snippet_on_torch_tensors" \
   --deselect "$A::test_random_batches_equal_the_reference_on_cuda" \
   --deselect "$V::test_compiled_fullgraph_equals_eager_on_cuda[inductor]" \

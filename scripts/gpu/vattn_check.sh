@@ -2,7 +2,7 @@
 # The vLLM step's attention metadata (issue 14: VllmStepPlanner(attention=...), the kernel
 # kvaddr_vllm_step_v2a) on the H200, from the repository root, in under 120 s:
 #   1. tests/gpu/test_vllm_attention_gpu.py: the kernel against the NumPy reference;
-#   2. the existing vLLM GPU tests (tests/gpu/test_vllm*.py: v2, v1, the memo path, the
+#   2. the existing vLLM GPU tests (tests/gpu/test_vllm*.py: v2, the memo path, the
 #      three-launch baseline) -- kvaddr_vllm_step_v2 is byte-identical, they must still pass;
 #   3. compute-sanitizer memcheck and racecheck over a few attention tests (metadata blocks,
 #      capacity overflow, bad values, corrupted inputs);

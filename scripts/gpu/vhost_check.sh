@@ -11,7 +11,7 @@
 #      Python with the driver call a no-op, raw launches of each kernel with its own parameter block,
 #      empty kernels with 272/392-byte parameters, the memo guards, one signature, the stream handle),
 #      interleaved, median and best, and the attribution per batch (decode 64 / 1024, G = 1 / 2);
-#   3. benchmarks/bench_vllm.py --host-only: per row, v2 / v1 / core eager host us (memo; interleaved,
+#   3. benchmarks/bench_vllm.py --host-only: per row, v2 / core eager host us (memo; interleaved,
 #      the order rotating, 15 samples of 1000 calls, median and best), v2/core with the 1.2 verdict,
 #      the no-memo times, and "host target ...: met in K of 8 rows".
 # Logs under $OUT (default /tmp/kvaddr-vhost).   bash scripts/gpu/vhost_check.sh

@@ -268,6 +268,7 @@ def test_ablations_run_then_a_clean_step_is_exact():
             p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
             cupy.cuda.get_current_stream().synchronize()
         p._set_one_meta(flags=code)
+        p.clear_errors()  # (the ablations' records are timing-only too; records are sticky)
         _step_and_check(p, case, ALL_GROUPS, f"after the ablations, flags {code}")
 
 
@@ -309,3 +310,54 @@ def test_switching_kernels_leaves_no_stale_error_record():
         case = cases[name]
         want = "kvaddr_step1m_" if kernel == "v9" and len(case["seq_lens_decoder"]) <= 256 else "kvaddr_step_"
         _step_and_check(p, case, ALL_GROUPS, f"{kernel} {geometry} {name}", kernel=want)
+
+
+def test_sticky_records_across_step1m_and_v8():
+    """Sticky records (docs/spec.md, "Errors") with attention outputs, none read in between: a
+    bad step on one kernel (kvaddr_step1m_* in two geometries, kvaddr_step_* with metadata
+    blocks), a good one on another, then errors(): the bad step's; two bad steps on two
+    kernels: the OR of the bits and the smaller key; then a good step alone: clean."""
+    import cupy
+
+    from kvaddr.errors import NO_ERROR_KEY
+
+    rng = np.random.default_rng(52)
+    sizes = [16, 5]
+    bad = make_case(rng, bsz=200, block_sizes=sizes, bad="unallocated", spare_capacity=None)
+    good = make_case(rng, bsz=200, block_sizes=sizes, spare_capacity=2)
+    big_bad = make_case(rng, bsz=257, block_sizes=sizes, bad="narrow-row", spare_capacity=2)
+    cap = max(c["capacity"] for c in (bad, good, big_bad))
+    N = max(c["kv_indices_capacity"] for c in (bad, good, big_bad))
+    cases = {
+        k: dict(c, capacity=cap, kv_indices_capacity=N) for k, c in dict(bad=bad, good=good, big_bad=big_bad).items()
+    }
+    refs = {k: _reference(c) for k, c in cases.items()}
+    assert refs["bad"].error_mask and refs["big_bad"].error_mask and not refs["good"].error_mask
+    p = _planner(cases["good"], max_requests=257)
+    geometries = [dict(lanes=32, blocks=0, min_threads=0, flags=48), dict(lanes=4, blocks=32, min_threads=256, flags=0)]
+
+    def launch(kernel, geometry, name):
+        p.use_kernel(kernel)
+        if geometry:
+            p._set_one_meta(**geometry)
+        dev = to_device(cases[name])
+        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        cupy.cuda.get_current_stream().synchronize()
+
+    runs = [("v9", geometries[0]), ("v9", geometries[1]), ("v8", None)]
+    for k1, g1 in runs:
+        for k2, g2 in runs:
+            label = f"{k1} {g1} then {k2} {g2}"
+            launch(k1, g1, "bad")
+            launch(k2, g2, "good")
+            assert p.errors() == (refs["bad"].error_mask, refs["bad"].error_key), f"{label}: bad, good"
+            assert p.errors() == (0, NO_ERROR_KEY), f"{label}: read twice"
+            launch(k1, g1, "bad")
+            launch(k2, g2, "big_bad")  # (kvaddr_step_* for 257 requests whatever the kernel)
+            want = (
+                refs["bad"].error_mask | refs["big_bad"].error_mask,
+                min(refs["bad"].error_key, refs["big_bad"].error_key),
+            )
+            assert p.errors() == want, f"{label}: two bad steps"
+            launch(k2, g2, "good")
+            assert p.errors() == (0, NO_ERROR_KEY), f"{label}: good alone"

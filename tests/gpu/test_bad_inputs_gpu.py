@@ -18,6 +18,7 @@ def test_row_on_the_gpu(row):
     import cupy
 
     from kvaddr import AddressingError, StepPlanner
+    from kvaddr.errors import NO_ERROR_KEY
     from kvaddr.strategies.gpu import make_strategy
 
     case = row.make()
@@ -68,8 +69,12 @@ def test_row_on_the_gpu(row):
         assert_attention_equal(out.attention, ref.outputs.attention, row.id)
     if row.check is not None:
         assert row.check(out), f"{row.id}: the row's check on the planner's outputs"
-    if row.bits:
+    assert p.errors() == (0, NO_ERROR_KEY), f"{row.id}: the read cleared the (sticky) records"
+    if row.bits:  # the bad step again, then a good one (every request idle): check() still sees the bad one
+        good = dict(dev, seq_lens_decoder=cupy.zeros_like(dev["seq_lens_decoder"]))
+        good["seq_lens_this_time"] = cupy.zeros_like(dev["seq_lens_this_time"])
+        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        p.compute(good["seq_lens_decoder"], good["seq_lens_this_time"], good["block_tables"])
         with pytest.raises(AddressingError):
             p.check()
-    else:
-        p.check()
+    p.check()

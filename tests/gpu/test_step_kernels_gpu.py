@@ -1,8 +1,9 @@
 """The fused step's two designs, v8 (multi-block) and v9 (one block for bsz <= 1024),
 against the NumPy reference: worked examples, edge cases, seeded random steps (every
 request kind, errors, block ids near 2**31, strided tables, 0-4 caches, both position
-dtypes), the bad-input matrix's device rows, switching kernels between launches (stale
-error records), graph replay. Skipped without a GPU. See docs/perf-notes.md (v9)."""
+dtypes), the bad-input matrix's device rows, switching kernels between launches (sticky
+error records: none lost, none invented), graph replay. Skipped without a GPU. See
+docs/perf-notes.md (v9)."""
 
 import os
 
@@ -112,8 +113,9 @@ def test_every_cache_count_runs_its_own_single_block_kernel(num_caches):
 
 @requires_gpu
 def test_switching_kernels_leaves_no_stale_error_record():
-    """An erroneous step in one kernel, then a clean one in the other (and back): the
-    clean step's error record is clean whichever kernel wrote the previous one."""
+    """An erroneous step in one kernel, then a clean one in the other (and back), each read:
+    the clean step's read is clean whichever kernel wrote the previous records (errors()
+    clears them; no kernel clears another's)."""
     import cupy
 
     from kvaddr import StepPlanner
@@ -127,7 +129,7 @@ def test_switching_kernels_leaves_no_stale_error_record():
     for case in (bad, good, big):
         case["capacity"] = 2048
     p = StepPlanner(1500, 2048, [16, 16])
-    # v9-old: v9 as first shipped (kvaddr_step1old_c*), the default's records cleared by it and back
+    # v9-old: v9 as first shipped (kvaddr_step1old_c*), and the default
     for order in (("v9", "v8"), ("v8", "v9"), ("v9-old", "v9"), ("v9", "v9-old")):
         for first, second in ((bad, good), (bad, big), (big, good)):
             for kernel, case in zip(order, (first, second)):
@@ -138,6 +140,62 @@ def test_switching_kernels_leaves_no_stale_error_record():
                 cupy.cuda.get_current_stream().synchronize()
                 assert_outputs_equal(out, ref.outputs, f"{order} {kernel}")
                 assert p.errors() == (ref.error_mask, ref.error_key), f"{order} {kernel}: error record"
+
+
+def _launch_kernel(p, kernel, case):
+    """``case`` on ``kernel`` ("v8", "v9", "v9-old", "v9-wide"), records not read."""
+    import cupy
+
+    from kvaddr import StepPlanner
+
+    p.one_block_min_threads = 1024 if kernel == "v9-wide" else StepPlanner.one_block_min_threads
+    version = "v9" if kernel == "v9-wide" else kernel
+    p.use_kernel(version, **({"max_requests": 1024} if version.startswith("v9") else {}))
+    name = p.kernel_for(case["seq_lens_decoder"].shape[0])[0]
+    want = {"v8": "kvaddr_step_i", "v9": "kvaddr_step1_c", "v9-old": "kvaddr_step1old_c"}[version]
+    assert name.startswith(want), (kernel, name)
+    dev = to_device(case)
+    p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+    cupy.cuda.get_current_stream().synchronize()
+
+
+@requires_gpu
+@pytest.mark.parametrize("mixed", [False, True])
+def test_sticky_records_across_kernels(mixed):
+    """Sticky records (docs/spec.md, "Errors") through kernel switches, none read in between:
+    a bad step then errors() reports it and a second errors() is clean; a bad step then a good
+    step (any kernel) then errors(): the bad one's; two bad steps (any two kernels): the OR of
+    the bits and the smaller key. Every order of v8, v9, v9-old and v9-wide."""
+    from kvaddr import StepPlanner
+    from kvaddr.errors import NO_ERROR_KEY
+    from tests.support.sticky_cases import sticky_cases
+
+    # C > 256: v9 runs 3 blocks of 256 threads, v9-wide one of C, v8 ceil(C / 256) chunks
+    cases = sticky_cases(bsz=40, num_caches=2, mixed=mixed, spare=600)
+    C = cases["good"]["capacity"]
+    ra, rb = reference(cases["bad_a"]), reference(cases["bad_b"])
+    assert ra.error_mask and rb.error_mask and rb.error_key < ra.error_key
+    both = (ra.error_mask | rb.error_mask, rb.error_key)
+    p = StepPlanner(64, C, [16, 16])
+    kernels = ("v8", "v9", "v9-old", "v9-wide")
+    for k1 in kernels:
+        _launch_kernel(p, k1, cases["bad_a"])
+        assert p.errors() == (ra.error_mask, ra.error_key), k1
+        assert p.errors() == (0, NO_ERROR_KEY), f"{k1}: the read cleared the records"
+        for k2 in kernels:
+            _launch_kernel(p, k1, cases["bad_a"])
+            _launch_kernel(p, k2, cases["good"])
+            assert p.errors() == (ra.error_mask, ra.error_key), f"{k1} bad, {k2} good"
+            _launch_kernel(p, k1, cases["bad_a"])
+            _launch_kernel(p, k2, cases["bad_b"])
+            _launch_kernel(p, k1, cases["good"])
+            assert p.errors() == both, f"{k1} bad, {k2} bad"
+            _launch_kernel(p, k2, cases["good"])
+            assert p.errors() == (0, NO_ERROR_KEY), f"{k1}, {k2}: good alone"
+    p.use_kernel("v9", max_requests=1024)
+    _launch_kernel(p, "v9", cases["bad_a"])
+    p.clear_errors()
+    assert p.errors() == (0, NO_ERROR_KEY), "clear_errors drops unread errors"
 
 
 @requires_gpu
@@ -202,9 +260,11 @@ def test_bad_input_matrix_rows(kernel):
         out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
         assert_outputs_equal(out, ref.outputs, f"{row.id} [{kernel}]")
         assert p.errors() == (ref.error_mask, ref.error_key), f"{row.id} [{kernel}]"
-        if row.bits:
+        if row.bits:  # the read cleared the records: the step again, then check()
+            p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
             with pytest.raises(AddressingError):
                 p.check()
+        p.check()
 
 
 @requires_gpu

@@ -119,6 +119,8 @@ def test_worked_examples_on_cuda(meta_impl):
     assert out.attention.kv_indices.tolist() == [[5, 6, 9, 2, 0, -1], [10, 11, 12, 13, 14, 15]]
     mask, key = bufs.errors()
     assert mask == ERR_KV_INDICES_CAPACITY and decode_error_key(key) == (4, 2, 1, 16)
+    assert bufs.errors() == (0, NO_ERROR_KEY)  # the read reset the (sticky) records
+    out, bufs, _ = _run(EXAMPLE_2, "flashinfer", 6, buffers=bufs)
     with pytest.raises(AddressingError, match=r"token 4 of request 2, cache 1: more kv_indices entries"):
         bufs.check()
     out, bufs, _ = _run(EXAMPLE_3, "flashinfer", 8)
@@ -178,8 +180,8 @@ def test_same_buffers_many_steps_with_bsz_changing_and_the_overflow_record_clear
         out, _, _ = _run(case, ALL, N, buffers=bufs)
         ref = _check_step(case, ALL, N, out, bufs, f"step {i} bsz {bsz}")
         overflowed.append(bool(ref.error_mask & ERR_KV_INDICES_CAPACITY))
-    # 9000 requests of up to 5000 tokens need more than N entries; 7 requests don't (their step's records
-    # replace the overflowing step's: errors() above equalled the reference's on each step)
+    # 9000 requests of up to 5000 tokens need more than N entries; 7 requests don't (errors() read and
+    # cleared the overflowing step's records: it equalled the reference's on each step)
     assert overflowed[4] and overflowed[6] and not overflowed[7], overflowed
 
 

@@ -101,6 +101,7 @@ def test_random_batches_equal_the_reference_on_cuda(seed, M, n, block_sizes, max
 
     bufs = VllmStepBuffers(config=cfg, device="cuda")
     bufs.storage.fill_(0x5A5A5A5A)  # garbage in every output: each call writes every element
+    bufs.clear_errors()  # (not in the sticky error records: those only the reader clears)
     padded = int(rng.integers(n, M + 1))
     out, _ = run(cfg, inputs, bufs=bufs, padded=padded)
     ref = reference(cfg, inputs, padded)
@@ -113,6 +114,9 @@ def test_random_batches_equal_the_reference_on_cuda(seed, M, n, block_sizes, max
     assert_same(out, ref.outputs.as_dict(), f"seed {seed}, bad values")
     assert bufs.errors() == (ref.error_mask, ref.error_key)
     if ref.error_mask:
+        assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)  # the read reset the records
+        run(cfg, bad, bufs=bufs)
+        run(cfg, inputs, bufs=bufs)  # sticky: a good step after the bad one keeps its record
         with pytest.raises(VllmAddressingError):
             bufs.check()
     # More steps over the same request state on the same buffers: nothing stale, errors cleared.

@@ -59,7 +59,7 @@ def test_core_planner_sees_the_shape_setter(vectors):
     test_compute_memo_gpu.test_cupy_shape_set_in_place_is_seen()
 
 
-@pytest.mark.parametrize("kernel", ["v2", "v1"])
+@pytest.mark.parametrize("kernel", ["v2"])
 def test_vllm_planner_sees_the_shape_setter(vectors, kernel, monkeypatch):
     from kvaddr.engines import vllm as vllm_module
     from tests.gpu import test_vllm_memo

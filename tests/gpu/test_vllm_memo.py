@@ -3,8 +3,8 @@
 An engine passes the same persistent buffers every step with new contents, and sometimes
 with new metadata in place (torch's ``resize_``, CuPy's ``shape`` setter). Every step here is
 compared with the reference; the memoised calls are proven to skip the checks (``describe``
-is counted) and the changed ones to be checked and launched with the new values. Both
-one-launch kernels. Skips without a GPU.
+is counted) and the changed ones to be checked and launched with the new values. The
+one-launch kernel (v2; the first version was deleted). Skips without a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = requires_gpu
 NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
 
 
-@pytest.fixture(params=["v2", "v1"])
+@pytest.fixture(params=["v2"])
 def kernel(request):
     return request.param
 

@@ -1,9 +1,9 @@
 """VllmStepPlanner on the GPU against the NumPy reference (docs/vllm.md).
 
 Every test builds its batch on the host, runs the reference and the planner, and
-compares every output element (the gathered tables in full). Every test runs on both
-one-launch kernels (``kernel="v2"``, the default, and the first version ``"v1"``), through
-:func:`make_planner`. Skips without a GPU.
+compares every output element (the gathered tables in full), and the step's error record
+(sticky: :func:`run_and_compare` reads it, which clears it). The one-launch kernel is
+``kvaddr_vllm_step_v2`` (the first version, ``"v1"``, was deleted). Skips without a GPU.
 """
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ pytestmark = requires_gpu
 
 INPUT_NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
 
-#: The one-launch kernel the current test runs on (set by the autouse fixture below).
-KERNEL = "v2"
-
-
-@pytest.fixture(autouse=True, params=["v2", "v1"])
-def kernel(request):
-    global KERNEL
-    KERNEL = request.param
-    yield request.param
-    KERNEL = "v2"
-
 
 def on_device(inputs: dict) -> dict:
     import cupy
@@ -61,8 +50,6 @@ def on_device(inputs: dict) -> dict:
 def make_planner(cfg: VllmStepConfig, cls=None, **kw):
     from kvaddr.engines.vllm import VllmStepPlanner
 
-    if cls is None:
-        kw.setdefault("kernel", KERNEL)
     return (cls or VllmStepPlanner)(**planner_kwargs(cfg), **kw)
 
 
@@ -220,16 +207,40 @@ def test_a_sequence_of_steps_leaves_nothing_stale(block_sizes):
         ptrs = now
 
 
-def test_errors_are_reset_by_the_next_step():
+def _launch(planner, inputs, padded=None):
+    """One step, not read (the records keep its errors until the next errors() or check())."""
+    import cupy
+
+    d = on_device(inputs)
+    planner.compute(*(d[k] for k in INPUT_NAMES), num_reqs_padded=padded)
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def test_errors_are_sticky_until_read():
+    """A bad step then errors(): reported, and a second errors() is clean; a bad step, then a
+    good one, then check(): the bad one's (sticky); two bad steps: the OR of the bits, the
+    smaller key; clear_errors() drops errors unread."""
     cfg, inputs = worked_example()
     planner = make_planner(cfg)
     bad = dict(inputs, idx_mapping=np.array([2, 4], np.int32))
-    run_and_compare(planner, cfg, bad)
+    run_and_compare(planner, cfg, bad)  # reads them
+    assert planner.errors() == (0, VLLM_NO_ERROR_KEY)
+    _launch(planner, bad)
+    _launch(planner, inputs)  # a good step after the bad one: writes no record
     with pytest.raises(VllmAddressingError, match="idx_mapping entry outside"):
         planner.check()
-    run_and_compare(planner, cfg, inputs)
     assert planner.errors() == (0, VLLM_NO_ERROR_KEY)
     planner.check()
+    bad2 = dict(inputs, num_computed_tokens=inputs["num_computed_tokens"].copy())
+    bad2["num_computed_tokens"][0] = -3
+    w1, w2 = ref(cfg, bad), ref(cfg, bad2)
+    assert w1.error_mask and w2.error_mask and w1.error_mask != w2.error_mask
+    _launch(planner, bad2)
+    _launch(planner, bad)
+    assert planner.errors() == (w1.error_mask | w2.error_mask, min(w1.error_key, w2.error_key))
+    _launch(planner, bad)
+    planner.clear_errors()
+    assert planner.errors() == (0, VLLM_NO_ERROR_KEY)
 
 
 def test_out_buffers_are_written_in_place_and_fully():
@@ -273,12 +284,13 @@ def test_bad_input_row(row):
         with pytest.raises(row.exc, match=row.message):
             planner.compute(*(args[k] for k in INPUT_NAMES), num_reqs_padded=row.num_reqs_padded)
         return
-    out = run_and_compare(planner, cfg, inputs, padded=row.num_reqs_padded, label=row.id)
-    mask, _ = planner.errors()
-    assert mask == row.bits
+    out = run_and_compare(planner, cfg, inputs, padded=row.num_reqs_padded, label=row.id)  # reads, clears
+    assert ref(cfg, inputs, row.num_reqs_padded).error_mask == row.bits
     if row.bits:
+        _launch(planner, inputs, row.num_reqs_padded)
         with pytest.raises(VllmAddressingError, match=re.escape(VLLM_ERROR_REASONS[row.bits])):
             planner.check()
+    planner.check()  # clear (check() cleared the records)
     if row.check is not None:
         host = type(out)(**{k: (tuple(map(to_numpy, v)) if isinstance(v, tuple) else to_numpy(v))
                             for k, v in out.as_dict().items()})  # fmt: skip
@@ -397,9 +409,7 @@ def test_graphs_of_different_sizes_replayed_in_turn():
 
 @pytest.mark.parametrize("lanes", [8, 16, 32])
 @pytest.mark.parametrize("max_query", [1, 40])
-def test_v2_gather_widths(lanes, max_query, kernel):
-    if kernel != "v2":
-        pytest.skip("pair_lanes is kvaddr_vllm_step_v2's")
+def test_v2_gather_widths(lanes, max_query):
     rng = np.random.default_rng(lanes + max_query)
     cfg, state = random_case(
         rng, max_num_reqs=700, num_reqs=700, block_sizes=(16, 64, 5), max_query=max_query,

@@ -211,6 +211,15 @@ class FakeDeviceArray:
     def __getitem__(self, k):
         return FakeDeviceArray(self.a[k], self.dev)
 
+    def get(self, stream=None, out=None):
+        if out is not None:
+            out[...] = self.a.reshape(out.shape)
+            return out
+        return self.a.copy()
+
+    def set(self, host, stream=None):
+        self.a[...] = np.asarray(host).reshape(self.a.shape)
+
 
 FakeDeviceArray.__module__ = "cupy._core.core"
 
@@ -251,6 +260,7 @@ def install_planner_fake(monkeypatch):
     cp = fake_cupy()
     cp.cuda.driver = types.SimpleNamespace(launchKernel=launch)
     cp.cuda.get_current_stream = lambda: current
+    cp.cuda.ExternalStream = _PlannerStream  # validation.cupy_stream (no Stream.from_external here)
     cp.zeros = lambda shape, dtype: FakeDeviceArray(np.zeros(shape, dtype))
     cp.full = lambda shape, v, dtype: FakeDeviceArray(np.full(shape, v, dtype))
     cp.asarray = lambda a: FakeDeviceArray(np.array(a))

@@ -88,10 +88,10 @@ extern "C" void emu_vllm_attn(const VllmStepParams* pp) {
                     const unsigned long long k = __shfl_xor_sync(0u, err.key, s);
                     err.key = k < err.key ? k : err.key;
                 }
-                if ((t & 31) == 0) {
+                if ((t & 31) == 0 && err.mask) {  // sticky: only a warp with an error merges
                     const long long w = (long long)(p.token_blocks + p.request_blocks + m) * VLLM_WARPS + (t >> 5);
-                    p.errors[2 * w] = (unsigned long long)err.mask;
-                    p.errors[2 * w + 1] = err.key;
+                    p.errors[2 * w] |= (unsigned long long)err.mask;
+                    if (err.key < p.errors[2 * w + 1]) p.errors[2 * w + 1] = err.key;
                 }
             });
         for (auto& x : th) x.join();

@@ -1,13 +1,12 @@
 """Run the vLLM sections of kernels.cu on the CPU: its device code compiled by the host
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
-What is emulated: the device helpers of ``kvaddr_vllm_step`` (one token, one request
-row, one (group, row) pair; the source text of kernels.cu, unchanged) driven by a
-few lines of C++ that stand for the kernel's entry (roles, rows to visit, the error
-record, the last block's bookkeeping), and the three-launch kernels whole (their
-threads run in reverse order, so thread 0's end-of-block write comes last, as after
-their barrier). Not emulated: warp shuffles, atomics, memory ordering — the GPU
-tests and compute-sanitizer cover those.
+What is emulated: the device helpers of ``kvaddr_vllm_step_v2`` (token guess and write,
+request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
+of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record),
+and the three-launch kernels whole (their threads run in reverse order, so thread 0's
+end-of-block write comes last, as after their barrier). Not emulated: warp shuffles,
+atomics, memory ordering — the GPU tests and compute-sanitizer cover those.
 """
 
 from __future__ import annotations
@@ -42,44 +41,12 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
     if (e.key < all.key) all.key = e.key;
 }
 
-extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
-    const VllmStepParams& p = *pp;
-    VllmErr all; all.mask = 0; all.key = VLLM_NO_ERROR;
-    for (int t = 0; t < p.max_tokens; ++t) {
-        threadIdx.x = t % VLLM_THREADS;
-        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
-        vllm_token(p, t, e);
-        emu_merge(all, e);
-    }
-    for (int b = 0; b < p.max_num_reqs; ++b) {
-        threadIdx.x = b % VLLM_THREADS;
-        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
-        vllm_request_row(p, b, e);
-        emu_merge(all, e);
-    }
-    const unsigned int dirty = p.state[0];
-    int rows = p.num_reqs_padded > (int)dirty ? p.num_reqs_padded : (int)dirty;
-    rows = rows > p.max_num_reqs ? p.max_num_reqs : rows;
-    for (int g = 0; g < p.num_groups; ++g)
-        for (int b = 0; b < rows; ++b)
-            for (int sub = VLLM_PAIR_LANES - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
-                threadIdx.x = sub;
-                VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
-                vllm_gather_row(p, true, g, b, sub, e);
-                emu_merge(all, e);
-            }
-    p.errors[2] = all.mask;
-    p.errors[3] = all.key;
-    p.state[0] = (unsigned int)p.num_reqs;
-    p.state[1] = 0u;
-    (void)grid;
-}
-
 // kvaddr_vllm_step_v2: its device helpers (token guess and write, request row, gather
 // pair), driven as the entry drives them. The entry's warp-level code is re-stated here,
 // not emulated: the staged query_start_loc (the same values: the search runs on the
 // global array), the spare rows' zeroing (one row after another), the per-warp records
-// (record 0 holds the launch's merged record, the others none).
+// (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
+// do: sticky; a clean launch writes no record).
 extern "C" void emu_vllm_step_v2(const VllmStepParams* pp, unsigned int grid) {
     const VllmStepParams& p = *pp;
     VllmErr all; all.mask = 0; all.key = VLLM_NO_ERROR;
@@ -116,10 +83,9 @@ extern "C" void emu_vllm_step_v2(const VllmStepParams* pp, unsigned int grid) {
                 threadIdx.x = sub;
                 vllm2_gather_row(p, true, g, b, sub, p.pair_lanes);
             }
-    const int records = (p.token_blocks + p.request_blocks) * VLLM_WARPS;
-    for (int w = 0; w < records; ++w) {
-        p.errors[2 * w] = w == 0 ? all.mask : 0ULL;
-        p.errors[2 * w + 1] = w == 0 ? all.key : VLLM_NO_ERROR;
+    if (all.mask) {
+        p.errors[0] |= all.mask;
+        if (all.key < p.errors[1]) p.errors[1] = all.key;
     }
     (void)grid;
 }
@@ -145,15 +111,12 @@ extern "C" void emu_vllm3(int which, const VllmStepParams* pp, unsigned int gx, 
 
 
 def emulated_source() -> str:
-    """kernels.cu's vLLM sections, less the one-launch kernel's entry and its warp-level flush."""
+    """kernels.cu's vLLM sections, less the one-launch kernel's entry (its warp-level code)."""
     src = kernel_loader.source()
     start = src.index("// ==== vLLM engine step")
     start = src.rindex("\n", 0, start)
-    cut0 = src.index("__device__ __forceinline__ void vllm_flush_errors")
-    three = src.index("// ==== vLLM's three-launch design")
-    cut1 = src.rindex("// =====", 0, three)
     cut2 = src.index("// ---- kvaddr_vllm_step_v2: the entry")
-    body = src[start:cut0] + src[cut1:cut2]
+    body = src[start:cut2]
     # return inside a void kernel called once per emulated thread is fine as is
     return PRELUDE + body + DRIVER
 
@@ -176,7 +139,6 @@ def library():
     if proc.returncode != 0:
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
-    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.emu_vllm_step_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
@@ -185,9 +147,7 @@ def library():
 def run(name: str, params_address: int, gx: int, gy: int) -> None:
     """Emulate one launch of kernel ``name`` with its parameter struct at ``params_address``."""
     lib = library()
-    if name == "kvaddr_vllm_step":
-        lib.emu_vllm_step(params_address, gx)
-    elif name == "kvaddr_vllm_step_v2":
+    if name == "kvaddr_vllm_step_v2":
         lib.emu_vllm_step_v2(params_address, gx)
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]

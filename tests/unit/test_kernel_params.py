@@ -246,7 +246,6 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
     for name in baseline:
         assert base < where(name) < end
     vllm = (
-        "kvaddr_vllm_step",
         "kvaddr_vllm_step_v2",
         "kvaddr_vllm_step_v2a",
         "kvaddr_vllm3_prepare",

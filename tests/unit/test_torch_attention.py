@@ -114,9 +114,11 @@ def test_example_2_kv_indices_overflow_sets_bit_16_in_errors_and_check():
     assert a.kv_indptr.tolist() == [[0, 2, 3, 5, 5], [0, 4, 6, 9, 9]]  # the true sums
     mask, key = bufs.errors()
     assert mask == ERR_KV_INDICES_CAPACITY and decode_error_key(key) == (4, 2, 1, 16)
+    assert bufs.errors() == (0, NO_ERROR_KEY)  # the read reset the (sticky) records
+    _run(EXAMPLE_2, "flashinfer", 6, buffers=bufs)
     with pytest.raises(AddressingError, match=r"token 4 of request 2, cache 1: more kv_indices entries"):
         bufs.check()
-    # the next step within the capacity clears the record (every record rewritten every step)
+    # the next step within the capacity writes no record (check() reset them)
     small = dict(
         EXAMPLE_2, seq_lens_decoder=np.asarray([1, 0, 1, 0], I32), seq_lens_this_time=np.asarray([0, 1, 1, 0], I32)
     )
@@ -132,6 +134,7 @@ def test_example_3_bad_rows():
     assert a.kv_last_page_len.tolist() == [[1, 1]]
     mask, key = bufs.errors()
     assert mask == 3 and decode_error_key(key) == (0, 0, 0, 2)
+    _run(EXAMPLE_3, "flashinfer", 8, buffers=bufs)
     with pytest.raises(AddressingError, match="token 0 of request 0, cache 0: negative"):
         bufs.check()
 

@@ -84,9 +84,18 @@ def test_buffers_persist_across_steps_and_check_raises():
     ref = _ref(bad)
     assert_outputs_equal(got, ref.outputs, "over capacity")
     assert (mask, key) == (ref.error_mask, ref.error_key) and mask & 4
+    bufs.check()  # errors() above read and cleared the (sticky) records
+    run_op(bad, "cpu", buffers=bufs)  # (reads them: run_op returns errors())
+    from kvaddr.torch import step
+    from tests.support.torch_ops import case_tensors
+
+    dec, q, tables = case_tensors(bad, "cpu")
+    step(dec, q, tables, bufs)
+    dec, q, tables = case_tensors(case, "cpu")
+    step(dec, q, tables, bufs)  # a good step after the bad one: the bad one's record stays
     with pytest.raises(AddressingError, match="bad step addressing"):
         bufs.check()
-    _, errs, _ = run_op(case, "cpu", buffers=bufs)  # a good step clears the record
+    _, errs, _ = run_op(case, "cpu", buffers=bufs)  # check() cleared them, a good step adds none
     assert errs == (0, NO_ERROR_KEY)
 
 

@@ -39,7 +39,10 @@ def run(cfg, inputs, bufs=None, padded=None, poison=True):
 
     bufs = bufs or VllmStepBuffers(config=cfg, device="cpu")
     if poison:
+        from kvaddr.errors import reset_error_records
+
         bufs.storage.fill_(0x5A5A5A5A)
+        reset_error_records(bufs.records)  # sticky records: the caller clears them (or reads them)
     out = vllm_step(*tensors(inputs), bufs, num_reqs_padded=padded)
     return out, bufs
 
@@ -110,9 +113,19 @@ def test_bad_values_are_recorded_like_the_reference(seed):
     assert_same(out, ref.outputs.as_dict(), f"seed {seed}")
     assert ref.error_mask, "corrupt() made no error"
     assert bufs.errors() == (ref.error_mask, ref.error_key)
+    assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)  # the read reset the records
+    # sticky: the bad step, then a good one, then the read: the bad step's record
+    run(cfg, bad, bufs=bufs, poison=False)
+    run(cfg, inputs, bufs=bufs, poison=False)
     with pytest.raises(VllmAddressingError):
         bufs.check()
-    run(cfg, inputs, bufs=bufs, poison=False)  # a good step clears the record
+    assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)
+    # two bad steps: the OR of the bits, the smaller key; clear_errors drops them unread
+    run(cfg, bad, bufs=bufs, poison=False)
+    run(cfg, bad, bufs=bufs, poison=False)
+    assert bufs.errors() == (ref.error_mask, ref.error_key)
+    run(cfg, bad, bufs=bufs, poison=False)
+    bufs.clear_errors()
     assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)
 
 
@@ -223,6 +236,7 @@ def test_compiled_fullgraph_equals_eager_and_the_reference(backend):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend=backend)
     bufs.storage.fill_(7)
+    bufs.clear_errors()  # the sticky records: the op only merges into them
     got = compiled(*args)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
@@ -422,9 +436,11 @@ def test_cuda_kernel_writes_the_reference_into_out_on_the_emulated_gpu(emulated_
     ref = reference(cfg, bad)
     assert ref.error_mask
     assert_same(bufs.outputs, ref.outputs.as_dict(), f"seed {seed}, bad values")
-    assert bufs.errors() == (ref.error_mask, ref.error_key)
     planner = vllm_ops._planners[(bufs.layout, id(bufs.storage))][0]
-    assert planner.errors() == bufs.errors()
+    assert planner.errors() == (ref.error_mask, ref.error_key)  # the same records (and reset by the read)
+    assert bufs.errors() == (0, VLLM_NO_ERROR_KEY)
+    _cuda_call(vllm_ops, cfg, bad, bufs)
+    assert bufs.errors() == (ref.error_mask, ref.error_key)
     # A smaller batch next: nothing stale in the tables the previous steps filled.
     step3 = new_batch(rng, cfg, inputs, num_reqs=5)
     _cuda_call(vllm_ops, cfg, step3, bufs)

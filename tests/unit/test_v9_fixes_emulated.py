@@ -1,5 +1,5 @@
-"""v9's candidate fixes (kernels.cu's KV_FIX_DECODE_FIRST, KV_FIX_LEAN, KV_ABL_PARAM_REGS, and round 2's
-KV_FIX_LATE_CLEAR, KV_FIX_REC16 (12704: both with all three); KV_V9_DEFAULT = 416 is the library's kvaddr_step1_c*; issue 16,
+"""v9's candidate fixes (kernels.cu's KV_FIX_DECODE_FIRST, KV_FIX_LEAN, KV_ABL_PARAM_REGS; KV_V9_DEFAULT = 416
+is the library's kvaddr_step1_c*; issue 16,
 benchmarks/ablate_v9.py) against the NumPy reference on the CPU: the device code run by
 tests/support/v9_emulator.py (one thread per CUDA thread, shuffles and barriers emulated). Mask 0
 (v9 as shipped, proven on the H200) checks the emulator itself. The GPU versions of these tests
@@ -53,14 +53,26 @@ def test_mixed_batches(mask):
         _check(mask, case, f"mixed {i} {kw}", max_requests=case["seq_lens_decoder"].shape[0] + 1)
 
 
-@pytest.mark.parametrize("mask", (8192, 12704))
-def test_records_not_16_byte_aligned(mask):
-    """KV_FIX_REC16 stores a record with one 16-byte store only where error_records is 16-byte
-    aligned (the planner's buffer is); elsewhere two 8-byte stores, the same records."""
-    rng = np.random.default_rng(8192)
-    for i, bsz in enumerate((1, 33, 64)):
-        for kw in ({}, dict(errors=True), dict(over_capacity=True)):
-            case = random_step(rng, bsz=bsz, num_caches=1 + i % 2, mix=("decode",), **kw)
-            _check(mask, case, f"decode {bsz} {kw} misaligned", max_requests=bsz + 2, misaligned=True)
-    case = random_step(rng, max_bsz=70, num_caches=2, errors=True)
-    _check(mask, case, "mixed, misaligned", max_requests=case["seq_lens_decoder"].shape[0] + 1, misaligned=True)
+@pytest.mark.parametrize("mask", (0, 416))
+@pytest.mark.parametrize("kw", [{}, dict(mixed=True), dict(bsz=3, num_caches=1), dict(bsz=300, num_caches=1)])
+def test_records_are_sticky(mask, kw):
+    """Sticky records (docs/spec.md, "Errors"): a launch writes only the records of its warps
+    with an error, merged (OR, min); nothing clears them. One record array through a good, a
+    bad, a good, a second bad and a good step: what it holds is the OR of the bad steps' bits
+    and the smaller key, whatever ran after; a good step alone leaves it clean."""
+    from kvaddr.errors import NO_ERROR_KEY
+    from tests.support.sticky_cases import sticky_cases
+
+    cases = sticky_cases(**kw)
+    C, bsz = cases["good"]["capacity"], cases["good"]["seq_lens_decoder"].shape[0]
+    ra, rb = reference(cases["bad_a"]), reference(cases["bad_b"])
+    rec = v9_emulator.clean_records(C, bsz + 2)
+    _, errors = v9_emulator.run(mask, cases["good"], max_requests=bsz + 2, records=rec)
+    assert errors == (0, NO_ERROR_KEY) and not rec[0::2].any(), "a good step writes no record"
+    _, errors = v9_emulator.run(mask, cases["bad_a"], max_requests=bsz + 2, records=rec)
+    assert errors == (ra.error_mask, ra.error_key)
+    _, errors = v9_emulator.run(mask, cases["good"], max_requests=bsz + 2, records=rec)
+    assert errors == (ra.error_mask, ra.error_key), "a good step after a bad one keeps its record"
+    _, errors = v9_emulator.run(mask, cases["bad_b"], max_requests=bsz + 2, records=rec)
+    _, errors = v9_emulator.run(mask, cases["good"], max_requests=bsz + 2, records=rec)
+    assert errors == (ra.error_mask | rb.error_mask, min(ra.error_key, rb.error_key)), "two bad steps merge"

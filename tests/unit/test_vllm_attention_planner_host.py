@@ -116,7 +116,7 @@ def test_varlen_only_and_page_table(fake):
         (dict(attention="flashinfer", kv_indices_capacity=0), ValueError, "kv_indices_capacity must be"),
         (dict(attention="flashmla"), ValueError, "attention must name groups among"),
         (dict(attention=5), TypeError, "attention must be None"),
-        (dict(attention="varlen", kernel="v1"), ValueError, "attention needs kernel='v2'"),
+        (dict(attention="varlen", kernel="v1"), ValueError, r"kernel must be one of \['v2'\], got 'v1'"),
         (dict(attention="varlen", meta_lanes=12), ValueError, r"meta_lanes must be one of \(4, 8, 16, 32\)"),
         (dict(attention="varlen", meta_rows=100), ValueError, r"meta_rows must be one of \(8, 16, 32, 64, 128, 256\)"),
         (dict(attention="varlen", meta_impl=2), ValueError, r"meta_impl must be one of \(0, 1\)"),

@@ -368,15 +368,14 @@ def test_num_reqs_padded_per_call(fake):
     assert _last(fake)["params"]["num_reqs_padded"] == 3
 
 
-@pytest.mark.parametrize("kernel", ["v2", "v1"])
-def test_num_reqs_padded_remembered_object_and_every_order(fake, kernel):
+def test_num_reqs_padded_remembered_object_and_every_order(fake):
     """The fast path skips the struct write for the same num_reqs_padded object as the last launch's:
-    every sequence of ints, None and NumPy ints launches the value asked for (v1: and its grid)."""
-    pl = _planner(G=2, kernel=kernel)
+    every sequence of ints, None and NumPy ints launches the value asked for (and its grid)."""
+    pl = _planner(G=2)
     d = _inputs(G=2)
     grids = {}
     for v in (2, 3, 4):
-        ref = _planner(G=2, kernel=kernel)
+        ref = _planner(G=2)
         _call(ref, d, padded=v)
         grids[v] = _last(fake)["grid"]
     before = len(fake.described)
@@ -390,21 +389,6 @@ def test_num_reqs_padded_remembered_object_and_every_order(fake, kernel):
     # a NumPy int takes the checked path (7 descriptions of the first call, 2 for each later one, and
     # 2 for the second call, which made the memo)
     assert len(fake.described) - before == 7 + 2 + 2 * 3
-
-
-def test_v1_grid_follows_num_reqs_padded_on_the_memoised_path(fake):
-    pl = _planner(G=2, kernel="v1")
-    d = _inputs(G=2)
-    _call(pl, d, padded=2)
-    _call(pl, d, padded=2)
-    assert _last(fake)["grid"] == (3 + 1 + 1, 1, 1)
-    n = len(fake.described)
-    pl2 = _planner(G=2, kernel="v1")
-    _call(pl2, d, padded=4)
-    want = _last(fake)["grid"]
-    _call(pl, d, padded=4)
-    assert len(fake.described) == n + 7 and _last(fake)["grid"] == want
-    assert _last(fake)["params"]["num_reqs_padded"] == 4
 
 
 def test_pair_lanes_and_grid_calls(fake):
@@ -518,14 +502,13 @@ def test_objects_without_a_cheap_signature_are_not_memoised(fake, monkeypatch):
 
 
 @pytest.mark.skipif(vllm_emulator.CXX is None, reason="no C++ compiler: kernel emulation skipped")
-@pytest.mark.parametrize("kernel", ["v2", "v1"])
-def test_the_memoised_path_matches_the_emulated_kernel(monkeypatch, kernel):
+def test_the_memoised_path_matches_the_emulated_kernel(monkeypatch):
     """Steps on the same objects with new contents in the same memory (an engine's persistent
     buffers): every memoised launch agrees with the reference, outputs and error record."""
     install(monkeypatch, on_launch=vllm_emulator.run)
     rng = np.random.default_rng(7)
     cfg, x = random_case(rng, max_num_reqs=40, num_reqs=30, block_sizes=(4, 16), max_query=3)
-    pl = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    pl = vllm_module.VllmStepPlanner(**planner_kwargs(cfg))
     d = {k: ([FakeArray(a.copy()) for a in v] if isinstance(v, list) else FakeArray(v.copy())) for k, v in x.items()}
     described = []
     real = vllm_module.describe

@@ -47,8 +47,8 @@ def _impls(cfg, kernel="v2", pair_lanes=None):
     return one, VllmThreeLaunch(**planner_kwargs(cfg))
 
 
-#: Both one-launch kernels (kvaddr_vllm_step and kvaddr_vllm_step_v2), v2 with each gather width.
-KERNELS = [("v1", None), ("v2", None), ("v2", 8), ("v2", 32)]
+#: The one-launch kernel (kvaddr_vllm_step_v2) with each gather width (auto, 8, 32).
+KERNELS = [("v2", None), ("v2", 8), ("v2", 32)]
 
 
 @pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}-{k[1] or 'auto'}")
@@ -62,7 +62,7 @@ def test_worked_example(emu, kernel):
     check(one, cfg, x)
     check(three, cfg, x, errors=False)
     assert [L["name"] for L in emu.launches] == [
-        "kvaddr_vllm_step" if kernel[0] == "v1" else "kvaddr_vllm_step_v2",
+        "kvaddr_vllm_step_v2",
         "kvaddr_vllm3_prepare",
         "kvaddr_vllm3_gather",
         "kvaddr_vllm3_slots",
@@ -129,7 +129,7 @@ def _steps(data, rng, cfg, state, M, max_query, seed):
             check(three, cfg, x, padded, errors=False, label=label)
 
 
-def test_stale_rows_and_the_device_row_count(emu, kernel):
+def test_stale_rows(emu, kernel):
     rng = np.random.default_rng(3)
     cfg, state = random_case(rng, max_num_reqs=64, num_reqs=64, block_sizes=(4, 16), max_query=6, spare_tokens=400)
     one, three = _impls(cfg, *kernel)
@@ -138,12 +138,8 @@ def test_stale_rows_and_the_device_row_count(emu, kernel):
         padded = min(64, n + int(rng.integers(0, 9)))
         check(one, cfg, x, padded, label=f"one, num_reqs {n}")
         check(three, cfg, x, padded, errors=False, label=f"three, num_reqs {n}")
-        if kernel[0] == "v1":
-            assert int(one._state.a[0]) == n  # rows holding data, for the next call
-        else:  # v2: every row past the batch is clean (fill 0), the batch's rows hold what they hold
-            assert (one._row_fill.a[:, n:] == 0).all()
-    if kernel[0] == "v1":
-        assert one._errors.a[0] == 0 and one._errors.a[1] == 2**64 - 1  # the live record is reset
+        # every row past the batch is clean (fill 0), the batch's rows hold what they hold
+        assert (one._row_fill.a[:, n:] == 0).all()
 
 
 def test_bad_input_matrix_device_rows(emu, kernel):
@@ -160,7 +156,7 @@ def test_bad_input_matrix_device_rows(emu, kernel):
         assert want.error_mask == row.bits, row.id
 
 
-@pytest.mark.parametrize("kernel", [("v1", None), ("v2", None)], ids=["v1", "v2"])
+@pytest.mark.parametrize("kernel", [("v2", None)], ids=["v2"])
 def test_large_decode_batch(emu, kernel):
     rng = np.random.default_rng(8)
     cfg, x = random_case(rng, max_num_reqs=5000, num_reqs=4500, block_sizes=(16, 64), max_query=1, dummy_fraction=0.1)

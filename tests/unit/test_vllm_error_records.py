@@ -74,16 +74,23 @@ def test_caller_records_are_initialised_launched_into_and_read_back(fake, dtype)
     _, x = worked_example(max_num_batched_tokens=600)
     pl.compute(*(on_fake(x)[k] for k in NAMES), num_reqs_padded=3, stream=77)
     assert fake.launches[-1]["params"]["errors"] == rec.a.ctypes.data
-    # errors() / check() read the caller's memory
+    # errors() / check() read the caller's memory, then clear it (sticky records)
     u[5, 0] = 4
     u[5, 1] = 123
     u[9, 0] = 1
     u[9, 1] = 77
     assert pl.errors() == (5, 77)
+    assert (u[:, 0] == 0).all() and (u[:, 1] == VLLM_NO_ERROR_KEY).all()
+    assert pl.errors() == (0, VLLM_NO_ERROR_KEY)
     from kvaddr.engines.vllm_errors import VllmAddressingError
 
+    u[2] = (8, 9)
     with pytest.raises(VllmAddressingError):
         pl.check()
+    pl.check()  # cleared by the first check()
+    u[3] = (8, 9)
+    pl.clear_errors(stream=77)
+    assert pl.errors() == (0, VLLM_NO_ERROR_KEY)
 
 
 def test_caller_records_hold_the_emulated_kernels_records_like_the_reference(emu):
@@ -101,10 +108,37 @@ def test_caller_records_hold_the_emulated_kernels_records_like_the_reference(emu
     for p in (pl, own):
         p.compute(*(on_fake(bad)[k] for k in NAMES))
         assert p.errors() == (want.error_mask, want.error_key)
-    # word for word the records the planner would have kept itself
+        # read and cleared: word for word the records the planner keeps itself
+        assert (p._records.a[:, 0] == 0).all() and (p._records.a[:, 1] == VLLM_NO_ERROR_KEY).all()
+    # sticky: a bad step, then a good one (which writes no record), then the read: the bad step's
+    for p in (pl, own):
+        p.compute(*(on_fake(bad)[k] for k in NAMES))
+        p.compute(*(on_fake(x)[k] for k in NAMES))
     assert (rec.a.view(np.uint64) == own._records.a).all()
-    # a good step next: every record rewritten
+    assert pl.errors() == own.errors() == (want.error_mask, want.error_key)
+    # a good step alone: clean
     pl.compute(*(on_fake(x)[k] for k in NAMES))
+    assert pl.errors() == (0, VLLM_NO_ERROR_KEY)
+
+
+def test_two_bad_steps_report_the_or_of_the_bits_and_the_smaller_key(emu):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    rng = np.random.default_rng(11)
+    cfg, x = random_case(rng, max_num_reqs=20, num_reqs=14, block_sizes=(16, 8), max_query=5)
+    pl = VllmStepPlanner(**planner_kwargs(cfg))
+    wants = []
+    bads = []
+    while len(bads) < 2:
+        bad = corrupt(rng, cfg, x, rate=0.1)
+        want = vllm_step_reference(cfg, **{k: bad[k] for k in NAMES})
+        if want.error_mask and all(w.error_mask != want.error_mask for w in wants):
+            bads.append(bad)
+            wants.append(want)
+    for bad in bads:
+        pl.compute(*(on_fake(bad)[k] for k in NAMES))
+    mask = wants[0].error_mask | wants[1].error_mask
+    assert pl.errors() == (mask, min(wants[0].error_key, wants[1].error_key))
     assert pl.errors() == (0, VLLM_NO_ERROR_KEY)
 
 
@@ -133,9 +167,13 @@ def test_bad_error_records_are_refused_naming_the_argument(fake, make, exc, msg)
     assert not fake.launches
 
 
-def test_error_records_need_the_v2_kernel(fake):
-    with pytest.raises(ValueError, match=r"error_records is only taken with kernel='v2'.*got kernel='v1'"):
-        _planner(kernel="v1", error_records=_records((32, 2)))
+def test_the_first_kernel_is_gone_and_the_baseline_takes_no_records(fake):
+    with pytest.raises(ValueError, match=r"kernel must be one of \['v2'\], got 'v1'"):
+        _planner(kernel="v1")
+    from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
+
+    with pytest.raises(ValueError, match="error_records is only taken by the one-launch step.*not by VllmThreeLaunch"):
+        VllmThreeLaunch(4, 600, [4], [4], error_records=_records((32, 2)))
 
 
 def test_caller_records_are_left_alone_when_refused(fake):

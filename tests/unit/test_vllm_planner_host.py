@@ -33,13 +33,13 @@ def test_one_launch_struct_and_grid(fake):
     from kvaddr.engines.vllm import VllmStepPlanner
 
     _, d = _worked(G=2)
-    pl = VllmStepPlanner(4, 6, [4, 4], [4, 4], slot_mapping_enabled=[True, False], cp_size=2, cp_rank=1, kernel="v1")
+    pl = VllmStepPlanner(4, 6, [4, 4], [4, 4], slot_mapping_enabled=[True, False], cp_size=2, cp_rank=1)
     out = pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
     assert len(fake.launches) == 1
     L = fake.launches[0]
     p = L["params"]
-    assert L["fn"] == fake.names["kvaddr_vllm_step"] and L["stream"] == 77 and L["block"] == 256
-    # grid: ceil(6/256) token blocks + ceil(4/256) request blocks + ceil(2 groups * 3 rows / 16 half-warps)
+    assert L["fn"] == fake.names["kvaddr_vllm_step_v2"] and L["stream"] == 77 and L["block"] == 256
+    # grid: ceil(6/256) token blocks + ceil(4/256) request blocks + ceil(2 groups * 2 rows * 32 lanes / 256)
     assert L["grid"] == (3, 1, 1) and p["token_blocks"] == 1 and p["request_blocks"] == 1
     assert p["idx_mapping"] == d["idx_mapping"].data.ptr and p["idx_is_64"] == 0
     assert p["query_start_loc"] == d["query_start_loc"].data.ptr
@@ -55,11 +55,10 @@ def test_one_launch_struct_and_grid(fake):
     assert (p["num_groups"], p["num_reqs"], p["num_reqs_padded"], p["max_num_reqs"], p["max_tokens"]) == (2, 2, 3, 4, 6)
     assert (p["cp_size"], p["cp_rank"], p["cp_interleave"], p["slot_is_32"]) == (2, 1, 1, 0)
     assert p["row_fill"][1] - p["row_fill"][0] == 4 * 4  # [G, M] int32
-    # the persistent scratch starts clean (the planner's tables are zeros) with a clean error record
+    # the persistent scratch starts clean (the planner's tables are zeros) with clean error records
     assert pl._row_fill.a.tolist() == [[0] * 4, [0] * 4]
-    assert pl._state.a.tolist() == [4, 0]
-    assert pl._errors.a.tolist() == [0, 2**64 - 1, 0, 2**64 - 1]
-    assert p["errors"] == pl._errors.data.ptr and p["state"] == pl._state.data.ptr
+    assert pl._records.a.tolist() == [[0, 2**64 - 1]] * 16
+    assert p["errors"] == pl._records.data.ptr
 
 
 def test_v2_struct_grid_and_records(fake):
@@ -86,6 +85,8 @@ def test_v2_struct_grid_and_records(fake):
     pl._records.a[5] = [8, 77]
     pl._records.a[9] = [1, 55]
     assert pl.errors() == (9, 55)  # the host reduces the records: OR of the masks, least key
+    assert pl._records.a[:, 0].tolist() == [0] * 32 and pl._records.a[:, 1].tolist() == [2**64 - 1] * 32  # reset
+    assert pl.errors() == (0, 2**64 - 1)
     # the gather width is settable; a bad one is refused before the launch
     pl.pair_lanes = 8
     pl.compute(*(d[k] for k in NAMES))
@@ -96,7 +97,7 @@ def test_v2_struct_grid_and_records(fake):
     assert pl.pair_lanes == 8
     with pytest.raises(ValueError, match=r"pair_lanes must be one of"):
         VllmStepPlanner(4, 6, [4], [4], pair_lanes=64)
-    with pytest.raises(ValueError, match=r"kernel must be one of \['v1', 'v2'\], got 'v3'"):
+    with pytest.raises(ValueError, match=r"kernel must be one of \['v2'\], got 'v3'"):
         VllmStepPlanner(4, 6, [4], [4], kernel="v3")
 
 
