@@ -29,7 +29,7 @@ from kvaddr.engines.vllm_config import (
     check_vector,
     per_group,
 )
-from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
+from kvaddr.engines.vllm_errors import VllmAddressingError
 from kvaddr.errors import clean_error_records, reduce_error_records
 from kvaddr.validation import cupy_stream, describe, memo_guard, repeats, signature_getter, stream_handle
 
@@ -784,7 +784,6 @@ class VllmStepPlanner:
             check_state=self._check_state,
             check_batch=check_batch,
             plan=self._plan,
-            v2=self._v2,
             pair_lanes=self._pair_lanes,
             current_stream=self._current_stream,
             num_computed_tokens=num_computed_tokens,
@@ -848,7 +847,7 @@ class VllmStepPlanner:
         return grid
 
     def _plan(self, num_reqs_padded: int, num_reqs: int | None, pair_lanes: int | None) -> tuple:
-        """``(blocks, v2's lanes per pair or 0 for v1)`` of the launch (see :meth:`grid`; writes
+        """``(blocks, lanes per pair)`` of the launch (see :meth:`grid`; writes
         nothing); ``pair_lanes``: v2's fixed lanes per pair, None for the automatic choice."""
         p = self._params
         G = self.config.num_groups

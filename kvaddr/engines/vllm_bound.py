@@ -145,7 +145,6 @@ class BoundVllmStep:
         "_stream_obj",
         "_stream_ptr",
         "_threads",
-        "_v2",
         "_written",
         "params",
         "planner",
@@ -165,7 +164,6 @@ class BoundVllmStep:
         check_state: Callable,
         check_batch: Callable,
         plan: Callable,
-        v2: bool,
         pair_lanes: int | None,
         current_stream: Callable,
         num_computed_tokens,
@@ -182,10 +180,9 @@ class BoundVllmStep:
         self._check_state = check_state  # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], [ptr])
         self._check_batch = check_batch  # (idx_mapping, query_start_loc, M, device) -> (ArrayInfo, ArrayInfo)
         self._plan = plan  # (num_reqs_padded, num_reqs, pair_lanes) -> (blocks, lanes or 0)
-        self._v2 = v2
         self._pair_lanes = pair_lanes  # v2's fixed lanes per pair (None: by batch size)
         self._lanes = params.pair_lanes  # the lanes in this binding's parameter block
-        self._plans: dict = {}  # v2: num_reqs -> (blocks, lanes); v1: num_reqs_padded -> (blocks, 0)
+        self._plans: dict = {}  # num_reqs -> (blocks, lanes)
         self._stream = None if stream is None else stream_handle(stream)
         self._stream_obj, self._stream_ptr = None, 0
         self._current_stream = current_stream
@@ -306,9 +303,9 @@ class BoundVllmStep:
             padded = num_reqs_padded
         else:
             padded = check_num_reqs_padded(num_reqs_padded, n, M)
-        plan = self._plans.get(n if self._v2 else padded)
+        plan = self._plans.get(n)
         if plan is None:
-            plan = self._plans[n if self._v2 else padded] = self._plan(padded, n, self._pair_lanes)
+            plan = self._plans[n] = self._plan(padded, n, self._pair_lanes)
         written = (batch, padded)
         if written != self._written:  # (vLLM's slices of persistent buffers keep their pointers)
             P = self.params

@@ -26,7 +26,7 @@ NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables"
 STATE = NAMES[2:]
 
 
-@pytest.fixture(params=["v2", "v1"])
+@pytest.fixture(params=["v2"])
 def kernel(request):
     return request.param
 

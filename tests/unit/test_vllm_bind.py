@@ -73,7 +73,7 @@ def _same_launch(a, b):
     assert a["params"] == b["params"]
 
 
-@pytest.mark.parametrize("kernel", ["v2", "v1"])
+@pytest.mark.parametrize("kernel", ["v2"])
 @pytest.mark.parametrize("G, stacked", [(1, False), (2, False), (2, True), (3, True)])
 def test_launch_parameters_equal_compute(fake, kernel, G, stacked):
     d = _inputs(G, stacked)
@@ -344,8 +344,8 @@ def test_num_reqs_padded(fake):
     assert len(fake.launches) == n
 
 
-def test_v1_grid_follows_num_reqs_padded_and_v2_lanes_follow_num_reqs(fake):
-    for kernel in ("v1", "v2"):
+def test_grid_and_lanes_follow_num_reqs(fake):
+    for kernel in ("v2",):
         pl = vllm_module.VllmStepPlanner(600, 600, [4, 4], [4, 4], kernel=kernel)
         st = {
             "num_computed_tokens": FakeArray(np.zeros(600, np.int32)),
@@ -437,7 +437,7 @@ def test_the_binding_holds_its_arrays():
 
 
 @pytest.mark.skipif(vllm_emulator.CXX is None, reason="no C++ compiler: kernel emulation skipped")
-@pytest.mark.parametrize("kernel", ["v2", "v1"])
+@pytest.mark.parametrize("kernel", ["v2"])
 def test_bound_launches_match_the_emulated_kernel(monkeypatch, kernel):
     """Steps over persistent request state (new contents in place every step, a corrupted entry
     every other step), a new batch object of a new size every step: every bound launch agrees with
