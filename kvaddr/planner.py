@@ -229,10 +229,12 @@ class StepPlanner:
 
     # -- kernel selection (docs/perf-notes.md, v8 and v9) ---------------------
     #: Which fused-step design :meth:`compute` launches: ``"v9"`` (default) runs batches of
-    #: at most ``KV_SB_THREADS`` requests (no attention outputs) with the small-batch kernel
-    #: (``kvaddr_step1_c{G}_*``, instantiated per cache count: ONE block when C <= T, else
-    #: ceil(C / T) blocks that never wait for each other) and larger ones with
-    #: ``kvaddr_step_*``; ``"v8"`` always runs ``kvaddr_step_*``.
+    #: at most :attr:`one_block_max_requests` requests (no attention outputs) with the small-batch
+    #: kernel (``kvaddr_step1_c{G}_*``, instantiated per cache count: ONE block when C <= T, else
+    #: ceil(C / T) blocks that never wait for each other), batches of at most
+    #: :attr:`wide_max_requests` with v9 across blocks (``kvaddr_step1w{R}_c{G}_*``: ceil(C / T)
+    #: blocks, each loading every length) and larger ones with ``kvaddr_step_*``; ``"v8"`` always
+    #: runs ``kvaddr_step_*``.
     #: Change it on an instance with :meth:`use_kernel`.
     step_kernel: str = "v9"
     #: The largest capacity C the small-batch kernel (v9) takes on (no limit by default:
@@ -388,7 +390,10 @@ class StepPlanner:
             self._wide_max_bsz = -1
 
     def kernel_for(self, bsz: int) -> tuple[str, int, int]:
-        """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests."""
+        """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests:
+        with ``"v9"`` and no attention outputs ``kvaddr_step1_c{G}_*`` up to
+        :attr:`one_block_max_requests`, ``kvaddr_step1w{R}_c{G}_*`` up to :attr:`wide_max_requests`
+        (:meth:`_wide_geometry`), ``kvaddr_step_*`` above (and for ``"v8"``)."""
         if bsz <= self._one_max_bsz:
             return (self._one_name, *self._one_geometry(bsz))
         if bsz <= self._wide_max_bsz:
