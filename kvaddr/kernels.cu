@@ -1940,7 +1940,8 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
 
     // 1. one round trip: requests [base, base + R)'s lengths; token t's decode guess.
     int d[R], n[R];
-    const unsigned long long lens = (unsigned long long)p.seq_lens_decoder | (unsigned long long)p.seq_lens_this_time;
+    const unsigned long long lens =
+        (unsigned long long)p.seq_lens_decoder | (unsigned long long)p.seq_lens_this_time;
     const bool vec = (R % 4 == 0) && base + R <= bsz && (lens & 15ull) == 0;  // both 16-byte aligned
     if (vec) {
         const int4* d4 = reinterpret_cast<const int4*>(p.seq_lens_decoder + base);
@@ -2068,7 +2069,9 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
 // reference no wide code (the same machine code as before the wide path existed).
 template <int G, typename PosT, int ABL, int R>
 struct KvWidePhases {
-    static __device__ __forceinline__ void run(const KvStepParams& p, KvErr& err) { kv_step_wide<G, PosT, ABL, R>(p, err); }
+    static __device__ __forceinline__ void run(const KvStepParams& p, KvErr& err) {
+        kv_step_wide<G, PosT, ABL, R>(p, err);
+    }
 };
 template <int G, typename PosT, int ABL>
 struct KvWidePhases<G, PosT, ABL, 0> {
@@ -2126,9 +2129,10 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
         //    KV_FIX_DECODE_FIRST: one vote first; a decode batch (every request n == 1, d >= 0)
         //    has start = i, end = i + 1, total = bsz and skips the scan and the search.
-        const bool decode = (ABL & KV_ABL_NO_SCAN) ? true
-                            : (ABL & KV_FIX_DECODE_FIRST) ? kv1_decode_vote(T, (tid >= bsz) | ((n == 1) & (d >= 0)))
-                                                          : false;
+        const bool decode =
+            (ABL & KV_ABL_NO_SCAN)        ? true
+            : (ABL & KV_FIX_DECODE_FIRST) ? kv1_decode_vote(T, (tid >= bsz) | ((n == 1) & (d >= 0)))
+                                          : false;
         int start, end, total;
         if (decode) {
             start = tid;
