@@ -259,15 +259,16 @@ def test_graph_replay_and_bind_follow_changing_inputs():
     assert p.kernel_for(bsz)[0] == "kvaddr_step1w4_c2_i64"
     d = cupy.zeros(rows, np.int32)
     q = cupy.zeros(rows, np.int32)
+    d_v, q_v = d[:bsz], q[:bsz]  # the step's views of the persistent buffers (one object each)
     tables = [cupy.full((rows, width), -1, np.int32) for _ in range(2)]
     cupy.cuda.runtime.deviceSynchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     bound = p.bind(d, q, tables, stream=stream)
     with stream:
-        p.compute(d[:bsz], q[:bsz], tables, stream=stream)
+        p.compute(d_v, q_v, tables, stream=stream)
         stream.synchronize()
         stream.begin_capture()
-        p.compute(d[:bsz], q[:bsz], tables, stream=stream)
+        p.compute(d_v, q_v, tables, stream=stream)
         graph = stream.end_capture()
     for i, c in enumerate(cases):
         c = dict(c, capacity=cap)
@@ -279,8 +280,8 @@ def test_graph_replay_and_bind_follow_changing_inputs():
             host_tables.append(full)
         ref = reference(dict(c, block_tables=host_tables))
         with stream:
-            d[:bsz].set(c["seq_lens_decoder"], stream=stream)
-            q[:bsz].set(c["seq_lens_this_time"], stream=stream)
+            d_v.set(c["seq_lens_decoder"], stream=stream)
+            q_v.set(c["seq_lens_this_time"], stream=stream)
             for g in range(2):
                 tables[g].set(host_tables[g], stream=stream)
             graph.launch(stream)
