@@ -28,13 +28,21 @@ the spec's step, so the bound can be compared with what no fused step can beat:
     ``StepPlanner.compute`` with ``use_kernel("v8")``: the multi-block fused step
     (``kvaddr_step_i64``; every output, every check).
 ``v9``
-    ``StepPlanner.compute`` with ``use_kernel("v9")``: the small-batch kernel for
-    bsz <= 1024 (``kvaddr_step1_c{G}_i64``, one kernel per cache count; one block when
-    C <= its width, else ceil(C / width) blocks that never wait for each other), v8
-    above. Since issue 16's round 2 that is the default v9 (kernels.cu's ``KV_V9_DEFAULT``:
-    decode-first vote, lean paths, late record clearing, 16-byte records; v9 as first
-    shipped is ``use_kernel("v9-old")``, timed beside it by ``benchmarks/ablate_v9.py``). Its outputs and error record are compared with v8's before timing; the
-    launch geometry is printed, and the time with 1024-thread blocks where that differs.
+    ``StepPlanner.compute`` with ``use_kernel("v9")``, the library's default dispatch: the
+    small-batch kernel for bsz <= 256 (``kvaddr_step1_c{G}_i64``, one kernel per cache
+    count; one block when C <= its width, else ceil(C / width) blocks that never wait for
+    each other), v9 across blocks for 256 < bsz <= 4096 (``kvaddr_step1w{R}_c{G}_i64``: R
+    requests per thread, blocks of T = bsz / R threads, every block loads every length and
+    votes "decode batch"; docs/perf-notes.md, "Sixth session"), v8 above. The small-batch
+    kernel is kernels.cu's ``KV_V9_DEFAULT`` (params in registers, decode-first vote, lean
+    paths; v9 as first shipped is ``use_kernel("v9-old")``, timed beside it by
+    ``benchmarks/ablate_v9.py``). Its outputs and error record are compared with v8's before
+    timing; the launch geometry is printed, and the time of the single-block kernel with
+    1024-thread blocks up to 1024 requests where that differs.
+``wide R=4/8/16``
+    Where v9 runs the wide kernel: the same kernel with each R of ``--wide-r`` (R = 4,
+    8, 16 requests per thread, so T = bsz / R threads per block and ceil(C / T) blocks;
+    R x 1024 >= bsz), to choose the default from one run (``StepPlanner.wide_threads``).
 ``one-block``
     FastDeploy's one-block step as kvaddr's ``one-block`` strategy
     (``kvaddr_one_block_i64``: ``<<<1, bsz>>>``, a thread per request adding up the
@@ -52,7 +60,7 @@ The minimal kernels' CUDA source lives here, not in ``kvaddr/kernels.cu``: it is
 measuring instrument, not library code, and its outputs are compared with the
 reference's decode layout before anything is timed.
 
-    PYTHONPATH=. python benchmarks/floor_step.py [--copies 200] [--replays 30] [--json FILE]
+    PYTHONPATH=. python benchmarks/floor_step.py [--copies 200] [--replays 30] [--wide-r 4,8,16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -223,9 +231,19 @@ def print_versions(rows) -> None:
         line = f"{r['batch']}, {r['caches']} cache(s): v9 launches {g[0]} <<<{g[1]}, {g[2]}>>>"
         if r.get("v9_wide_us") is not None:
             w = r["v9_wide_geometry"]
-            line += f"; with 1024-thread blocks (<<<{w[1]}, {w[2]}>>>) {r['v9_wide_us']:.3f} us"
+            line += f"; the single block up to 1024 requests ({w[0]} <<<{w[1]}, {w[2]}>>>) {r['v9_wide_us']:.3f} us"
             line += f" ({r['v9_wide_us'] / r['floor_us']:.2f}x floor)"
         print(line)
+    sweep = [r for r in rows if r.get("wide_sweep")]
+    if sweep:
+        print("v9 across blocks by R (requests per thread; T = threads per block), us, x floor, meets the target:")
+        for r in sweep:
+            cells = []
+            for k, w in sorted(r["wide_sweep"].items(), key=lambda kv: int(kv[0])):
+                g = w["geometry"]
+                ok = "yes" if w["us"] <= r["target_us"] else "NO"
+                cells.append(f"R={k} <<<{g[1]}, {g[2]}>>> {w['us']:.3f} {w['us'] / r['floor_us']:.2f}x {ok}")
+            print(f"  {r['batch']}, {r['caches']} cache(s): " + "; ".join(cells))
     for (batch, caches), r in by.items():
         two = by.get((batch, 2))
         if caches == 1 and two is not None:
@@ -240,8 +258,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--copies", type=int, default=200)
     ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument(
+        "--wide-r",
+        default="4,8,16",
+        help="requests per thread of v9 across blocks to time on the rows it runs (comma-separated, of 4, 8, 16; "
+        "empty: none)",
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    wide_r = [int(x) for x in a.wide_r.split(",") if x.strip()]
+    if any(r not in StepPlanner.WIDE_PER_THREAD for r in wide_r):
+        ap.error(f"--wide-r takes values of {StepPlanner.WIDE_PER_THREAD}, got {a.wide_r!r}")
     mod = cupy.RawModule(code=SOURCE, options=("--std=c++17",))
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -257,6 +284,7 @@ def main(argv=None) -> int:
         shapes = [
             ("decode 1", 1, 1, False),
             ("decode 64", 64, 1, False),
+            ("decode 512", 512, 1, False),
             ("decode 1024", 1024, 1, False),
             ("decode 4096", 4096, 1, False),
             ("256 req, mixed (~16k)", 256, 64, True),
@@ -282,9 +310,10 @@ def main(argv=None) -> int:
                 stream.synchronize()
                 ref = {f: getattr(ref, f).copy() for f in OUTPUT_FIELDS}
                 ref = types.SimpleNamespace(**ref, errors=planner.errors(stream))
-                # v9 (the single-block kernel where it applies): every output and the error record as v8's.
+                # v9 (the library's default: the small-batch kernel, v9 across blocks, or v8 by bsz):
+                # every output and the error record as v8's.
                 planner9 = StepPlanner(bsz, cap, [B] * G)
-                planner9.use_kernel("v9", max_requests=1024)
+                planner9.use_kernel("v9")
                 kernel9 = planner9.kernel_for(bsz)[0]
                 got9 = planner9.compute(dec, q, table, stream=stream)
                 stream.synchronize()
@@ -350,7 +379,8 @@ def main(argv=None) -> int:
                 t_slot = timed(lambda: launcher(grid[0], 256, stream.ptr))
                 t_fused = timed(lambda: planner.compute(dec, q, table, stream=stream))
                 t_v9 = timed(lambda: planner9.compute(dec, q, table, stream=stream))
-                # v9 with 1024-thread blocks (one block whenever C <= 1024), where that changes the launch.
+                # the single-block kernel with 1024-thread blocks up to 1024 requests (one block whenever
+                # C <= 1024; session 4's v9 at decode 1024), where that changes the launch.
                 t_v9_wide, geometry9 = None, planner9.kernel_for(bsz)
                 planner9w = StepPlanner(bsz, cap, [B] * G)
                 planner9w.one_block_min_threads = 1024
@@ -362,6 +392,21 @@ def main(argv=None) -> int:
                         assert (getattr(got9, f) == getattr(ref, f)).all(), f"{label} v9 wide: {f} differs"
                     assert planner9w.errors(stream) == ref.errors, f"{label} v9 wide: error record differs"
                     t_v9_wide = timed(lambda: planner9w.compute(dec, q, table, stream=stream))
+                # v9 across blocks with each R of --wide-r, where v9 runs it.
+                wide_sweep = {}
+                if kernel9.startswith("kvaddr_step1w"):
+                    for r in wide_r:
+                        if r * 1024 < bsz:
+                            continue
+                        pw = StepPlanner(bsz, cap, [B] * G)
+                        pw.use_kernel("v9", wide_per_thread=r)
+                        got = pw.compute(dec, q, table, stream=stream)
+                        stream.synchronize()
+                        for f in OUTPUT_FIELDS:
+                            assert (getattr(got, f) == getattr(ref, f)).all(), f"{label} wide R={r}: {f} differs"
+                        assert pw.errors(stream) == ref.errors, f"{label} wide R={r}: error record differs"
+                        t_w = timed(lambda pw=pw: pw.compute(dec, q, table, stream=stream))
+                        wide_sweep[str(r)] = dict(us=t_w, geometry=list(pw.kernel_for(bsz)))
                 t_one_block = None
                 if bsz <= ONE_BLOCK_MAX_REQUESTS:
                     one_block = OneBlock(max_requests=bsz, capacity=cap, block_sizes=[B] * G, num_layers=1)
@@ -398,6 +443,7 @@ def main(argv=None) -> int:
                         v9_geometry=list(geometry9),
                         v9_wide_us=t_v9_wide,
                         v9_wide_geometry=list(planner9w.kernel_for(bsz)),
+                        wide_sweep=wide_sweep,
                         v9_over_floor=t_v9 / t_floor,
                         target_us=(1.4 if mixed else 1.25) * t_floor,
                         v9_over_one_block=None if t_one_block is None else t_v9 / t_one_block,

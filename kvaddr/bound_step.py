@@ -79,6 +79,7 @@ class BoundStep:
         "_stream",
         "_threads",
         "_tile",
+        "_wide",
         "max_bsz",
         "params",
     )
@@ -106,6 +107,7 @@ class BoundStep:
         hold: bool = True,
         one_block: tuple[int, int, int, int] | None = None,
         one_block_geometry: Callable[[int], tuple[int, int]] | None = None,
+        wide: tuple[int, Callable[[int], tuple[int, int, int]]] | None = None,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -169,6 +171,9 @@ class BoundStep:
         # With attention outputs the small-batch kernel is kvaddr_step1m_*: its (blocks, threads)
         # for bsz <= one_block[1] come from the planner (StepPlanner._one_geometry).
         self._one_geometry = one_block_geometry
+        # v9 across blocks (StepPlanner._wide_plan): (largest bsz it runs, bsz -> (fptr, blocks,
+        # threads)), for one_block[1] < bsz <= that.
+        self._wide = (-1, None) if wide is None else (int(wide[0]), wide[1])
         # kernelParams: one pointer, to the struct (passed by value; the driver copies its
         # bytes at launch, so rewriting bsz right after a launch, or while a CUDA graph is
         # being captured, is safe).
@@ -189,6 +194,8 @@ class BoundStep:
                 return self._one_geometry(bsz)[0]
             threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
             return (one[2] + threads - 1) // threads
+        if bsz <= self._wide[0]:
+            return self._wide[1](bsz)[1]
         if bsz <= self._tile:
             return self._num_chunks + self._extra
         return self._num_chunks + -(-bsz // self._tile) + self._extra
@@ -240,6 +247,8 @@ class BoundStep:
                 return (one[0], *self._one_geometry(bsz))
             threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
             return one[0], (one[2] + threads - 1) // threads, threads
+        if bsz <= self._wide[0]:
+            return self._wide[1](bsz)
         return self._fptr, self.grid(bsz), self._threads
 
     def check_bound(self) -> None:

@@ -1853,7 +1853,185 @@ __device__ __forceinline__ bool kv1_decode_vote(int T, bool ok) {
     return T == 32 ? __all_sync(0xffffffffu, ok) != 0 : __syncthreads_and(ok) != 0;
 }
 
-template <int G, typename PosT, int ABL = 0>
+// ---- v9 across blocks (wide): kv_step_one<G, PosT, ABL, R> with R > 0 ----
+// (docs/perf-notes.md, "Sixth session: v9 across blocks") kvaddr_step1w{R}_c{G}_{i64,i32}, R = 4, 8, 16
+// requests per thread: blocks of T threads (a multiple of 32, R * T >= bsz, R * T <= KV_W_MAX: the
+// planner's choice), grid = ceil(C / T), a token per thread (token t = blockIdx.x * T + threadIdx.x).
+// Thread i of EVERY block owns requests [i * R, i * R + R), so every block knows every length and no
+// block waits for another:
+//   1. One round trip: the thread's R lengths of each array (int4 loads where aligned and in range);
+//      the decode guess of token t (token t is request t at position seq_lens_decoder[t]) loads that
+//      length and then its block ids at once (decode-out's chain). Block 0 clears the records past
+//      this launch's warps meanwhile.
+//   2. One vote (__syncthreads_and): every request n == 1 and d >= 0, and bsz <= C. A decode batch
+//      writes token t, request t's outputs (cu_seqlens_q[t] = t, seq_lens_kv[t]) from the thread of
+//      token t (spread over the blocks), cu_seqlens_q[bsz] and num_tokens from token 0's thread, and
+//      padding [bsz, C): nothing else.
+//   3. Otherwise v9's scan with R requests per thread (serial over R, warp shuffles, one barrier,
+//      every warp scans the warp totals), prefixes in shared memory; block 0 writes the per-request
+//      outputs and bits 4 and 8; tokens [num_tokens, C) are padding; a second barrier, then every
+//      token t < num_tokens tries "request t / n0" and binary-searches the prefixes.
+// The error records are kv_step_one's (warp w of block k writes record k * T / 32 + w); T <= 1024
+// keeps them within the records the planner sizes for v9 (StepPlanner: ceil((C + 1024) / 32)).
+#define KV_W_MAX 4096  // R * T at most: the prefixes of every request in static shared memory (32 KB)
+
+struct KvWideShared {
+    int cu[KV_W_MAX];            // exclusive prefix of request b (b < bsz)
+    int dec[KV_W_MAX];           // seq_lens_decoder[b] (searched tokens only read good requests)
+    int warp_sums[KV_SB_WARPS];  // inclusive total of each warp
+};
+
+template <int G, typename PosT, int ABL, int R>
+__device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) {
+    __shared__ KvWideShared s;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
+    const int bsz = p.bsz, capacity = p.capacity;
+    const bool first = blockIdx.x == 0;  // the block that writes the per-request outputs (scan path)
+    const i64 t64 = (i64)blockIdx.x * T + tid;
+    const int t = t64 < capacity ? (int)t64 : capacity;  // this thread's token (capacity: none)
+    const int base = tid * R;                              // this thread's first request
+
+    // 1. one round trip: requests [base, base + R)'s lengths; token t's decode guess.
+    int d[R], n[R];
+    const unsigned long long lens =
+        (unsigned long long)p.seq_lens_decoder | (unsigned long long)p.seq_lens_this_time;
+    const bool vec = (R % 4 == 0) && base + R <= bsz && (lens & 15ull) == 0;  // both 16-byte aligned
+    if (vec) {
+        const int4* d4 = reinterpret_cast<const int4*>(p.seq_lens_decoder + base);
+        const int4* n4 = reinterpret_cast<const int4*>(p.seq_lens_this_time + base);
+#pragma unroll
+        for (int k = 0; k < R / 4; ++k) {
+            const int4 a = d4[k], b = n4[k];
+            d[4 * k] = a.x, d[4 * k + 1] = a.y, d[4 * k + 2] = a.z, d[4 * k + 3] = a.w;
+            n[4 * k] = b.x, n[4 * k + 1] = b.y, n[4 * k + 2] = b.z, n[4 * k + 3] = b.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            d[k] = n[k] = 0;
+            if (base + k < bsz) {
+                d[k] = p.seq_lens_decoder[base + k];
+                n[k] = p.seq_lens_this_time[base + k];
+            }
+        }
+    }
+    const bool tok = t < bsz && t < capacity;  // token t exists and request t does
+    int dt = -1;
+    if (tok) dt = p.seq_lens_decoder[t];
+    if (first) kv1_clear_records<ABL>(p, T, tid, capacity);
+    int blk[G > 0 ? G : 1];
+    blk[0] = -1;
+    i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess
+    const bool guess = tok & (dt >= 0);
+    if (guess) kv1_load_blocks_x<G, true>(p, t, (i64)dt, blk, gidx, goff);
+
+    // 2. the vote: a decode batch (every request n == 1, d >= 0; bsz <= C) is the guess.
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < R; ++k) ok &= (base + k >= bsz) | ((n[k] == 1) & (d[k] >= 0));
+    const bool decode = kv1_decode_vote(T, ok) && bsz <= capacity;
+    if (decode) {
+        if (t < bsz) {  // t < bsz <= C: token t is request t's only one, at dt >= 0
+            kv1_store_token_x<G, PosT, true>(p, t, t, (i64)dt, blk, gidx, goff, err);
+            p.seq_lens_kv[t] = kv_sat_add(dt, 1);
+            p.cu_seqlens_q[t] = t;
+        } else if (t < capacity) {
+            kv1_store_pad<G, PosT>(p, t);
+        }
+        if (first && tid == 0) {
+            p.cu_seqlens_q[bsz] = bsz;
+            *p.num_tokens = bsz;
+        }
+        return;
+    }
+
+    // 3. the scan: serial over the thread's R requests, warp shuffles, one barrier, every warp
+    //    scans the warp totals (v9's, R requests per thread).
+    int x = 0;
+#pragma unroll
+    for (int k = 0; k < R; ++k) x = kv_sat_add(x, ((d[k] < 0) | (n[k] < 0)) ? 0 : n[k]);
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x = kv_sat_add(x, y);
+    }
+    int ex = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) ex = 0;
+    int before = 0, total;
+    if (T == 32) {
+        total = __shfl_sync(0xffffffffu, x, 31);
+    } else {
+        if (lane == 31) s.warp_sums[warp] = x;
+        __syncthreads();
+        int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, off);
+            if (lane >= off) w = kv_sat_add(w, y);
+        }
+        total = __shfl_sync(0xffffffffu, w, 31);
+        before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
+        if (warp == 0) before = 0;
+    }
+    const int end_tok = min(total, capacity);
+    int start = kv_sat_add(before, ex);  // request base's first token
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        const int b = base + k;
+        const bool bad = (d[k] < 0) | (n[k] < 0);
+        const int end = kv_sat_add(start, bad ? 0 : n[k]);
+        if (b < bsz) {
+            s.cu[b] = start;
+            s.dec[b] = d[k];
+            if (first) {
+                p.seq_lens_kv[b] = bad ? 0 : kv_sat_add(d[k], n[k]);
+                kv_write_request(b, start, end, bad ? -1 : d[k], capacity, p.cu_seqlens_q, err);
+            }
+        }
+        start = end;
+    }
+    if (first && tid == 0) {
+        p.cu_seqlens_q[bsz] = total;
+        *p.num_tokens = end_tok;
+    }
+    if (t < capacity && t >= end_tok) kv1_store_pad<G, PosT>(p, t);
+    if (T == 32) __syncwarp(); else __syncthreads();  // s.cu, s.dec visible to the block
+    if (t < end_tok) {
+        int lo = 0, hi = bsz;                   // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
+        const int n0 = bsz > 1 ? s.cu[1] : 0;  // request 0's tokens (a uniform batch: every request's)
+        if (n0 > 0) {                           // guess: token t is request t / n0
+            const int g = (int)((unsigned int)t / (unsigned int)n0);
+            if (g < bsz && s.cu[g] <= t && (g + 1 == bsz || t < s.cu[g + 1])) {
+                lo = g;
+                hi = g + 1;
+            }
+        }
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (s.cu[mid] <= t) lo = mid; else hi = mid;
+        }
+        const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
+        int b2[G > 0 ? G : 1];
+        i64 i2[G > 0 ? G : 1], o2[G > 0 ? G : 1];
+        kv1_load_blocks_x<G, true>(p, lo, pos, b2, i2, o2);
+        kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, i2, o2, err);
+    }
+}
+
+// kv_step_one's phases 1-3 for R > 0 (kv_step_wide); nothing for R = 0, so that v9's instantiations
+// reference no wide code (the same machine code as before the wide path existed).
+template <int G, typename PosT, int ABL, int R>
+struct KvWidePhases {
+    static __device__ __forceinline__ void run(const KvStepParams& p, KvErr& err) {
+        kv_step_wide<G, PosT, ABL, R>(p, err);
+    }
+};
+template <int G, typename PosT, int ABL>
+struct KvWidePhases<G, PosT, ABL, 0> {
+    static __device__ __forceinline__ void run(const KvStepParams&, KvErr&) {}
+};
+
+template <int G, typename PosT, int ABL = 0, int R = 0>
 __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     // Compile-time switches (all false for ABL = 0: v9 as shipped).
     const bool xLEAN = (ABL & KV_FIX_LEAN) != 0, xCHECKS = (ABL & KV_ABL_NO_TOKEN_CHECKS) == 0;
@@ -1868,6 +2046,9 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     err.mask = 0u;
     err.key = KV_NO_ERROR;
 
+    if (R > 0) {  // v9 across blocks (kvaddr_step1w*): its own phases 1-3, then the same records
+        KvWidePhases<G, PosT, ABL, R>::run(p, err);
+    } else {
     // 1. one round trip: request tid's lengths and the decode guess's block ids.
     int d = 0, n = 0;
     if ((ABL & KV_ABL_UNGUARDED_LOADS) != 0) {
@@ -1895,7 +2076,8 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
     //    KV_FIX_DECODE_FIRST: one vote first; a decode batch (every request n == 1, d >= 0)
     //    has start = i, end = i + 1, total = bsz and skips the scan and the search.
-    const bool decode = (ABL & KV_ABL_NO_SCAN) ? true
+        const bool decode =
+            (ABL & KV_ABL_NO_SCAN)        ? true
                         : (ABL & KV_FIX_DECODE_FIRST) ? kv1_decode_vote(T, (tid >= bsz) | ((n == 1) & (d >= 0)))
                                                       : false;
     int start, end, total;
@@ -2005,6 +2187,7 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
             kv1_store_token<G, PosT>(p, t, lo, pos, b2, err);
         }
     }
+    }
 
     // Errors: warp w of block k merges into record k * (T / 32) + w, only with an error (sticky).
     if ((ABL & KV_ABL_NO_ERR_STORE) == 0) kv_merge_record(p.error_records, (i64)blockIdx.x * (T >> 5) + warp, err);
@@ -2027,10 +2210,10 @@ __device__ __forceinline__ P* kv_pin(P* x) {
     return (P*)v;
 }
 
-template <int G, typename PosT, int ABL>
+template <int G, typename PosT, int ABL, int R = 0>
 __device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
     if ((ABL & KV_ABL_PARAM_REGS) == 0) {
-        kv_step_one<G, PosT, ABL>(p);
+        kv_step_one<G, PosT, ABL, R>(p);
         return;
     }
     KvStepParams r;
@@ -2052,7 +2235,7 @@ __device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
     }
     r.bsz = kv_pin(p.bsz);
     r.capacity = kv_pin(p.capacity);  // (max_tiles, num_meta: read by no v9 code since sticky records)
-    kv_step_one<G, PosT, ABL & ~KV_ABL_PARAM_REGS>(r);
+    kv_step_one<G, PosT, ABL & ~KV_ABL_PARAM_REGS, R>(r);
 }
 
 // The small-batch step per cache count G and position type: <<<ceil(C / T), T>>>, one parameter.
@@ -2543,6 +2726,130 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c4_i32(co
     kv_step_one_meta<4, int>(params);
 }
 
+// ---- v9w: the step across blocks (kv_step_one with R > 0 requests per thread; see "v9 across blocks") ----
+// kvaddr_step1w{R}_c{G}_{i64,i32}: <<<ceil(C / T), T>>>, T <= KV_W_MAX / R, one parameter; the planner runs
+// them for one_block_max_requests < bsz <= wide_max_requests without attention outputs (StepPlanner.kernel_for).
+// KV_V9_DEFAULT: parameters in registers (the clearing loop as v9's default).
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c0_i64(const KvStepParams params) {
+    kv_step_one_ablate<0, i64, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c1_i64(const KvStepParams params) {
+    kv_step_one_ablate<1, i64, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c2_i64(const KvStepParams params) {
+    kv_step_one_ablate<2, i64, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c3_i64(const KvStepParams params) {
+    kv_step_one_ablate<3, i64, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c4_i64(const KvStepParams params) {
+    kv_step_one_ablate<4, i64, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c0_i32(const KvStepParams params) {
+    kv_step_one_ablate<0, int, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c1_i32(const KvStepParams params) {
+    kv_step_one_ablate<1, int, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c2_i32(const KvStepParams params) {
+    kv_step_one_ablate<2, int, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c3_i32(const KvStepParams params) {
+    kv_step_one_ablate<3, int, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1w4_c4_i32(const KvStepParams params) {
+    kv_step_one_ablate<4, int, KV_V9_DEFAULT, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c0_i64(const KvStepParams params) {
+    kv_step_one_ablate<0, i64, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c1_i64(const KvStepParams params) {
+    kv_step_one_ablate<1, i64, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c2_i64(const KvStepParams params) {
+    kv_step_one_ablate<2, i64, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c3_i64(const KvStepParams params) {
+    kv_step_one_ablate<3, i64, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c4_i64(const KvStepParams params) {
+    kv_step_one_ablate<4, i64, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c0_i32(const KvStepParams params) {
+    kv_step_one_ablate<0, int, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c1_i32(const KvStepParams params) {
+    kv_step_one_ablate<1, int, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c2_i32(const KvStepParams params) {
+    kv_step_one_ablate<2, int, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c3_i32(const KvStepParams params) {
+    kv_step_one_ablate<3, int, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1w8_c4_i32(const KvStepParams params) {
+    kv_step_one_ablate<4, int, KV_V9_DEFAULT, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c0_i64(const KvStepParams params) {
+    kv_step_one_ablate<0, i64, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c1_i64(const KvStepParams params) {
+    kv_step_one_ablate<1, i64, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c2_i64(const KvStepParams params) {
+    kv_step_one_ablate<2, i64, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c3_i64(const KvStepParams params) {
+    kv_step_one_ablate<3, i64, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c4_i64(const KvStepParams params) {
+    kv_step_one_ablate<4, i64, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c0_i32(const KvStepParams params) {
+    kv_step_one_ablate<0, int, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c1_i32(const KvStepParams params) {
+    kv_step_one_ablate<1, int, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c2_i32(const KvStepParams params) {
+    kv_step_one_ablate<2, int, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c3_i32(const KvStepParams params) {
+    kv_step_one_ablate<3, int, KV_V9_DEFAULT, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c4_i32(const KvStepParams params) {
+    kv_step_one_ablate<4, int, KV_V9_DEFAULT, 16>(params);
+}
 // ============================================================================
 // BASELINE (MEASUREMENT) KERNELS: what the fused step is measured against. Not
 // part of the fused step; launched by kvaddr/strategies/gpu.py and the benchmarks.

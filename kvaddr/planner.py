@@ -230,10 +230,12 @@ class StepPlanner:
 
     # -- kernel selection (docs/perf-notes.md, v8 and v9) ---------------------
     #: Which fused-step design :meth:`compute` launches: ``"v9"`` (default) runs batches of
-    #: at most ``KV_SB_THREADS`` requests (no attention outputs) with the small-batch kernel
-    #: (``kvaddr_step1_c{G}_*``, instantiated per cache count: ONE block when C <= T, else
-    #: ceil(C / T) blocks that never wait for each other) and larger ones with
-    #: ``kvaddr_step_*``; ``"v8"`` always runs ``kvaddr_step_*``.
+    #: at most :attr:`one_block_max_requests` requests (no attention outputs) with the small-batch
+    #: kernel (``kvaddr_step1_c{G}_*``, instantiated per cache count: ONE block when C <= T, else
+    #: ceil(C / T) blocks that never wait for each other), batches of at most
+    #: :attr:`wide_max_requests` with v9 across blocks (``kvaddr_step1w{R}_c{G}_*``: ceil(C / T)
+    #: blocks, each loading every length) and larger ones with ``kvaddr_step_*``; ``"v8"`` always
+    #: runs ``kvaddr_step_*``.
     #: Change it on an instance with :meth:`use_kernel`.
     step_kernel: str = "v9"
     #: The largest capacity C the small-batch kernel (v9) takes on (no limit by default:
@@ -244,6 +246,19 @@ class StepPlanner:
     one_block_min_threads: int = 256
     #: The largest batch the single-block kernel (v9) takes on (at most KV_SB_THREADS).
     one_block_max_requests: int = 256  # measured: one block loses to v8 at 1024 (docs/perf-notes.md, v9)
+    #: The largest batch v9 across blocks takes on (``kvaddr_step1w{R}_c{G}_*``, batches of
+    #: one_block_max_requests < bsz <= this, without attention outputs; at most KV_W_MAX = 4096;
+    #: 0: none). Every block of T threads loads all bsz lengths (R per thread), votes "decode
+    #: batch" with one barrier and holds T tokens; grid ceil(C / T) (docs/perf-notes.md, "Sixth session").
+    wide_max_requests: int = 4096
+    #: The block v9 across blocks aims at: R = the smallest of WIDE_PER_THREAD with R x this >= bsz,
+    #: then T = bsz / R rounded up to a warp (at most KV_W_MAX / R).
+    wide_threads: int = 256
+    #: Requests per thread of v9 across blocks (0: chosen from :attr:`wide_threads`; else one of
+    #: WIDE_PER_THREAD, used where R x 1024 >= bsz). A benchmarking knob (floor_step.py --wide-r).
+    wide_per_thread: int = 0
+    #: The R of the kvaddr_step1w{R}_* kernels.
+    WIDE_PER_THREAD = (4, 8, 16)
 
     # -- small batches with attention outputs (kvaddr_step1m_*, docs/attention.md "Small batches") --
     #: With attention outputs on and ``step_kernel == "v9"``: True runs batches of at most
@@ -281,7 +296,15 @@ class StepPlanner:
     M1_EARLY = 16
     M1_LEAN = 32
 
-    def use_kernel(self, version: str, *, max_capacity: int | None = None, max_requests: int | None = None) -> None:
+    def use_kernel(
+        self,
+        version: str,
+        *,
+        max_capacity: int | None = None,
+        max_requests: int | None = None,
+        wide_max_requests: int | None = None,
+        wide_per_thread: int | None = None,
+    ) -> None:
         """Choose the fused-step design :meth:`compute` launches: ``"v8"``, ``"v9"`` or ``"v9-old"``.
 
         Parameters
@@ -299,6 +322,19 @@ class StepPlanner:
             Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
         max_requests : int, optional
             Overrides :attr:`one_block_max_requests` for this planner (v9 only; 0 to 1024).
+        wide_max_requests : int, optional
+            Overrides :attr:`wide_max_requests` for this planner (v9 only; 0 to 4096; 0: no
+            batch runs v9 across blocks, those above ``max_requests`` run ``kvaddr_step_*``).
+        wide_per_thread : int, optional
+            Overrides :attr:`wide_per_thread` (0, 4, 8 or 16).
+
+        Notes
+        -----
+        ``"v9"`` runs three kernels by batch size (:meth:`kernel_for`): ``kvaddr_step1_c{G}_*``
+        up to ``one_block_max_requests`` requests, ``kvaddr_step1w{R}_c{G}_*`` (v9 across blocks)
+        up to ``wide_max_requests``, ``kvaddr_step_*`` above; with attention outputs, the first
+        is ``kvaddr_step1m_c{G}_*`` and there is no second. ``"v8"`` runs ``kvaddr_step_*`` for
+        every batch.
         """
         if version not in ("v8", "v9", "v9-old"):
             raise ValueError(f"version must be 'v8', 'v9' or 'v9-old', got {version!r}")
@@ -310,6 +346,12 @@ class StepPlanner:
         limit = consts["KV_SB_THREADS"]
         if max_requests is not None:
             self.one_block_max_requests = check_int("max_requests", max_requests, lo=0, hi=limit)
+        if wide_max_requests is not None:
+            self.wide_max_requests = check_int("wide_max_requests", wide_max_requests, lo=0, hi=consts["KV_W_MAX"])
+        if wide_per_thread is not None:
+            if wide_per_thread not in (0, *self.WIDE_PER_THREAD) or isinstance(wide_per_thread, bool):
+                raise ValueError(f"wide_per_thread must be 0, 4, 8 or 16, got {wide_per_thread!r}")
+            self.wide_per_thread = int(wide_per_thread)
         # bsz <= _one_max_bsz runs in one block (-1: never); with attention outputs, v9's token
         # blocks plus metadata blocks (kvaddr_step1m_*, blocks of at most KV_THREADS threads).
         self._one_meta = self._num_meta > 0
@@ -332,11 +374,32 @@ class StepPlanner:
             self._one_name = f"kvaddr_{kind}_c{self.num_caches}_{suffix}"
             fn = kernel_loader.get_function(self._one_name, self.device)
             self._one_launcher = kernel_loader.Launcher(fn, self._params, by_value=True)
+        # v9 across blocks: one_block_max_requests < bsz <= _wide_max_bsz (-1: never), no attention outputs.
+        self._wide_max_bsz = (
+            min(consts["KV_W_MAX"], self.max_requests, self.wide_max_requests)
+            if version == "v9" and not self._one_meta and self.capacity <= self.one_block_max_capacity
+            else -1
+        )
+        self._wide_launchers: dict = {}
+        if self._wide_max_bsz > self._one_max_bsz:
+            suffix = "i64" if self.position_dtype == np.int64 else "i32"
+            for r in self.WIDE_PER_THREAD:
+                name = f"kvaddr_step1w{r}_c{self.num_caches}_{suffix}"
+                fn = kernel_loader.get_function(name, self.device)
+                self._wide_launchers[r] = (name, kernel_loader.Launcher(fn, self._params, by_value=True))
+        else:
+            self._wide_max_bsz = -1
 
     def kernel_for(self, bsz: int) -> tuple[str, int, int]:
-        """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests."""
+        """``(kernel name, blocks, threads per block)`` :meth:`compute` launches for ``bsz`` requests:
+        with ``"v9"`` and no attention outputs ``kvaddr_step1_c{G}_*`` up to
+        :attr:`one_block_max_requests`, ``kvaddr_step1w{R}_c{G}_*`` up to :attr:`wide_max_requests`
+        (:meth:`_wide_geometry`), ``kvaddr_step_*`` above (and for ``"v8"``)."""
         if bsz <= self._one_max_bsz:
             return (self._one_name, *self._one_geometry(bsz))
+        if bsz <= self._wide_max_bsz:
+            r, blocks, threads = self._wide_geometry(bsz)
+            return self._wide_launchers[r][0], blocks, threads
         name = "kvaddr_step_i64" if self.position_dtype == np.int64 else "kvaddr_step_i32"
         return name, self.grid(bsz), self._threads
 
@@ -344,7 +407,24 @@ class StepPlanner:
         """``(launcher, blocks, threads)`` of :meth:`compute`'s launch for ``bsz`` requests (see :meth:`kernel_for`)."""
         if bsz <= self._one_max_bsz:  # v9: the small-batch kernel (one block when C <= threads)
             return (self._one_launcher, *self._one_geometry(bsz))
+        if bsz <= self._wide_max_bsz:  # v9 across blocks
+            r, blocks, threads = self._wide_geometry(bsz)
+            return self._wide_launchers[r][1], blocks, threads
         return self._launcher, self.grid(bsz), self._threads
+
+    def _wide_geometry(self, bsz: int) -> tuple[int, int, int]:
+        """``(R, blocks, threads)`` of v9 across blocks for ``bsz <= _wide_max_bsz`` requests: R
+        requests per thread (:attr:`wide_per_thread`, else the smallest of WIDE_PER_THREAD with
+        R x :attr:`wide_threads` >= bsz), T = ceil(bsz / R) rounded up to a warp (32 to KV_W_MAX / R),
+        ceil(C / T) blocks of T threads (so R x T >= bsz and T <= 1024)."""
+        most = self.WIDE_PER_THREAD[-1]
+        r = self.wide_per_thread
+        if not r or r * 1024 < bsz:
+            r = next((k for k in self.WIDE_PER_THREAD if k * self.wide_threads >= bsz), most)
+            if r * 1024 < bsz:
+                r = most
+        threads = min(4096 // r, max(32, (-(-bsz // r) + 31) & ~31))
+        return r, -(-self.capacity // threads), threads
 
     def _one_geometry(self, bsz: int) -> tuple[int, int]:
         """``(blocks, threads)`` of the small-batch launch for ``bsz <= _one_max_bsz`` requests:
@@ -822,7 +902,13 @@ class StepPlanner:
             if self._one_launcher is None
             else (int(self._one_launcher.fn.ptr), self._one_max_bsz, self.capacity, self.one_block_min_threads),
             one_block_geometry=self._one_geometry if self._one_launcher is not None and self._one_meta else None,
+            wide=(self._wide_max_bsz, self._wide_plan) if self._wide_max_bsz >= 0 else None,
         )
+
+    def _wide_plan(self, bsz: int) -> tuple[int, int, int]:
+        """``(function pointer, blocks, threads)`` of v9 across blocks for ``bsz`` (BoundStep's launch)."""
+        r, blocks, threads = self._wide_geometry(bsz)
+        return int(self._wide_launchers[r][1].fn.ptr), blocks, threads
 
     def errors(self, stream: Any = None) -> tuple[int, int]:
         """Synchronise; every step's errors since the last read, then clear them.

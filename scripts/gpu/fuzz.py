@@ -32,15 +32,16 @@ def main(argv=None) -> int:
     ap.add_argument("--max-bsz", type=int, default=200)
     ap.add_argument(
         "--kernels",
-        default="v8,v9,v9-wide",
+        default="v8,v9,v9-wide,v9-across",
         help="fused-step designs to check (StepPlanner.use_kernel): v8, v9 (the small-batch kernel up to 1024"
-        " requests), v9-wide (the same with 1024-thread blocks); comma-separated",
+        " requests, then v9 across blocks up to 4096), v9-wide (the same with 1024-thread blocks), v9-across"
+        " (v9 across blocks for every batch of 1 to 4096 requests); comma-separated",
     )
     a = ap.parse_args(argv)
     kernels = [k for k in a.kernels.split(",") if k]
     for k in kernels:
-        if k not in ("v8", "v9", "v9-wide"):
-            ap.error(f"--kernels: unknown design {k!r} (v8, v9, v9-wide)")
+        if k not in ("v8", "v9", "v9-wide", "v9-across"):
+            ap.error(f"--kernels: unknown design {k!r} (v8, v9, v9-wide, v9-across)")
 
     from kvaddr.strategies.gpu import STRATEGY_NAMES, make_strategy
     from kvaddr.strategies.names import not_run_reason
@@ -74,6 +75,8 @@ def main(argv=None) -> int:
                 if kernel == "v9-wide":
                     s.planner.one_block_min_threads = 1024
                     s.planner.use_kernel("v9", max_requests=1024)
+                elif kernel == "v9-across":
+                    s.planner.use_kernel("v9", max_requests=0)
                 elif kernel:  # v9 up to the kernel's own limit (the shipped cut-off is 256 requests)
                     s.planner.use_kernel(kernel, **({"max_requests": 1024} if kernel == "v9" else {}))
                 out = s.step(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])

@@ -1,4 +1,5 @@
-"""The fused step's two designs, v8 (multi-block) and v9 (one block for bsz <= 1024),
+"""The fused step's designs, v8 (multi-block), v9 (one block for bsz <= 1024) and v9 across
+blocks (kvaddr_step1w*: 1024 < bsz <= 4096 here; for every bsz >= 1 as "v9-across"),
 against the NumPy reference: worked examples, edge cases, seeded random steps (every
 request kind, errors, block ids near 2**31, strided tables, 0-4 caches, both position
 dtypes), the bad-input matrix's device rows, switching kernels between launches (sticky
@@ -16,8 +17,9 @@ from tests.support.gpu import assert_outputs_equal, poison, reference, requires_
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 
 #: v8; v9 as shipped (blocks of max(bsz, min(C, 256)) threads); v9 with 1024-thread blocks
-#: (one block whenever C <= 1024; several 1024-thread blocks above).
-KERNELS = ["v8", "v9", "v9-wide"]
+#: (one block whenever C <= 1024; several 1024-thread blocks above); v9 across blocks
+#: (kvaddr_step1w*) for every batch of 1 to 4096 requests (one-block limit 0).
+KERNELS = ["v8", "v9", "v9-wide", "v9-across"]
 EDGE = edge_cases()
 
 
@@ -29,6 +31,8 @@ def _planner(kernel, case, max_requests=None, position_dtype=np.int64):
     if kernel == "v9-wide":
         p.one_block_min_threads = 1024
         p.use_kernel("v9", max_requests=1024)
+    elif kernel == "v9-across":
+        p.use_kernel("v9", max_requests=0)
     else:  # v9 up to the kernel's own limit (the shipped cut-off is 256 requests)
         p.use_kernel(kernel, **({"max_requests": 1024} if kernel == "v9" else {}))
     return p
@@ -46,8 +50,11 @@ def _run(kernel, case, label, position_dtype=np.int64, max_requests=None):
     p = _planner(kernel, case, max_requests, position_dtype)
     bsz = case["seq_lens_decoder"].shape[0]
     name, blocks, threads = p.kernel_for(bsz)
-    if kernel == "v8" or bsz > 1024:
+    if kernel == "v8" or bsz > 4096:
         assert name.startswith("kvaddr_step_i") and blocks == p.grid(bsz), f"{label}: {name}"
+    elif bsz > 1024 or (kernel == "v9-across" and bsz > 0):
+        assert name.startswith("kvaddr_step1w") and threads <= 1024, f"{label}: {name}"
+        assert blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks} x {threads}"
     else:
         assert name.startswith("kvaddr_step1_c") and bsz <= threads <= 1024, f"{label}: {name}"
         assert blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks} x {threads}"

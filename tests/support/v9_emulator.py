@@ -126,6 +126,15 @@ static void emu_launch(const KvStepParams* p, int grid, int block) {
     }
 }
 #define EMU(G, M) if (g == G && m == M) { emu_launch<kvaddr_step1_abl_c##G##_m##M>(p, grid, block); return 0; }
+// v9 across blocks (kvaddr_step1w{R}_c{G}_i64 of the library: kv_step_one_ablate<G, i64, KV_V9_DEFAULT, R>)
+template <int G, int R>
+static void emu_wide_kernel(const KvStepParams params) { kv_step_one_ablate<G, i64, KV_V9_DEFAULT, R>(params); }
+#define EMUW(G, R) if (g == G && r == R) { emu_launch<emu_wide_kernel<G, R>>(p, grid, block); return 0; }
+extern "C" int emu_run_wide(int g, int r, const KvStepParams* p, int grid, int block) {
+    EMUW(0, 4) EMUW(0, 8) EMUW(0, 16) EMUW(1, 4) EMUW(1, 8) EMUW(1, 16) EMUW(2, 4) EMUW(2, 8) EMUW(2, 16)
+    EMUW(3, 4) EMUW(3, 8) EMUW(3, 16) EMUW(4, 4) EMUW(4, 8) EMUW(4, 16)
+    return 1;
+}
 extern "C" int emu_run(int g, int m, const KvStepParams* p, int grid, int block) {
     EMU(1, 0) EMU(1, 32) EMU(1, 128) EMU(1, 256) EMU(1, 384) EMU(1, 416)
     EMU(2, 0) EMU(2, 32) EMU(2, 128) EMU(2, 256) EMU(2, 384) EMU(2, 416)
@@ -163,13 +172,48 @@ def library() -> ctypes.CDLL:
     return ctypes.CDLL(str(out))
 
 
-def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None = None, records=None):
+def _at(values, offset: int) -> np.ndarray:
+    """An int32 copy of ``values`` whose data starts ``offset`` bytes past a 16-byte boundary."""
+    values = np.asarray(values, dtype=np.int32)
+    buf = np.zeros(values.size + 8, np.int32)
+    skip = ((16 - buf.ctypes.data % 16) % 16 + offset) // 4
+    out = buf[skip : skip + values.size]
+    out[:] = values
+    assert out.ctypes.data % 16 == offset
+    return out
+
+
+def wide_geometry(bsz: int, capacity: int, r: int = 0, wide_threads: int = 256) -> tuple[int, int, int]:
+    """``(R, blocks, threads)`` of v9 across blocks: StepPlanner._wide_geometry's rule (R forced
+    where R x 1024 >= bsz, else the smallest of 4, 8, 16 with R x wide_threads >= bsz; T = bsz / R
+    in warps)."""
+    if not r or r * 1024 < bsz:
+        r = next((k for k in (4, 8, 16) if k * wide_threads >= bsz), 16)
+        if r * 1024 < bsz:
+            r = 16
+    threads = min(4096 // r, max(32, (-(-bsz // r) + 31) & ~31))
+    return r, -(-capacity // threads), threads
+
+
+def run(
+    mask: int,
+    case: dict,
+    *,
+    wide: bool = False,
+    max_requests: int | None = None,
+    records=None,
+    across: tuple[int, int, int] | None = None,
+    unaligned_lengths: bool = False,
+):
     """Run ``kvaddr_step1_abl_c{G}_m{mask}`` on ``case`` (step_cases' dict) with v9's geometry
     (the planner's: T = max(bsz, min(C, 256 or 1024 if wide), 32) rounded to a warp), from
     poisoned outputs and clean (sticky) records; returns ``(outputs dict, (error_mask,
     first_bad_key))``, the reduction of every record. ``records``: a uint64 array of
     :func:`num_records` ``* 2`` words to use (and keep) instead, e.g. the last run's: the
-    records are sticky, so it then holds every error of both runs."""
+    records are sticky, so it then holds every error of both runs.
+    ``across = (R, blocks, threads)``: run v9 across blocks (the library's ``kvaddr_step1w{R}_c{G}_i64``,
+    any G of 0-4) instead, with that geometry (``mask`` ignored). ``unaligned_lengths``: the length
+    arrays start 4 bytes past a 16-byte boundary (the wide kernel's scalar loads, no int4)."""
     from kvaddr.kernel_loader import StepParams
 
     G = len(case["block_sizes"])
@@ -177,8 +221,8 @@ def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None =
     C = case["capacity"]
     maxr = max(max_requests or bsz, 1)
     P = StepParams()
-    dec = np.ascontiguousarray(case["seq_lens_decoder"], dtype=np.int32)
-    q = np.ascontiguousarray(case["seq_lens_this_time"], dtype=np.int32)
+    dec = _at(case["seq_lens_decoder"], 4 if unaligned_lengths else 0)
+    q = _at(case["seq_lens_this_time"], 4 if unaligned_lengths else 0)
     P.seq_lens_decoder = dec.ctypes.data
     P.seq_lens_this_time = q.ctypes.data
     tables = case["block_tables"]
@@ -211,10 +255,16 @@ def run(mask: int, case: dict, *, wide: bool = False, max_requests: int | None =
     assert rec.dtype == np.uint64 and rec.shape == (2 * n_rec,) and rec.flags.c_contiguous
     P.error_records = rec.ctypes.data
     P.bsz, P.capacity, P.num_caches, P.max_tiles, P.num_meta = bsz, C, G, max_tiles, 0
-    n = max(bsz, min(C, 1024 if wide else 256), 32)
-    T = min(1024, (n + 31) & ~31)
-    rc = library().emu_run(G, mask, ctypes.byref(P), -(-C // T), T)
-    assert rc == 0, f"no emulated kernel for {G} caches, mask {mask}"
+    if across is not None:
+        r, grid, T = across
+        assert r * T >= bsz and T <= 1024 and grid * T // 32 <= n_rec, (across, bsz, n_rec)
+        rc = library().emu_run_wide(G, r, ctypes.byref(P), grid, T)
+        assert rc == 0, f"no emulated wide kernel for {G} caches, R {r}"
+    else:
+        n = max(bsz, min(C, 1024 if wide else 256), 32)
+        T = min(1024, (n + 31) & ~31)
+        rc = library().emu_run(G, mask, ctypes.byref(P), -(-C // T), T)
+        assert rc == 0, f"no emulated kernel for {G} caches, mask {mask}"
     out["cu_seqlens_q"] = out["cu_seqlens_q"][: bsz + 1]
     out["seq_lens_kv"] = out["seq_lens_kv"][:bsz]
     return out, (int(np.bitwise_or.reduce(rec[0::2])), int(rec[1::2].min()))

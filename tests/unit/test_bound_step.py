@@ -303,3 +303,24 @@ def test_the_single_block_kernel_runs_up_to_its_batch_size(fake_runtime):
         b.launch(bsz)
         (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
         assert (fptr, gx, bx) == (0xF00, b.grid(bsz), 256) and gx == (3 if bsz <= TILE else 3 + -(-bsz // TILE)), bsz
+
+
+def test_v9_across_blocks_runs_between_the_single_block_and_v8(fake_runtime):
+    """StepPlanner v9's bind with v9 across blocks: one_block[1] < bsz <= wide[0] launches the plan
+    wide[1](bsz) gives (StepPlanner._wide_plan: the kvaddr_step1w{R}_* kernel and its geometry)."""
+    rows = 4 * TILE + 5
+    rec = Recorder()
+    plans = []
+
+    def plan(bsz):
+        plans.append(bsz)
+        return 0xA0 + bsz % 7, 1 + bsz // 100, 32 * (1 + bsz % 3)
+
+    b = bind(rows, max_requests=rows, launch=rec, one_block=(0xB0B, 256, 40, 256), wide=(4 * TILE, plan))
+    assert b.launch(256) is None and rec.calls[-1][0] == 0xB0B and not plans
+    for bsz in (257, 1000, 4 * TILE):
+        b.launch(bsz)
+        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
+        assert (fptr, gx, bx) == plan(bsz) and b.grid(bsz) == gx, bsz
+    b.launch(4 * TILE + 1)
+    assert rec.calls[-1][0] == 0xF00 and rec.calls[-1][1] == b.grid(4 * TILE + 1)
