@@ -1861,8 +1861,7 @@ __device__ __forceinline__ bool kv1_decode_vote(int T, bool ok) {
 // block waits for another:
 //   1. One round trip: the thread's R lengths of each array (int4 loads where aligned and in range);
 //      the decode guess of token t (token t is request t at position seq_lens_decoder[t]) loads that
-//      length and then its block ids at once (decode-out's chain). Block 0 clears the records past
-//      this launch's warps meanwhile.
+//      length and then its block ids at once (decode-out's chain).
 //   2. One vote (__syncthreads_and): every request n == 1 and d >= 0, and bsz <= C. A decode batch
 //      writes token t, request t's outputs (cu_seqlens_q[t] = t, seq_lens_kv[t]) from the thread of
 //      token t (spread over the blocks), cu_seqlens_q[bsz] and num_tokens from token 0's thread, and
@@ -1871,7 +1870,8 @@ __device__ __forceinline__ bool kv1_decode_vote(int T, bool ok) {
 //      every warp scans the warp totals), prefixes in shared memory; block 0 writes the per-request
 //      outputs and bits 4 and 8; tokens [num_tokens, C) are padding; a second barrier, then every
 //      token t < num_tokens tries "request t / n0" and binary-searches the prefixes.
-// The error records are kv_step_one's (warp w of block k writes record k * T / 32 + w); T <= 1024
+// The error records are kv_step_one's (a warp w of block k that found an error merges it into record
+// k * T / 32 + w: sticky, kv_merge_record); T <= 1024
 // keeps them within the records the planner sizes for v9 (StepPlanner: ceil((C + 1024) / 32)).
 #define KV_W_MAX 4096  // R * T at most: the prefixes of every request in static shared memory (32 KB)
 
@@ -1918,7 +1918,6 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
     const bool tok = t < bsz && t < capacity;  // token t exists and request t does
     int dt = -1;
     if (tok) dt = p.seq_lens_decoder[t];
-    if (first) kv1_clear_records<ABL>(p, T, tid, capacity);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
     i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess
