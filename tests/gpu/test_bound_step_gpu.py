@@ -65,6 +65,8 @@ def test_bound_launch_equals_compute_and_the_reference_as_bsz_changes(position_d
         out = planner.compute(dec[:bsz], q[:bsz], table, stream=stream)
         stream.synchronize()
         assert_outputs_equal(out, ref.outputs, f"compute, bsz {bsz}")
+        # the records are sticky: read this launch's errors too (the next step starts clean)
+        assert planner.errors(stream) == (ref.error_mask, ref.error_key), f"compute errors, bsz {bsz}"
 
 
 def test_positions_only_and_several_tables():

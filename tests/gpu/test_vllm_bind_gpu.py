@@ -81,6 +81,9 @@ def test_random_batches_equal_compute_and_the_reference(kernel, seed):
             use = bound_planner.bind(*(use_d[k] for k in STATE))
         padded = min(cfg.max_num_reqs, n + int(rng.integers(0, 40)))
         idx, qsl = cupy.asarray(x["idx_mapping"]), cupy.asarray(x["query_start_loc"])  # new objects
+        # The copies above ran on the null stream, the launch runs on a non-blocking stream: order them
+        # (a bound launch is fast enough to overtake a copy still in flight).
+        cupy.cuda.runtime.deviceSynchronize()
         got = use.launch(idx, qsl, padded, stream=stream)
         stream.synchronize()
         want = _ref(cfg, x, padded)
