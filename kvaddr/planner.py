@@ -252,8 +252,9 @@ class StepPlanner:
     #: batch" with one barrier and holds T tokens; grid ceil(C / T) (docs/perf-notes.md, "Sixth session").
     wide_max_requests: int = 4096
     #: The block v9 across blocks aims at: R = the smallest of WIDE_PER_THREAD with R x this >= bsz,
-    #: then T = bsz / R rounded up to a warp (at most KV_W_MAX / R).
-    wide_threads: int = 256
+    #: then T = bsz / R rounded up to a warp (at most KV_W_MAX / R). 128 measured fastest on the H200
+    #: (decode 1024: R = 8, <<<8, 128>>> 1.73 us against R = 4, <<<4, 256>>> 1.82; docs/perf-notes.md).
+    wide_threads: int = 128
     #: Requests per thread of v9 across blocks (0: chosen from :attr:`wide_threads`; else one of
     #: WIDE_PER_THREAD, used where R x 1024 >= bsz). A benchmarking knob (floor_step.py --wide-r).
     wide_per_thread: int = 0

@@ -35,7 +35,7 @@ def planner_cls(fake_planner, monkeypatch):  # noqa: F811
 def test_default_cut_off_is_the_measured_one(fake_planner):  # noqa: F811
     StepPlanner, _, _ = fake_planner
     assert StepPlanner.one_block_max_requests == 256  # v9 loses to v8 at 1024 on the H200 (perf-notes)
-    assert StepPlanner.wide_max_requests == 4096 and StepPlanner.wide_threads == 256
+    assert StepPlanner.wide_max_requests == 4096 and StepPlanner.wide_threads == 128
     p = StepPlanner(5000, 5000, [16])
     assert p.kernel_for(256)[0] == "kvaddr_step1_c1_i64" and p.kernel_for(257)[0] == "kvaddr_step1w4_c1_i64"
     assert p.kernel_for(4096)[0] == "kvaddr_step1w16_c1_i64" and p.kernel_for(4097)[0] == "kvaddr_step_i64"
@@ -160,9 +160,10 @@ def test_wide_batches_run_the_wide_kernel_of_their_cache_count(wide_cls, caches,
     StepPlanner, launches = wide_cls
     suffix = "i64" if dtype == np.int64 else "i32"
     p = StepPlanner(5000, 4096, [16] * caches, position_dtype=dtype)
-    # (bsz, R, blocks, threads): R = the smallest of 4, 8, 16 with R x 256 >= bsz; T = bsz / R in warps
-    cases = ((256, None, 16, 256), (257, 4, 43, 96), (300, 4, 43, 96), (1024, 4, 16, 256), (1025, 8, 26, 160))
-    cases += ((2048, 8, 16, 256), (2049, 16, 26, 160), (4095, 16, 16, 256), (4096, 16, 16, 256))
+    # (bsz, R, blocks, threads): R = the smallest of 4, 8, 16 with R x 128 >= bsz; T = bsz / R in warps
+    cases = ((256, None, 16, 256), (257, 4, 43, 96), (300, 4, 43, 96), (512, 4, 32, 128), (513, 8, 43, 96))
+    cases += ((1024, 8, 32, 128), (1025, 16, 43, 96), (2048, 16, 32, 128), (2049, 16, 26, 160))
+    cases += ((4095, 16, 16, 256), (4096, 16, 16, 256))
     for bsz, r, grid, threads in cases:
         _compute(p, bsz, caches)
         kind = f"step1w{r}" if r else "step1"
@@ -176,7 +177,7 @@ def test_wide_batches_run_the_wide_kernel_of_their_cache_count(wide_cls, caches,
 def test_wide_decode_batches_whose_capacity_is_the_batch(wide_cls):
     """The rows of benchmarks/floor_step.py: decode 1024 and 4096 with C = bsz."""
     StepPlanner, _ = wide_cls
-    assert StepPlanner(1024, 1024, [16]).kernel_for(1024) == ("kvaddr_step1w4_c1_i64", 4, 256)
+    assert StepPlanner(1024, 1024, [16]).kernel_for(1024) == ("kvaddr_step1w8_c1_i64", 8, 128)
     assert StepPlanner(4096, 4096, [16, 16]).kernel_for(4096) == ("kvaddr_step1w16_c2_i64", 16, 256)
     assert StepPlanner(512, 512, [16]).kernel_for(512) == ("kvaddr_step1w4_c1_i64", 4, 128)
 
@@ -232,7 +233,7 @@ def test_v8_v9_old_attention_and_large_capacity_never_run_the_wide_kernel(wide_c
     small = StepPlanner(200, 4096, [16])  # max_requests <= one_block_max_requests: no wide kernel
     assert small._wide_max_bsz == -1 and small.kernel_for(200)[0] == "kvaddr_step1_c1_i64"
     mid = StepPlanner(1500, 4096, [16])
-    assert mid.kernel_for(1500)[0] == "kvaddr_step1w8_c1_i64"
+    assert mid.kernel_for(1500)[0] == "kvaddr_step1w16_c1_i64"
 
 
 @pytest.mark.parametrize("capacity", [1, 100, 256, 257, 1000, 1024, 4096, 4097, 9000])
