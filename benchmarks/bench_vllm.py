@@ -251,8 +251,8 @@ def main(argv=None):
                 assert one._memo is not None and core._memo is not None, "the host time was not on the memoised path"
                 one.memoize_checks = False  # (forgets the memo)
                 core.memoize_checks, core._memo = False, None  # (StepPlanner keeps a memo made before)
-                h = host_times(dict(one=run_one, core=run_core), stream, a.calls, a.host_samples)
-                h_one_nm, h_core_nm = h["one"], h["core"]
+                hn = host_times(dict(one=run_one, core=run_core), stream, a.calls, a.host_samples)
+                h_one_nm, h_core_nm = hn["one"], hn["core"]
                 one.memoize_checks = True
                 core.memoize_checks = True
                 auto = one._params.pair_lanes
