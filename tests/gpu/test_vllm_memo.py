@@ -145,6 +145,7 @@ def test_torch_resize_in_place_and_graph_capture(kernel, described):
         load(x)
         padded = min(n + 8, M)
         before = len(described)
+        s.wait_stream(torch.cuda.current_stream())  # load()'s copies ran on the current stream; s is non-blocking
         with torch.cuda.stream(s):
             out = planner.compute(idx, qsl, *(d[k] for k in NAMES[2:]), padded, stream=s)
         s.synchronize()

@@ -256,7 +256,8 @@ def test_graph_replay_and_bind_follow_changing_inputs():
     cap = max(c["capacity"] for c in cases)
     width = max(t.shape[1] for c in cases for t in c["block_tables"])
     p = StepPlanner(rows, cap, [64, 16])
-    assert p.kernel_for(bsz)[0] == "kvaddr_step1w4_c2_i64"
+    r = p._wide_geometry(bsz)[0]
+    assert p.kernel_for(bsz)[0] == f"kvaddr_step1w{r}_c2_i64"  # v9 across blocks, whatever R it picks
     d = cupy.zeros(rows, np.int32)
     q = cupy.zeros(rows, np.int32)
     d_v, q_v = d[:bsz], q[:bsz]  # the step's views of the persistent buffers (one object each)
