@@ -44,6 +44,7 @@ def test_bound_launch_equals_compute_and_the_reference_as_bsz_changes(position_d
     dec = cupy.zeros(rows, np.int32)
     q = cupy.zeros(rows, np.int32)
     table = cupy.zeros((rows, width), np.int32)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     bound = planner.bind(dec, q, table, stream=stream)
     assert bound.max_bsz == rows
@@ -99,6 +100,7 @@ def test_cupy_graph_capture_of_the_bound_launch_follows_changing_inputs():
         planner = StepPlanner(rows, C, sizes)
         dec, q = cupy.zeros(rows, np.int32), cupy.zeros(rows, np.int32)
         table = cupy.zeros((rows, width), np.int32)
+        cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
         stream = cupy.cuda.Stream(non_blocking=True)
         bound = planner.bind(dec, q, table, stream=stream)
         out = bound.launch(bsz)  # warm-up outside capture

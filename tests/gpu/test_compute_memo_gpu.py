@@ -39,6 +39,7 @@ def test_persistent_cupy_inputs_rewritten_every_step(bsz):
     rng = np.random.default_rng(bsz)
     d, q, t = _host(rng, bsz, bsz, 32)
     dec, qq, table = cupy.asarray(d), cupy.asarray(q), cupy.asarray(t)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     for step in range(4):
         d, q, t = _host(rng, bsz, bsz, 32)

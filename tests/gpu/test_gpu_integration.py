@@ -40,10 +40,12 @@ def test_graph_replay_follows_changing_inputs(name, bsz):
             seq_lens_decoder=d.astype(np.int32), seq_lens_this_time=n, block_tables=t, block_sizes=[B, B], capacity=cap
         )
 
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     first = new_step()
     for dst, k in ((dec, "seq_lens_decoder"), (q, "seq_lens_this_time"), (table, "block_tables")):
         _fill(dst, first[k])
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     with stream:
         s.step(dec, q, table, stream=stream)  # warm up: compile CuPy's ops outside capture
         stream.synchronize()
@@ -70,6 +72,7 @@ def test_two_graph_replays_of_the_large_path_in_a_row():
     case = random_step(rng, bsz=12000, block_sizes=[16], mix=("decode", "idle"))
     dev = to_device(case)
     p = StepPlanner(12000, case["capacity"], [16])
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     stream.begin_capture()
     for _ in range(10):
@@ -157,6 +160,7 @@ def test_streams_accept_cupy_raw_and_torch_like_objects():
 
     case = to_device(WORKED_EXAMPLES[0][1])
     p = StepPlanner(3, 8, [4])
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     s = cupy.cuda.Stream(non_blocking=True)
 
     class TorchLike:
@@ -226,6 +230,7 @@ def test_two_planners_on_two_streams_at_once():
         for bsz in (3000, 6000)
     ]
     planners = [StepPlanner(6000, c["capacity"], [64, 16]) for c in cases]
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in cases]
     devs = [to_device(c) for c in cases]
     for _ in range(20):

@@ -172,6 +172,7 @@ def test_off_by_default_and_graph_capture():
     dec = cupy.asarray(case["seq_lens_decoder"])
     q = cupy.asarray(case["seq_lens_this_time"])
     table = cupy.asarray(case["block_tables"][0])
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         planner.compute(dec, q, table, stream=stream)  # warm up (module load) outside the capture
@@ -305,6 +306,7 @@ def test_strategies_metadata_equals_the_reference_eager_and_graph(name):
         assert s.launches_per_step >= 1 + 2 * ENGINE_LAUNCHES["flashinfer"] + ENGINE_LAUNCHES["varlen"]
     # graph: capture with set 0's arrays, replay after copying other sets' contents in
     d0 = devs[0]
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         s.step(d0["seq_lens_decoder"], d0["seq_lens_this_time"], d0["block_tables"], stream=stream)

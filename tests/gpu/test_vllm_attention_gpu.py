@@ -265,6 +265,7 @@ def test_cupy_graph_replay_with_new_contents():
     n, padded = 400, 448
     first = new_batch(rng, cfg, state, n, max_query=4)
     d = on_device(first)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     planner.compute(*(d[k] for k in NAMES), num_reqs_padded=padded, stream=stream)
     stream.synchronize()

@@ -70,6 +70,7 @@ def test_random_batches_equal_compute_and_the_reference(kernel, seed):
     bound_planner = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
     bound = bound_planner.bind(*(d[k] for k in STATE))
     checked = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     for step in range(8):
         n = int(rng.integers(0, 201))

@@ -51,6 +51,7 @@ def test_cupy_steps_on_persistent_buffers(kernel, described):
     rng = np.random.default_rng(21)
     cfg, state = random_case(rng, max_num_reqs=300, num_reqs=200, block_sizes=(16, 64), max_query=1, spare_tokens=50)
     planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     n = 200
     x = new_batch(rng, cfg, state, n, max_query=1)

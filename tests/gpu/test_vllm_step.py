@@ -309,6 +309,7 @@ def test_cupy_graph_replay_with_new_contents():
     n, padded = 200, 224
     first = new_batch(rng, cfg, state, n, max_query=4)
     d = on_device(first)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     planner.compute(*(d[k] for k in INPUT_NAMES), num_reqs_padded=padded, stream=stream)  # warm, outside capture
     stream.synchronize()
@@ -388,11 +389,13 @@ def test_graphs_of_different_sizes_replayed_in_turn():
     rng = np.random.default_rng(11)
     cfg, state = random_case(rng, max_num_reqs=256, num_reqs=256, block_sizes=(16, 64), max_query=3, spare_tokens=900)
     planner = make_planner(cfg)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     graphs = []
     for n, padded in ((200, 208), (30, 32)):
         batch = new_batch(rng, cfg, state, n, max_query=3)
         d = on_device(batch)
+        cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
         planner.compute(*(d[k] for k in INPUT_NAMES), num_reqs_padded=padded, stream=stream)  # warm
         stream.synchronize()
         stream.begin_capture()
