@@ -313,8 +313,9 @@ def test_torch_tensors_changed_in_place_are_seen(fake, monkeypatch):
     q = torch.ones(BSZ, dtype=torch.int32)
     table = torch.zeros(BSZ, WIDTH, dtype=torch.int32)
     p.compute(dec, q, table, stream=9)
-    p.compute(dec, q, table, stream=9)
-    assert len(fake.described) == 3
+    p.compute(dec, q, table, stream=9)  # the same objects again: checked, and the memo is made
+    p.compute(dec, q, table, stream=9)  # the memo's hit
+    assert len(fake.described) == 6 and p._memo is not None
     table.resize_(BSZ - 1, WIDTH)
     with pytest.raises(ValueError, match="got 2 rows for bsz = 3"):
         p.compute(dec, q, table, stream=9)
