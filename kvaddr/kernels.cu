@@ -179,6 +179,29 @@ __device__ __forceinline__ int kv_sat_add(int a, int b) {
     return (a > KV_INT_MAX - b) ? KV_INT_MAX : a + b;
 }
 
+// Global loads and stores of the v9 / wide path. KV_V9_LDG 1: loads through the read-only data path
+// (__ldg) and explicit st.global (__stwb), written for pointers the compiler only knows as generic;
+// measured 0.01-0.1 us slower than plain LDG / STG on most rows (session 9), so off.
+#ifndef KV_V9_LDG
+#define KV_V9_LDG 0
+#endif
+template <typename T>
+__device__ __forceinline__ T kv_ld(const T* ptr) {
+#if KV_V9_LDG
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
+}
+template <typename T>
+__device__ __forceinline__ void kv_st(T* ptr, T v) {
+#if KV_V9_LDG
+    __stwb(ptr, v);
+#else
+    *ptr = v;
+#endif
+}
+
 // The first-bad-record key (kvaddr/errors.py's error_key): token << 32 | request << 5 |
 // cache << 3 | log2(bit); the smallest key of a launch is its first bad record.
 __device__ __forceinline__ u64 kv_err_key(u64 token, u64 request, u64 cache, u64 bit_index) {
@@ -444,7 +467,7 @@ __device__ __forceinline__ void kv_write_pad(int t, int num_caches, int capacity
 // Per-request outputs and errors of request b whose tokens are [start, end).
 __device__ __forceinline__ void kv_write_request(int b, int start, int end, int dec_or_bad, int capacity,
                                                  int* __restrict__ cu_out, KvErr& err) {
-    cu_out[b] = start;
+    kv_st(cu_out + b, start);
     if (dec_or_bad < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, start, b, 0);
     if (start <= capacity && capacity < end) err.flag(KV_ERR_CAPACITY, capacity, b, 0);
 }
@@ -1787,10 +1810,10 @@ __device__ __forceinline__ void kv1_store_token(const KvStepParams& p, int t, in
 
 template <int G, typename PosT>
 __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
-    p.batch_id_per_token[t] = -1;
-    static_cast<PosT*>(p.position_ids)[t] = 0;
+    kv_st(p.batch_id_per_token + t, -1);
+    kv_st(static_cast<PosT*>(p.position_ids) + t, (PosT)0);
 #pragma unroll
-    for (int g = 0; g < G; ++g) p.slot_mapping[(i64)g * p.capacity + t] = -1;
+    for (int g = 0; g < G; ++g) kv_st(p.slot_mapping + (i64)g * p.capacity + t, (i64)-1);
 }
 
 // ---- v9 ablation (issue 16; benchmarks/ablate_v9.py): kv_step_one's ABL bits ----
@@ -1818,15 +1841,51 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
 #define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN)
 
 // Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
-// the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS).
+// the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS). Session 9 (docs/perf-notes.md): ONE
+// test pos <= INT_MAX for every cache (before, a branch per cache around a division each, so the
+// second cache's division waited for the first cache's load to issue), and with KV_V9_RECIP the
+// 32-bit division by a reciprocal of B made at entry (kv1_recip: off the dependent chain) instead
+// of the compiler's division (I2F, MUFU.RCP, F2I and corrections after pos arrives).
+#ifndef KV_V9_RECIP
+#define KV_V9_RECIP 1
+#endif
+// m[g] = floor((2^32 - 1) / B[g]) (B >= 1): for p < 2^32, umulhi(p, m) is p / B or one less
+// (p * m / 2^32 > p / B - p / 2^32 > p / B - 1), so one correction makes it exact.
+template <int G>
+__device__ __forceinline__ void kv1_recip(const KvStepParams& p, unsigned int (&m)[G > 0 ? G : 1]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) m[g] = KV_V9_RECIP ? 0xffffffffu / (unsigned int)p.block_size[g] : 0u;
+}
 template <int G, bool CHECKS>
-__device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, int b, i64 pos, int (&blk)[G > 0 ? G : 1],
-                                                  i64 (&idx)[G > 0 ? G : 1], i64 (&off)[G > 0 ? G : 1]) {
+__device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, const unsigned int (&m)[G > 0 ? G : 1], int b,
+                                                  i64 pos, int (&blk)[G > 0 ? G : 1], i64 (&idx)[G > 0 ? G : 1],
+                                                  i64 (&off)[G > 0 ? G : 1]) {
+    if (pos <= KV_INT_MAX) {
+        const unsigned int p32 = (unsigned int)pos;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const unsigned int bq = (unsigned int)p.block_size[g];
+            unsigned int q;
+            if (KV_V9_RECIP) {
+                q = __umulhi(p32, m[g]);
+                if (p32 - q * bq >= bq) ++q;
+            } else {
+                q = p32 / bq;
+            }
+            idx[g] = q;
+            off[g] = p32 - q * bq;
+        }
+    } else {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            idx[g] = pos / p.block_size[g];
+            off[g] = pos - idx[g] * p.block_size[g];
+        }
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        kv_divmod(pos, p.block_size[g], idx[g], off[g]);
         const int* row = p.block_tables[g] + (i64)b * p.table_stride[g];
-        blk[g] = (!CHECKS || idx[g] < p.max_blocks[g]) ? row[idx[g]] : -1;
+        blk[g] = (!CHECKS || idx[g] < p.max_blocks[g]) ? kv_ld(row + idx[g]) : -1;
     }
 }
 
@@ -1835,8 +1894,8 @@ template <int G, typename PosT, bool CHECKS>
 __device__ __forceinline__ void kv1_store_token_x(const KvStepParams& p, int t, int b, i64 pos,
                                                   const int (&blk)[G > 0 ? G : 1], const i64 (&idx)[G > 0 ? G : 1],
                                                   const i64 (&off)[G > 0 ? G : 1], KvErr& err) {
-    p.batch_id_per_token[t] = b;
-    static_cast<PosT*>(p.position_ids)[t] = (PosT)pos;
+    kv_st(p.batch_id_per_token + t, b);
+    kv_st(static_cast<PosT*>(p.position_ids) + t, (PosT)pos);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         i64 slot = -1;
@@ -1844,7 +1903,7 @@ __device__ __forceinline__ void kv1_store_token_x(const KvStepParams& p, int t, 
         else if (idx[g] >= p.max_blocks[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
         else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
         else slot = (i64)blk[g] * p.block_size[g] + off[g];
-        p.slot_mapping[(i64)g * p.capacity + t] = slot;
+        kv_st(p.slot_mapping + (i64)g * p.capacity + t, slot);
     }
 }
 
@@ -1857,30 +1916,41 @@ __device__ __forceinline__ bool kv1_decode_vote(int T, bool ok) {
 // (docs/perf-notes.md, "Sixth session: v9 across blocks") kvaddr_step1w{R}_c{G}_{i64,i32}, R = 4, 8, 16
 // requests per thread: blocks of T threads (a multiple of 32, R * T >= bsz, R * T <= KV_W_MAX: the
 // planner's choice), grid = ceil(C / T), a token per thread (token t = blockIdx.x * T + threadIdx.x).
-// Thread i of EVERY block owns requests [i * R, i * R + R), so every block knows every length and no
+// Every thread of EVERY block holds R requests' lengths, so every block knows every length and no
 // block waits for another:
-//   1. One round trip: the thread's R lengths of each array (int4 loads where aligned and in range);
-//      the decode guess of token t (token t is request t at position seq_lens_decoder[t]) loads that
-//      length and then its block ids at once (decode-out's chain).
+//   1. One round trip: the thread's R lengths of each array as R / 4 chunks of 4 requests, chunk k of
+//      thread i = requests [4 (k T + i), 4 (k T + i) + 4) (int4 loads where aligned and in range; a
+//      warp's load is 512 contiguous bytes; session 9: before, thread i held [i R, i R + R), a warp's
+//      loads strided R * 4 bytes apart); the decode guess of token t (token t is request t at
+//      position seq_lens_decoder[t]) loads that length and then its block ids at once (decode-out's
+//      chain).
 //   2. One vote (__syncthreads_and): every request n == 1 and d >= 0, and bsz <= C. A decode batch
 //      writes token t, request t's outputs (cu_seqlens_q[t] = t, seq_lens_kv[t]) from the thread of
 //      token t (spread over the blocks), cu_seqlens_q[bsz] and num_tokens from token 0's thread, and
 //      padding [bsz, C): nothing else.
-//   3. Otherwise v9's scan with R requests per thread (serial over R, warp shuffles, one barrier,
-//      every warp scans the warp totals), prefixes in shared memory; block 0 writes the per-request
-//      outputs and bits 4 and 8; tokens [num_tokens, C) are padding; a second barrier, then every
-//      token t < num_tokens tries "request t / n0" and binary-searches the prefixes.
+//   3. Otherwise a scan in the chunk order of 1: the R / 4 chunk rows scanned side by side (warp
+//      shuffles, one barrier, every warp scans the warp totals of every row), prefixes in shared
+//      memory; block 0 writes the per-request outputs and bits 4 and 8; tokens [num_tokens, C) are
+//      padding; a second barrier, then every token t < num_tokens tries "request t / n0" and
+//      binary-searches the prefixes.
 // The error records are kv_step_one's (a warp w of block k that found an error merges it into record
 // k * T / 32 + w: sticky, kv_merge_record); T <= 1024
 // keeps them within the records the planner sizes for v9 (StepPlanner: ceil((C + 1024) / 32)).
 #define KV_W_MAX 4096  // R * T at most: the prefixes of every request in static shared memory (32 KB)
+#define KV_W_ROWS 4     // chunk rows (R / 4) at most: R <= 16
 
 struct KvWideShared {
     int cu[KV_W_MAX];            // exclusive prefix of request b (b < bsz)
     int dec[KV_W_MAX];           // seq_lens_decoder[b] (searched tokens only read good requests)
-    int warp_sums[KV_SB_WARPS];  // inclusive total of each warp
+    int warp_sums[KV_W_ROWS][KV_SB_WARPS];  // [chunk row k][warp]: inclusive total of the warp's chunks
 };
 
+// KV_WIDE_DT_FIRST: the decode guess's length load issued before the R / 4 chunk loads, so its
+// answer does not queue behind theirs (session 9: -0.1 us at decode 1024, -0.2 us at 4096 with two
+// caches; docs/perf-notes.md, "Ninth session").
+#ifndef KV_WIDE_DT_FIRST
+#define KV_WIDE_DT_FIRST 1
+#endif
 template <int G, typename PosT, int ABL, int R>
 __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) {
     __shared__ KvWideShared s;
@@ -1889,109 +1959,151 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
     const bool first = blockIdx.x == 0;  // the block that writes the per-request outputs (scan path)
     const i64 t64 = (i64)blockIdx.x * T + tid;
     const int t = t64 < capacity ? (int)t64 : capacity;  // this thread's token (capacity: none)
-    const int base = tid * R;                              // this thread's first request
 
-    // 1. one round trip: requests [base, base + R)'s lengths; token t's decode guess.
-    int d[R], n[R];
+    // 1. one round trip: the thread's R lengths of each array, in R / 4 chunks of 4 requests, chunk k
+    //    of thread i holding requests [4 (k T + i), 4 (k T + i) + 4): one int4 load per array and chunk,
+    //    a warp's load covering 512 contiguous bytes (coalesced; the vote does not care about the order
+    //    and the scan below works in this order); token t's decode guess.
+    unsigned int rm[G > 0 ? G : 1];  // reciprocals of the block sizes (kv1_recip: while the loads fly)
+    constexpr int K = R / 4;  // chunks per thread (R = 4, 8, 16)
+    static_assert(R % 4 == 0 && K <= KV_W_ROWS, "R must be 4, 8 or 16");
+    int d[R], n[R];            // d[4 k + j], n[4 k + j]: request 4 (k T + tid) + j (0 past bsz)
     const unsigned long long lens =
         (unsigned long long)p.seq_lens_decoder | (unsigned long long)p.seq_lens_this_time;
-    const bool vec = (R % 4 == 0) && base + R <= bsz && (lens & 15ull) == 0;  // both 16-byte aligned
-    if (vec) {
-        const int4* d4 = reinterpret_cast<const int4*>(p.seq_lens_decoder + base);
-        const int4* n4 = reinterpret_cast<const int4*>(p.seq_lens_this_time + base);
+    const bool aligned = (lens & 15ull) == 0;  // both length arrays 16-byte aligned
+    const bool tok = t < bsz && t < capacity;  // token t exists and request t does
+    int dt = -1;
+    if (KV_WIDE_DT_FIRST && tok) dt = kv_ld(p.seq_lens_decoder + t);  // the guess's first load, first
 #pragma unroll
-        for (int k = 0; k < R / 4; ++k) {
-            const int4 a = d4[k], b = n4[k];
+    for (int k = 0; k < K; ++k) {
+        const int c0 = 4 * (k * T + tid);  // the chunk's first request (< R * T <= KV_W_MAX)
+        if (aligned && c0 + 4 <= bsz) {
+            const int4 a = kv_ld(reinterpret_cast<const int4*>(p.seq_lens_decoder + c0)),
+                       b = kv_ld(reinterpret_cast<const int4*>(p.seq_lens_this_time + c0));
             d[4 * k] = a.x, d[4 * k + 1] = a.y, d[4 * k + 2] = a.z, d[4 * k + 3] = a.w;
             n[4 * k] = b.x, n[4 * k + 1] = b.y, n[4 * k + 2] = b.z, n[4 * k + 3] = b.w;
-        }
-    } else {
+        } else {
 #pragma unroll
-        for (int k = 0; k < R; ++k) {
-            d[k] = n[k] = 0;
-            if (base + k < bsz) {
-                d[k] = p.seq_lens_decoder[base + k];
-                n[k] = p.seq_lens_this_time[base + k];
+            for (int j = 0; j < 4; ++j) {
+                d[4 * k + j] = n[4 * k + j] = 0;
+                if (c0 + j < bsz) {
+                    d[4 * k + j] = kv_ld(p.seq_lens_decoder + c0 + j);
+                    n[4 * k + j] = kv_ld(p.seq_lens_this_time + c0 + j);
+                }
             }
         }
     }
-    const bool tok = t < bsz && t < capacity;  // token t exists and request t does
-    int dt = -1;
-    if (tok) dt = p.seq_lens_decoder[t];
+    if (!KV_WIDE_DT_FIRST && tok) dt = kv_ld(p.seq_lens_decoder + t);
+    kv1_recip<G>(p, rm);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
     i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess
     const bool guess = tok & (dt >= 0);
-    if (guess) kv1_load_blocks_x<G, true>(p, t, (i64)dt, blk, gidx, goff);
+    if (guess) kv1_load_blocks_x<G, true>(p, rm, t, (i64)dt, blk, gidx, goff);
 
     // 2. the vote: a decode batch (every request n == 1, d >= 0; bsz <= C) is the guess.
     bool ok = true;
 #pragma unroll
-    for (int k = 0; k < R; ++k) ok &= (base + k >= bsz) | ((n[k] == 1) & (d[k] >= 0));
+    for (int k = 0; k < K; ++k) {
+        const int c0 = 4 * (k * T + tid);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ok &= (c0 + j >= bsz) | ((n[4 * k + j] == 1) & (d[4 * k + j] >= 0));
+    }
     const bool decode = kv1_decode_vote(T, ok) && bsz <= capacity;
     if (decode) {
         if (t < bsz) {  // t < bsz <= C: token t is request t's only one, at dt >= 0
             kv1_store_token_x<G, PosT, true>(p, t, t, (i64)dt, blk, gidx, goff, err);
-            p.seq_lens_kv[t] = kv_sat_add(dt, 1);
-            p.cu_seqlens_q[t] = t;
+            kv_st(p.seq_lens_kv + t, kv_sat_add(dt, 1));
+            kv_st(p.cu_seqlens_q + t, t);
         } else if (t < capacity) {
             kv1_store_pad<G, PosT>(p, t);
         }
         if (first && tid == 0) {
-            p.cu_seqlens_q[bsz] = bsz;
-            *p.num_tokens = bsz;
+            kv_st(p.cu_seqlens_q + bsz, bsz);
+            kv_st(p.num_tokens, bsz);
         }
         return;
     }
 
-    // 3. the scan: serial over the thread's R requests, warp shuffles, one barrier, every warp
-    //    scans the warp totals (v9's, R requests per thread).
-    int x = 0;
+    // 3. the scan, in the chunk order of 1: the K chunk rows (row k: chunks k T .. k T + T - 1, chunk
+    //    k T + i held by thread i) are scanned side by side (warp shuffles, one barrier, every warp
+    //    scans the warp totals of every row); a chunk's first token is the rows before it, plus the
+    //    warps before it in its row, plus the lanes before it in its warp. Sums saturate (kv_sat_add:
+    //    associative for the non-negative lengths, so the order does not change a result).
+    int x[K], ex[K], before[K], row_total[K];
 #pragma unroll
-    for (int k = 0; k < R; ++k) x = kv_sat_add(x, ((d[k] < 0) | (n[k] < 0)) ? 0 : n[k]);
+    for (int k = 0; k < K; ++k) {
+        x[k] = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int u = 4 * k + j;
+            x[k] = kv_sat_add(x[k], ((d[u] < 0) | (n[u] < 0)) ? 0 : n[u]);
+        }
+    }
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, off);
-        if (lane >= off) x = kv_sat_add(x, y);
-    }
-    int ex = __shfl_up_sync(0xffffffffu, x, 1);
-    if (lane == 0) ex = 0;
-    int before = 0, total;
-    if (T == 32) {
-        total = __shfl_sync(0xffffffffu, x, 31);
-    } else {
-        if (lane == 31) s.warp_sums[warp] = x;
-        __syncthreads();
-        int w = lane < (T >> 5) ? s.warp_sums[lane] : 0;
 #pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, w, off);
-            if (lane >= off) w = kv_sat_add(w, y);
+        for (int k = 0; k < K; ++k) {
+            const int y = __shfl_up_sync(0xffffffffu, x[k], off);
+            if (lane >= off) x[k] = kv_sat_add(x[k], y);
         }
-        total = __shfl_sync(0xffffffffu, w, 31);
-        before = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
-        if (warp == 0) before = 0;
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        ex[k] = __shfl_up_sync(0xffffffffu, x[k], 1);
+        if (lane == 0) ex[k] = 0;
+    }
+    if (T == 32) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            row_total[k] = __shfl_sync(0xffffffffu, x[k], 31);
+            before[k] = 0;
+        }
+    } else {
+        if (lane == 31) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) s.warp_sums[k][warp] = x[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            int w = lane < (T >> 5) ? s.warp_sums[k][lane] : 0;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, w, off);
+                if (lane >= off) w = kv_sat_add(w, y);
+            }
+            row_total[k] = __shfl_sync(0xffffffffu, w, 31);
+            before[k] = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);  // inclusive total of warps < warp
+            if (warp == 0) before[k] = 0;
+        }
+    }
+    int total = 0;  // tokens of the rows before row k, then of every row
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        int start = kv_sat_add(total, kv_sat_add(before[k], ex[k]));  // the chunk's first token
+        total = kv_sat_add(total, row_total[k]);
+        const int c0 = 4 * (k * T + tid);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int u = 4 * k + j, b = c0 + j;
+            const bool bad = (d[u] < 0) | (n[u] < 0);
+            const int end = kv_sat_add(start, bad ? 0 : n[u]);
+            if (b < bsz) {
+                s.cu[b] = start;
+                s.dec[b] = d[u];
+                if (first) {
+                    kv_st(p.seq_lens_kv + b, bad ? 0 : kv_sat_add(d[u], n[u]));
+                    kv_write_request(b, start, end, bad ? -1 : d[u], capacity, p.cu_seqlens_q, err);
+                }
+            }
+            start = end;
+        }
     }
     const int end_tok = min(total, capacity);
-    int start = kv_sat_add(before, ex);  // request base's first token
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-        const int b = base + k;
-        const bool bad = (d[k] < 0) | (n[k] < 0);
-        const int end = kv_sat_add(start, bad ? 0 : n[k]);
-        if (b < bsz) {
-            s.cu[b] = start;
-            s.dec[b] = d[k];
-            if (first) {
-                p.seq_lens_kv[b] = bad ? 0 : kv_sat_add(d[k], n[k]);
-                kv_write_request(b, start, end, bad ? -1 : d[k], capacity, p.cu_seqlens_q, err);
-            }
-        }
-        start = end;
-    }
     if (first && tid == 0) {
-        p.cu_seqlens_q[bsz] = total;
-        *p.num_tokens = end_tok;
+        kv_st(p.cu_seqlens_q + bsz, total);
+        kv_st(p.num_tokens, end_tok);
     }
     if (t < capacity && t >= end_tok) kv1_store_pad<G, PosT>(p, t);
     if (T == 32) __syncwarp(); else __syncthreads();  // s.cu, s.dec visible to the block
@@ -2012,7 +2124,7 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
         const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
         int b2[G > 0 ? G : 1];
         i64 i2[G > 0 ? G : 1], o2[G > 0 ? G : 1];
-        kv1_load_blocks_x<G, true>(p, lo, pos, b2, i2, o2);
+        kv1_load_blocks_x<G, true>(p, rm, lo, pos, b2, i2, o2);
         kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, i2, o2, err);
     }
 }
@@ -2055,9 +2167,11 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         n = p.seq_lens_this_time[tid];
         if (tid >= bsz) d = n = 0;
     } else if (tid < bsz) {
-        d = p.seq_lens_decoder[tid];
-        n = p.seq_lens_this_time[tid];
+        d = kv_ld(p.seq_lens_decoder + tid);
+        n = kv_ld(p.seq_lens_this_time + tid);
     }
+    unsigned int rm[G > 0 ? G : 1];  // reciprocals of the block sizes (kv1_recip: while the loads fly)
+    kv1_recip<G>(p, rm);
     const bool bad = (ABL & KV_ABL_NO_REQ_CHECKS) ? false : (d < 0) | (n < 0);
     const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
     int blk[G > 0 ? G : 1];
@@ -2065,8 +2179,8 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess (the _x helpers)
     if (guess) {
         if (xTOKEN) {
-            if (xCHECKS) kv1_load_blocks_x<G, true>(p, tid, (i64)d, blk, gidx, goff);
-            else kv1_load_blocks_x<G, false>(p, tid, (i64)d, blk, gidx, goff);
+            if (xCHECKS) kv1_load_blocks_x<G, true>(p, rm, tid, (i64)d, blk, gidx, goff);
+            else kv1_load_blocks_x<G, false>(p, rm, tid, (i64)d, blk, gidx, goff);
         } else {
             kv1_load_blocks<G>(p, tid, (i64)d, blk);
         }
@@ -2118,7 +2232,7 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     if (!decode && tid < bsz) s.cu[tid] = start;
     if (first) {
         if (tid < bsz) {
-            if ((ABL & KV_ABL_NO_REQ_OUT) == 0) p.seq_lens_kv[tid] = bad ? 0 : kv_sat_add(d, n);
+            if ((ABL & KV_ABL_NO_REQ_OUT) == 0) kv_st(p.seq_lens_kv + tid, bad ? 0 : kv_sat_add(d, n));
             if ((ABL & (KV_ABL_NO_REQ_OUT | KV_ABL_NO_REQ_CHECKS)) == 0) {
                 kv_write_request(tid, start, end, bad ? -1 : d, capacity, p.cu_seqlens_q, err);
             } else if ((ABL & KV_ABL_NO_REQ_OUT) == 0) {
@@ -2129,8 +2243,8 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
             }
         }
         if (tid == 0 && (ABL & KV_ABL_NO_REQ_OUT) == 0) {
-            p.cu_seqlens_q[bsz] = total;
-            *p.num_tokens = end_tok;
+            kv_st(p.cu_seqlens_q + bsz, total);
+            kv_st(p.num_tokens, end_tok);
         }
     }
     const bool hit = guess & (start == tid);  // token tid (block 0) is request tid's first (tid < end_tok)
@@ -2175,10 +2289,10 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         if (xTOKEN) {
             i64 i2[G > 0 ? G : 1], o2[G > 0 ? G : 1];
             if (xCHECKS) {
-                kv1_load_blocks_x<G, true>(p, lo, pos, b2, i2, o2);
+                kv1_load_blocks_x<G, true>(p, rm, lo, pos, b2, i2, o2);
                 kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, i2, o2, err);
             } else {
-                kv1_load_blocks_x<G, false>(p, lo, pos, b2, i2, o2);
+                kv1_load_blocks_x<G, false>(p, rm, lo, pos, b2, i2, o2);
                 kv1_store_token_x<G, PosT, false>(p, t, lo, pos, b2, i2, o2, err);
             }
         } else {
@@ -2202,11 +2316,22 @@ __device__ __forceinline__ i64 kv_pin(i64 x) {
     asm volatile("" : "+l"(x));
     return x;
 }
+// KV_V9_PIN_POINTERS 0 (the default since session 9): the pointers are copied, not pinned. An
+// empty asm hides where a pointer points, so with 1 every load and store through it was generic
+// (LD / ST, not LDG / STG): 0.01-0.05 us slower on every row of floor_step.py (docs/perf-notes.md,
+// "Ninth session"). The scalars stay pinned.
+#ifndef KV_V9_PIN_POINTERS
+#define KV_V9_PIN_POINTERS 0
+#endif
 template <typename P>
 __device__ __forceinline__ P* kv_pin(P* x) {
+#if KV_V9_PIN_POINTERS
     u64 v = (u64)x;
     asm volatile("" : "+l"(v));
     return (P*)v;
+#else
+    return x;
+#endif
 }
 
 template <int G, typename PosT, int ABL, int R = 0>
