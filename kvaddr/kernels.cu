@@ -179,27 +179,16 @@ __device__ __forceinline__ int kv_sat_add(int a, int b) {
     return (a > KV_INT_MAX - b) ? KV_INT_MAX : a + b;
 }
 
-// Global loads and stores of the v9 / wide path. KV_V9_LDG 1: loads through the read-only data path
-// (__ldg) and explicit st.global (__stwb), written for pointers the compiler only knows as generic;
-// measured 0.01-0.1 us slower than plain LDG / STG on most rows (session 9), so off.
-#ifndef KV_V9_LDG
-#define KV_V9_LDG 0
-#endif
+// A load and a store of the v9 / wide path (kv_ld, kv_st: plain global accesses). Session 9 also
+// measured __ldg / __stwb here (for pointers the compiler knew only as generic): 0.01-0.1 us slower
+// than plain LDG / STG on most rows (docs/perf-notes.md, "Ninth session").
 template <typename T>
 __device__ __forceinline__ T kv_ld(const T* ptr) {
-#if KV_V9_LDG
-    return __ldg(ptr);
-#else
     return *ptr;
-#endif
 }
 template <typename T>
 __device__ __forceinline__ void kv_st(T* ptr, T v) {
-#if KV_V9_LDG
-    __stwb(ptr, v);
-#else
     *ptr = v;
-#endif
 }
 
 // The first-bad-record key (kvaddr/errors.py's error_key): token << 32 | request << 5 |
@@ -1843,18 +1832,15 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
 // Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
 // the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS). Session 9 (docs/perf-notes.md): ONE
 // test pos <= INT_MAX for every cache (before, a branch per cache around a division each, so the
-// second cache's division waited for the first cache's load to issue), and with KV_V9_RECIP the
-// 32-bit division by a reciprocal of B made at entry (kv1_recip: off the dependent chain) instead
-// of the compiler's division (I2F, MUFU.RCP, F2I and corrections after pos arrives).
-#ifndef KV_V9_RECIP
-#define KV_V9_RECIP 1
-#endif
+// second cache's division waited for the first cache's load to issue), and the 32-bit division
+// by a reciprocal of B made at entry (kv1_recip: off the dependent chain) instead of the
+// compiler's division (I2F, MUFU.RCP, F2I and corrections after pos arrives).
 // m[g] = floor((2^32 - 1) / B[g]) (B >= 1): for p < 2^32, umulhi(p, m) is p / B or one less
 // (p * m / 2^32 > p / B - p / 2^32 > p / B - 1), so one correction makes it exact.
 template <int G>
 __device__ __forceinline__ void kv1_recip(const KvStepParams& p, unsigned int (&m)[G > 0 ? G : 1]) {
 #pragma unroll
-    for (int g = 0; g < G; ++g) m[g] = KV_V9_RECIP ? 0xffffffffu / (unsigned int)p.block_size[g] : 0u;
+    for (int g = 0; g < G; ++g) m[g] = 0xffffffffu / (unsigned int)p.block_size[g];
 }
 template <int G, bool CHECKS>
 __device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, const unsigned int (&m)[G > 0 ? G : 1], int b,
@@ -1865,13 +1851,8 @@ __device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, const u
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             const unsigned int bq = (unsigned int)p.block_size[g];
-            unsigned int q;
-            if (KV_V9_RECIP) {
-                q = __umulhi(p32, m[g]);
-                if (p32 - q * bq >= bq) ++q;
-            } else {
-                q = p32 / bq;
-            }
+            unsigned int q = __umulhi(p32, m[g]);
+            if (p32 - q * bq >= bq) ++q;
             idx[g] = q;
             off[g] = p32 - q * bq;
         }
@@ -1945,12 +1926,6 @@ struct KvWideShared {
     int warp_sums[KV_W_ROWS][KV_SB_WARPS];  // [chunk row k][warp]: inclusive total of the warp's chunks
 };
 
-// KV_WIDE_DT_FIRST: the decode guess's length load issued before the R / 4 chunk loads, so its
-// answer does not queue behind theirs (session 9: -0.1 us at decode 1024, -0.2 us at 4096 with two
-// caches; docs/perf-notes.md, "Ninth session").
-#ifndef KV_WIDE_DT_FIRST
-#define KV_WIDE_DT_FIRST 1
-#endif
 template <int G, typename PosT, int ABL, int R>
 __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) {
     __shared__ KvWideShared s;
@@ -1973,7 +1948,8 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
     const bool aligned = (lens & 15ull) == 0;  // both length arrays 16-byte aligned
     const bool tok = t < bsz && t < capacity;  // token t exists and request t does
     int dt = -1;
-    if (KV_WIDE_DT_FIRST && tok) dt = kv_ld(p.seq_lens_decoder + t);  // the guess's first load, first
+    if (tok) dt = kv_ld(p.seq_lens_decoder + t);  // the guess's load before the chunks' (session 9:
+                                                  // its answer no longer queues behind theirs)
 #pragma unroll
     for (int k = 0; k < K; ++k) {
         const int c0 = 4 * (k * T + tid);  // the chunk's first request (< R * T <= KV_W_MAX)
@@ -1993,7 +1969,6 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
             }
         }
     }
-    if (!KV_WIDE_DT_FIRST && tok) dt = kv_ld(p.seq_lens_decoder + t);
     kv1_recip<G>(p, rm);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
@@ -2306,8 +2281,10 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     if ((ABL & KV_ABL_NO_ERR_STORE) == 0) kv_merge_record(p.error_records, (i64)blockIdx.x * (T >> 5) + warp, err);
 }
 
-// KV_ABL_PARAM_REGS: every field the step reads copied into a register at entry (an empty
-// asm pins each one there), then the step on the copy.
+// KV_ABL_PARAM_REGS: every scalar field the step reads copied into a register at entry (an empty
+// asm pins each one there), then the step on the copy. The pointers are copied, not pinned: a
+// pinned pointer hides its address space, so every load and store through it was generic (LD / ST,
+// not LDG / STG), 0.01-0.06 us slower (session 9, docs/perf-notes.md "Ninth session").
 __device__ __forceinline__ int kv_pin(int x) {
     asm volatile("" : "+r"(x));
     return x;
@@ -2316,24 +2293,10 @@ __device__ __forceinline__ i64 kv_pin(i64 x) {
     asm volatile("" : "+l"(x));
     return x;
 }
-// KV_V9_PIN_POINTERS 0 (the default since session 9): the pointers are copied, not pinned. An
-// empty asm hides where a pointer points, so with 1 every load and store through it was generic
-// (LD / ST, not LDG / STG): 0.01-0.05 us slower on every row of floor_step.py (docs/perf-notes.md,
-// "Ninth session"). The scalars stay pinned.
-#ifndef KV_V9_PIN_POINTERS
-#define KV_V9_PIN_POINTERS 0
-#endif
 template <typename P>
-__device__ __forceinline__ P* kv_pin(P* x) {
-#if KV_V9_PIN_POINTERS
-    u64 v = (u64)x;
-    asm volatile("" : "+l"(v));
-    return (P*)v;
-#else
+__device__ __forceinline__ P* kv_pin(P* x) {  // a pointer is copied, not pinned (see above)
     return x;
-#endif
 }
-
 template <int G, typename PosT, int ABL, int R = 0>
 __device__ __forceinline__ void kv_step_one_ablate(const KvStepParams& p) {
     if ((ABL & KV_ABL_PARAM_REGS) == 0) {

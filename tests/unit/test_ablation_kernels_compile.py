@@ -91,7 +91,7 @@ def test_ablation_kernels_compile_and_mask_0_is_v9(tmp_path):
         assert code[f"kvaddr_step1_abl_c{g}_m0"] == code[f"kvaddr_step1old_c{g}_i64"], g
         assert code[f"kvaddr_step1_abl_c{g}_m{DEFAULT}"] == code[f"kvaddr_step1_c{g}_i64"], g
         # every ablation or fix is different code, except "- all, params in regs" (127) against "- all"
-        # (95): since session 9 KV_ABL_PARAM_REGS pins the scalars only (KV_V9_PIN_POINTERS 0), and with
+        # (95): since session 9 KV_ABL_PARAM_REGS pins the scalars only (the pointers are copied), and with
         # every phase skipped the one-cache step keeps no scalar whose pin changes the code
         distinct = [m for m in MASKS if m != 127]
         assert len({code[f"kvaddr_step1_abl_c{g}_m{m}"] for m in distinct}) == len(distinct), g
