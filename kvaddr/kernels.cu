@@ -1829,59 +1829,107 @@ __device__ __forceinline__ void kv1_store_pad(const KvStepParams& p, int t) {
 // kvaddr_step1old_c* keep ABL = 0.
 #define KV_V9_DEFAULT (KV_ABL_PARAM_REGS | KV_FIX_DECODE_FIRST | KV_FIX_LEAN)
 
-// Block ids as kv1_load_blocks, also returning pos / B and pos % B (KV_FIX_LEAN) and with
-// the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS). Session 9 (docs/perf-notes.md): ONE
-// test pos <= INT_MAX for every cache (before, a branch per cache around a division each, so the
-// second cache's division waited for the first cache's load to issue), and the 32-bit division
-// by a reciprocal of B made at entry (kv1_recip: off the dependent chain) instead of the
-// compiler's division (I2F, MUFU.RCP, F2I and corrections after pos arrives).
-// m[g] = floor((2^32 - 1) / B[g]) (B >= 1): for p < 2^32, umulhi(p, m) is p / B or one less
-// (p * m / 2^32 > p / B - p / 2^32 > p / B - 1), so one correction makes it exact.
+// Block ids as kv1_load_blocks, also returning pos % B and whether pos / B is within the row
+// (KV_FIX_LEAN), with the block-index guard optional (KV_ABL_NO_TOKEN_CHECKS).
+// What does not depend on pos is made before pos arrives, so that between pos's arrival and a
+// cache's block-id load there are only the quotient (a multiply-high and one correction) and the
+// address (session 10: before, about fourteen dependent instructions and a constant-bank read):
+//   * (session 9) a reciprocal of B made at entry: m = floor((2^32 - 1) / B) (B >= 1); for
+//     p < 2^32, umulhi(p, m) is p / B or one less (p m / 2^32 > p / B - p / 2^32 > p / B - 1),
+//     so one correction makes it exact (instead of the compiler's I2F, MUFU.RCP, F2I and two
+//     corrections after pos arrives);
+//   * (session 10) the bound: pos / B < max_blocks iff p < lim = min(max_blocks * B, 2^32 - 1)
+//     (for p <= 2^32 - 2: every position; see kv1_load_blocks_x);
+//   * (session 10) the rows where the request is known at entry (the decode guess:
+//     kv1_rows_at_entry), passed through an identity shuffle. Without it ptxas re-made them from
+//     the parameters after pos's arrival (the table pointer's and stride's constant-bank reads,
+//     a 64-bit multiply fused with the index), under the load's predicate: about ten
+//     instructions and a constant-bank round trip on the chain of every cache. It can neither
+//     re-make nor fuse what a shuffle returned. Such an address has no address space for the
+//     compiler, so the load is an explicit ld.global (a generic LD was slower: session 9).
 template <int G>
-__device__ __forceinline__ void kv1_recip(const KvStepParams& p, unsigned int (&m)[G > 0 ? G : 1]) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) m[g] = 0xffffffffu / (unsigned int)p.block_size[g];
-}
-template <int G, bool CHECKS>
-__device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, const unsigned int (&m)[G > 0 ? G : 1], int b,
-                                                  i64 pos, int (&blk)[G > 0 ? G : 1], i64 (&idx)[G > 0 ? G : 1],
-                                                  i64 (&off)[G > 0 ? G : 1]) {
-    if (pos <= KV_INT_MAX) {
-        const unsigned int p32 = (unsigned int)pos;
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const unsigned int bq = (unsigned int)p.block_size[g];
-            unsigned int q = __umulhi(p32, m[g]);
-            if (p32 - q * bq >= bq) ++q;
-            idx[g] = q;
-            off[g] = p32 - q * bq;
-        }
-    } else {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            idx[g] = pos / p.block_size[g];
-            off[g] = pos - idx[g] * p.block_size[g];
-        }
-    }
+struct Kv1Div {
+    unsigned int m[G > 0 ? G : 1];    // floor((2^32 - 1) / B[g])
+    unsigned int lim[G > 0 ? G : 1];  // min(max_blocks[g] * B[g], 2^32 - 1)
+};
+template <int G>
+__device__ __forceinline__ void kv1_div_init(const KvStepParams& p, Kv1Div<G>& dv) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        const int* row = p.block_tables[g] + (i64)b * p.table_stride[g];
-        blk[g] = (!CHECKS || idx[g] < p.max_blocks[g]) ? kv_ld(row + idx[g]) : -1;
+        const unsigned int bq = (unsigned int)p.block_size[g];  // >= 1 (the planner checks)
+        dv.m[g] = 0xffffffffu / bq;
+        const u64 lim = (u64)(unsigned int)p.max_blocks[g] * bq;
+        dv.lim[g] = lim < 0xffffffffull ? (unsigned int)lim : 0xffffffffu;
+    }
+}
+__device__ __forceinline__ u64 kv_global_addr(const int* ptr) {
+#ifdef __CUDA_ARCH__
+    u64 a;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(a) : "l"(ptr));
+    return a;
+#else
+    return (u64)ptr;
+#endif
+}
+__device__ __forceinline__ int kv_ld_global(u64 addr) {
+#ifdef __CUDA_ARCH__
+    int v;
+    asm volatile("ld.global.b32 %0, [%1];" : "=r"(v) : "l"(addr));  // volatile: never speculated
+    return v;
+#else
+    return *(const int*)addr;
+#endif
+}
+// Request b's row in every cache (global addresses).
+template <int G>
+__device__ __forceinline__ void kv1_rows(const KvStepParams& p, int b, u64 (&row)[G > 0 ? G : 1]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) row[g] = kv_global_addr(p.block_tables[g]) + (u64)((i64)b * p.table_stride[g]) * 4u;
+}
+// The same, at kernel entry, kept in registers (the identity shuffle above: every lane of the warp
+// must be here, i.e. no divergence yet).
+template <int G>
+__device__ __forceinline__ void kv1_rows_at_entry(const KvStepParams& p, int b, u64 (&row)[G > 0 ? G : 1]) {
+    kv1_rows<G>(p, b, row);
+#ifdef __CUDA_ARCH__
+#pragma unroll
+    for (int g = 0; g < G; ++g) row[g] = __shfl_sync(0xffffffffu, row[g], threadIdx.x & 31);
+#endif
+}
+// want: load at all (false: blk = -1). pos: 0 <= pos <= 2^32 - 2 for a token (the owner's
+// seq_lens_decoder <= INT_MAX plus fewer than C <= INT_MAX tokens), so one 32-bit unsigned path
+// covers every position (session 10; before, a 64-bit branch for pos > INT_MAX, with a 64-bit
+// division call per cache in it). A guess's pos may be a negative length (its block ids are
+// then never used): p32 wraps, and the load still reads inside the row (p32 < lim).
+template <int G, bool CHECKS>
+__device__ __forceinline__ void kv1_load_blocks_x(const KvStepParams& p, const Kv1Div<G>& dv,
+                                                  const u64 (&row)[G > 0 ? G : 1], i64 pos, bool want,
+                                                  int (&blk)[G > 0 ? G : 1], i64 (&off)[G > 0 ? G : 1],
+                                                  bool (&inb)[G > 0 ? G : 1]) {
+    const unsigned int p32 = (unsigned int)pos;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const unsigned int bq = (unsigned int)p.block_size[g];
+        unsigned int q = __umulhi(p32, dv.m[g]);
+        if (p32 - q * bq >= bq) ++q;
+        inb[g] = p32 < dv.lim[g];
+        off[g] = p32 - q * bq;
+        blk[g] = want && (!CHECKS || inb[g]) ? kv_ld_global(row[g] + (u64)q * 4u) : -1;
     }
 }
 
-// kv1_store_token with pos / B and pos % B given; without checks every slot is blk * B + off.
+// kv1_store_token with pos % B and the bound test given; without checks every slot is blk * B + off.
 template <int G, typename PosT, bool CHECKS>
 __device__ __forceinline__ void kv1_store_token_x(const KvStepParams& p, int t, int b, i64 pos,
-                                                  const int (&blk)[G > 0 ? G : 1], const i64 (&idx)[G > 0 ? G : 1],
-                                                  const i64 (&off)[G > 0 ? G : 1], KvErr& err) {
+                                                  const int (&blk)[G > 0 ? G : 1], const i64 (&off)[G > 0 ? G : 1],
+                                                  const bool (&inb)[G > 0 ? G : 1], KvErr& err) {
     kv_st(p.batch_id_per_token + t, b);
     kv_st(static_cast<PosT*>(p.position_ids) + t, (PosT)pos);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         i64 slot = -1;
         if (!CHECKS) slot = (i64)blk[g] * p.block_size[g] + off[g];
-        else if (idx[g] >= p.max_blocks[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
+        else if (!inb[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
         else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
         else slot = (i64)blk[g] * p.block_size[g] + off[g];
         kv_st(p.slot_mapping + (i64)g * p.capacity + t, slot);
@@ -1939,7 +1987,7 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
     //    of thread i holding requests [4 (k T + i), 4 (k T + i) + 4): one int4 load per array and chunk,
     //    a warp's load covering 512 contiguous bytes (coalesced; the vote does not care about the order
     //    and the scan below works in this order); token t's decode guess.
-    unsigned int rm[G > 0 ? G : 1];  // reciprocals of the block sizes (kv1_recip: while the loads fly)
+    Kv1Div<G> dv;  // B's reciprocal and the row bound per cache (kv1_div_init: while the loads fly)
     constexpr int K = R / 4;  // chunks per thread (R = 4, 8, 16)
     static_assert(R % 4 == 0 && K <= KV_W_ROWS, "R must be 4, 8 or 16");
     int d[R], n[R];            // d[4 k + j], n[4 k + j]: request 4 (k T + tid) + j (0 past bsz)
@@ -1950,44 +1998,75 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
     int dt = -1;
     if (tok) dt = kv_ld(p.seq_lens_decoder + t);  // the guess's load before the chunks' (session 9:
                                                   // its answer no longer queues behind theirs)
+    // full: every chunk of this thread lies below bsz and both arrays are aligned (every thread of a
+    // batch of R T requests, e.g. decode 4096): its K int4 loads per array are issued unconditionally
+    // and its vote takes 1.5 instructions per request (session 10: before, about sixteen instructions
+    // per chunk and eight per request, on the chain that ends at the vote's barrier).
+    const bool full = aligned && 4 * ((K - 1) * T + tid) + 4 <= bsz;
+    if (full) {
+        const int4* da = reinterpret_cast<const int4*>(p.seq_lens_decoder) + tid;
+        const int4* na = reinterpret_cast<const int4*>(p.seq_lens_this_time) + tid;
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const int c0 = 4 * (k * T + tid);  // the chunk's first request (< R * T <= KV_W_MAX)
-        if (aligned && c0 + 4 <= bsz) {
-            const int4 a = kv_ld(reinterpret_cast<const int4*>(p.seq_lens_decoder + c0)),
-                       b = kv_ld(reinterpret_cast<const int4*>(p.seq_lens_this_time + c0));
+        for (int k = 0; k < K; ++k) {
+            const int4 a = kv_ld(da + k * T), b = kv_ld(na + k * T);
             d[4 * k] = a.x, d[4 * k + 1] = a.y, d[4 * k + 2] = a.z, d[4 * k + 3] = a.w;
             n[4 * k] = b.x, n[4 * k + 1] = b.y, n[4 * k + 2] = b.z, n[4 * k + 3] = b.w;
-        } else {
+        }
+    } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                d[4 * k + j] = n[4 * k + j] = 0;
-                if (c0 + j < bsz) {
-                    d[4 * k + j] = kv_ld(p.seq_lens_decoder + c0 + j);
-                    n[4 * k + j] = kv_ld(p.seq_lens_this_time + c0 + j);
+        for (int k = 0; k < K; ++k) {
+            const int c0 = 4 * (k * T + tid);  // the chunk's first request (< R * T <= KV_W_MAX)
+            if (aligned && c0 + 4 <= bsz) {
+                const int4 a = kv_ld(reinterpret_cast<const int4*>(p.seq_lens_decoder + c0)),
+                           b = kv_ld(reinterpret_cast<const int4*>(p.seq_lens_this_time + c0));
+                d[4 * k] = a.x, d[4 * k + 1] = a.y, d[4 * k + 2] = a.z, d[4 * k + 3] = a.w;
+                n[4 * k] = b.x, n[4 * k + 1] = b.y, n[4 * k + 2] = b.z, n[4 * k + 3] = b.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    d[4 * k + j] = n[4 * k + j] = 0;
+                    if (c0 + j < bsz) {
+                        d[4 * k + j] = kv_ld(p.seq_lens_decoder + c0 + j);
+                        n[4 * k + j] = kv_ld(p.seq_lens_this_time + c0 + j);
+                    }
                 }
             }
         }
     }
-    kv1_recip<G>(p, rm);
+    kv1_div_init<G>(p, dv);
+    u64 grow[G > 0 ? G : 1];  // request t's rows (the guess's; made at entry)
+    kv1_rows_at_entry<G>(p, t, grow);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
-    i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess
-    const bool guess = tok & (dt >= 0);
-    if (guess) kv1_load_blocks_x<G, true>(p, rm, t, (i64)dt, blk, gidx, goff);
+    i64 goff[G > 0 ? G : 1];   // pos % B of the guess
+    bool ginb[G > 0 ? G : 1];  // pos / B < max_blocks of the guess
+    // the guess's block ids (used only by a decode batch, where dt >= 0), predicated on tok (known
+    // at entry), so that they wait for dt alone (kv1_load_blocks_x)
+    kv1_load_blocks_x<G, true>(p, dv, grow, (i64)dt, tok, blk, goff, ginb);
 
     // 2. the vote: a decode batch (every request n == 1, d >= 0; bsz <= C) is the guess.
     bool ok = true;
+    if (full) {  // every n == 1 iff AND(n) == 1 and OR(n) == 1; every d >= 0 iff OR(d) >= 0
+        int n_and = n[0], n_or = n[0], d_or = d[0];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const int c0 = 4 * (k * T + tid);
+        for (int u = 1; u < R; ++u) {
+            n_and &= n[u];
+            n_or |= n[u];
+            d_or |= d[u];
+        }
+        ok = (n_and == 1) & (n_or == 1) & (d_or >= 0);
+    } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) ok &= (c0 + j >= bsz) | ((n[4 * k + j] == 1) & (d[4 * k + j] >= 0));
+        for (int k = 0; k < K; ++k) {
+            const int c0 = 4 * (k * T + tid);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ok &= (c0 + j >= bsz) | ((n[4 * k + j] == 1) & (d[4 * k + j] >= 0));
+        }
     }
     const bool decode = kv1_decode_vote(T, ok) && bsz <= capacity;
     if (decode) {
         if (t < bsz) {  // t < bsz <= C: token t is request t's only one, at dt >= 0
-            kv1_store_token_x<G, PosT, true>(p, t, t, (i64)dt, blk, gidx, goff, err);
+            kv1_store_token_x<G, PosT, true>(p, t, t, (i64)dt, blk, goff, ginb, err);
             kv_st(p.seq_lens_kv + t, kv_sat_add(dt, 1));
             kv_st(p.cu_seqlens_q + t, t);
         } else if (t < capacity) {
@@ -2098,9 +2177,12 @@ __device__ __forceinline__ void kv_step_wide(const KvStepParams& p, KvErr& err) 
         }
         const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
         int b2[G > 0 ? G : 1];
-        i64 i2[G > 0 ? G : 1], o2[G > 0 ? G : 1];
-        kv1_load_blocks_x<G, true>(p, rm, lo, pos, b2, i2, o2);
-        kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, i2, o2, err);
+        i64 o2[G > 0 ? G : 1];
+        bool n2[G > 0 ? G : 1];
+        u64 row2[G > 0 ? G : 1];
+        kv1_rows<G>(p, lo, row2);
+        kv1_load_blocks_x<G, true>(p, dv, row2, pos, true, b2, o2, n2);
+        kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, o2, n2, err);
     }
 }
 
@@ -2145,20 +2227,25 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         d = kv_ld(p.seq_lens_decoder + tid);
         n = kv_ld(p.seq_lens_this_time + tid);
     }
-    unsigned int rm[G > 0 ? G : 1];  // reciprocals of the block sizes (kv1_recip: while the loads fly)
-    kv1_recip<G>(p, rm);
+    Kv1Div<G> dv;  // B's reciprocal and the row bound per cache (kv1_div_init: while the loads fly)
+    kv1_div_init<G>(p, dv);
+    u64 grow[G > 0 ? G : 1];  // request tid's rows (the guess's; made at entry)
+    kv1_rows_at_entry<G>(p, tid, grow);
     const bool bad = (ABL & KV_ABL_NO_REQ_CHECKS) ? false : (d < 0) | (n < 0);
-    const bool guess = first & (tid < bsz) & (tid < capacity) & !bad & (n > 0);
+    // the guess: token tid is request tid's first (a good request with n > 0). Its block-id loads
+    // (kv1_load_blocks_x) are predicated on gload, known at entry: they wait for d, not for n, and
+    // read in bounds whatever d is (the row exists: tid < bsz).
+    const bool gload = first & (tid < bsz) & (tid < capacity);
+    const bool guess = gload & !bad & (n > 0);
     int blk[G > 0 ? G : 1];
     blk[0] = -1;
-    i64 gidx[G > 0 ? G : 1], goff[G > 0 ? G : 1];  // pos / B, pos % B of the guess (the _x helpers)
-    if (guess) {
-        if (xTOKEN) {
-            if (xCHECKS) kv1_load_blocks_x<G, true>(p, rm, tid, (i64)d, blk, gidx, goff);
-            else kv1_load_blocks_x<G, false>(p, rm, tid, (i64)d, blk, gidx, goff);
-        } else {
-            kv1_load_blocks<G>(p, tid, (i64)d, blk);
-        }
+    i64 goff[G > 0 ? G : 1];   // pos % B of the guess (the _x helpers)
+    bool ginb[G > 0 ? G : 1];  // pos / B < max_blocks of the guess
+    if (xTOKEN) {  // the block ids are loaded once d has arrived (gload), whatever n turns out to be
+        if (xCHECKS) kv1_load_blocks_x<G, true>(p, dv, grow, (i64)d, gload, blk, goff, ginb);
+        else kv1_load_blocks_x<G, false>(p, dv, grow, (i64)d, gload, blk, goff, ginb);
+    } else if (guess) {
+        kv1_load_blocks<G>(p, tid, (i64)d, blk);
     }
 
     // 2. the scan: warp shuffles, one barrier, every warp scans the warp totals.
@@ -2225,8 +2312,8 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
     const bool hit = guess & (start == tid);  // token tid (block 0) is request tid's first (tid < end_tok)
     if (hit) {
         if (xTOKEN) {
-            if (xCHECKS) kv1_store_token_x<G, PosT, true>(p, t, tid, (i64)d, blk, gidx, goff, err);
-            else kv1_store_token_x<G, PosT, false>(p, t, tid, (i64)d, blk, gidx, goff, err);
+            if (xCHECKS) kv1_store_token_x<G, PosT, true>(p, t, tid, (i64)d, blk, goff, ginb, err);
+            else kv1_store_token_x<G, PosT, false>(p, t, tid, (i64)d, blk, goff, ginb, err);
         } else {
             kv1_store_token<G, PosT>(p, t, tid, (i64)d, blk, err);
         }
@@ -2262,13 +2349,16 @@ __device__ __forceinline__ void kv_step_one(const KvStepParams& p) {
         const i64 pos = (i64)s.dec[lo] + (t - s.cu[lo]);
         int b2[G > 0 ? G : 1];
         if (xTOKEN) {
-            i64 i2[G > 0 ? G : 1], o2[G > 0 ? G : 1];
+            i64 o2[G > 0 ? G : 1];
+            bool n2[G > 0 ? G : 1];
+            u64 row2[G > 0 ? G : 1];
+            kv1_rows<G>(p, lo, row2);
             if (xCHECKS) {
-                kv1_load_blocks_x<G, true>(p, rm, lo, pos, b2, i2, o2);
-                kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, i2, o2, err);
+                kv1_load_blocks_x<G, true>(p, dv, row2, pos, true, b2, o2, n2);
+                kv1_store_token_x<G, PosT, true>(p, t, lo, pos, b2, o2, n2, err);
             } else {
-                kv1_load_blocks_x<G, false>(p, rm, lo, pos, b2, i2, o2);
-                kv1_store_token_x<G, PosT, false>(p, t, lo, pos, b2, i2, o2, err);
+                kv1_load_blocks_x<G, false>(p, dv, row2, pos, true, b2, o2, n2);
+                kv1_store_token_x<G, PosT, false>(p, t, lo, pos, b2, o2, n2, err);
             }
         } else {
             kv1_load_blocks<G>(p, lo, pos, b2);
