@@ -93,8 +93,6 @@ static int emu_block_red(int p, int mode) {
 static int __syncthreads_or(int p) { return emu_block_red(p, 0); }
 static int __syncthreads_and(int p) { return emu_block_red(p, 1); }
 template <class T> T __ldcg(const T* p) { return *p; }
-template <class T> T __ldg(const T* p) { return *p; }
-template <class T> void __stwb(T* p, T v) { *p = v; }
 static unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 static int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 struct alignas(16) int4 { int x, y, z, w; };
