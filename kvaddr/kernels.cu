@@ -3750,7 +3750,11 @@ __device__ __forceinline__ bool vllm2_token_guess(const VllmStepParams& p, int t
 }
 
 // Token t's outputs once its owner b (range [q0, q1), row r) is known: positions[t] and
-// every group's slot (the first version's token code after the owner search, unchanged).
+// every group's slot (the first version's token code after the owner search). DCP: the
+// step may have sharded groups (cp_size > 1); without it the sharded path is not compiled,
+// so a group's block index costs one division (ptxas if-converted the sharded path's four
+// divisions into every group's code; eleventh session, docs/perf-notes.md).
+template <bool DCP>
 __device__ __forceinline__ void vllm2_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
     bool valid = false;
@@ -3779,7 +3783,7 @@ __device__ __forceinline__ void vllm2_token_write(const VllmStepParams& p, int t
             const unsigned int B = (unsigned int)p.block_size[g];
             unsigned int idx, off;
             bool local = true;
-            if (flags & VLLM_GROUP_SHARDED) {
+            if (DCP && (flags & VLLM_GROUP_SHARDED)) {
                 const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
                 const unsigned int vbs = B * cp;
                 idx = up / vbs;
@@ -3874,18 +3878,21 @@ __device__ __forceinline__ void vllm2_gather_row(const VllmStepParams& p, bool a
         fill = *fill_at;
         const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
         const long long r = vllm_row_of(p, b);
-        if (r >= 0 && r < p.max_num_reqs) {
-            const int nb = vllm_pick(p.num_blocks, g)[r];
-            const int nct = p.num_computed_tokens[r];
-            if (nct >= 0 && q0 >= 0 && q1 >= q0) {
-                nbc = nb < 0 ? 0 : (nb > W ? W : nb);
-                src = vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g);
-                const int reach = vllm_pick(p.sliding_window_reach, g);
-                if (reach > 0) {
-                    const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
-                    first = f < 0 ? 0 : (int)(f > W ? W : f);
-                }
-            }
+        // No branch between the row index and the row's loads: a row outside the state reads
+        // row 0 (inside every state array) and keeps nothing. (With the loads under the tests,
+        // ptxas sank num_blocks's load below the test of num_computed_tokens: a third dependent
+        // load before the row's block ids, a fourth in all.)
+        const bool rok = r >= 0 && r < p.max_num_reqs;
+        const int rr = rok ? (int)r : 0;
+        const int nb = vllm_pick(p.num_blocks, g)[rr];
+        const int nct = p.num_computed_tokens[rr];
+        src = vllm_pick(p.block_table, g) + (long long)rr * vllm_pick(p.table_stride, g);
+        const bool good = rok && nct >= 0 && q0 >= 0 && q1 >= q0;
+        nbc = good ? (nb < 0 ? 0 : (nb > W ? W : nb)) : 0;
+        const int reach = vllm_pick(p.sliding_window_reach, g);
+        if (good && reach > 0) {
+            const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+            first = f < 0 ? 0 : (int)(f > W ? W : f);
         }
     }
     // Entries [0, max(nbc, fill)): VLLM2_GATHER_LOADS loads in flight per lane before any store.
@@ -4526,7 +4533,11 @@ __device__ __forceinline__ void vllm2_body(const VllmStepParams& p) {
             q1 = p.query_start_loc[b + 1];
             r = vllm_row_of(p, b);
         }
-        if (t < p.max_tokens) vllm2_token_write(p, t, b, q0, q1, r, num_tokens, err);
+        if (t < p.max_tokens) {
+            // (uniform) only a DCP step has sharded groups
+            if (p.cp_size > 1) vllm2_token_write<true>(p, t, b, q0, q1, r, num_tokens, err);
+            else vllm2_token_write<false>(p, t, b, q0, q1, r, num_tokens, err);
+        }
     } else if (blk < p.token_blocks + p.request_blocks) {
         const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;
         // Rows b >= num_reqs: zero what each group's row may still hold (its fill), the
@@ -4557,23 +4568,27 @@ __device__ __forceinline__ void vllm2_body(const VllmStepParams& p) {
         vllm_attn_block(p, m, err);
         blk = p.token_blocks + p.request_blocks + m;  // this block's records follow the request blocks'
     } else {
-        // Pairs (group g, real row b < num_reqs), pair_lanes lanes each, 32 / pair_lanes a
-        // warp; the loop runs the same number of times for every lane of a warp, so the
-        // barrier in vllm2_gather_row is reached by all of them.
-        const int L = p.pair_lanes, per_warp = 32 / L;
+        // Pairs (group g, real row b < num_reqs), pair_lanes = L lanes each: warp w takes group
+        // g = w / chunks and the per_warp = 32 / L rows [c * per_warp, +per_warp) of chunk
+        // c = w % chunks, chunks = ceil(num_reqs / per_warp) (the planner's grid has a warp for
+        // each, VllmStepPlanner._plan). A warp's pairs share their group; all of it is 32-bit
+        // (G * num_reqs < 2^26) and nothing divides at run time (G <= 4: three compares; per_warp
+        // 1, 2 or 4: a shift). (Before: 64-bit pair indices divided by num_reqs, a call of the
+        // 64-bit division routine before the first load.) The loop runs the same number of times
+        // for every lane of a warp, so the barrier in vllm2_gather_row is reached by all of them.
+        const int L = p.pair_lanes, per_warp = 32 / L, shift = __ffs(per_warp) - 1;
         const int n = p.num_reqs;
-        const long long pairs = (long long)p.num_groups * n;
-        const long long warps =
-            (long long)(gridDim.x - p.token_blocks - p.request_blocks - (ATTN ? p.num_groups * p.meta_blocks : 0)) *
+        const int chunks = (n + per_warp - 1) >> shift, total = p.num_groups * chunks;
+        const int warps =
+            (int)(gridDim.x - p.token_blocks - p.request_blocks - (ATTN ? p.num_groups * p.meta_blocks : 0)) *
             VLLM_WARPS;
         const int slot = lane / L, sub = lane - slot * L;
-        for (long long w = (long long)(blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (threadIdx.x >> 5);
-             w * per_warp < pairs; w += warps) {
-            const long long k = w * per_warp + slot;
-            const bool active = k < pairs;
-            const int g = active ? (int)(k / n) : 0;
-            const int b = active ? (int)(k - (long long)g * n) : 0;
-            vllm2_gather_row(p, active, g, b, sub, L);
+        for (int w = (blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (int)(threadIdx.x >> 5); w < total;
+             w += warps) {
+            const int g = (w >= chunks) + (w >= 2 * chunks) + (w >= 3 * chunks);
+            const int b = ((w - g * chunks) << shift) + slot;
+            const bool active = b < n;
+            vllm2_gather_row(p, active, active ? g : 0, active ? b : 0, sub, L);
         }
         return;  // the gather detects no error and writes no record
     }

@@ -851,9 +851,12 @@ class VllmStepPlanner:
         nothing); ``pair_lanes``: v2's fixed lanes per pair, None for the automatic choice."""
         p = self._params
         G = self.config.num_groups
-        pairs = G * (num_reqs_padded if num_reqs is None else num_reqs)
+        n = num_reqs_padded if num_reqs is None else num_reqs
+        pairs = G * n
         lanes = pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
-        return p.token_blocks + p.request_blocks + -(-(pairs * lanes) // THREADS) + G * p.meta_blocks, lanes
+        # a warp per (group, chunk of 32 // lanes rows): the kernel's gather loop (one pass each)
+        gather_warps = G * -(-n // (32 // lanes))
+        return p.token_blocks + p.request_blocks + -(-gather_warps // (THREADS // 32)) + G * p.meta_blocks, lanes
 
     @property
     def launches_per_step(self) -> int:

@@ -62,7 +62,8 @@ extern "C" void emu_vllm_step_v2(const VllmStepParams* pp, unsigned int grid) {
             q1 = p.query_start_loc[b + 1];
             r = vllm_row_of(p, b);
         }
-        vllm2_token_write(p, t, b, q0, q1, r, num_tokens, e);
+        if (p.cp_size > 1) vllm2_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
+        else vllm2_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
         emu_merge(all, e);
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
