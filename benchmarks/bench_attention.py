@@ -27,23 +27,19 @@ These run on kvaddr_step_* (``use_kernel("v8")``: its metadata blocks at every b
 
 The small-batch kernel with attention outputs (kvaddr_step1m_c{G}_*, the planner's default
 for bsz <= 256: v9's token blocks + request-per-thread metadata blocks) is timed on the
-shapes it runs (decode 1, decode 64, the mixed batch; "-" elsewhere), as "m1" (round 1's default:
-32 lanes, one group of lanes per request, v9's block width) and its variants: "m1-l8" /
-"m1-l16" (lanes), "m1-t256" (blocks of 256 threads: fewer, wider metadata blocks), "m1-k1" /
-"m1-k8" (1 / 8 metadata blocks per cache), and its timing ablations (outputs wrong, timing
-only): "m1-nc" no row copy, "m1-no" no per-request outputs, "m1-np" no pad, "m1-nb" none of
-the three (the blocks' skeleton: lengths, scans, barrier), "m1-e" metadata blocks that return
-at once (the cost of launching them). "m1*" is session 5's first version (one_meta_flags 0: each
-group's row loads wait for its request's lengths; a branch per stored column). Round 2: "m2"
-(the planner's default, flags EARLY | LEAN = 48: the row loads issued with the lengths, one
-round trip before the barrier; a shorter post-barrier instruction chain), "m2-early" /
-"m2-lean" (each change alone), "m2-l16", "m2-k8" (lanes, blocks), and ablations "m2-nc",
-"m2-no", "m2-nb" (as m1's, on m2).
+shapes it runs (decode 1, decode 64, the mixed batch; "-" elsewhere), as "m3" (session 12's
+metadata blocks, the planner's default: a warp per request, v9's block width) and its variants:
+"m3-t256" (blocks of 256 threads: fewer, wider metadata blocks), "m3-k1" / "m3-k8" (1 / 8
+metadata blocks per cache: several requests per warp, the rows loaded again before the
+barrier), and the timing ablation "m3-e" (metadata blocks that return at once: the cost of
+launching them; outputs wrong, timing only). Sessions 5 and 11's variants (lanes per
+request, the EARLY / LEAN code paths and the copy / outputs / pad ablations, "m1*" / "m2*")
+left the kernel in session 12; their figures are in docs/perf-notes.md.
 
-The verdict (and the exit status) is the planner's default: m2 where it runs, else new (the
+The verdict (and the exit status) is the planner's default: m3 where it runs, else new (the
 first --lanes value, E as built); the "v8" column gives new's verdict everywhere, "best" the
 fastest variant with correct outputs; the other columns are for the perf notes.
---quick times only off, new and the m1 variants (no old / pf / E4 / one columns).
+--quick times only off, new and the m3 variants (no old / pf / E4 / one columns).
 """
 
 from __future__ import annotations
@@ -88,7 +84,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--lanes", default="32", help="kv_meta_block2 lanes per request to time (first: the verdict)")
     ap.add_argument("--lanes3", default="32,16,8", help="kv_meta_block3 lanes per request to time (first: ablations)")
-    ap.add_argument("--quick", action="store_true", help="only off, new (first --lanes) and the m1 variants")
+    ap.add_argument("--quick", action="store_true", help="only off, new (first --lanes) and the m3 variants")
     a = ap.parse_args(argv)
     lanes = [int(x) for x in a.lanes.split(",") if x]
     lanes3 = [int(x) for x in a.lanes3.split(",") if x]
@@ -108,31 +104,14 @@ def main(argv=None):
         variants = [v for v in variants if v[0] == f"new{lanes[0]}"]
     # kvaddr_step1m_* (bsz <= 256): (name, _set_one_meta keywords)
     F = StepPlanner
-    M2 = F.M1_EARLY | F.M1_LEAN  # the planner's default code paths (exact outputs)
-    ABLATIONS = F.M1_NO_COPY | F.M1_NO_OUTPUTS | F.M1_NO_PAD | F.M1_EMPTY  # outputs wrong: timing only
-    m1_variants = [
-        ("m1", dict(lanes=32, blocks=0, min_threads=0, flags=0)),
-        ("m1-l8", dict(lanes=8, blocks=0, min_threads=0, flags=0)),
-        ("m1-l16", dict(lanes=16, blocks=0, min_threads=0, flags=0)),
-        ("m1-t256", dict(lanes=32, blocks=0, min_threads=256, flags=0)),
-        ("m1-k1", dict(lanes=32, blocks=1, min_threads=0, flags=0)),
-        ("m1-k8", dict(lanes=32, blocks=8, min_threads=0, flags=0)),
-        ("m1-nc", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_COPY)),
-        ("m1-no", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_OUTPUTS)),
-        ("m1-np", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_PAD)),
-        ("m1-nb", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_NO_COPY | F.M1_NO_OUTPUTS | F.M1_NO_PAD)),
-        ("m1-e", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_EMPTY)),
-        # round 2: m2 = early row loads + lean post-barrier code (the planner's default), each alone, variants, ablations
-        ("m2", dict(lanes=32, blocks=0, min_threads=0, flags=M2)),
-        ("m2-early", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_EARLY)),
-        ("m2-lean", dict(lanes=32, blocks=0, min_threads=0, flags=F.M1_LEAN)),
-        ("m2-l16", dict(lanes=16, blocks=0, min_threads=0, flags=M2)),
-        ("m2-k8", dict(lanes=32, blocks=8, min_threads=0, flags=M2)),
-        ("m2-nc", dict(lanes=32, blocks=0, min_threads=0, flags=M2 | F.M1_NO_COPY)),
-        ("m2-no", dict(lanes=32, blocks=0, min_threads=0, flags=M2 | F.M1_NO_OUTPUTS)),
-        ("m2-nb", dict(lanes=32, blocks=0, min_threads=0, flags=M2 | F.M1_NO_COPY | F.M1_NO_OUTPUTS | F.M1_NO_PAD)),
+    m3_variants = [
+        ("m3", dict(blocks=0, min_threads=0, flags=0)),  # the planner's default
+        ("m3-t256", dict(blocks=0, min_threads=256, flags=0)),
+        ("m3-k1", dict(blocks=1, min_threads=0, flags=0)),
+        ("m3-k8", dict(blocks=8, min_threads=0, flags=0)),
+        ("m3-e", dict(blocks=0, min_threads=0, flags=F.M1_EMPTY)),  # outputs wrong: timing only
     ]
-    ablated = {v[0] for v in variants if v[4]} | {n for n, kw in m1_variants if kw["flags"] & ABLATIONS}
+    ablated = {v[0] for v in variants if v[4]} | {n for n, kw in m3_variants if kw["flags"]}
     verdict = f"new{lanes[0]}"
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -168,7 +147,7 @@ def main(argv=None):
                 on._set_meta_impl(1, lanes[0], entries=on._meta_entries_min)
                 on.use_kernel("v9")  # the planner's default: kvaddr_step1m_* for bsz <= 256
                 small = on.kernel_for(bsz)[0].startswith("kvaddr_step1m_")
-                for name, kw in m1_variants:
+                for name, kw in m3_variants:
                     row[name + "_us"] = None
                     if not small:
                         continue
@@ -177,12 +156,12 @@ def main(argv=None):
                     row[name + "_us"] = graph_time_per_copy(
                         lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
                     )
-                    if not kw["flags"] & ABLATIONS:
+                    if not kw["flags"]:
                         on.check(stream)
-                on._set_one_meta(lanes=32, blocks=0, min_threads=0, flags=M2)  # the planner's default again
+                on._set_one_meta(blocks=0, min_threads=0, flags=0)  # the planner's default again
                 row["v8_us"] = row[verdict + "_us"]
-                row["on_us"] = row["m2_us"] if small else row["v8_us"]
-                row["default"] = "m2" if small else verdict
+                row["on_us"] = row["m3_us"] if small else row["v8_us"]
+                row["default"] = "m3" if small else verdict
                 row["ratio"] = row["on_us"] / t_off
                 rows.append(row)
 
@@ -229,7 +208,7 @@ def main(argv=None):
 
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
-    names = [v[0] for v in variants] + [n for n, _ in m1_variants]
+    names = [v[0] for v in variants] + [n for n, _ in m3_variants]
     ok = True
 
     def cell(r, n, unit):
@@ -260,8 +239,8 @@ def main(argv=None):
                 )
             print(line)
     print(
-        "m2 (= m1) launch geometry (blocks, threads) per shape: "
-        + "; ".join(f"{r['shape']} x{r['caches']}: {r['m2_geometry']}" for r in rows if r.get("m2_geometry"))
+        "m3 launch geometry (blocks, threads) per shape: "
+        + "; ".join(f"{r['shape']} x{r['caches']}: {r['m3_geometry']}" for r in rows if r.get("m3_geometry"))
     )
     for n in [v[0] for v in variants]:
         v = big["variants"][n]

@@ -190,8 +190,8 @@ class StepParams(ctypes.Structure):
         ("meta_impl", _I32),  # int32: 1 = request-parallel metadata blocks, 0 = the first version
         ("meta_lanes", _I32),  # int32: lanes per request of the request-parallel copy (4, 8, 16, 32)
         # -- appended: kvaddr_step1m_* (the small-batch step with attention outputs) --
-        ("one_meta_lanes", _I32),  # int32: lanes per request of kvaddr_step1m_*'s row copy (4, 8, 16, 32)
-        ("one_meta_flags", _I32),  # int32: KV_M1_* bits (EARLY 16 | LEAN 32 exact; ablations 1-8 timing only)
+        ("one_meta_lanes", _I32),  # int32: unused since session 12 (kvaddr_step1m_* copies a row per warp)
+        ("one_meta_flags", _I32),  # int32: 0, or KV_M1_EMPTY 8 (a timing ablation)
     ]
 
 

@@ -161,9 +161,8 @@ struct KvStepParams {
                                              // KV_META_NO_PREFIX / KV_META_NO_COPY (timing ablations)
     int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
     // -- appended (session 5, kvaddr_step1m_*: the small-batch step with attention outputs) --
-    int one_meta_lanes;                      // int32: lanes per request of kvaddr_step1m_*'s row copy (4, 8, 16, 32)
-    int one_meta_flags;                      // int32: KV_M1_* bits of kvaddr_step1m_*'s metadata blocks: EARLY
-                                             // 16 | LEAN 32 (code paths, exact outputs either way), timing ablations 1-8
+    int one_meta_lanes;                      // int32: unused since session 12 (kvaddr_step1m_* copies a row per warp)
+    int one_meta_flags;                      // int32: 0, or KV_M1_EMPTY (kvaddr_step1m_*'s timing ablation)
 };
 static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 14 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
@@ -2583,59 +2582,34 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 // kvaddr_step1m_c{G}_i64 / _i32, G = 0..4 caches: for bsz <= KV_THREADS requests with
 // attention outputs on. The first ceil(C / T) blocks are v9's token blocks, exactly
 // kvaddr_step1_c{G}_*'s code (kv_step_one with KV_V9_DEFAULT's fixes; T threads, T >= bsz,
-// T <= KV_THREADS); the M = gridDim.x -
-// ceil(C / T) blocks after them are metadata blocks (kv_meta_one), the planner's choice of
-// M: G x K with flashinfer or page_table (block (g, k) owns requests [k rq, (k + 1) rq),
-// rq = ceil(bsz / K), and kv_indices[g]'s pad range [k ceil(N / K), (k + 1) ceil(N / K))),
-// else 1 (varlen alone). Because T >= bsz, a metadata block holds every request in
-// registers, one per thread:
-//   1. ONE round trip: thread i loads request i's lengths; each group of one_meta_lanes
-//      lanes also loads its first own request's (r0 + group);
-//   2. right after they arrive, the group issues the loads of that request's first
-//      KV_META_PRE x lanes row columns (columns < min(pages, W_g): the addresses need no
-//      prefix, only the write positions do) -- the second round trip, in flight across:
-//   3. three warp-shuffle scans (tokens, L, pages), the warp totals and maxima to shared
+// T <= KV_THREADS); the M = gridDim.x - ceil(C / T) blocks after them are metadata blocks
+// (kv_meta_one), counted from the grid's end (mr = gridDim.x - 1 - blockIdx.x), the planner's
+// choice of M: G x K with flashinfer or page_table (block mr is cache g = mr % G, block
+// k = mr / G of it; it owns requests [k rq, k rq + rq), rq = T / 32 when K x T / 32 >= bsz, else
+// ceil(bsz / K), and kv_indices[g]'s pad range [k ceil(N / K), (k + 1) ceil(N / K))), else 1
+// (varlen alone). Because T >= bsz, a metadata block holds every request in registers, one per
+// thread, and a warp copies a request's row:
+//   1. ONE round trip: thread i loads request i's lengths; each warp also loads its first own
+//      request's first KV_META_PRE x 32 row columns (columns < W_g: the addresses and the
+//      bound need no length; columns past the row's pages are loaded and dropped);
+//   2. three warp-shuffle scans (tokens, L, pages), the warp totals and maxima to shared
 //      memory, ONE barrier: thread i then has request i's absolute prefixes;
-//   4. the loaded columns are stored (bit 2 for a negative id), thread i writes request i's
+//   3. the loaded columns are stored (bit 2 for a negative id), thread i writes request i's
 //      kv_indptr, kv_last_page_len and cu_seqlens_k when i is the block's (bits 1 and 16,
-//      keyed at its first token), the rest of the rows are copied (further requests of a
-//      group after the first, kv_meta_block3's loop), the block's pad range written with
-//      int4 stores; block k = 0 writes entry bsz, block 0 the maxima.
+//      keyed at its first token), the rest of the rows are copied (columns past the loaded
+//      ones, further requests of a warp), the block's pad range written with int4 stores;
+//      block k = 0 writes entry bsz, block k = 0 of cache 0 the maxima.
 // Outputs and error records (bits 1, 2, 16 and their first-bad keys) are kv_meta_block2's.
 // Error records: every block (token or metadata) merges into records blockIdx.x * T / 32 + warp,
 // only from a warp with an error (sticky, kv_merge_record: nothing to clear when switching
 // between this kernel, kvaddr_step_* and kvaddr_step1_*; the host clears after reading).
-// KvStepParams::one_meta_flags (timing ablations, the outputs are then wrong): KV_M1_*.
-#define KV_M1_NO_COPY 1     // no row loads, no kv_indices entries below the total
-#define KV_M1_NO_OUTPUTS 2  // no per-request outputs (kv_indptr, kv_last_page_len, cu_seqlens_k) or checks
-#define KV_M1_NO_PAD 4      // no pad
-#define KV_M1_EMPTY 8       // the metadata blocks return at once (the cost of launching them)
-// Not an ablation (the outputs are right): KV_M1_EARLY issues the group's first request's row loads
-// with the lengths, in the same round trip (columns < min(width, KV_META_PRE x lanes): the
-// addresses and the bound need no length; the columns past the row's pages are loaded and
-// dropped), instead of after that request's own lengths arrive (a round trip earlier; its pages
-// are read from shared memory after the barrier). The planner's default (one_meta_early).
-#define KV_M1_EARLY 16
-// Not an ablation either: KV_M1_LEAN shortens the instruction chain after the barrier (at these
-// sizes a block's ALU work is a visible part of the launch): prefixes summed with one
-// add-and-min each (every summand is non-negative), the loaded columns stored without a branch
-// per column (one negative-id flag per row: every column of a row has the same key), the last
-// page's length from the pages already divided (L - (P - 1) B, no second division).
-#define KV_M1_LEAN 32
+// KvStepParams::one_meta_flags: 0, or the timing ablation below (the outputs are then wrong).
+#define KV_M1_EMPTY 8  // the metadata blocks return at once (the cost of launching them)
 
-// Sum (saturating) of w[0..upto) for non-negative w (kv_meta_sum_before with kv_sat_add_nn).
-__device__ __forceinline__ int kv_meta_sum_before_nn(const int* w, int upto) {
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < KV_WARPS; ++i)
-        if (i < upto) s = kv_sat_add_nn(s, w[i]);
-    return s;
-}
-
-struct KvMetaOneShared {
+struct __align__(16) KvMetaOneShared {
     int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of request i
     int pages[KV_THREADS];  // pages of request i in this block's cache
-    int red[5][KV_WARPS];   // per-warp totals (tokens, L, pages) and maxima (tokens, L)
+    int red[5][KV_WARPS];   // per-warp totals (tokens, L, pages) and maxima (tokens, L); rows 16-byte aligned
 };
 
 // The errors of one warp into record i = blockIdx.x * (blockDim.x / 32) + warp (sticky).
@@ -2658,70 +2632,189 @@ __device__ __forceinline__ void kv_one_pad(int* __restrict__ out, int lo, int hi
     if (e < hi) out[e] = -1;
 }
 
-// Metadata block m of M (see the section comment): T = blockDim.x >= bsz threads.
+// Inclusive warp scan of non-negative values, saturating at KV_INT_MAX (one add and one min a step).
+__device__ __forceinline__ int kv_warp_inclusive_nn(int x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x = kv_sat_add_nn(x, y);
+    }
+    return x;
+}
+
+// The KV_WARPS per-warp values of one row of KvMetaOneShared::red, as two int4 broadcasts (the
+// entries of warps that do not exist are read and never used: the sums below mask them).
+__device__ __forceinline__ void kv_one_read_warps(const int* r, int (&w)[KV_WARPS]) {
+    static_assert(KV_WARPS == 8, "two int4s per row of red");
+    const int4 a = *reinterpret_cast<const int4*>(r), b = *reinterpret_cast<const int4*>(r + 4);
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+
+// Sum (saturating) of w[0..i) for non-negative w: independent selects, then a tree.
+__device__ __forceinline__ int kv_one_sum_lt(const int (&w)[KV_WARPS], int i) {
+    int s[KV_WARPS];
+#pragma unroll
+    for (int j = 0; j < KV_WARPS; ++j) s[j] = j < i ? w[j] : 0;
+#pragma unroll
+    for (int h = 1; h < KV_WARPS; h <<= 1)
+#pragma unroll
+        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = kv_sat_add_nn(s[j], s[j + h]);
+    return s[0];
+}
+
+// Maximum of w[0..i) (non-negative values; 0 for i = 0).
+__device__ __forceinline__ int kv_one_max_lt(const int (&w)[KV_WARPS], int i) {
+    int s[KV_WARPS];
+#pragma unroll
+    for (int j = 0; j < KV_WARPS; ++j) s[j] = j < i ? w[j] : 0;
+#pragma unroll
+    for (int h = 1; h < KV_WARPS; h <<= 1)
+#pragma unroll
+        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = max(s[j], s[j + h]);
+    return s[0];
+}
+
+// The first token of request b (in warp wi of the block): the key of its error records. Only
+// on the path that flags an error (it reads shared memory again).
+__device__ __forceinline__ int kv_one_token(const KvMetaOneShared& sm, int wi, int b) {
+    int rt[KV_WARPS];
+    kv_one_read_warps(sm.red[0], rt);
+    return kv_sat_add_nn(kv_one_sum_lt(rt, wi), sm.x[0][b]);
+}
+
+// The rows past the loaded columns: request b0's columns from KV_META_PRE x 32 on, then requests
+// b0 + warps, b0 + 2 warps, ... below r1 (kv_indices entries below N only).
+__device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, const KvStepParams& p, const int* table,
+                                              i64 stride, int width, int g, int b0, int r1,
+                                              int* __restrict__ out, KvErr& err) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, N = p.kv_indices_capacity;
+    int rp[KV_WARPS];
+    kv_one_read_warps(sm.red[2], rp);
+#pragma unroll 1
+    for (int b = b0; b < r1; b += warps) {
+        const int wi = b >> 5;
+        const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[2][b]);
+        const int col_from = b == b0 ? lane + KV_META_PRE * 32 : lane;
+        const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
+        const int* __restrict__ row = table + (i64)b * stride;
+#pragma unroll 1
+        for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
+            int w[KV_META_U];
+#pragma unroll
+            for (int u = 0; u < KV_META_U; ++u) {
+                const int col = col0 + u * 32;
+                w[u] = -1;
+                if (col < end && col < width) w[u] = __ldg(row + col);
+            }
+            bool neg = false;
+#pragma unroll
+            for (int u = 0; u < KV_META_U; ++u) {
+                const int col = col0 + u * 32;
+                if (col < end) out[(i64)s0 + col] = max(w[u], -1);
+                neg |= (col < end) & (col < width) & (w[u] < 0);
+            }
+            if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b), b, g);
+        }
+    }
+}
+
+// v[u] = row[32 u] for 32 u < cols, else -1 (row: a global address; ld.global.nc, immediate offsets).
+__device__ __forceinline__ void kv_one_row_loads(u64 row, int cols, int (&v)[KV_META_PRE]) {
+#pragma unroll
+    for (int u = 0; u < KV_META_PRE; ++u) {
+        v[u] = -1;
+#ifdef __CUDA_ARCH__
+        if (32 * u < cols) asm("ld.global.nc.b32 %0, [%1];" : "=r"(v[u]) : "l"(row + 128u * u));
+#endif
+    }
+}
+
+// Metadata block (g, k) of kvaddr_step1m_*: T = blockDim.x >= bsz threads (see the section comment).
+//
+// Written for the length of one warp's dependent chain (session 12: a metadata block's time is
+// its instruction latency, not its memory traffic; docs/perf-notes.md "Twelfth session"):
+//   * the metadata blocks are counted from the grid's end, mr = gridDim.x - 1 - blockIdx.x, and
+//     block mr is (g, k) = (mr % G, mr / G) (G is a compile-time constant): no division before
+//     the first loads. The lengths are the first loads; the row loads follow at once, for the
+//     first request the usual geometry gives the warp (k x warps + warp, see rq below), while
+//     the real geometry (three 32-bit divisions) is made during the round trip; when it differs
+//     (a planner forcing fewer blocks) the rows are loaded again, still before the barrier;
+//   * pages by a shift when B is a power of two, else by B's reciprocal made at entry;
+//   * after the one barrier every shared word is read once into registers (before any global
+//     store, which the compiler could not tell from a shared one), every prefix is a masked tree
+//     over those per-warp totals, and the token sums that key the error records are made only
+//     on the path that flags an error.
+// Requests: block k owns [k rq, k rq + rq), rq = warps when K x warps >= bsz (the planner's
+// geometry: a warp per request), else ceil(bsz / K); its pad range is [k ceil(N / K), ...).
 template <int G>
-__device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M) {
+__device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     __shared__ KvMetaOneShared sm;
-    const int flags = p.one_meta_flags;
-    if (flags & KV_M1_EMPTY) return;  // (ablation) no work, no error
-    KvErr err;
-    err.mask = 0u;
-    err.key = KV_NO_ERROR;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
-    const int bsz = p.bsz, N = p.kv_indices_capacity;
-    const bool fi = G > 0 && (p.attention & KV_ATTN_FLASHINFER) != 0;  // (the planner refuses flashinfer without caches)
-    const bool rows = G > 0 && (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0;
-    const int K = rows ? max(M / (G > 0 ? G : 1), 1) : 1;  // blocks per cache
-    const int g = rows ? min(m / K, G - 1) : 0, k = m - g * K;
-    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
-    const bool copy = fi && (flags & KV_M1_NO_COPY) == 0;
-    const bool outs = (flags & KV_M1_NO_OUTPUTS) == 0;
-    const int* table = nullptr;
-    i64 stride = 0;
-    int width = 1, B = 1;
-    if (G > 0) kv_meta_cache(p, g, table, stride, width, B);
-    const int rq = (bsz + K - 1) / K;
-    const int r0 = (int)min((i64)k * rq, (i64)bsz), r1 = min(r0 + rq, bsz);
-    const int lanes = kv_meta_lanes(p.one_meta_lanes), lg = __popc(lanes - 1);  // lanes = 1 << lg
-    const int group = tid >> lg, sub = tid & (lanes - 1), groups = T >> lg;
-    const bool early = copy && rows && (flags & KV_M1_EARLY) != 0;
-    const bool lean = (flags & KV_M1_LEAN) != 0;
-    // 1. one round trip: request tid's lengths, and the group's first request's
+    const int bsz = p.bsz;
+    // 1. request tid's lengths: the first loads (their addresses need nothing)
     int d = 0, n = 0;
     if (tid < bsz) {
         d = __ldg(p.seq_lens_decoder + tid);
         n = __ldg(p.seq_lens_this_time + tid);
     }
-    const int b0 = r0 + group;
-    const int* __restrict__ grow = table + (i64)b0 * stride;  // dereferenced only for b0 < r1
-    int gP = 0;  // the group's first request's pages (0 without a request, and early)
-    if (copy && !early && b0 < r1) {
-        const int gd = __ldg(p.seq_lens_decoder + b0), gn = __ldg(p.seq_lens_this_time + b0);
-        gP = kv_pages((gd < 0) | (gn < 0) ? 0 : kv_sat_add(gd, gn), B);
-    }
-    // 2. the group's first request's first row columns, in flight across the scans and the barrier:
-    // columns < min(its pages, width) once its lengths arrive, or (early) < width at once (the
-    // bound needs no length; columns < KV_META_PRE x lanes by construction)
-    const int gcols = early ? (b0 < r1 ? width : 0) : min(gP, width);
+    if (p.one_meta_flags & KV_M1_EMPTY) return;  // (ablation) no work, no error
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int N = p.kv_indices_capacity;
+    const bool fi = G > 0 && (p.attention & KV_ATTN_FLASHINFER) != 0;  // (the planner refuses flashinfer without caches)
+    const bool rows = G > 0 && (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0;
+    // 2. this block's cache and request range, counted from the grid's end (no division)
+    const int mr = (int)(gridDim.x - 1u - blockIdx.x);
+    const int g = G > 1 && rows ? mr % G : 0, k = G > 1 && rows ? mr / G : mr;
+    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+    const int* table = nullptr;
+    i64 stride = 0;
+    int width = 1, B = 1;
+    if (G > 0) kv_meta_cache(p, g, table, stride, width, B);
+    const int warps = T >> 5;
+    // 3. the row of the warp's first request under the usual geometry (rq = warps), loaded now: its
+    // first KV_META_PRE x 32 columns below the width (the addresses and the bound need no length;
+    // columns past the row's pages are loaded and dropped). One global row address, immediate offsets.
+    int b0 = k * warps + warp;
     int v[KV_META_PRE];
-#pragma unroll
-    for (int u = 0; u < KV_META_PRE; ++u) {
-        const int col = sub + u * lanes;
-        v[u] = -1;
-        if (col < gcols) v[u] = __ldg(grow + col);
-    }
-    // 3. scans of (tokens, L, pages), warp totals and maxima; one barrier
+    kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), fi && b0 < bsz ? width - lane : 0, v);
+    // 4. the real geometry while the loads fly: M = G x K metadata blocks with rows (else 1)
+    const unsigned int uT = (unsigned int)T, uC = (unsigned int)p.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
+    const int M = (int)gridDim.x - (int)((uC + uT - 1u) / uT);
+    const int K = rows ? max(M / (G > 0 ? G : 1), 1) : 1;  // blocks per cache
+    const unsigned int uK = (unsigned int)K;
+    const int rq = K * warps >= bsz ? warps : (int)(((unsigned int)bsz + uK - 1u) / uK);
+    const int r0 = min(k * rq, bsz), r1 = min(r0 + rq, bsz);
+    // B's division: a shift for a power of two, else floor((2^32 - 1) / B); the pad range's length
+    const unsigned int uB = (unsigned int)B;
+    const bool pow2 = (uB & (uB - 1u)) == 0u;
+    const int sh = __ffs(B) - 1;
+    const unsigned int rcp = pow2 ? 0u : 0xffffffffu / uB;
+    const unsigned int chunk = kv_pin((int)(((unsigned int)N + uK - 1u) / uK));
+    // 5. (lengths arrived) tokens, L and pages; three warp scans, the maxima; one barrier
     const bool bad = (d < 0) | (n < 0);
-    const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add(d, n), P = G > 0 ? kv_pages(L, B) : 0;
-    const int iq = kv_warp_inclusive(nn), il = kv_warp_inclusive(L), ip = kv_warp_inclusive(P);
+    const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add_nn(d, n);
+    int P = 0;
+    if (G > 0) {
+        const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32: L <= 2^31 - 1, B <= 2^31 - 1
+        unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
+        if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
+        P = (int)q;
+    }
+    const int iq = kv_warp_inclusive_nn(nn), il = kv_warp_inclusive_nn(L), ip = kv_warp_inclusive_nn(P);
+    // (every lane shuffles: a full-mask shuffle inside "lane == 0 ? 0 : ..." would wait for lane 0 forever)
+    const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
+              ep = __shfl_up_sync(0xffffffffu, ip, 1);
+    const int xq = lane == 0 ? 0 : eq, xl = lane == 0 ? 0 : el, xp = lane == 0 ? 0 : ep;
+    sm.x[0][tid] = xq;
+    sm.x[1][tid] = xl;
+    sm.x[2][tid] = xp;
+    sm.pages[tid] = P;
     {
-        const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
-                  ep = __shfl_up_sync(0xffffffffu, ip, 1);
         const int mq = __reduce_max_sync(0xffffffffu, nn), ml = __reduce_max_sync(0xffffffffu, L);
-        sm.x[0][tid] = lane == 0 ? 0 : eq;
-        sm.x[1][tid] = lane == 0 ? 0 : el;
-        sm.x[2][tid] = lane == 0 ? 0 : ep;
-        sm.pages[tid] = P;
         if (lane == 31) {
             sm.red[0][warp] = iq;
             sm.red[1][warp] = il;
@@ -2730,176 +2823,126 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p, int m, int M)
             sm.red[4][warp] = ml;
         }
     }
+    // (tested here, not where rq is made: ptxas would otherwise issue the divisions before the row
+    // loads above to reach this branch sooner)
+    if (rq != warps) {  // (uniform) a geometry the planner does not make by default: the right row
+        b0 = r0 + warp;
+        kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), fi && b0 < r1 ? width - lane : 0, v);
+    }
     __syncthreads();  // the only barrier: nothing in shared memory is written after it
-    const int nw = T >> 5;
+    // 6. every shared word this thread needs, into registers before any global store
+    const bool mine = b0 < r1;  // the warp has a request (b0 >= r0 always)
+    int rp[KV_WARPS], rl[KV_WARPS];
+    kv_one_read_warps(sm.red[2], rp);
+    kv_one_read_warps(sm.red[1], rl);
+    const int xb = mine ? sm.x[2][b0] : 0, pb = mine ? sm.pages[b0] : 0;
     int* __restrict__ out = p.kv_indices + (i64)g * N;
-    if (copy && b0 < r1 && lean) {  // (KV_M1_LEAN) the same, branch-free per column
+    const int total = kv_one_sum_lt(rp, warps);  // kv_indptr[g, bsz] (rows' pages; 0 without caches)
+    // 7. the loaded columns of the warp's first request (one negative-id flag per row)
+    if (fi && mine) {
         const int wi = b0 >> 5;
-        const int s0 = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[2], wi), sm.x[2][b0]);
-        const int end = s0 < N ? min(early ? sm.pages[b0] : gP, N - s0) : 0, ew = min(end, width);
+        const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), xb);
+        const int end = s0 < N ? min(pb, N - s0) : 0, ew = min(end, width);
+        int* __restrict__ o = out + s0;
         bool neg = false;
 #pragma unroll
         for (int u = 0; u < KV_META_PRE; ++u) {
-            const int col = sub + u * lanes;
-            if (col < end) out[(i64)s0 + col] = max(v[u], -1);
+            const int col = lane + 32 * u;
+            if (col < end) o[col] = max(v[u], -1);
             neg |= (col < ew) & (v[u] < 0);
         }
-        if (neg)
-            err.flag(KV_ERR_NEGATIVE_BLOCK, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], wi), sm.x[0][b0]), b0, g);
-    } else if (copy && b0 < r1) {  // the loaded columns of the group's first request
-        const int wi = b0 >> 5;
-        const int s0 = kv_sat_add(kv_meta_sum_before(sm.red[2], wi), sm.x[2][b0]);
-        const int tok = kv_sat_add(kv_meta_sum_before(sm.red[0], wi), sm.x[0][b0]);
-        const int end = s0 < N ? min(early ? sm.pages[b0] : gP, N - s0) : 0;
-#pragma unroll
-        for (int u = 0; u < KV_META_PRE; ++u) {
-            const int col = sub + u * lanes;
-            if (col < end) {
-                if (col < width && v[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b0, g);
-                out[s0 + col] = v[u] < 0 ? -1 : v[u];
-            }
-        }
+        if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b0), b0, g);
     }
-    // 4. request tid (when it is this block's): absolute prefixes, per-request outputs, bits 1 and 16
+    // 8. request tid (when it is this block's): per-request outputs, bits 1 and 16
     const i64 row_off = (i64)g * p.attn_stride;
-    if (outs && tid >= r0 && tid < r1 && lean) {  // (KV_M1_LEAN) the same, shorter chains
+    if (tid >= r0 && tid < r1) {
+        bool cap = false;
         if (fi) {
-            const int xp = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[2], warp), sm.x[2][tid]);
-            p.kv_indptr[row_off + tid] = xp;
+            const int at = kv_sat_add_nn(kv_one_sum_lt(rp, warp), xp);
+            p.kv_indptr[row_off + tid] = at;
             // P = ceil(L / B) (G > 0 with flashinfer), so L - (P - 1) B = (L - 1) % B + 1 for L > 0
-            p.kv_last_page_len[row_off + tid] =
-                L > 0 ? (G > 0 ? L - (P - 1) * B : (int)((unsigned int)(L - 1) % (unsigned int)B) + 1) : 0;
-            if (xp <= N && N < kv_sat_add_nn(xp, P))
-                err.flag(KV_ERR_KV_INDICES_CAPACITY, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], warp), sm.x[0][tid]),
-                         tid, g);
+            p.kv_last_page_len[row_off + tid] = L > 0 ? L - (P - 1) * B : 0;
+            cap = at <= N && N < kv_sat_add_nn(at, P);
         }
-        if (rows && P > width)
-            err.flag(KV_ERR_BLOCK_INDEX, kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[0], warp), sm.x[0][tid]), tid, g);
-        if (varlen) p.cu_seqlens_k[tid] = kv_sat_add_nn(kv_meta_sum_before_nn(sm.red[1], warp), sm.x[1][tid]);
-    } else if (outs && tid >= r0 && tid < r1) {
-        const int xq = kv_sat_add(kv_meta_sum_before(sm.red[0], warp), sm.x[0][tid]);
-        if (fi) {
-            const int xp = kv_sat_add(kv_meta_sum_before(sm.red[2], warp), sm.x[2][tid]);
-            p.kv_indptr[row_off + tid] = xp;
-            p.kv_last_page_len[row_off + tid] = L > 0 ? (int)((unsigned int)(L - 1) % (unsigned int)B) + 1 : 0;
-            if (xp <= N && N < kv_sat_add(xp, P)) err.flag(KV_ERR_KV_INDICES_CAPACITY, xq, tid, g);
+        if (varlen) p.cu_seqlens_k[tid] = kv_sat_add_nn(kv_one_sum_lt(rl, warp), xl);
+        const bool wide = rows && P > width;
+        if (cap | wide) {  // the key: the request's first token
+            const int tok = kv_one_token(sm, warp, tid);
+            if (cap) err.flag(KV_ERR_KV_INDICES_CAPACITY, tok, tid, g);
+            if (wide) err.flag(KV_ERR_BLOCK_INDEX, tok, tid, g);
         }
-        if (rows && P > width) err.flag(KV_ERR_BLOCK_INDEX, xq, tid, g);
-        if (varlen) p.cu_seqlens_k[tid] = kv_sat_add(kv_meta_sum_before(sm.red[1], warp), sm.x[1][tid]);
     }
-    const int total = lean ? kv_meta_sum_before_nn(sm.red[2], nw) : kv_meta_sum_before(sm.red[2], nw);  // kv_indptr[g, bsz]
-    if (tid == 0 && k == 0) {  // entry bsz (block k = 0 of each cache), the maxima (block 0)
+    if (tid == 0 && k == 0) {  // entry bsz (block k = 0 of each cache), the maxima (block k = 0 of cache 0)
         if (fi) p.kv_indptr[row_off + bsz] = total;
         if (varlen) {
-            p.cu_seqlens_k[bsz] = kv_meta_sum_before(sm.red[1], nw);
-            int mq = 0, ml = 0;
-#pragma unroll
-            for (int i = 0; i < KV_WARPS; ++i) {
-                if (i < nw) {
-                    mq = max(mq, sm.red[3][i]);
-                    ml = max(ml, sm.red[4][i]);
-                }
-            }
-            p.max_seqlen[0] = mq;
-            p.max_seqlen[1] = ml;
+            int rm[KV_WARPS];
+            p.cu_seqlens_k[bsz] = kv_one_sum_lt(rl, warps);
+            kv_one_read_warps(sm.red[3], rm);
+            p.max_seqlen[0] = kv_one_max_lt(rm, warps);
+            kv_one_read_warps(sm.red[4], rm);
+            p.max_seqlen[1] = kv_one_max_lt(rm, warps);
         }
     }
-    if (copy) {  // the rest of the rows: the first request's columns past the loaded ones, then the others
-#pragma unroll 1
-        for (int b = b0; b < r1; b += groups) {
-            const int wi = b >> 5;
-            const int s0 = kv_sat_add(kv_meta_sum_before(sm.red[2], wi), sm.x[2][b]);
-            const int tok = kv_sat_add(kv_meta_sum_before(sm.red[0], wi), sm.x[0][b]);
-            const int col_from = b == b0 ? sub + KV_META_PRE * lanes : sub;
-            const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
-            const int* __restrict__ row = table + (i64)b * stride;
-#pragma unroll 1
-            for (int col0 = col_from; col0 < end; col0 += KV_META_U * lanes) {
-                int w[KV_META_U];
-#pragma unroll
-                for (int u = 0; u < KV_META_U; ++u) {
-                    const int col = col0 + u * lanes;
-                    w[u] = -1;
-                    if (col < end && col < width) w[u] = __ldg(row + col);
-                }
-                if (lean) {  // (KV_M1_LEAN) no branch per column: one flag per row and round
-                    bool neg = false;
-#pragma unroll
-                    for (int u = 0; u < KV_META_U; ++u) {
-                        const int col = col0 + u * lanes;
-                        if (col < end) out[(i64)s0 + col] = max(w[u], -1);
-                        neg |= (col < end) & (col < width) & (w[u] < 0);
-                    }
-                    if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
-                } else {
-#pragma unroll
-                    for (int u = 0; u < KV_META_U; ++u) {
-                        const int col = col0 + u * lanes;
-                        if (col < end) {
-                            if (col < width && w[u] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, tok, b, g);
-                            out[s0 + col] = w[u] < 0 ? -1 : w[u];
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if (fi && (flags & KV_M1_NO_PAD) == 0) {  // the pad of this block's entry range
-        const int chunk = (int)(((i64)N + K - 1) / K);
-        const int e_lo = (int)min((i64)k * chunk, (i64)N), e_hi = (int)min((i64)e_lo + chunk, (i64)N);
-        kv_one_pad(out, max(e_lo, total), e_hi);
+    // 9. the rest of the rows: the first request's columns past the loaded ones, then the warp's
+    // further requests (none with the planner's geometry unless a row has more than 512 pages)
+    if (fi && (b0 + warps < r1 || (mine && pb > KV_META_PRE * 32))) kv_one_copy_rest(sm, p, table, stride, width, g, b0, r1, out, err);
+    // 10. the pad of this block's entry range
+    if (fi) {
+        const unsigned int e_lo = min((unsigned int)k * chunk, (unsigned int)N), e_hi = min(e_lo + chunk, (unsigned int)N);
+        kv_one_pad(out, max((int)e_lo, total), (int)e_hi);
     }
     kv_one_store_record(p, err);
 }
 
-// The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS).
+// The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS). A
+// block is a metadata block iff blockIdx.x * T >= C (no division on the token blocks' path).
 template <int G, typename PosT>
 __device__ __forceinline__ void kv_step_one_meta(const KvStepParams& p) {
-    const int token_blocks = (int)(((i64)p.capacity + blockDim.x - 1) / blockDim.x);
-    if ((int)blockIdx.x >= token_blocks) {
-        kv_meta_one<G>(p, (int)blockIdx.x - token_blocks, (int)gridDim.x - token_blocks);
+    const unsigned int T = blockDim.x, C = (unsigned int)p.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
+    if ((u64)blockIdx.x * T >= C) {
+        kv_meta_one<G>(p);
         return;
     }
     kv_step_one_ablate<G, PosT, KV_V9_DEFAULT>(p);  // the token blocks: v9 with its measured fixes
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c0_i64(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c0_i64(const KvStepParams params) {
     kv_step_one_meta<0, i64>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c1_i64(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c1_i64(const KvStepParams params) {
     kv_step_one_meta<1, i64>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c2_i64(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c2_i64(const KvStepParams params) {
     kv_step_one_meta<2, i64>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c3_i64(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c3_i64(const KvStepParams params) {
     kv_step_one_meta<3, i64>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c4_i64(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c4_i64(const KvStepParams params) {
     kv_step_one_meta<4, i64>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c0_i32(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c0_i32(const KvStepParams params) {
     kv_step_one_meta<0, int>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c1_i32(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c1_i32(const KvStepParams params) {
     kv_step_one_meta<1, int>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c2_i32(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c2_i32(const KvStepParams params) {
     kv_step_one_meta<2, int>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c3_i32(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c3_i32(const KvStepParams params) {
     kv_step_one_meta<3, int>(params);
 }
 
-extern "C" __global__ void __launch_bounds__(KV_THREADS) kvaddr_step1m_c4_i32(const KvStepParams params) {
+extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c4_i32(const KvStepParams params) {
     kv_step_one_meta<4, int>(params);
 }
 

@@ -267,11 +267,9 @@ class StepPlanner:
     #: blocks and metadata blocks in one launch); False keeps ``kvaddr_step_*`` with its metadata
     #: blocks (``meta_impl``) for every batch, as before (read by :meth:`use_kernel`).
     one_block_attention: bool = True
-    #: Lanes per request of the metadata blocks' row copy (4, 8, 16 or 32).
-    one_meta_lanes: int = 32
     #: Metadata blocks per cache (1 to ONE_META_MAX_BLOCKS); 0: as many as give every request
-    #: of the batch its own group of lanes (ceil(bsz / (T / lanes))), and at least
-    #: ceil(N / one_meta_pad_entries) for the pad.
+    #: of the batch its own warp (ceil(bsz / (T / 32))), and at least ceil(N /
+    #: one_meta_pad_entries) for the pad.
     one_meta_blocks: int = 0
     #: The narrowest block of kvaddr_step1m_* (T = max(bsz, min(C, one_block_min_threads), this, 32)
     #: rounded up to a warp, at most KV_THREADS; 0: v9's own T).
@@ -280,22 +278,9 @@ class StepPlanner:
     one_meta_pad_entries: int = 32768
     #: The most metadata blocks per cache of kvaddr_step1m_* (the error records are sized for them).
     ONE_META_MAX_BLOCKS = 32
-    #: True: the metadata blocks issue each lane group's first row loads together with the
-    #: lengths (one round trip before the barrier: kernels.cu's KV_M1_EARLY); False: after that
-    #: request's own lengths arrive (session 5's first version, two round trips). Same outputs.
-    one_meta_early: bool = True
-    #: True: the metadata blocks' shorter instruction chain after the barrier (kernels.cu's
-    #: KV_M1_LEAN: add-and-min prefixes, no branch per stored column). Same outputs.
-    one_meta_lean: bool = True
-    #: kernels.cu's KV_M1_* timing ablations (``_set_one_meta(flags=...)``; the outputs are then WRONG).
-    M1_NO_COPY = 1
-    M1_NO_OUTPUTS = 2
-    M1_NO_PAD = 4
+    #: kernels.cu's KV_M1_EMPTY: the metadata blocks return at once (a timing ablation,
+    #: ``_set_one_meta(flags=...)``: the outputs are then WRONG).
     M1_EMPTY = 8
-    #: kernels.cu's KV_M1_EARLY and KV_M1_LEAN (not ablations: see :attr:`one_meta_early`,
-    #: :attr:`one_meta_lean`).
-    M1_EARLY = 16
-    M1_LEAN = 32
 
     def use_kernel(
         self,
@@ -448,7 +433,7 @@ class StepPlanner:
             return 1
         k = self.one_meta_blocks
         if not k:
-            groups = max(1, threads // self._params.one_meta_lanes)
+            groups = max(1, threads // 32)  # a warp per request
             k = max(1, -(-bsz // groups))
             if self.kv_indices is not None:
                 k = max(k, -(-self.kv_indices_capacity // max(1, self.one_meta_pad_entries)))
@@ -457,34 +442,23 @@ class StepPlanner:
     def _set_one_meta(
         self,
         *,
-        lanes: int | None = None,
         blocks: int | None = None,
         min_threads: int | None = None,
         flags: int | None = None,
     ) -> None:
-        """Benchmarking hook of kvaddr_step1m_* (not public API): lanes per request (4, 8, 16,
-        32), metadata blocks per cache (0 automatic, else 1 to ONE_META_MAX_BLOCKS), the
-        narrowest block (0 to KV_THREADS) and the KV_M1_* ``flags``: M1_EARLY (16) the row
-        loads' order and M1_LEAN (32) the post-barrier code (see :attr:`one_meta_early`,
-        :attr:`one_meta_lean`; right outputs either way), the others timing ablations (the
-        outputs are then WRONG; any combination of 16 and 32 for real use). Takes effect at the next launch (capture
-        a CUDA graph again; bind a BoundStep again)."""
-        if lanes is not None:
-            if lanes not in (4, 8, 16, 32):
-                raise ValueError(f"one meta lanes must be 4, 8, 16 or 32, got {lanes!r}")
-            self.one_meta_lanes = int(lanes)
-            self._params.one_meta_lanes = int(lanes)
+        """Benchmarking hook of kvaddr_step1m_* (not public API): metadata blocks per cache (0
+        automatic, else 1 to ONE_META_MAX_BLOCKS), the narrowest block (0 to KV_THREADS) and
+        ``flags``: 0, or M1_EMPTY (8: the metadata blocks return at once, a timing ablation; the
+        outputs are then WRONG). Takes effect at the next launch (capture a CUDA graph again;
+        bind a BoundStep again)."""
         if blocks is not None:
             self.one_meta_blocks = check_int("blocks", blocks, lo=0, hi=self.ONE_META_MAX_BLOCKS)
         if min_threads is not None:
             self.one_meta_min_threads = check_int("min_threads", min_threads, lo=0, hi=self._threads)
         if flags is not None:
-            every = self.M1_NO_COPY | self.M1_NO_OUTPUTS | self.M1_NO_PAD | self.M1_EMPTY | self.M1_EARLY | self.M1_LEAN
-            if not isinstance(flags, int) or flags & ~every or flags < 0:
-                raise ValueError(f"one meta flags must be a combination of 1, 2, 4, 8, 16 and 32, got {flags!r}")
+            if flags not in (0, self.M1_EMPTY) or not isinstance(flags, int):
+                raise ValueError(f"one meta flags must be 0 or {self.M1_EMPTY} (M1_EMPTY), got {flags!r}")
             self._params.one_meta_flags = int(flags)
-            self.one_meta_early = bool(flags & self.M1_EARLY)
-            self.one_meta_lean = bool(flags & self.M1_LEAN)
         self._memo = None  # compute()'s memo holds the grid
 
     def _one_block_threads(self, bsz: int) -> int:
@@ -548,9 +522,8 @@ class StepPlanner:
         P.num_meta = self._num_meta  # int32
         P.meta_impl = self._meta_impl | self._meta_ablate  # int32: 1/2 kv_meta_block2, 3 block3, 0 first version
         P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
-        P.one_meta_lanes = self.one_meta_lanes  # int32: lanes per request of kvaddr_step1m_*'s copy
-        # int32: KV_M1_* bits (EARLY, LEAN: the defaults; the ablations: benchmarks only)
-        P.one_meta_flags = (self.M1_EARLY if self.one_meta_early else 0) | (self.M1_LEAN if self.one_meta_lean else 0)
+        P.one_meta_lanes = 32  # int32: read by no kernel since session 12 (a warp per request)
+        P.one_meta_flags = 0  # int32: KV_M1_EMPTY or 0 (the ablation: benchmarks only)
 
     #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
     #: prefetch of the rows, 3 request-parallel in one round, 0 the first version); tests

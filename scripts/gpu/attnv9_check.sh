@@ -13,11 +13,11 @@
 #      batches on kvaddr_step1m_*; the v8-only lane / implementation tests, the > 4096-request
 #      tests, the torch end-to-end tests and the per-layer / hoisted baselines deselected);
 #   2. benchmarks/bench_attention.py --quick --replays 15: off, v8 + meta impl 1 (new32, the old
-#      default on), m1 (round 1's kvaddr_step1m_*, one_meta_flags 0) with its variants and
-#      ablations, and m2 (round 2, the new default: flags EARLY | LEAN = 48), m2-early / m2-lean
-#      (each alone), m2-l16, m2-k8 and m2's ablations; us and /off, with the 1.5x verdict per row
-#      (decode 1, 64, 1024, 4096, the mixed 256 batch; 1 and 2 caches).
-#   The GPU tests run every code path (flags 0, 16, 32, 48) against the NumPy reference.
+#      default on), m3 (session 12's kvaddr_step1m_* metadata blocks, the default) with its
+#      variants (m3-t256, m3-k1, m3-k8) and its ablation (m3-e: empty metadata blocks); us and
+#      /off, with the 1.5x verdict per row (decode 1, 64, 1024, 4096, the mixed 256 batch; 1 and
+#      2 caches).
+#   The GPU tests run every geometry the hooks make against the NumPy reference.
 # SANITIZE=1 adds compute-sanitizer memcheck and racecheck over a subset of the new tests (minutes).
 # Exit status 0 when the tests pass (the benchmark's verdict is printed, not part of the status:
 # decode 1024 / 4096 run kvaddr_step_* and were over 1.5x before this change).
@@ -42,7 +42,7 @@ rc=$?
 tail -n 12 "$OUT/pytest_attnv9.log"
 echo "pytest: exit $rc ($((SECONDS - start)) s)"
 
-echo "== 2. bench_attention --quick (off, v8 new32, m1 and m2 variants and ablations)"
+echo "== 2. bench_attention --quick (off, v8 new32, the m3 variants and ablation)"
 start=$SECONDS
 timeout 32 python3 benchmarks/bench_attention.py --quick --replays 15 --json "$OUT/bench_attention.json" \
   > "$OUT/bench_attention.log" 2>&1

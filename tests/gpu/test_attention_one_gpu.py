@@ -2,10 +2,12 @@
 "Small batches") on the GPU, against the NumPy reference: mixed batches (hypothesis: idle
 requests, chunked-prefill continuations, speculative tokens, L = 0, L a multiple of B, 1-4
 caches with different B, non powers of two, bad values, kv_indices capacity overflow), bsz 1,
-255, 256 and 257 (the switch to kvaddr_step_*), every lane count / block count / block width
-the benchmark times, every element rewritten (poisoned buffers, pad values), nothing
-written past N, graph replay with the inputs' contents changed, a BoundStep, the timing
-ablations followed by a clean step, and kernel switches that leave no stale error record.
+255, 256 and 257 (the switch to kvaddr_step_*), every block count / block width the hooks
+make (a warp per request, several requests per warp with the rows loaded again before the
+barrier, blocks with only a pad range), every element rewritten (poisoned buffers, pad
+values), nothing written past N, graph replay with the inputs' contents changed, a
+BoundStep, the timing ablation followed by a clean step, and kernel switches that leave no
+stale error record.
 
 Skips, with the reason, without a GPU.
 """
@@ -38,12 +40,6 @@ GROUP_SUBSETS = [
     ("varlen", "page_table"),
     ALL_GROUPS,
 ]
-
-
-# one_meta_flags code paths (exact outputs): 0 the first version (row loads after the group's
-# lengths), 16 EARLY (row loads with the lengths), 32 LEAN (shorter post-barrier code), 48 both
-# (the planner's default)
-CODE_PATHS = [0, 16, 32, 48]
 
 
 def _reference(case, groups=ALL_GROUPS):
@@ -94,17 +90,16 @@ def _step_and_check(p, case, groups, label, *, kernel="kvaddr_step1m_"):
 @given(
     mixed_cases(max_bsz=40),
     st.sampled_from(GROUP_SUBSETS),
-    st.sampled_from([4, 8, 16, 32]),
-    st.sampled_from(CODE_PATHS),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from([0, 256]),
 )
-def test_mixed_batches_match_the_reference(case, groups, lanes, code):
-    p = _planner(case, groups, lanes=lanes, flags=code)
-    _step_and_check(p, case, groups, f"{groups}, lanes {lanes}, flags {code}")
+def test_mixed_batches_match_the_reference(case, groups, blocks, threads):
+    p = _planner(case, groups, blocks=blocks, min_threads=threads)
+    _step_and_check(p, case, groups, f"{groups}, blocks {blocks}, threads {threads}")
 
 
-@pytest.mark.parametrize("code", [0, 48])
 @pytest.mark.parametrize("bsz", [1, 255, 256, 257])
-def test_batch_sizes_around_the_switch(bsz, code):
+def test_batch_sizes_around_the_switch(bsz):
     """1-4 caches with different B (non powers of two), unallocated pages, narrow rows,
     negative lengths, capacity overflow; 257 requests run kvaddr_step_*."""
     rng = np.random.default_rng(bsz)
@@ -118,15 +113,17 @@ def test_batch_sizes_around_the_switch(bsz, code):
     ]
     cases.append(dict(cases[1], kv_indices_capacity=max(1, cases[1]["kv_indices_capacity"] * 2 // 3)))
     for i, case in enumerate(cases):
-        p = _planner(case, flags=code)
-        _step_and_check(p, case, ALL_GROUPS, f"bsz {bsz}, case {i}, flags {code}", kernel=kernel)
+        p = _planner(case)
+        _step_and_check(p, case, ALL_GROUPS, f"bsz {bsz}, case {i}", kernel=kernel)
 
 
-@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
-def test_every_benchmarked_geometry(lanes):
-    """Lanes, metadata blocks per cache (automatic, 1, 5, 32) and block widths (v9's, 256): long
-    rows (B = 1: more columns than those loaded before the barrier, several requests per group)."""
-    rng = np.random.default_rng(100 + lanes)
+@pytest.mark.parametrize("pad", [32768, 100])
+def test_every_benchmarked_geometry(pad):
+    """Metadata blocks per cache (automatic, 1, 5, 32; pad 100: automatic K set by the pad, up to
+    32 blocks, some without requests) and block widths (v9's, 256): long rows (B = 1: more
+    columns than those loaded before the barrier), several requests per warp (the rows loaded
+    again before the barrier)."""
+    rng = np.random.default_rng(100 + pad)
     cases = [
         make_case(rng, bsz=64, block_sizes=[1, 3], max_ctx=900, spare_capacity=2),
         make_case(rng, bsz=200, block_sizes=[16], max_ctx=3000, bad="unallocated", spare_capacity=2),
@@ -134,10 +131,10 @@ def test_every_benchmarked_geometry(lanes):
     for i, case in enumerate(cases):
         for blocks in (0, 1, 5, 32):
             for threads in (0, 256):
-                for code in CODE_PATHS if blocks == 0 else (0, 48):
-                    p = _planner(case, lanes=lanes, blocks=blocks, min_threads=threads, flags=code)
-                    label = f"case {i}, lanes {lanes}, blocks {blocks}, threads {threads}, flags {code}"
-                    _step_and_check(p, case, ALL_GROUPS, label)
+                p = _planner(case, blocks=blocks, min_threads=threads)
+                p.one_meta_pad_entries = pad
+                label = f"case {i}, pad {pad}, blocks {blocks}, threads {threads}"
+                _step_and_check(p, case, ALL_GROUPS, label)
 
 
 def test_poisoned_buffers_are_rewritten_and_nothing_past_n():
@@ -247,7 +244,7 @@ def test_bound_step_runs_the_same_kernels():
 
 
 def test_ablations_run_then_a_clean_step_is_exact():
-    """The timing ablations (outputs wrong by design) run without fault; flags = 0 again
+    """The timing ablation (outputs wrong by design) runs without fault; flags = 0 again
     gives the reference's outputs and a clean error record."""
     import cupy
 
@@ -256,20 +253,13 @@ def test_ablations_run_then_a_clean_step_is_exact():
     case = make_case(np.random.default_rng(41), bsz=64, block_sizes=[64, 16], max_ctx=3000, spare_capacity=2)
     p = _planner(case)
     dev = to_device(case)
-    for code in (0, 48):
-        for flags in (
-            StepPlanner.M1_NO_COPY,
-            StepPlanner.M1_NO_OUTPUTS,
-            StepPlanner.M1_NO_PAD,
-            7,
-            StepPlanner.M1_EMPTY,
-        ):
-            p._set_one_meta(flags=flags | code)
-            p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-            cupy.cuda.get_current_stream().synchronize()
-        p._set_one_meta(flags=code)
-        p.clear_errors()  # (the ablations' records are timing-only too; records are sticky)
-        _step_and_check(p, case, ALL_GROUPS, f"after the ablations, flags {code}")
+    for _ in range(2):
+        p._set_one_meta(flags=StepPlanner.M1_EMPTY)
+        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
+        cupy.cuda.get_current_stream().synchronize()
+        p._set_one_meta(flags=0)
+        p.clear_errors()  # (the ablation's records are timing-only too; records are sticky)
+        _step_and_check(p, case, ALL_GROUPS, "after the ablation")
 
 
 def test_switching_kernels_leaves_no_stale_error_record():
@@ -290,7 +280,7 @@ def test_switching_kernels_leaves_no_stale_error_record():
         for k, c in dict(bad=bad, good=good, big_bad=big_bad, big=big).items()
     }
     p = _planner(cases["good"], max_requests=257)
-    geometries = [dict(lanes=32, blocks=0, min_threads=0, flags=48), dict(lanes=4, blocks=32, min_threads=256, flags=0)]
+    geometries = [dict(blocks=0, min_threads=0), dict(blocks=32, min_threads=256)]
     sequence = [
         ("v9", geometries[0], "bad"),
         ("v8", None, "good"),
@@ -334,7 +324,7 @@ def test_sticky_records_across_step1m_and_v8():
     refs = {k: _reference(c) for k, c in cases.items()}
     assert refs["bad"].error_mask and refs["big_bad"].error_mask and not refs["good"].error_mask
     p = _planner(cases["good"], max_requests=257)
-    geometries = [dict(lanes=32, blocks=0, min_threads=0, flags=48), dict(lanes=4, blocks=32, min_threads=256, flags=0)]
+    geometries = [dict(blocks=0, min_threads=0), dict(blocks=32, min_threads=256)]
 
     def launch(kernel, geometry, name):
         p.use_kernel(kernel)

@@ -4,14 +4,19 @@
 It reads the launch's ``KvStepParams`` (kernel_loader.StepParams) as the kernel does, from
 host memory the pointers address (the fake device arrays of
 tests/unit/test_planner_attention.py are NumPy buffers), with the launch geometry
-``(blocks, threads)`` the planner chose, and writes the metadata there: metadata block m of
-M = blocks - ceil(C / threads) is cache g = m // K, block k = m % K of it (K = M // G with
-flashinfer or page_table, else one block), owning requests [k rq, (k + 1) rq) and the pad
-range [k ceil(N / K), (k + 1) ceil(N / K)). Each thread i holds request i (threads >= bsz):
-in-warp exclusive prefixes (32-lane warps, saturating), warp totals, the absolute prefix
-formed after the one barrier; the group's first request's first ``pre`` x lanes columns
-loaded before the barrier. Returns the error records ``(record index, mask, key)`` of every
-warp of every metadata block (record = blockIdx.x * threads / 32 + warp).
+``(blocks, threads)`` the planner chose, and writes the metadata there. The M = blocks -
+ceil(C / threads) metadata blocks are counted from the grid's end: block blockIdx.x is
+mr = blocks - 1 - blockIdx.x, cache g = mr % G, block k = mr // G of it (K = M // G with
+flashinfer or page_table, else one block), owning requests [k rq, k rq + rq) with rq = the
+block's warps when K x warps >= bsz (a warp per request), else ceil(bsz / K), and the pad range
+[k ceil(N / K), (k + 1) ceil(N / K)). Each thread i holds request i (threads >= bsz): in-warp
+exclusive prefixes (32-lane warps, saturating), warp totals, the absolute prefix formed after
+the one barrier; each warp copies the rows of requests r0 + warp, r0 + warp + warps, ..., the
+first one's first ``pre`` x 32 columns loaded before the barrier (columns < the table width,
+whatever the row's pages). Returns the error records ``(record index, mask, key)`` of every
+warp of every metadata block (record = blockIdx.x * threads / 32 + warp). Of the
+``one_meta_flags`` only EMPTY (8: the blocks return at once) has an effect; ``one_meta_lanes``
+has none (a warp per request).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 from kvaddr.errors import NO_ERROR_KEY, error_key
 from tests.support.meta_kernel_model import FLASHINFER, PAGE_TABLE, VARLEN, _pages, _sat, _view
 
-NO_COPY, NO_OUTPUTS, NO_PAD, EMPTY, EARLY, LEAN = 1, 2, 4, 8, 16, 32
+EMPTY = 8
 
 
 def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -> list:
@@ -34,28 +39,25 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
     fi = bool(flags & FLASHINFER)
     rows = G > 0 and bool(flags & (FLASHINFER | PAGE_TABLE))
     K = max(M // G, 1) if rows else 1
-    lanes = P.one_meta_lanes if P.one_meta_lanes in (4, 8, 16) else 32
-    groups = T // lanes
-    warps = T // 32
-    ablate = P.one_meta_flags
+    lanes = 32
+    warps = groups = T // 32
     records = []
-    for m in range(M):
-        first_rec = (token_blocks + m) * warps
-        if ablate & EMPTY:
+    for blk in range(token_blocks, blocks):
+        first_rec = blk * warps
+        if P.one_meta_flags & EMPTY:
             records += [(first_rec + w, 0, NO_ERROR_KEY) for w in range(warps)]
             continue
-        g = min(m // K, G - 1) if rows else 0
-        k = m - g * K
+        mr = blocks - 1 - blk
+        g, k = (mr % G, mr // G) if rows and G > 1 else (0, mr)
         varlen = bool(flags & VARLEN) and g == 0
-        copy = fi and not ablate & NO_COPY
-        outs = not ablate & NO_OUTPUTS
+        copy = fi
         B, W, stride = (P.block_size[g], P.max_blocks[g], P.table_stride[g]) if G else (1, 1, 0)
         table = _view(P.block_tables[g], (bsz - 1) * stride + W if bsz and rows else 0)
         indptr = _view(P.kv_indptr + 4 * g * P.attn_stride, bsz + 1) if fi else None
         last = _view(P.kv_last_page_len + 4 * g * P.attn_stride, bsz) if fi else None
         idx = _view(P.kv_indices + 4 * g * N, N) if fi else None
         cuk = _view(P.cu_seqlens_k, bsz + 1) if varlen else None
-        rq = -(-bsz // K)
+        rq = warps if K * warps >= bsz else -(-bsz // K)
         r0 = min(k * rq, bsz)
         r1 = min(r0 + rq, bsz)
         mask = [0] * warps
@@ -97,17 +99,22 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
                 s = _sat(s, red[v][w])
             return s
 
-        # 2. + 4. the copy: a group per request b0, b0 + groups, ...; the first one's first
-        # pre x lanes columns were loaded before the barrier: columns < min(pages, W) after its
-        # lengths, or (EARLY) columns < W with the lengths, before any length is known (the
-        # reads must stay inside the table: the view raises past row bsz - 1's W columns)
-        early = copy and rows and bool(ablate & EARLY)
+        # 2. + 4. the copy: a warp per request b0, b0 + warps, ...; the first one's first
+        # pre x 32 columns were loaded before the barrier, columns < W, before any length is
+        # known (the reads must stay inside the table: the view raises past row bsz - 1's W
+        # columns). The kernel first loads the row of k x warps + warp (the usual geometry), a
+        # row below bsz, then again the right one when rq differs: the model checks the first
+        # stays inside the table too.
         if copy:
+            for w in range(warps):
+                b_first = k * warps + w
+                if b_first < bsz and W > 0:
+                    int(table[b_first * stride + min(pre * 32, W) - 1])  # its last loaded column
             for t in range(T):
                 grp, sub = divmod(t, lanes)
                 b0 = r0 + grp
                 loaded = {}
-                if early and b0 < r1:
+                if b0 < r1:
                     for u in range(pre):
                         col = sub + u * lanes
                         if col < W:
@@ -126,19 +133,18 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
                         idx[s0 + col] = v if v >= 0 else -1
                         col += lanes
         # per-request outputs of thread i in [r0, r1)
-        if outs:
-            for i in range(r0, r1):
-                xq, xp = prefix(0, i), prefix(2, i)
-                L, P_ = vals[1][i], vals[2][i]
-                if fi:
-                    indptr[i] = xp
-                    last[i] = (L - 1) % B + 1 if L > 0 else 0
-                    if xp <= N < _sat(xp, P_):
-                        flag(i, 16, xq, i)
-                if rows and P_ > W:
-                    flag(i, 1, xq, i)
-                if varlen:
-                    cuk[i] = prefix(1, i)
+        for i in range(r0, r1):
+            xq, xp = prefix(0, i), prefix(2, i)
+            L, P_ = vals[1][i], vals[2][i]
+            if fi:
+                indptr[i] = xp
+                last[i] = (L - 1) % B + 1 if L > 0 else 0
+                if xp <= N < _sat(xp, P_):
+                    flag(i, 16, xq, i)
+            if rows and P_ > W:
+                flag(i, 1, xq, i)
+            if varlen:
+                cuk[i] = prefix(1, i)
         tp = total(2)
         if k == 0:
             if fi:
@@ -147,7 +153,7 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
                 cuk[bsz] = total(1)
                 mx = _view(P.max_seqlen, 2)
                 mx[0], mx[1] = mq, ml
-        if fi and not ablate & NO_PAD:
+        if fi:
             chunk = -(-N // K)
             lo, hi = min(k * chunk, N), min(min(k * chunk, N) + chunk, N)
             for e in range(max(lo, tp), hi):

@@ -103,31 +103,31 @@ def _compute_and_check(planner, launches, case, groups, label):
 @given(
     mixed_cases(max_bsz=40),
     st.sampled_from(GROUPS),
-    st.sampled_from([4, 8, 16, 32]),
     st.sampled_from([0, 1, 2, 3, 32]),
     st.sampled_from([0, 64, 256]),
     st.sampled_from([32768, 7]),
-    st.sampled_from([0, 16, 32, 48]),
 )
-def test_small_batch_kernel_model_matches_the_reference(one_planner, case, groups, lanes, blocks, threads, pad, code):
+def test_small_batch_kernel_model_matches_the_reference(one_planner, case, groups, blocks, threads, pad):
+    """The geometries the planner makes (a warp per request) and the ones the hooks force
+    (fewer blocks: several requests per warp, the rows loaded again before the barrier; more
+    blocks for the pad: blocks without requests)."""
     StepPlanner, launches = one_planner
     planner = _planner(StepPlanner, case, groups)
-    planner._set_one_meta(lanes=lanes, blocks=blocks, min_threads=threads, flags=code)  # EARLY 16, LEAN 32
-    assert planner._params.one_meta_flags == code
+    planner._set_one_meta(blocks=blocks, min_threads=threads)
+    assert planner._params.one_meta_flags == 0
     planner.one_meta_pad_entries = pad  # automatic K: at least ceil(N / pad) blocks per cache
-    label = f"{groups}, lanes {lanes}, blocks {blocks}, threads {threads}, pad {pad}, flags {code}"
+    label = f"{groups}, blocks {blocks}, threads {threads}, pad {pad}"
     _compute_and_check(planner, launches, case, groups, label)
 
 
-@pytest.mark.parametrize("code", [0, 16, 32, 48])
 @pytest.mark.parametrize("bsz", [1, 33, 255, 256])
-@pytest.mark.parametrize("lanes", [8, 32])
-def test_wide_batches_long_rows_and_overflow(one_planner, bsz, lanes, code):
+@pytest.mark.parametrize("threads", [0, 256])
+def test_wide_batches_long_rows_and_overflow(one_planner, bsz, threads):
     """Several warps (absolute prefixes across warp totals), rows longer than the columns
-    loaded before the barrier (B = 1), several requests per group, unallocated pages,
+    loaded before the barrier (B = 1), several requests per warp, unallocated pages,
     kv_indices capacity overflow, 1-3 caches with different B."""
     StepPlanner, launches = one_planner
-    rng = np.random.default_rng(bsz + lanes)
+    rng = np.random.default_rng(bsz + threads)
     cases = [
         make_case(rng, bsz=bsz, block_sizes=[1, 4], max_ctx=700, spare_capacity=3),
         make_case(rng, bsz=bsz, block_sizes=[16, 5, 3], bad="unallocated", spare_capacity=0),
@@ -138,27 +138,30 @@ def test_wide_batches_long_rows_and_overflow(one_planner, bsz, lanes, code):
     for i, case in enumerate(cases):
         for blocks in (0, 1, 5):
             planner = _planner(StepPlanner, case, ALL_GROUPS)
-            planner._set_one_meta(lanes=lanes, blocks=blocks, flags=code)  # EARLY 16, LEAN 32: exact either way
-            _compute_and_check(planner, launches, case, ALL_GROUPS, f"case {i}, blocks {blocks}, flags {code}")
+            planner._set_one_meta(blocks=blocks, min_threads=threads)
+            _compute_and_check(planner, launches, case, ALL_GROUPS, f"case {i}, blocks {blocks}, threads {threads}")
 
 
 def test_selection_geometry_and_the_v8_switch(one_planner):
     StepPlanner, _ = one_planner
     p = StepPlanner(1000, 64, [64], attention=ALL_GROUPS, kv_indices_capacity=20000)
     assert StepPlanner.one_block_max_requests == 256
-    # decode 64 (C = 64): v9's T = 64, 2 groups of 32 lanes per block: 32 blocks for 64 requests
+    # decode 64 (C = 64): v9's T = 64, 2 warps per block, a warp per request: 32 blocks for 64 requests
     assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 32, 64)
     assert p.kernel_for(1) == ("kvaddr_step1m_c1_i64", 1 + 1, 64)  # T = max(bsz, min(C, 256), 32)
     assert p.kernel_for(256) == ("kvaddr_step1m_c1_i64", 1 + 32, 256)
     assert p.kernel_for(257)[0] == "kvaddr_step_i64" and p.kernel_for(257)[1] == p.grid(257)
-    p._set_one_meta(lanes=8)  # 8 groups per 64-thread block
-    assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 8, 64)
-    p._set_one_meta(min_threads=256)  # 32 groups per block: 2 blocks
-    assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 2, 256)
+    p._set_one_meta(min_threads=256)  # 8 warps per block: 8 blocks
+    assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 8, 256)
+    p._set_one_meta(min_threads=0)
+    p.one_meta_pad_entries = 1000  # the pad: at least ceil(20000 / 1000) blocks per cache
+    assert p.kernel_for(1) == ("kvaddr_step1m_c1_i64", 1 + 20, 64)
+    p.one_meta_pad_entries = 32768
+    p._set_one_meta(min_threads=256)
     p._set_one_meta(blocks=3)
     assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 3, 256)
     two = StepPlanner(300, 16384, [16, 32], position_dtype=np.int32, attention="flashinfer", kv_indices_capacity=9)
-    # the mixed batch: 64 token blocks of 256, 8 groups per block: 32 blocks per cache
+    # the mixed batch: 64 token blocks of 256, 8 warps per block: 32 blocks per cache
     assert two.kernel_for(256) == ("kvaddr_step1m_c2_i32", 64 + 2 * 32, 256)
     assert two.kernel_for(0) == ("kvaddr_step1m_c2_i32", 64 + 2, 256)
     big_n = StepPlanner(64, 64, [16], attention="flashinfer", kv_indices_capacity=10 * 32768 + 1)
@@ -183,58 +186,48 @@ def test_selection_geometry_and_the_v8_switch(one_planner):
 @pytest.mark.parametrize("capacity", [1, 64, 255, 257, 5000, 16384])
 @pytest.mark.parametrize("caches", [1, 2, 4])
 def test_records_cover_every_kernel_that_may_run(one_planner, capacity, caches):
-    """Every warp of kvaddr_step1m_* (any bsz <= 256, any lanes, blocks, narrowest block) has a
+    """Every warp of kvaddr_step1m_* (any bsz <= 256, any blocks, narrowest block) has a
     record, inside the range kvaddr_step_* writes or clears ([0, (num_chunks + max_tiles) x 8)),
     so each kernel rewrites every record the others may have left."""
     StepPlanner, _ = one_planner
     p = StepPlanner(4096, capacity, [16] * caches, attention=ALL_GROUPS, kv_indices_capacity=50 << 20)
     v8_cleared = (p._num_chunks + p._params.max_tiles) * 8
     assert p._records.size == 2 * (v8_cleared + p._num_meta * 8)
-    for lanes in (4, 32):
+    for pad in (32768, 1):
+        p.one_meta_pad_entries = pad  # 1: as many blocks per cache as allowed (ONE_META_MAX_BLOCKS)
         for blocks in (0, 1, 32):
             for threads in (0, 256):
-                p._set_one_meta(lanes=lanes, blocks=blocks, min_threads=threads)
+                p._set_one_meta(blocks=blocks, min_threads=threads)
                 for bsz in (0, 1, 31, 32, 33, 64, 255, 256):
                     _, grid, T = p.kernel_for(bsz)
-                    assert T <= 256 and grid * T // 32 <= v8_cleared, (lanes, blocks, threads, bsz)
+                    assert T <= 256 and grid * T // 32 <= v8_cleared, (pad, blocks, threads, bsz)
 
 
 def test_hooks_validate_and_reach_the_struct(one_planner):
     StepPlanner, _ = one_planner
     p = StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)
     P = p._params
-    assert (P.one_meta_lanes, P.one_meta_flags) == (32, 48)  # the default: early row loads, lean code
-    p._set_one_meta(lanes=16, flags=StepPlanner.M1_NO_COPY | StepPlanner.M1_NO_PAD)
-    assert (P.one_meta_lanes, P.one_meta_flags, p.one_meta_early, p.one_meta_lean) == (16, 5, False, False)
+    assert (P.one_meta_lanes, P.one_meta_flags) == (32, 0)  # a warp per request; no ablation
+    p._set_one_meta(flags=StepPlanner.M1_EMPTY)
+    assert P.one_meta_flags == 8
     p._set_one_meta(flags=0)
     assert P.one_meta_flags == 0
-    p._set_one_meta(flags=StepPlanner.M1_EARLY | StepPlanner.M1_NO_PAD)
-    assert (P.one_meta_flags, p.one_meta_early, p.one_meta_lean) == (20, True, False)
-    p._set_one_meta(flags=StepPlanner.M1_LEAN)
-    assert (P.one_meta_flags, p.one_meta_early, p.one_meta_lean) == (32, False, True)
     q = StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)
-    assert q._params.one_meta_flags == 48 and p._params is not q._params
-    StepPlanner.one_meta_early = False  # the class attributes, read at construction
-    try:
-        assert StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)._params.one_meta_flags == 32
-        StepPlanner.one_meta_lean = False
-        assert StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)._params.one_meta_flags == 0
-    finally:
-        StepPlanner.one_meta_early = True
-        StepPlanner.one_meta_lean = True
-    with pytest.raises(ValueError, match="lanes must be 4, 8, 16 or 32"):
-        p._set_one_meta(lanes=12)
+    assert q._params.one_meta_flags == 0 and p._params is not q._params
+    with pytest.raises(TypeError):
+        p._set_one_meta(lanes=16)  # since session 12 a warp copies a row: no lanes knob
     with pytest.raises(ValueError, match="blocks"):
         p._set_one_meta(blocks=33)
     with pytest.raises(ValueError, match="min_threads"):
         p._set_one_meta(min_threads=512)
-    with pytest.raises(ValueError, match="flags must be a combination"):
-        p._set_one_meta(flags=64)
+    for bad in (1, 16, 48, 64, -8, 8.0):
+        with pytest.raises(ValueError, match="flags must be 0 or 8"):
+            p._set_one_meta(flags=bad)
 
 
-@pytest.mark.parametrize("flags", [1, 2, 4, 8, 7, 48 | 1, 48 | 2, 48 | 4, 48 | 8])
+@pytest.mark.parametrize("flags", [0, 8])
 def test_ablations_run_and_leave_records_clean(one_planner, flags):
-    """The timing ablations (outputs wrong by design) still write every metadata record."""
+    """The timing ablation (outputs wrong by design) still writes every metadata record."""
     StepPlanner, launches = one_planner
     case = make_case(np.random.default_rng(flags), bsz=20, block_sizes=[4, 2], spare_capacity=2)
     p = _planner(StepPlanner, case, ALL_GROUPS)
