@@ -104,6 +104,44 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
+// A measuring instrument, off in the library: compiled with KV_TRACE defined (benchmarks/
+// trace_step1m.py builds its own module so), thread 0 of block b stores clock64 (or, for the
+// *_TIME slots, %globaltimer) at KV_STAMP(slot) into kv_trace[b % KV_TRACE_BLOCKS][slot]: where
+// one warp's time goes inside a launch (docs/perf-notes.md, "Twelfth session"). Without
+// KV_TRACE a stamp is nothing (the library's SASS is the same with or without the stamps).
+#define KV_TRACE_BLOCKS 256
+#define KV_TRACE_SLOTS 16
+#ifdef KV_TRACE
+__device__ u64 kv_trace[KV_TRACE_BLOCKS][KV_TRACE_SLOTS];
+__device__ __forceinline__ u64 kv_trace_clock() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    return t;
+}
+__device__ __forceinline__ u64 kv_trace_time() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    return t;
+}
+#define KV_STAMP(slot) \
+    do { if (threadIdx.x == 0) kv_trace[blockIdx.x % KV_TRACE_BLOCKS][slot] = kv_trace_clock(); } while (0)
+#define KV_STAMP_TIME(slot) \
+    do { if (threadIdx.x == 0) kv_trace[blockIdx.x % KV_TRACE_BLOCKS][slot] = kv_trace_time(); } while (0)
+#define KV_STAMP_VALUE(slot, v) \
+    do { if (threadIdx.x == 0) kv_trace[blockIdx.x % KV_TRACE_BLOCKS][slot] = (u64)(v); } while (0)
+#define KV_TRACE_WAIT(x) asm volatile("" ::"r"(x))  // the next stamp is taken after x is known
+__device__ __forceinline__ unsigned int kv_trace_sm() {
+    unsigned int s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#else
+#define KV_STAMP(slot) ((void)0)
+#define KV_STAMP_TIME(slot) ((void)0)
+#define KV_STAMP_VALUE(slot, v) ((void)0)
+#define KV_TRACE_WAIT(x) ((void)0)
+#endif
+
 static_assert(sizeof(int) == 4 && sizeof(i64) == 8 && sizeof(u64) == 8 && sizeof(void*) == 8,
               "KvStepParams assumes 4-byte int and 8-byte int64 and pointers");
 
@@ -2604,6 +2642,11 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 // only from a warp with an error (sticky, kv_merge_record: nothing to clear when switching
 // between this kernel, kvaddr_step_* and kvaddr_step1_*; the host clears after reading).
 // KvStepParams::one_meta_flags: 0, or the timing ablation below (the outputs are then wrong).
+// KV_TRACE stamps of kvaddr_step1m_* (benchmarks/trace_step1m.py): slot 0 the block's start
+// time, 1 its start clock, 15 its kind (1 metadata, 2 token block); metadata blocks: 2 the row
+// loads issued, 3 the lengths arrived, 4 before the barrier, 5 after it, 6 the first row
+// stored, 7 the per-request outputs written, 8 entry bsz and the maxima, 9 the rest of the
+// rows, 10 the pad; both kinds: 11 the end clock, 12 the end time, 13 the SM.
 #define KV_M1_EMPTY 8  // the metadata blocks return at once (the cost of launching them)
 
 struct __align__(16) KvMetaOneShared {
@@ -2751,6 +2794,8 @@ __device__ __forceinline__ void kv_one_row_loads(u64 row, int cols, int (&v)[KV_
 template <int G>
 __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     __shared__ KvMetaOneShared sm;
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
     const int bsz = p.bsz;
     // 1. request tid's lengths: the first loads (their addresses need nothing)
@@ -2781,6 +2826,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     int b0 = k * warps + warp;
     int v[KV_META_PRE];
     kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), fi && b0 < bsz ? width - lane : 0, v);
+    KV_STAMP(2);
     // 4. the real geometry while the loads fly: M = G x K metadata blocks with rows (else 1)
     const unsigned int uT = (unsigned int)T, uC = (unsigned int)p.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
     const int M = (int)gridDim.x - (int)((uC + uT - 1u) / uT);
@@ -2795,6 +2841,9 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     const unsigned int rcp = pow2 ? 0u : 0xffffffffu / uB;
     const unsigned int chunk = kv_pin((int)(((unsigned int)N + uK - 1u) / uK));
     // 5. (lengths arrived) tokens, L and pages; three warp scans, the maxima; one barrier
+    KV_TRACE_WAIT(d);
+    KV_TRACE_WAIT(n);
+    KV_STAMP(3);
     const bool bad = (d < 0) | (n < 0);
     const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add_nn(d, n);
     int P = 0;
@@ -2829,7 +2878,9 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
         b0 = r0 + warp;
         kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), fi && b0 < r1 ? width - lane : 0, v);
     }
+    KV_STAMP(4);
     __syncthreads();  // the only barrier: nothing in shared memory is written after it
+    KV_STAMP(5);
     // 6. every shared word this thread needs, into registers before any global store
     const bool mine = b0 < r1;  // the warp has a request (b0 >= r0 always)
     int rp[KV_WARPS], rl[KV_WARPS];
@@ -2853,6 +2904,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
         }
         if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b0), b0, g);
     }
+    KV_STAMP(6);
     // 8. request tid (when it is this block's): per-request outputs, bits 1 and 16
     const i64 row_off = (i64)g * p.attn_stride;
     if (tid >= r0 && tid < r1) {
@@ -2872,6 +2924,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
             if (wide) err.flag(KV_ERR_BLOCK_INDEX, tok, tid, g);
         }
     }
+    KV_STAMP(7);
     if (tid == 0 && k == 0) {  // entry bsz (block k = 0 of each cache), the maxima (block k = 0 of cache 0)
         if (fi) p.kv_indptr[row_off + bsz] = total;
         if (varlen) {
@@ -2883,15 +2936,22 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
             p.max_seqlen[1] = kv_one_max_lt(rm, warps);
         }
     }
+    KV_STAMP(8);
     // 9. the rest of the rows: the first request's columns past the loaded ones, then the warp's
     // further requests (none with the planner's geometry unless a row has more than 512 pages)
     if (fi && (b0 + warps < r1 || (mine && pb > KV_META_PRE * 32))) kv_one_copy_rest(sm, p, table, stride, width, g, b0, r1, out, err);
+    KV_STAMP(9);
     // 10. the pad of this block's entry range
     if (fi) {
         const unsigned int e_lo = min((unsigned int)k * chunk, (unsigned int)N), e_hi = min(e_lo + chunk, (unsigned int)N);
         kv_one_pad(out, max((int)e_lo, total), (int)e_hi);
     }
+    KV_STAMP(10);
     kv_one_store_record(p, err);
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
+    KV_STAMP_VALUE(15, 1);
 }
 
 // The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS). A
@@ -2903,7 +2963,13 @@ __device__ __forceinline__ void kv_step_one_meta(const KvStepParams& p) {
         kv_meta_one<G>(p);
         return;
     }
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     kv_step_one_ablate<G, PosT, KV_V9_DEFAULT>(p);  // the token blocks: v9 with its measured fixes
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
+    KV_STAMP_VALUE(15, 2);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c0_i64(const KvStepParams params) {
