@@ -2650,7 +2650,7 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 #define KV_M1_EMPTY 8  // the metadata blocks return at once (the cost of launching them)
 
 struct __align__(16) KvMetaOneShared {
-    int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of request i
+    int x[2][KV_THREADS];   // in-warp exclusive prefixes of request i: [0] tokens (error keys), [1] pages
     int pages[KV_THREADS];  // pages of request i in this block's cache
     int red[5][KV_WARPS];   // per-warp totals (tokens, L, pages) and maxima (tokens, L); rows 16-byte aligned
 };
@@ -2695,7 +2695,9 @@ __device__ __forceinline__ void kv_one_read_warps(const int* r, int (&w)[KV_WARP
     w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
 }
 
-// Sum (saturating) of w[0..i) for non-negative w: independent selects, then a tree.
+// Sum (saturating; MAX: maximum) of w[0..i) for non-negative w, 0 for i = 0: independent
+// selects, then a tree.
+template <bool MAX = false>
 __device__ __forceinline__ int kv_one_sum_lt(const int (&w)[KV_WARPS], int i) {
     int s[KV_WARPS];
 #pragma unroll
@@ -2703,19 +2705,7 @@ __device__ __forceinline__ int kv_one_sum_lt(const int (&w)[KV_WARPS], int i) {
 #pragma unroll
     for (int h = 1; h < KV_WARPS; h <<= 1)
 #pragma unroll
-        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = kv_sat_add_nn(s[j], s[j + h]);
-    return s[0];
-}
-
-// Maximum of w[0..i) (non-negative values; 0 for i = 0).
-__device__ __forceinline__ int kv_one_max_lt(const int (&w)[KV_WARPS], int i) {
-    int s[KV_WARPS];
-#pragma unroll
-    for (int j = 0; j < KV_WARPS; ++j) s[j] = j < i ? w[j] : 0;
-#pragma unroll
-    for (int h = 1; h < KV_WARPS; h <<= 1)
-#pragma unroll
-        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = max(s[j], s[j + h]);
+        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = MAX ? max(s[j], s[j + h]) : kv_sat_add_nn(s[j], s[j + h]);
     return s[0];
 }
 
@@ -2738,7 +2728,7 @@ __device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, cons
 #pragma unroll 1
     for (int b = b0; b < r1; b += warps) {
         const int wi = b >> 5;
-        const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[2][b]);
+        const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[1][b]);
         const int col_from = b == b0 ? lane + KV_META_PRE * 32 : lane;
         const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
         const int* __restrict__ row = table + (i64)b * stride;
@@ -2859,8 +2849,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
               ep = __shfl_up_sync(0xffffffffu, ip, 1);
     const int xq = lane == 0 ? 0 : eq, xl = lane == 0 ? 0 : el, xp = lane == 0 ? 0 : ep;
     sm.x[0][tid] = xq;
-    sm.x[1][tid] = xl;
-    sm.x[2][tid] = xp;
+    sm.x[1][tid] = xp;
     sm.pages[tid] = P;
     {
         const int mq = __reduce_max_sync(0xffffffffu, nn), ml = __reduce_max_sync(0xffffffffu, L);
@@ -2886,7 +2875,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     int rp[KV_WARPS], rl[KV_WARPS];
     kv_one_read_warps(sm.red[2], rp);
     kv_one_read_warps(sm.red[1], rl);
-    const int xb = mine ? sm.x[2][b0] : 0, pb = mine ? sm.pages[b0] : 0;
+    const int xb = mine ? sm.x[1][b0] : 0, pb = mine ? sm.pages[b0] : 0;
     int* __restrict__ out = p.kv_indices + (i64)g * N;
     const int total = kv_one_sum_lt(rp, warps);  // kv_indptr[g, bsz] (rows' pages; 0 without caches)
     // 7. the loaded columns of the warp's first request (one negative-id flag per row)
@@ -2949,9 +2938,9 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
             int rm[KV_WARPS];
             p.cu_seqlens_k[bsz] = kv_one_sum_lt(rl, warps);
             kv_one_read_warps(sm.red[3], rm);
-            p.max_seqlen[0] = kv_one_max_lt(rm, warps);
+            p.max_seqlen[0] = kv_one_sum_lt<true>(rm, warps);
             kv_one_read_warps(sm.red[4], rm);
-            p.max_seqlen[1] = kv_one_max_lt(rm, warps);
+            p.max_seqlen[1] = kv_one_sum_lt<true>(rm, warps);
         }
     }
     KV_STAMP(8);
