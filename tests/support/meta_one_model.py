@@ -39,8 +39,7 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
     fi = bool(flags & FLASHINFER)
     rows = G > 0 and bool(flags & (FLASHINFER | PAGE_TABLE))
     K = max(M // G, 1) if rows else 1
-    lanes = 32
-    warps = groups = T // 32
+    warps = T // 32  # a warp per request's row
     records = []
     for blk in range(token_blocks, blocks):
         first_rec = blk * warps
@@ -111,18 +110,18 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
                 if b_first < bsz and W > 0:
                     int(table[b_first * stride + min(pre * 32, W) - 1])  # its last loaded column
             for t in range(T):
-                grp, sub = divmod(t, lanes)
-                b0 = r0 + grp
+                w, lane = divmod(t, 32)
+                b0 = r0 + w
                 loaded = {}
                 if b0 < r1:
                     for u in range(pre):
-                        col = sub + u * lanes
+                        col = lane + u * 32
                         if col < W:
                             loaded[col] = int(table[b0 * stride + col])
-                for b in range(b0, r1, groups):
+                for b in range(b0, r1, warps):
                     s0, tok, pages = prefix(2, b), prefix(0, b), vals[2][b]
                     end = min(pages, N - s0) if s0 < N else 0
-                    col = sub
+                    col = lane
                     while col < end:
                         if b == b0 and col in loaded:
                             v = loaded[col]
@@ -131,7 +130,7 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
                         if col < W and v < 0:
                             flag(t, 2, tok, b)
                         idx[s0 + col] = v if v >= 0 else -1
-                        col += lanes
+                        col += 32
         # per-request outputs of thread i in [r0, r1)
         for i in range(r0, r1):
             xq, xp = prefix(0, i), prefix(2, i)
