@@ -104,6 +104,44 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
+// A measuring instrument, off in the library: compiled with KV_TRACE defined (benchmarks/
+// trace_step1m.py builds its own module so), thread 0 of block b stores clock64 (or, for the
+// *_TIME slots, %globaltimer) at KV_STAMP(slot) into kv_trace[b % KV_TRACE_BLOCKS][slot]: where
+// one warp's time goes inside a launch (docs/perf-notes.md, "Twelfth session"). Without
+// KV_TRACE a stamp is nothing (the library's SASS is the same with or without the stamps).
+#define KV_TRACE_BLOCKS 256
+#define KV_TRACE_SLOTS 16
+#ifdef KV_TRACE
+__device__ u64 kv_trace[KV_TRACE_BLOCKS][KV_TRACE_SLOTS];
+__device__ __forceinline__ u64 kv_trace_clock() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    return t;
+}
+__device__ __forceinline__ u64 kv_trace_time() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    return t;
+}
+#define KV_STAMP(slot) \
+    do { if (threadIdx.x == 0) kv_trace[blockIdx.x % KV_TRACE_BLOCKS][slot] = kv_trace_clock(); } while (0)
+#define KV_STAMP_TIME(slot) \
+    do { if (threadIdx.x == 0) kv_trace[blockIdx.x % KV_TRACE_BLOCKS][slot] = kv_trace_time(); } while (0)
+#define KV_STAMP_VALUE(slot, v) \
+    do { if (threadIdx.x == 0) kv_trace[blockIdx.x % KV_TRACE_BLOCKS][slot] = (u64)(v); } while (0)
+#define KV_TRACE_WAIT(x) asm volatile("" ::"r"(x))  // the next stamp is taken after x is known
+__device__ __forceinline__ unsigned int kv_trace_sm() {
+    unsigned int s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#else
+#define KV_STAMP(slot) ((void)0)
+#define KV_STAMP_TIME(slot) ((void)0)
+#define KV_STAMP_VALUE(slot, v) ((void)0)
+#define KV_TRACE_WAIT(x) ((void)0)
+#endif
+
 static_assert(sizeof(int) == 4 && sizeof(i64) == 8 && sizeof(u64) == 8 && sizeof(void*) == 8,
               "KvStepParams assumes 4-byte int and 8-byte int64 and pointers");
 
@@ -2604,10 +2642,15 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 // only from a warp with an error (sticky, kv_merge_record: nothing to clear when switching
 // between this kernel, kvaddr_step_* and kvaddr_step1_*; the host clears after reading).
 // KvStepParams::one_meta_flags: 0, or the timing ablation below (the outputs are then wrong).
+// KV_TRACE stamps of kvaddr_step1m_* (benchmarks/trace_step1m.py): slot 0 the block's start
+// time, 1 its start clock, 15 its kind (1 metadata, 2 token block); metadata blocks: 2 the row
+// loads issued, 3 the lengths arrived, 4 before the barrier, 5 after it, 6 the first row
+// stored, 7 the per-request outputs written, 8 entry bsz and the maxima, 9 the rest of the
+// rows, 10 the pad; both kinds: 11 the end clock, 12 the end time, 13 the SM.
 #define KV_M1_EMPTY 8  // the metadata blocks return at once (the cost of launching them)
 
 struct __align__(16) KvMetaOneShared {
-    int x[3][KV_THREADS];   // in-warp exclusive prefixes (tokens, L, pages) of request i
+    int x[2][KV_THREADS];   // in-warp exclusive prefixes of request i: [0] tokens (error keys), [1] pages
     int pages[KV_THREADS];  // pages of request i in this block's cache
     int red[5][KV_WARPS];   // per-warp totals (tokens, L, pages) and maxima (tokens, L); rows 16-byte aligned
 };
@@ -2652,7 +2695,9 @@ __device__ __forceinline__ void kv_one_read_warps(const int* r, int (&w)[KV_WARP
     w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
 }
 
-// Sum (saturating) of w[0..i) for non-negative w: independent selects, then a tree.
+// Sum (saturating; MAX: maximum) of w[0..i) for non-negative w, 0 for i = 0: independent
+// selects, then a tree.
+template <bool MAX = false>
 __device__ __forceinline__ int kv_one_sum_lt(const int (&w)[KV_WARPS], int i) {
     int s[KV_WARPS];
 #pragma unroll
@@ -2660,19 +2705,7 @@ __device__ __forceinline__ int kv_one_sum_lt(const int (&w)[KV_WARPS], int i) {
 #pragma unroll
     for (int h = 1; h < KV_WARPS; h <<= 1)
 #pragma unroll
-        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = kv_sat_add_nn(s[j], s[j + h]);
-    return s[0];
-}
-
-// Maximum of w[0..i) (non-negative values; 0 for i = 0).
-__device__ __forceinline__ int kv_one_max_lt(const int (&w)[KV_WARPS], int i) {
-    int s[KV_WARPS];
-#pragma unroll
-    for (int j = 0; j < KV_WARPS; ++j) s[j] = j < i ? w[j] : 0;
-#pragma unroll
-    for (int h = 1; h < KV_WARPS; h <<= 1)
-#pragma unroll
-        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = max(s[j], s[j + h]);
+        for (int j = 0; j + h < KV_WARPS; j += 2 * h) s[j] = MAX ? max(s[j], s[j + h]) : kv_sat_add_nn(s[j], s[j + h]);
     return s[0];
 }
 
@@ -2695,7 +2728,7 @@ __device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, cons
 #pragma unroll 1
     for (int b = b0; b < r1; b += warps) {
         const int wi = b >> 5;
-        const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[2][b]);
+        const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[1][b]);
         const int col_from = b == b0 ? lane + KV_META_PRE * 32 : lane;
         const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
         const int* __restrict__ row = table + (i64)b * stride;
@@ -2751,6 +2784,8 @@ __device__ __forceinline__ void kv_one_row_loads(u64 row, int cols, int (&v)[KV_
 template <int G>
 __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     __shared__ KvMetaOneShared sm;
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
     const int bsz = p.bsz;
     // 1. request tid's lengths: the first loads (their addresses need nothing)
@@ -2781,6 +2816,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     int b0 = k * warps + warp;
     int v[KV_META_PRE];
     kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), fi && b0 < bsz ? width - lane : 0, v);
+    KV_STAMP(2);
     // 4. the real geometry while the loads fly: M = G x K metadata blocks with rows (else 1)
     const unsigned int uT = (unsigned int)T, uC = (unsigned int)p.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
     const int M = (int)gridDim.x - (int)((uC + uT - 1u) / uT);
@@ -2795,6 +2831,9 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     const unsigned int rcp = pow2 ? 0u : 0xffffffffu / uB;
     const unsigned int chunk = kv_pin((int)(((unsigned int)N + uK - 1u) / uK));
     // 5. (lengths arrived) tokens, L and pages; three warp scans, the maxima; one barrier
+    KV_TRACE_WAIT(d);
+    KV_TRACE_WAIT(n);
+    KV_STAMP(3);
     const bool bad = (d < 0) | (n < 0);
     const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add_nn(d, n);
     int P = 0;
@@ -2810,8 +2849,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
               ep = __shfl_up_sync(0xffffffffu, ip, 1);
     const int xq = lane == 0 ? 0 : eq, xl = lane == 0 ? 0 : el, xp = lane == 0 ? 0 : ep;
     sm.x[0][tid] = xq;
-    sm.x[1][tid] = xl;
-    sm.x[2][tid] = xp;
+    sm.x[1][tid] = xp;
     sm.pages[tid] = P;
     {
         const int mq = __reduce_max_sync(0xffffffffu, nn), ml = __reduce_max_sync(0xffffffffu, L);
@@ -2829,13 +2867,15 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
         b0 = r0 + warp;
         kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), fi && b0 < r1 ? width - lane : 0, v);
     }
+    KV_STAMP(4);
     __syncthreads();  // the only barrier: nothing in shared memory is written after it
+    KV_STAMP(5);
     // 6. every shared word this thread needs, into registers before any global store
     const bool mine = b0 < r1;  // the warp has a request (b0 >= r0 always)
     int rp[KV_WARPS], rl[KV_WARPS];
     kv_one_read_warps(sm.red[2], rp);
     kv_one_read_warps(sm.red[1], rl);
-    const int xb = mine ? sm.x[2][b0] : 0, pb = mine ? sm.pages[b0] : 0;
+    const int xb = mine ? sm.x[1][b0] : 0, pb = mine ? sm.pages[b0] : 0;
     int* __restrict__ out = p.kv_indices + (i64)g * N;
     const int total = kv_one_sum_lt(rp, warps);  // kv_indptr[g, bsz] (rows' pages; 0 without caches)
     // 7. the loaded columns of the warp's first request (one negative-id flag per row)
@@ -2844,15 +2884,34 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
         const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), xb);
         const int end = s0 < N ? min(pb, N - s0) : 0, ew = min(end, width);
         int* __restrict__ o = out + s0;
-        bool neg = false;
+        if (G > 1) {  // (session 12: faster with two caches, slower with one, as ptxas schedules them)
+            int any = 0;  // OR of the stored values: negative iff some stored column is negative
 #pragma unroll
-        for (int u = 0; u < KV_META_PRE; ++u) {
-            const int col = lane + 32 * u;
-            if (col < end) o[col] = max(v[u], -1);
-            neg |= (col < ew) & (v[u] < 0);
+            for (int u = 0; u < KV_META_PRE; ++u) {
+                const int col = lane + 32 * u;
+                if (col < end) {
+                    o[col] = max(v[u], -1);
+                    any |= v[u];
+                }
+            }
+            if (any < 0) {  // a negative id, or a column past the width (-1, bit 1's): the exact test
+                bool neg = false;
+#pragma unroll
+                for (int u = 0; u < KV_META_PRE; ++u) neg |= (lane + 32 * u < ew) & (v[u] < 0);
+                if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b0), b0, g);
+            }
+        } else {
+            bool neg = false;
+#pragma unroll
+            for (int u = 0; u < KV_META_PRE; ++u) {
+                const int col = lane + 32 * u;
+                if (col < end) o[col] = max(v[u], -1);
+                neg |= (col < ew) & (v[u] < 0);
+            }
+            if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b0), b0, g);
         }
-        if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b0), b0, g);
     }
+    KV_STAMP(6);
     // 8. request tid (when it is this block's): per-request outputs, bits 1 and 16
     const i64 row_off = (i64)g * p.attn_stride;
     if (tid >= r0 && tid < r1) {
@@ -2872,26 +2931,34 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
             if (wide) err.flag(KV_ERR_BLOCK_INDEX, tok, tid, g);
         }
     }
+    KV_STAMP(7);
     if (tid == 0 && k == 0) {  // entry bsz (block k = 0 of each cache), the maxima (block k = 0 of cache 0)
         if (fi) p.kv_indptr[row_off + bsz] = total;
         if (varlen) {
             int rm[KV_WARPS];
             p.cu_seqlens_k[bsz] = kv_one_sum_lt(rl, warps);
             kv_one_read_warps(sm.red[3], rm);
-            p.max_seqlen[0] = kv_one_max_lt(rm, warps);
+            p.max_seqlen[0] = kv_one_sum_lt<true>(rm, warps);
             kv_one_read_warps(sm.red[4], rm);
-            p.max_seqlen[1] = kv_one_max_lt(rm, warps);
+            p.max_seqlen[1] = kv_one_sum_lt<true>(rm, warps);
         }
     }
+    KV_STAMP(8);
     // 9. the rest of the rows: the first request's columns past the loaded ones, then the warp's
     // further requests (none with the planner's geometry unless a row has more than 512 pages)
     if (fi && (b0 + warps < r1 || (mine && pb > KV_META_PRE * 32))) kv_one_copy_rest(sm, p, table, stride, width, g, b0, r1, out, err);
+    KV_STAMP(9);
     // 10. the pad of this block's entry range
     if (fi) {
         const unsigned int e_lo = min((unsigned int)k * chunk, (unsigned int)N), e_hi = min(e_lo + chunk, (unsigned int)N);
         kv_one_pad(out, max((int)e_lo, total), (int)e_hi);
     }
+    KV_STAMP(10);
     kv_one_store_record(p, err);
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
+    KV_STAMP_VALUE(15, 1);
 }
 
 // The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS). A
@@ -2903,7 +2970,13 @@ __device__ __forceinline__ void kv_step_one_meta(const KvStepParams& p) {
         kv_meta_one<G>(p);
         return;
     }
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     kv_step_one_ablate<G, PosT, KV_V9_DEFAULT>(p);  // the token blocks: v9 with its measured fixes
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
+    KV_STAMP_VALUE(15, 2);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_THREADS, 1) kvaddr_step1m_c0_i64(const KvStepParams params) {

@@ -82,3 +82,20 @@ def test_floor_benchmark_kernels_compile(tmp_path):
         "floor_mixed_min_2",
         "floor_roundtrip",
     ]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: KV_TRACE compile check skipped")
+def test_traced_kernels_compile(tmp_path):
+    """kernels.cu with ``KV_TRACE`` (benchmarks/trace_step1m.py's module) compiles for sm_90, and
+    every stamp slot is inside kv_trace's rows."""
+    src = kernel_loader.source()
+    slots = [int(s) for s in re.findall(r"KV_STAMP(?:_TIME|_VALUE)?\((\d+)", src)]
+    assert slots and max(slots) < kernel_loader.constants()["KV_TRACE_SLOTS"]
+    out = tmp_path / "kernels_trace.cubin"
+    proc = subprocess.run(
+        [NVCC, "-arch=sm_90", "-cubin", "-std=c++14", "-DKV_TRACE", "-o", str(out), str(kernel_loader.SOURCE_PATH)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
