@@ -36,10 +36,19 @@ launching them; outputs wrong, timing only). Sessions 5 and 11's variants (lanes
 request, the EARLY / LEAN code paths and the copy / outputs / pad ablations, "m1*" / "m2*")
 left the kernel in session 12; their figures are in docs/perf-notes.md.
 
-The verdict (and the exit status) is the planner's default: m3 where it runs, else new (the
-first --lanes value, E as built); the "v8" column gives new's verdict everywhere, "best" the
-fastest variant with correct outputs; the other columns are for the perf notes.
---quick times only off, new and the m3 variants (no old / pf / E4 / one columns).
+v9 across blocks with attention outputs (kvaddr_step1wm{R}_c{G}_*, the planner's default for
+256 < bsz <= 4096, session 13: v9's wide token blocks + a metadata block per T / 32 requests, a
+warp copying each request's row, and pad blocks) is timed on decode 1024 and 4096 as "wm" (the
+default: R = 4, blocks of up to 1024 threads) and its variants: "wm-r8" / "wm-r16" (R forced:
+narrower blocks, more of them), "wm-a128" (the token kernel's block aim, 128 threads), "wm-p"
+(M1_ROWS_BY_PAGES: a warp loads its row's columns below the request's pages only) and the
+timing ablation "wm-e" (metadata blocks that return after their loads). The kv_indices bandwidth
+case runs the default (wm).
+
+The verdict (and the exit status) is the planner's default: m3 or wm where they run, else new
+(the first --lanes value, E as built); the "v8" column gives new's verdict everywhere, "best"
+the fastest variant with correct outputs; the other columns are for the perf notes.
+--quick times only off, new and the m3 / wm variants (no old / pf / E4 / one columns).
 """
 
 from __future__ import annotations
@@ -111,7 +120,20 @@ def main(argv=None):
         ("m3-k8", dict(blocks=8, min_threads=0, flags=0)),
         ("m3-e", dict(blocks=0, min_threads=0, flags=F.M1_EMPTY)),  # outputs wrong: timing only
     ]
-    ablated = {v[0] for v in variants if v[4]} | {n for n, kw in m3_variants if kw["flags"]}
+    # kvaddr_step1wm* (256 < bsz <= 4096): (name, R (0: the planner's), wide_meta_threads aim, flags)
+    wm_variants = [
+        ("wm", 0, StepPlanner.wide_meta_threads, 0),  # the planner's default (R = 4: T up to 1024)
+        ("wm-r8", 8, StepPlanner.wide_meta_threads, 0),
+        ("wm-r16", 16, StepPlanner.wide_meta_threads, 0),
+        ("wm-a128", 0, 128, 0),  # the token kernel's block aim: R = 8 at 1024 requests, 16 at 4096
+        ("wm-p", 0, StepPlanner.wide_meta_threads, F.M1_ROWS_BY_PAGES),  # row loads bounded by the pages
+        ("wm-e", 0, StepPlanner.wide_meta_threads, F.M1_EMPTY),  # outputs wrong: timing only
+    ]
+    ablated = (
+        {v[0] for v in variants if v[4]}
+        | {n for n, kw in m3_variants if kw["flags"]}
+        | {v[0] for v in wm_variants if v[3] & F.M1_EMPTY}
+    )
     verdict = f"new{lanes[0]}"
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -159,9 +181,26 @@ def main(argv=None):
                     if not kw["flags"]:
                         on.check(stream)
                 on._set_one_meta(blocks=0, min_threads=0, flags=0)  # the planner's default again
+                wide = on.kernel_for(bsz)[0].startswith("kvaddr_step1wm")
+                for name, r, aim, flags in wm_variants:
+                    row[name + "_us"] = None
+                    if not wide:
+                        continue
+                    on.wide_meta_threads = aim
+                    on.use_kernel("v9", wide_per_thread=r)
+                    on._set_one_meta(flags=flags)
+                    row[name + "_geometry"] = list(on.kernel_for(bsz))
+                    row[name + "_us"] = graph_time_per_copy(
+                        lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+                    )
+                    if not flags & F.M1_EMPTY:
+                        on.check(stream)
+                on.wide_meta_threads = StepPlanner.wide_meta_threads
+                on.use_kernel("v9", wide_per_thread=0)
+                on._set_one_meta(flags=0)
                 row["v8_us"] = row[verdict + "_us"]
-                row["on_us"] = row["m3_us"] if small else row["v8_us"]
-                row["default"] = "m3" if small else verdict
+                row["default"] = "m3" if small else "wm" if wide else verdict
+                row["on_us"] = row[row["default"] + "_us"]
                 row["ratio"] = row["on_us"] / t_off
                 rows.append(row)
 
@@ -180,7 +219,18 @@ def main(argv=None):
             )
             if not bits:
                 on.check(stream)
-        t_on = t_impl[verdict]
+        on.use_kernel("v9")  # the planner's default: kvaddr_step1wm4_c1_* for 4096 requests
+        on._set_one_meta(flags=F.M1_ROWS_BY_PAGES)
+        t_impl["wm-p"] = graph_time_per_copy(
+            lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+        )
+        on.check(stream)
+        on._set_one_meta(flags=0)
+        t_impl["wm"] = graph_time_per_copy(
+            lambda: on.compute(dec, q, table, stream=stream), stream, a.copies, a.replays
+        )
+        on.check(stream)
+        t_on = t_impl["wm"]
         nbytes = pages * 4
         src = cupy.arange(pages, dtype=np.int32)
         dst = cupy.empty_like(src)
@@ -208,7 +258,7 @@ def main(argv=None):
 
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
-    names = [v[0] for v in variants] + [n for n, _ in m3_variants]
+    names = [v[0] for v in variants] + [n for n, _ in m3_variants] + [v[0] for v in wm_variants]
     ok = True
 
     def cell(r, n, unit):
@@ -242,14 +292,18 @@ def main(argv=None):
         "m3 launch geometry (blocks, threads) per shape: "
         + "; ".join(f"{r['shape']} x{r['caches']}: {r['m3_geometry']}" for r in rows if r.get("m3_geometry"))
     )
-    for n in [v[0] for v in variants]:
+    print(
+        "wm launch geometry (kernel, blocks, threads) per shape: "
+        + "; ".join(f"{r['shape']} x{r['caches']}: {r['wm_geometry']}" for r in rows if r.get("wm_geometry"))
+    )
+    for n in [v[0] for v in variants] + ["wm-p", "wm"]:
         v = big["variants"][n]
         print(f"kv_indices, {big['shape']}, {n}: fused {v['on_us']:.2f} us, {v['share']:.0%} of the copy's bandwidth")
     good = big["ratio"] >= big["bound"]
     ok &= good
     print(
         f"kv_indices, {big['shape']}: {big['entries']} entries, fused {big['off_us']:.2f} us -> "
-        f"{big['on_us']:.2f} us with flashinfer ({verdict}): {big['kv_indices_us']:.2f} us, {big['kv_indices_gbs']:.0f} GB/s "
+        f"{big['on_us']:.2f} us with flashinfer (wm, the default): {big['kv_indices_us']:.2f} us, {big['kv_indices_gbs']:.0f} GB/s "
         f"(read + write) vs a device-to-device copy of the same bytes {big['copy_us']:.2f} us, "
         f"{big['copy_gbs']:.0f} GB/s: {big['ratio']:.0%} ({'ok' if good else 'UNDER BOUND'}, >= 50%)"
     )

@@ -26,6 +26,8 @@ KERNEL_NAMES = (
     *(f"kvaddr_step1m_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
     # v9 across blocks (R = 4, 8, 16 requests per thread; StepPlanner.kernel_for for 256 < bsz <= 4096)
     *(f"kvaddr_step1w{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)),
+    # v9 across blocks with attention outputs (token blocks + metadata blocks; 256 < bsz <= 4096)
+    *(f"kvaddr_step1wm{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)),
     "kvaddr_slots_i64",
     "kvaddr_slots_i32",
     "kvaddr_where_pad",

@@ -2648,6 +2648,9 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 // stored, 7 the per-request outputs written, 8 entry bsz and the maxima, 9 the rest of the
 // rows, 10 the pad; both kinds: 11 the end clock, 12 the end time, 13 the SM.
 #define KV_M1_EMPTY 8  // the metadata blocks return at once (the cost of launching them)
+// kvaddr_step1wm* only (kvaddr_step1m_* ignores it; outputs unchanged): a warp loads its request's
+// first row columns only below the request's pages, from its own lengths loaded first
+#define KV_M1_ROWS_BY_PAGES 16
 
 struct __align__(16) KvMetaOneShared {
     int x[2][KV_THREADS];   // in-warp exclusive prefixes of request i: [0] tokens (error keys), [1] pages
@@ -3143,6 +3146,396 @@ extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c
 extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c4_i32(const KvStepParams params) {
     kv_step_one_ablate<4, int, KV_V9_DEFAULT, 16>(params);
 }
+// ---- v9wm: v9 across blocks with attention outputs (docs/attention.md, "Batches of 257 to 4096") ----
+//
+// kvaddr_step1wm{R}_c{G}_i64 / _i32, R = 4, 8, 16, G = 0..4 caches: for one_block_max_requests < bsz <=
+// KV_W_MAX requests with attention outputs on. The first ceil(C / T) blocks are v9 across blocks' token
+// blocks, exactly kvaddr_step1w{R}_c{G}_*'s code (R x T >= bsz, T <= KV_W_MAX / R); the M blocks after
+// them are metadata blocks (kv_meta_wide), counted from the grid's end (mr = gridDim.x - 1 - blockIdx.x;
+// block mr is cache g = mr % G, block k = mr / G of it). With flashinfer or page_table, a cache has
+// ceil(bsz / W) REQUEST blocks (W = T / 32 warps; block k owns requests [k W, k W + W), a warp per
+// request) and, with flashinfer, PAD blocks after them (the planner's count, at least one): M = G x
+// (request blocks + pad blocks). Varlen alone: M = 1, one block owning every request. Thread i holds
+// requests [R i, R i + R) in registers (int4 loads when the length arrays are 16-byte aligned):
+//   1. ONE round trip: a request block loads the lengths of requests below its last one (its rows'
+//      offsets need nothing after them), a pad block (and the varlen-only block) every length; each
+//      warp of a request block also loads its request's first KV_META_PRE x 32 row columns;
+//   2. per thread the saturating sums of (tokens, L, pages) of its requests, three warp scans, the
+//      warp totals to shared memory, ONE barrier; every thread then scans the warp totals (a warp
+//      scan over at most 32 warps) and walks its requests: an owned request's kv_indptr,
+//      kv_last_page_len and cu_seqlens_k, bits 1 and 16 keyed at its first token, and its first
+//      token, kv_indptr and pages to shared memory; a second barrier (flashinfer only);
+//   3. each warp stores its request's loaded columns (bit 2 for a negative id) and copies the rest
+//      of the row; the block owning request bsz - 1 writes entry bsz (kv_indptr, cu_seqlens_k) and
+//      the maxima; pad block j writes kv_indices[g] entries [total + j c, total + (j + 1) c) below N,
+//      c = ceil((N - total) / pad blocks), with int4 stores.
+// Outputs and error records (bits 1, 2, 16 and their keys) are kv_meta_one's; records: every block
+// merges into records blockIdx.x * T / 32 + warp, only from a warp with an error (sticky).
+struct __align__(16) KvMetaWideShared {
+    int red[5][32];   // per-warp inclusive totals (tokens, L, pages) and maxima (tokens, L); T <= 1024
+    int xq[32];       // owned request r0 + w: its first token (the key of its error records)
+    int xp[32];       // owned request r0 + w: its kv_indptr (first kv_indices entry)
+    int pg[32];       // owned request r0 + w: its pages in this block's cache
+};
+
+// Thread i's lengths: requests [R i, R i + R) below lim (0 from lim on): R / 4 int4 loads per array when
+// both arrays are 16-byte aligned and all R lie below lim, else scalar loads.
+template <int R>
+__device__ __forceinline__ void kv_wm_lengths(const KvStepParams& p, int lim, int (&d)[R], int (&n)[R]) {
+    static_assert(R % 4 == 0, "R must be 4, 8 or 16");
+    const int c0 = R * (int)threadIdx.x;  // R x T <= KV_W_MAX
+    const u64 lens = (u64)p.seq_lens_decoder | (u64)p.seq_lens_this_time;
+    if ((lens & 15ull) == 0 && c0 + R <= lim) {
+        const int4* da = reinterpret_cast<const int4*>(p.seq_lens_decoder + c0);
+        const int4* na = reinterpret_cast<const int4*>(p.seq_lens_this_time + c0);
+#pragma unroll
+        for (int k = 0; k < R / 4; ++k) {
+            const int4 a = kv_ld(da + k), b = kv_ld(na + k);
+            d[4 * k] = a.x, d[4 * k + 1] = a.y, d[4 * k + 2] = a.z, d[4 * k + 3] = a.w;
+            n[4 * k] = b.x, n[4 * k + 1] = b.y, n[4 * k + 2] = b.z, n[4 * k + 3] = b.w;
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            d[u] = n[u] = 0;
+            if (c0 + u < lim) {
+                d[u] = kv_ld(p.seq_lens_decoder + c0 + u);
+                n[u] = kv_ld(p.seq_lens_this_time + c0 + u);
+            }
+        }
+    }
+}
+
+// ceil(L / B) for 0 <= L <= 2^31 - 1: a shift when B = 1 << sh, else B's reciprocal rcp = (2^32 - 1) / B.
+__device__ __forceinline__ int kv_wm_pages(int L, unsigned int uB, bool pow2, int sh, unsigned int rcp) {
+    const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32
+    unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
+    if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
+    return (int)q;
+}
+
+// Over the warps' values v[0 .. warps) in shared memory: the (saturating) sum of those before `warp`
+// and the total (a warp scan; every lane of every warp calls it).
+__device__ __forceinline__ void kv_wm_scan_warps(const int* v, int warps, int warp, int& before, int& total) {
+    const int lane = threadIdx.x & 31;
+    const int w = kv_warp_inclusive_nn(lane < warps ? v[lane] : 0);
+    total = __shfl_sync(0xffffffffu, w, warps - 1);
+    const int b = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);
+    before = warp == 0 ? 0 : b;
+}
+
+// Columns [col_from, end) (step 32, lane's own) of a row into o (entries below width from the row, -1
+// past it); true if one of them is a negative block id.
+__device__ __forceinline__ bool kv_copy_row_cols(const int* __restrict__ row, int width, int* __restrict__ o,
+                                                 int col_from, int end) {
+    bool neg = false;
+#pragma unroll 1
+    for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
+        int w[KV_META_U];
+#pragma unroll
+        for (int u = 0; u < KV_META_U; ++u) {
+            const int col = col0 + u * 32;
+            w[u] = -1;
+            if (col < end && col < width) w[u] = __ldg(row + col);
+        }
+#pragma unroll
+        for (int u = 0; u < KV_META_U; ++u) {
+            const int col = col0 + u * 32;
+            if (col < end) o[col] = max(w[u], -1);
+            neg |= (col < end) & (col < width) & (w[u] < 0);
+        }
+    }
+    return neg;
+}
+
+// Metadata block of kvaddr_step1wm{R}_*: T = blockDim.x threads, R x T >= bsz (see the section comment).
+template <int G, int R>
+__device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
+    __shared__ KvMetaWideShared sm;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x, warps = T >> 5;
+    const int bsz = p.bsz, N = p.kv_indices_capacity;
+    const bool fi = G > 0 && (p.attention & KV_ATTN_FLASHINFER) != 0;  // (the planner refuses flashinfer without caches)
+    const bool rows = G > 0 && (p.attention & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0;
+    // 1. this block's cache and role, counted from the grid's end (G is a constant: no division)
+    const int mr = (int)(gridDim.x - 1u - blockIdx.x);
+    const int g = G > 1 && rows ? mr % G : 0, k = G > 1 && rows ? mr / G : mr;
+    const bool owner = !rows || k * warps < bsz;  // a request block (the varlen-only block owns all)
+    const int r0 = rows ? min(k * warps, bsz) : 0, r1 = rows ? min(r0 + warps, bsz) : bsz;
+    const int lim = owner ? r1 : bsz;  // requests whose lengths this block needs
+    int d[R], n[R];
+    kv_wm_lengths<R>(p, lim, d, n);
+    if (p.one_meta_flags & KV_M1_EMPTY) return;  // (ablation) no work, no error
+    const int* table = nullptr;
+    i64 stride = 0;
+    int width = 1, B = 1;
+    if (G > 0) kv_meta_cache(p, g, table, stride, width, B);
+    const int b0 = r0 + warp;  // the warp's request (a request block)
+    const bool mine = owner && rows && b0 < r1;
+    const unsigned int uB = (unsigned int)B;
+    const bool pow2 = (uB & (uB - 1u)) == 0u;
+    const int sh = __ffs(B) - 1;
+    const unsigned int rcp = pow2 ? 0u : 0xffffffffu / uB;
+    // the warp's first row columns: below the width, or (KV_M1_ROWS_BY_PAGES) below the request's pages
+    // too, from its own lengths loaded first (half the row bytes at long contexts, one round trip later)
+    int cols = fi && mine ? width : 0;
+    if ((p.one_meta_flags & KV_M1_ROWS_BY_PAGES) && cols > 0) {
+        const int dd = kv_ld(p.seq_lens_decoder + b0), nq = kv_ld(p.seq_lens_this_time + b0);
+        const int L = ((dd < 0) | (nq < 0)) ? 0 : kv_sat_add_nn(dd, nq);
+        cols = min(cols, kv_wm_pages(L, uB, pow2, sh, rcp));
+    }
+    int v[KV_META_PRE];
+    kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), cols - lane, v);
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const bool varlen = (p.attention & KV_ATTN_VARLEN) != 0 && g == 0;
+    // the block that writes entry bsz and the maxima: the one owning request bsz - 1 (block 0 for bsz = 0)
+    const bool last = !rows || (bsz == 0 ? k == 0 : owner && r1 == bsz);
+    // 2. (lengths arrived) the thread's sums, three warp scans, the maxima (the last block, varlen)
+    int sq = 0, sl = 0, sp = 0, mq = 0, ml = 0;
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+        const bool bad = (d[u] < 0) | (n[u] < 0);
+        const int nn = bad ? 0 : n[u], L = bad ? 0 : kv_sat_add_nn(d[u], n[u]);
+        sq = kv_sat_add_nn(sq, nn);
+        sl = kv_sat_add_nn(sl, L);
+        if (G > 0) sp = kv_sat_add_nn(sp, kv_wm_pages(L, uB, pow2, sh, rcp));
+        mq = max(mq, nn);
+        ml = max(ml, L);
+    }
+    const int iq = kv_warp_inclusive_nn(sq), il = kv_warp_inclusive_nn(sl), ip = kv_warp_inclusive_nn(sp);
+    const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
+              ep = __shfl_up_sync(0xffffffffu, ip, 1);
+    const bool maxima = last && varlen;
+    if (maxima) {
+        mq = __reduce_max_sync(0xffffffffu, mq);
+        ml = __reduce_max_sync(0xffffffffu, ml);
+    }
+    if (lane == 31) {
+        sm.red[0][warp] = iq;
+        sm.red[1][warp] = il;
+        sm.red[2][warp] = ip;
+        sm.red[3][warp] = mq;
+        sm.red[4][warp] = ml;
+    }
+    __syncthreads();
+    int bq, tq, bl, tl, bp, tp;
+    kv_wm_scan_warps(sm.red[0], warps, warp, bq, tq);
+    kv_wm_scan_warps(sm.red[1], warps, warp, bl, tl);
+    kv_wm_scan_warps(sm.red[2], warps, warp, bp, tp);  // tp: pages below lim (every page for pad blocks)
+    const i64 row_off = (i64)g * p.attn_stride;
+    if (last && tid == 0) {  // entry bsz; the maxima (cache 0)
+        if (fi) p.kv_indptr[row_off + bsz] = tp;
+        if (varlen) {
+            p.cu_seqlens_k[bsz] = tl;
+            int m0 = 0, m1 = 0;
+#pragma unroll 1
+            for (int w = 0; w < warps; ++w) {
+                m0 = max(m0, sm.red[3][w]);
+                m1 = max(m1, sm.red[4][w]);
+            }
+            p.max_seqlen[0] = m0;
+            p.max_seqlen[1] = m1;
+        }
+    }
+    if (owner) {
+        // the thread's requests: running prefixes from its first; outputs for the owned ones
+        int cq = kv_sat_add_nn(bq, lane == 0 ? 0 : eq), cl = kv_sat_add_nn(bl, lane == 0 ? 0 : el),
+            cp = kv_sat_add_nn(bp, lane == 0 ? 0 : ep);
+        const int c0 = R * tid;
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const int b = c0 + u;
+            const bool bad = (d[u] < 0) | (n[u] < 0);
+            const int nn = bad ? 0 : n[u], L = bad ? 0 : kv_sat_add_nn(d[u], n[u]);
+            const int P = G > 0 ? kv_wm_pages(L, uB, pow2, sh, rcp) : 0;
+            if (b >= r0 && b < r1) {
+                bool cap = false;
+                if (fi) {
+                    p.kv_indptr[row_off + b] = cp;
+                    // P = ceil(L / B), so L - (P - 1) B = (L - 1) % B + 1 for L > 0
+                    p.kv_last_page_len[row_off + b] = L > 0 ? L - (P - 1) * B : 0;
+                    cap = cp <= N && N < kv_sat_add_nn(cp, P);
+                    sm.xq[b - r0] = cq;
+                    sm.xp[b - r0] = cp;
+                    sm.pg[b - r0] = P;
+                }
+                if (varlen) p.cu_seqlens_k[b] = cl;
+                if (cap) err.flag(KV_ERR_KV_INDICES_CAPACITY, cq, b, g);
+                if (rows && P > width) err.flag(KV_ERR_BLOCK_INDEX, cq, b, g);
+            }
+            cq = kv_sat_add_nn(cq, nn);
+            cl = kv_sat_add_nn(cl, L);
+            cp = kv_sat_add_nn(cp, P);
+        }
+        if (fi) {
+            __syncthreads();  // (uniform) the owned requests' prefixes
+            if (mine) {  // 3. the warp's row: the loaded columns, then the rest
+                const int w = b0 - r0, key = sm.xq[w], s0 = sm.xp[w], pb = sm.pg[w];
+                const int end = s0 < N ? min(pb, N - s0) : 0, ew = min(end, width);
+                int* __restrict__ o = p.kv_indices + (i64)g * N + s0;
+                bool neg = false;
+#pragma unroll
+                for (int u = 0; u < KV_META_PRE; ++u) {
+                    const int col = lane + 32 * u;
+                    if (col < end) o[col] = max(v[u], -1);
+                    neg |= (col < ew) & (v[u] < 0);
+                }
+                if (end > KV_META_PRE * 32)
+                    neg |= kv_copy_row_cols(table + (i64)b0 * stride, width, o, lane + KV_META_PRE * 32, end);
+                if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, key, b0, g);
+            }
+        }
+    } else if (fi) {
+        // a pad block: j of J after the cache's request blocks; entries [total + j c, total + (j + 1) c)
+        const unsigned int uW = (unsigned int)warps, uT = (unsigned int)T, uC = (unsigned int)p.capacity;
+        const int kreq = (int)(((unsigned int)bsz + uW - 1u) / uW);
+        const int M = (int)gridDim.x - (int)((uC + uT - 1u) / uT);  // C <= 2^31 - 2: C + T - 1 < 2^32
+        const int J = max(M / (G > 0 ? G : 1) - kreq, 1), j = k - kreq;
+        if (tp < N) {
+            const unsigned int left = (unsigned int)(N - tp), uJ = (unsigned int)J;
+            const unsigned int c = (left + uJ - 1u) / uJ;  // < 2^31
+            const unsigned int lo = min((unsigned int)j * c, left), hi = min(lo + c, left);
+            kv_one_pad(p.kv_indices + (i64)g * N, tp + (int)lo, tp + (int)hi);
+        }
+    }
+    kv_one_store_record(p, err);
+}
+
+// The step across blocks with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_W_MAX / R). A block is
+// a metadata block iff blockIdx.x * T >= C (no division on the token blocks' path).
+template <int G, typename PosT, int R>
+__device__ __forceinline__ void kv_step_wide_meta(const KvStepParams& p) {
+    const unsigned int T = blockDim.x, C = (unsigned int)p.capacity;
+    if ((u64)blockIdx.x * T >= C) {
+        kv_meta_wide<G, R>(p);
+        return;
+    }
+    kv_step_one_ablate<G, PosT, KV_V9_DEFAULT, R>(p);  // the token blocks: kvaddr_step1w{R}_c{G}_*'s code
+}
+
+// kvaddr_step1wm{R}_c{G}_{i64,i32}: <<<ceil(C / T) + M, T>>>, T <= KV_W_MAX / R (StepPlanner._wide_geometry).
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c0_i64(const KvStepParams params) {
+    kv_step_wide_meta<0, i64, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c1_i64(const KvStepParams params) {
+    kv_step_wide_meta<1, i64, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c2_i64(const KvStepParams params) {
+    kv_step_wide_meta<2, i64, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c3_i64(const KvStepParams params) {
+    kv_step_wide_meta<3, i64, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c4_i64(const KvStepParams params) {
+    kv_step_wide_meta<4, i64, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c0_i32(const KvStepParams params) {
+    kv_step_wide_meta<0, int, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c1_i32(const KvStepParams params) {
+    kv_step_wide_meta<1, int, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c2_i32(const KvStepParams params) {
+    kv_step_wide_meta<2, int, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c3_i32(const KvStepParams params) {
+    kv_step_wide_meta<3, int, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 4, 1) kvaddr_step1wm4_c4_i32(const KvStepParams params) {
+    kv_step_wide_meta<4, int, 4>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c0_i64(const KvStepParams params) {
+    kv_step_wide_meta<0, i64, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c1_i64(const KvStepParams params) {
+    kv_step_wide_meta<1, i64, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c2_i64(const KvStepParams params) {
+    kv_step_wide_meta<2, i64, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c3_i64(const KvStepParams params) {
+    kv_step_wide_meta<3, i64, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c4_i64(const KvStepParams params) {
+    kv_step_wide_meta<4, i64, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c0_i32(const KvStepParams params) {
+    kv_step_wide_meta<0, int, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c1_i32(const KvStepParams params) {
+    kv_step_wide_meta<1, int, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c2_i32(const KvStepParams params) {
+    kv_step_wide_meta<2, int, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c3_i32(const KvStepParams params) {
+    kv_step_wide_meta<3, int, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 8, 1) kvaddr_step1wm8_c4_i32(const KvStepParams params) {
+    kv_step_wide_meta<4, int, 8>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c0_i64(const KvStepParams params) {
+    kv_step_wide_meta<0, i64, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c1_i64(const KvStepParams params) {
+    kv_step_wide_meta<1, i64, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c2_i64(const KvStepParams params) {
+    kv_step_wide_meta<2, i64, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c3_i64(const KvStepParams params) {
+    kv_step_wide_meta<3, i64, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c4_i64(const KvStepParams params) {
+    kv_step_wide_meta<4, i64, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c0_i32(const KvStepParams params) {
+    kv_step_wide_meta<0, int, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c1_i32(const KvStepParams params) {
+    kv_step_wide_meta<1, int, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c2_i32(const KvStepParams params) {
+    kv_step_wide_meta<2, int, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c3_i32(const KvStepParams params) {
+    kv_step_wide_meta<3, int, 16>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1wm16_c4_i32(const KvStepParams params) {
+    kv_step_wide_meta<4, int, 16>(params);
+}
+
 // ============================================================================
 // BASELINE (MEASUREMENT) KERNELS: what the fused step is measured against. Not
 // part of the fused step; launched by kvaddr/strategies/gpu.py and the benchmarks.

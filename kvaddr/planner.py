@@ -181,7 +181,14 @@ class StepPlanner:
                 # writes or clears every record (kvaddr_step_* clears [num_chunks, num_chunks + max_tiles)).
                 m1 = self.num_caches * self.ONE_META_MAX_BLOCKS if self._one_meta_rows else 1
                 m1_records = -(-(C + self._threads) // 32) + m1 * consts["KV_WARPS"]
-                self._max_tiles = max(self._max_tiles, -(-m1_records // consts["KV_WARPS"]) - self._num_chunks)
+                # kvaddr_step1wm*: ceil(C / T) token blocks of T <= 1024 threads, then per cache a
+                # request block per T / 32 requests (at most 32 warps) and at most WIDE_META_MAX_PAD
+                # pad blocks (1 block for varlen alone), a record per warp.
+                wm = min(self.max_requests, consts["KV_W_MAX"]) + 32 + self.WIDE_META_MAX_PAD * 32
+                wm_records = -(-(C + 1024) // 32) + (self.num_caches * wm if self._one_meta_rows else 32)
+                self._max_tiles = max(
+                    self._max_tiles, -(-max(m1_records, wm_records) // consts["KV_WARPS"]) - self._num_chunks
+                )
             n_rec = (self._num_chunks + self._max_tiles + self._num_meta) * consts["KV_WARPS"]  # one per warp
             # Sticky records: cleared here, then only by errors() / check() / clear_errors().
             self._clean_records = clean_error_records(n_rec).reshape(-1)
@@ -278,9 +285,28 @@ class StepPlanner:
     one_meta_pad_entries: int = 32768
     #: The most metadata blocks per cache of kvaddr_step1m_* (the error records are sized for them).
     ONE_META_MAX_BLOCKS = 32
+    #: With attention outputs, ``step_kernel == "v9"`` and :attr:`one_block_attention`: True runs
+    #: batches of one_block_max_requests < bsz <= :attr:`wide_max_requests` with
+    #: ``kvaddr_step1wm{R}_c{G}_*`` (v9 across blocks' token blocks, then per cache a metadata block
+    #: per T / 32 requests, a warp copying each request's row, and pad blocks; docs/attention.md,
+    #: "Batches of 257 to 4096"); False keeps ``kvaddr_step_*`` with its metadata blocks for them.
+    wide_attention: bool = True
+    #: The block aim of kvaddr_step1wm* (as :attr:`wide_threads` for kvaddr_step1w*): R = the smallest
+    #: of WIDE_PER_THREAD with R x this >= bsz, T = ceil(bsz / R) rounded up to a warp. A metadata block
+    #: gives each of its warps a request and reads the lengths before its last one, so wider blocks
+    #: are fewer blocks and less length traffic: 1024 (R = 4 up to 4096 requests) measured fastest on
+    #: the H200 at every decode batch from 257 to 4096 requests (docs/perf-notes.md, "Thirteenth session").
+    wide_meta_threads: int = 1024
+    #: The most pad blocks per cache of kvaddr_step1wm*: ceil(N / one_meta_pad_entries), at most this
+    #: (each reads every length to find where the used entries end; the error records are sized for them).
+    WIDE_META_MAX_PAD = 64
     #: kernels.cu's KV_M1_EMPTY: the metadata blocks return at once (a timing ablation,
     #: ``_set_one_meta(flags=...)``: the outputs are then WRONG).
     M1_EMPTY = 8
+    #: kernels.cu's KV_M1_ROWS_BY_PAGES (kvaddr_step1wm* only; the outputs are the same): a warp
+    #: loads its request's first row columns below the request's pages only, not below the table
+    #: width, from the request's lengths loaded first (``_set_one_meta(flags=...)``).
+    M1_ROWS_BY_PAGES = 16
 
     def use_kernel(
         self,
@@ -302,8 +328,10 @@ class StepPlanner:
             kept for one comparison run, docs/perf-notes.md). Outputs and error records are the same.
             With attention outputs on, ``"v9"`` runs batches of at most
             ``min(one_block_max_requests, KV_THREADS)`` requests with ``kvaddr_step1m_c{G}_*``
-            (v9's token blocks and metadata blocks in one launch); ``"v8"`` and ``"v9-old"`` keep
-            ``kvaddr_step_*`` with its metadata blocks for every batch.
+            (v9's token blocks and metadata blocks in one launch) and, with
+            :attr:`wide_attention`, larger ones up to :attr:`wide_max_requests` with
+            ``kvaddr_step1wm{R}_c{G}_*`` (v9 across blocks' token blocks and metadata blocks);
+            ``"v8"`` and ``"v9-old"`` keep ``kvaddr_step_*`` with its metadata blocks for every batch.
         max_capacity : int, optional
             Overrides :attr:`one_block_max_capacity` for this planner (v9 only).
         max_requests : int, optional
@@ -360,17 +388,21 @@ class StepPlanner:
             self._one_name = f"kvaddr_{kind}_c{self.num_caches}_{suffix}"
             fn = kernel_loader.get_function(self._one_name, self.device)
             self._one_launcher = kernel_loader.Launcher(fn, self._params, by_value=True)
-        # v9 across blocks: one_block_max_requests < bsz <= _wide_max_bsz (-1: never), no attention outputs.
+        # v9 across blocks: one_block_max_requests < bsz <= _wide_max_bsz (-1: never); with attention
+        # outputs, its token blocks plus metadata blocks (kvaddr_step1wm*).
         self._wide_max_bsz = (
             min(consts["KV_W_MAX"], self.max_requests, self.wide_max_requests)
-            if version == "v9" and not self._one_meta and self.capacity <= self.one_block_max_capacity
+            if version == "v9"
+            and (not self._one_meta or (self.one_block_attention and self.wide_attention))
+            and self.capacity <= self.one_block_max_capacity
             else -1
         )
         self._wide_launchers: dict = {}
         if self._wide_max_bsz > self._one_max_bsz:
             suffix = "i64" if self.position_dtype == np.int64 else "i32"
+            kind = "step1wm" if self._one_meta else "step1w"
             for r in self.WIDE_PER_THREAD:
-                name = f"kvaddr_step1w{r}_c{self.num_caches}_{suffix}"
+                name = f"kvaddr_{kind}{r}_c{self.num_caches}_{suffix}"
                 fn = kernel_loader.get_function(name, self.device)
                 self._wide_launchers[r] = (name, kernel_loader.Launcher(fn, self._params, by_value=True))
         else:
@@ -401,16 +433,34 @@ class StepPlanner:
     def _wide_geometry(self, bsz: int) -> tuple[int, int, int]:
         """``(R, blocks, threads)`` of v9 across blocks for ``bsz <= _wide_max_bsz`` requests: R
         requests per thread (:attr:`wide_per_thread`, else the smallest of WIDE_PER_THREAD with
-        R x :attr:`wide_threads` >= bsz), T = ceil(bsz / R) rounded up to a warp (32 to KV_W_MAX / R),
-        ceil(C / T) blocks of T threads (so R x T >= bsz and T <= 1024)."""
+        R x :attr:`wide_threads` >= bsz; :attr:`wide_meta_threads` with attention outputs), T =
+        ceil(bsz / R) rounded up to a warp (32 to KV_W_MAX / R), ceil(C / T) blocks of T threads (so
+        R x T >= bsz and T <= 1024), plus the metadata blocks with attention outputs."""
         most = self.WIDE_PER_THREAD[-1]
         r = self.wide_per_thread
         if not r or r * 1024 < bsz:
-            r = next((k for k in self.WIDE_PER_THREAD if k * self.wide_threads >= bsz), most)
+            aim = self.wide_meta_threads if self._one_meta else self.wide_threads
+            r = next((k for k in self.WIDE_PER_THREAD if k * aim >= bsz), most)
             if r * 1024 < bsz:
                 r = most
         threads = min(4096 // r, max(32, (-(-bsz // r) + 31) & ~31))
-        return r, -(-self.capacity // threads), threads
+        blocks = -(-self.capacity // threads)
+        if self._one_meta:
+            blocks += self._wide_meta_count(bsz, threads)
+        return r, blocks, threads
+
+    def _wide_meta_count(self, bsz: int, threads: int) -> int:
+        """Metadata blocks of kvaddr_step1wm* for ``bsz`` requests and blocks of ``threads``: per
+        cache a request block per ``threads / 32`` requests and, with flashinfer, the pad blocks
+        (ceil(N / one_meta_pad_entries), 1 to WIDE_META_MAX_PAD), with flashinfer or page_table;
+        else (varlen alone) 1."""
+        if not self._one_meta_rows:
+            return 1
+        k = -(-bsz // (threads // 32))
+        if self.kv_indices is not None:
+            pad = -(-self.kv_indices_capacity // max(1, self.one_meta_pad_entries))
+            k += min(max(pad, 1), self.WIDE_META_MAX_PAD)
+        return self.num_caches * k
 
     def _one_geometry(self, bsz: int) -> tuple[int, int]:
         """``(blocks, threads)`` of the small-batch launch for ``bsz <= _one_max_bsz`` requests:
@@ -448,7 +498,8 @@ class StepPlanner:
     ) -> None:
         """Benchmarking hook of kvaddr_step1m_* (not public API): metadata blocks per cache (0
         automatic, else 1 to ONE_META_MAX_BLOCKS), the narrowest block (0 to KV_THREADS) and
-        ``flags``: 0, or M1_EMPTY (8: the metadata blocks return at once, a timing ablation; the
+        ``flags``: 0, M1_ROWS_BY_PAGES (16, kvaddr_step1wm* only: row loads bounded by the pages;
+        same outputs) and/or M1_EMPTY (8: the metadata blocks return at once, a timing ablation; the
         outputs are then WRONG). Takes effect at the next launch (capture a CUDA graph again;
         bind a BoundStep again)."""
         if blocks is not None:
@@ -456,8 +507,12 @@ class StepPlanner:
         if min_threads is not None:
             self.one_meta_min_threads = check_int("min_threads", min_threads, lo=0, hi=self._threads)
         if flags is not None:
-            if flags not in (0, self.M1_EMPTY) or not isinstance(flags, int):
-                raise ValueError(f"one meta flags must be 0 or {self.M1_EMPTY} (M1_EMPTY), got {flags!r}")
+            allowed = (0, self.M1_EMPTY, self.M1_ROWS_BY_PAGES, self.M1_EMPTY | self.M1_ROWS_BY_PAGES)
+            if flags not in allowed or not isinstance(flags, int) or isinstance(flags, bool):
+                raise ValueError(
+                    f"one meta flags must be 0, {self.M1_EMPTY} (M1_EMPTY), {self.M1_ROWS_BY_PAGES} "
+                    f"(M1_ROWS_BY_PAGES) or both, got {flags!r}"
+                )
             self._params.one_meta_flags = int(flags)
         self._memo = None  # compute()'s memo holds the grid
 

@@ -2,7 +2,7 @@
 "Small batches") on the GPU, against the NumPy reference: mixed batches (hypothesis: idle
 requests, chunked-prefill continuations, speculative tokens, L = 0, L a multiple of B, 1-4
 caches with different B, non powers of two, bad values, kv_indices capacity overflow), bsz 1,
-255, 256 and 257 (the switch to kvaddr_step_*), every block count / block width the hooks
+255, 256 and 257 (the switch to kvaddr_step1wm*), every block count / block width the hooks
 make (a warp per request, several requests per warp with the rows loaded again before the
 barrier, blocks with only a pad range), every element rewritten (poisoned buffers, pad
 values), nothing written past N, graph replay with the inputs' contents changed, a
@@ -101,9 +101,9 @@ def test_mixed_batches_match_the_reference(case, groups, blocks, threads):
 @pytest.mark.parametrize("bsz", [1, 255, 256, 257])
 def test_batch_sizes_around_the_switch(bsz):
     """1-4 caches with different B (non powers of two), unallocated pages, narrow rows,
-    negative lengths, capacity overflow; 257 requests run kvaddr_step_*."""
+    negative lengths, capacity overflow; 257 requests run kvaddr_step1wm* (v9 across blocks)."""
     rng = np.random.default_rng(bsz)
-    kernel = "kvaddr_step1m_" if bsz <= 256 else "kvaddr_step_"
+    kernel = "kvaddr_step1m_" if bsz <= 256 else "kvaddr_step1wm"
     cases = [
         make_case(rng, bsz=bsz, block_sizes=[16], spare_capacity=3),
         make_case(rng, bsz=bsz, block_sizes=[1, 4], max_ctx=700, spare_capacity=0),
@@ -298,7 +298,8 @@ def test_switching_kernels_leaves_no_stale_error_record():
         if geometry:
             p._set_one_meta(**geometry)
         case = cases[name]
-        want = "kvaddr_step1m_" if kernel == "v9" and len(case["seq_lens_decoder"]) <= 256 else "kvaddr_step_"
+        bsz = len(case["seq_lens_decoder"])
+        want = "kvaddr_step_" if kernel == "v8" else "kvaddr_step1m_" if bsz <= 256 else "kvaddr_step1wm"
         _step_and_check(p, case, ALL_GROUPS, f"{kernel} {geometry} {name}", kernel=want)
 
 
@@ -343,7 +344,7 @@ def test_sticky_records_across_step1m_and_v8():
             assert p.errors() == (refs["bad"].error_mask, refs["bad"].error_key), f"{label}: bad, good"
             assert p.errors() == (0, NO_ERROR_KEY), f"{label}: read twice"
             launch(k1, g1, "bad")
-            launch(k2, g2, "big_bad")  # (kvaddr_step_* for 257 requests whatever the kernel)
+            launch(k2, g2, "big_bad")  # (257 requests: kvaddr_step1wm* under v9, kvaddr_step_* under v8)
             want = (
                 refs["bad"].error_mask | refs["big_bad"].error_mask,
                 min(refs["bad"].error_key, refs["big_bad"].error_key),

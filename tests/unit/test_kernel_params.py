@@ -233,6 +233,7 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
 
     single_block = {f"kvaddr_step1{k}_c{g}_{pos}" for k in ("", "old", "m") for pos in ("i64", "i32") for g in range(5)}
     single_block |= {f"kvaddr_step1w{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)}
+    single_block |= {f"kvaddr_step1wm{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)}
     for name in ("kvaddr_step_i64", "kvaddr_step_i32", *single_block):
         assert lib < where(name) < base
     engine = {f"kvaddr_engine_{k}" for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page", "max")}

@@ -18,6 +18,7 @@ from kvaddr.reference import step_addressing
 from tests.support import meta_kernel_model
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
 from tests.support.meta_one_model import run_meta_one
+from tests.support.meta_wide_model import run_meta_wide
 from tests.unit.test_planner_attention import GROUPS, _dev, _reference, fake_planner  # noqa: F401 (a fixture)
 
 
@@ -42,6 +43,9 @@ def one_planner(fake_planner, monkeypatch):  # noqa: F811
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
             if self.fn.startswith("kvaddr_step1m_"):
                 records = run_meta_one(P, grid, block, P.num_caches)
+            elif self.fn.startswith("kvaddr_step1wm"):
+                r = int(self.fn[len("kvaddr_step1wm") :].split("_")[0])
+                records = run_meta_wide(P, grid, block, P.num_caches, r)
             else:
                 records = meta_kernel_model.run_meta_blocks2(P)
             launches.append((self.fn, grid, block, records))
@@ -150,7 +154,9 @@ def test_selection_geometry_and_the_v8_switch(one_planner):
     assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 32, 64)
     assert p.kernel_for(1) == ("kvaddr_step1m_c1_i64", 1 + 1, 64)  # T = max(bsz, min(C, 256), 32)
     assert p.kernel_for(256) == ("kvaddr_step1m_c1_i64", 1 + 32, 256)
-    assert p.kernel_for(257)[0] == "kvaddr_step_i64" and p.kernel_for(257)[1] == p.grid(257)
+    # 257 to 4096 requests: v9 across blocks with metadata blocks (tests/unit/test_planner_attention_wide.py)
+    assert p.kernel_for(257)[0] == "kvaddr_step1wm4_c1_i64"
+    assert p.kernel_for(1000)[0] == "kvaddr_step1wm4_c1_i64"
     p._set_one_meta(min_threads=256)  # 8 warps per block: 8 blocks
     assert p.kernel_for(64) == ("kvaddr_step1m_c1_i64", 1 + 8, 256)
     p._set_one_meta(min_threads=0)
@@ -178,8 +184,11 @@ def test_selection_geometry_and_the_v8_switch(one_planner):
     assert p.kernel_for(64)[0] == "kvaddr_step_i64"
     q = StepPlanner(1000, 64, [64], attention=ALL_GROUPS, kv_indices_capacity=20000)
     q.use_kernel("v9", max_requests=16)
-    assert q.kernel_for(16)[0] == "kvaddr_step1m_c1_i64" and q.kernel_for(17)[0] == "kvaddr_step_i64"
+    assert q.kernel_for(16)[0] == "kvaddr_step1m_c1_i64" and q.kernel_for(17)[0] == "kvaddr_step1wm4_c1_i64"
     q.use_kernel("v9", max_requests=1024)  # the attention kernel's own limit is KV_THREADS requests
+    assert q.kernel_for(256)[0] == "kvaddr_step1m_c1_i64" and q.kernel_for(257)[0] == "kvaddr_step1wm4_c1_i64"
+    q.wide_attention = False  # batches past the small-batch kernel on kvaddr_step_*
+    q.use_kernel("v9", max_requests=1024)
     assert q.kernel_for(256)[0] == "kvaddr_step1m_c1_i64" and q.kernel_for(257)[0] == "kvaddr_step_i64"
 
 
@@ -220,8 +229,8 @@ def test_hooks_validate_and_reach_the_struct(one_planner):
         p._set_one_meta(blocks=33)
     with pytest.raises(ValueError, match="min_threads"):
         p._set_one_meta(min_threads=512)
-    for bad in (1, 16, 48, 64, -8, 8.0):
-        with pytest.raises(ValueError, match="flags must be 0 or 8"):
+    for bad in (1, 4, 32, 48, 64, -8, 8.0, True):
+        with pytest.raises(ValueError, match="flags must be 0, 8"):
             p._set_one_meta(flags=bad)
 
 
