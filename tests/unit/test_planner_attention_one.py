@@ -221,6 +221,10 @@ def test_hooks_validate_and_reach_the_struct(one_planner):
     assert P.one_meta_flags == 8
     p._set_one_meta(flags=0)
     assert P.one_meta_flags == 0
+    for ok in (StepPlanner.M1_ROWS_BY_PAGES, StepPlanner.M1_ROWS_BY_PAGES | StepPlanner.M1_EMPTY):
+        p._set_one_meta(flags=ok)  # kvaddr_step1wm*'s row loads bounded by the pages (same outputs)
+        assert P.one_meta_flags == ok
+    p._set_one_meta(flags=0)
     q = StepPlanner(64, 64, [16], attention=ALL_GROUPS, kv_indices_capacity=100)
     assert q._params.one_meta_flags == 0 and p._params is not q._params
     with pytest.raises(TypeError):
