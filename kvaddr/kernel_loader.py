@@ -193,7 +193,7 @@ class StepParams(ctypes.Structure):
         ("meta_lanes", _I32),  # int32: lanes per request of the request-parallel copy (4, 8, 16, 32)
         # -- appended: kvaddr_step1m_* (the small-batch step with attention outputs) --
         ("one_meta_lanes", _I32),  # int32: unused since session 12 (kvaddr_step1m_* copies a row per warp)
-        ("one_meta_flags", _I32),  # int32: 0, or KV_M1_EMPTY 8 (a timing ablation)
+        ("one_meta_flags", _I32),  # int32: KV_M1_EMPTY 8 (a timing ablation) | KV_M1_ROWS_BY_PAGES 16, or 0
     ]
 
 

@@ -200,7 +200,8 @@ struct KvStepParams {
     int meta_lanes;                          // int32: lanes per request of kv_meta_block2's copy (4, 8, 16, 32)
     // -- appended (session 5, kvaddr_step1m_*: the small-batch step with attention outputs) --
     int one_meta_lanes;                      // int32: unused since session 12 (kvaddr_step1m_* copies a row per warp)
-    int one_meta_flags;                      // int32: 0, or KV_M1_EMPTY (kvaddr_step1m_*'s timing ablation)
+    int one_meta_flags;                      // int32: KV_M1_EMPTY (a timing ablation) and/or KV_M1_ROWS_BY_PAGES
+                                             // (kvaddr_step1wm*'s row loads; same outputs), else 0
 };
 static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 14 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
@@ -2641,7 +2642,8 @@ extern "C" __global__ void __launch_bounds__(KV_SB_THREADS, 1) kvaddr_abl_floor_
 // Error records: every block (token or metadata) merges into records blockIdx.x * T / 32 + warp,
 // only from a warp with an error (sticky, kv_merge_record: nothing to clear when switching
 // between this kernel, kvaddr_step_* and kvaddr_step1_*; the host clears after reading).
-// KvStepParams::one_meta_flags: 0, or the timing ablation below (the outputs are then wrong).
+// KvStepParams::one_meta_flags: 0, the timing ablation below (the outputs are then wrong) and/or
+// KV_M1_ROWS_BY_PAGES (kvaddr_step1wm* only).
 // KV_TRACE stamps of kvaddr_step1m_* (benchmarks/trace_step1m.py): slot 0 the block's start
 // time, 1 its start clock, 15 its kind (1 metadata, 2 token block); metadata blocks: 2 the row
 // loads issued, 3 the lengths arrived, 4 before the barrier, 5 after it, 6 the first row

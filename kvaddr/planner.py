@@ -496,7 +496,7 @@ class StepPlanner:
         min_threads: int | None = None,
         flags: int | None = None,
     ) -> None:
-        """Benchmarking hook of kvaddr_step1m_* (not public API): metadata blocks per cache (0
+        """Benchmarking hook of kvaddr_step1m_* (and, for ``flags``, kvaddr_step1wm*; not public API): metadata blocks per cache (0
         automatic, else 1 to ONE_META_MAX_BLOCKS), the narrowest block (0 to KV_THREADS) and
         ``flags``: 0, M1_ROWS_BY_PAGES (16, kvaddr_step1wm* only: row loads bounded by the pages;
         same outputs) and/or M1_EMPTY (8: the metadata blocks return at once, a timing ablation; the
@@ -578,7 +578,7 @@ class StepPlanner:
         P.meta_impl = self._meta_impl | self._meta_ablate  # int32: 1/2 kv_meta_block2, 3 block3, 0 first version
         P.meta_lanes = self._meta_lanes  # int32: lanes per request of kv_meta_block2's copy
         P.one_meta_lanes = 32  # int32: read by no kernel since session 12 (a warp per request)
-        P.one_meta_flags = 0  # int32: KV_M1_EMPTY or 0 (the ablation: benchmarks only)
+        P.one_meta_flags = 0  # int32: M1_EMPTY / M1_ROWS_BY_PAGES bits, or 0 (_set_one_meta: benchmarks only)
 
     #: Metadata implementation of new planners (1 request-parallel, 2 the same with an L2
     #: prefetch of the rows, 3 request-parallel in one round, 0 the first version); tests
