@@ -3173,6 +3173,11 @@ extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c
 //      c = ceil((N - total) / pad blocks), with int4 stores.
 // Outputs and error records (bits 1, 2, 16 and their keys) are kv_meta_one's; records: every block
 // merges into records blockIdx.x * T / 32 + warp, only from a warp with an error (sticky).
+// KV_TRACE stamps (benchmarks/trace_step1wm.py): slot 0 the block's start time, 1 its start clock, 15 its
+// kind (1 request block, 3 pad block, 2 token block); metadata blocks: 2 the row loads issued, 3 the
+// lengths arrived, 4 before the barrier, 5 after it, 6 the warp totals scanned, 7 (request blocks) the
+// per-request outputs written, 8 the second barrier, 9 the loaded columns stored, 10 the rest of the
+// row copied (pad blocks: the pad written); every kind: 11 the end clock, 12 the end time, 13 the SM.
 struct __align__(16) KvMetaWideShared {
     int red[5][32];   // per-warp inclusive totals (tokens, L, pages) and maxima (tokens, L); T <= 1024
     int xq[32];       // owned request r0 + w: its first token (the key of its error records)
@@ -3264,6 +3269,8 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
     const bool owner = !rows || k * warps < bsz;  // a request block (the varlen-only block owns all)
     const int r0 = rows ? min(k * warps, bsz) : 0, r1 = rows ? min(r0 + warps, bsz) : bsz;
     const int lim = owner ? r1 : bsz;  // requests whose lengths this block needs
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     int d[R], n[R];
     kv_wm_lengths<R>(p, lim, d, n);
     if (p.one_meta_flags & KV_M1_EMPTY) return;  // (ablation) no work, no error
@@ -3287,6 +3294,10 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
     }
     int v[KV_META_PRE];
     kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), cols - lane, v);
+    KV_STAMP(2);
+    KV_TRACE_WAIT(d[0]);
+    KV_TRACE_WAIT(n[R - 1]);
+    KV_STAMP(3);
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
@@ -3320,11 +3331,16 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
         sm.red[3][warp] = mq;
         sm.red[4][warp] = ml;
     }
+    KV_STAMP(4);
     __syncthreads();
+    KV_STAMP(5);
     int bq, tq, bl, tl, bp, tp;
     kv_wm_scan_warps(sm.red[0], warps, warp, bq, tq);
     kv_wm_scan_warps(sm.red[1], warps, warp, bl, tl);
     kv_wm_scan_warps(sm.red[2], warps, warp, bp, tp);  // tp: pages below lim (every page for pad blocks)
+    KV_TRACE_WAIT(bp);
+    KV_TRACE_WAIT(tp);
+    KV_STAMP(6);
     const i64 row_off = (i64)g * p.attn_stride;
     if (last && tid == 0) {  // entry bsz; the maxima (cache 0)
         if (fi) p.kv_indptr[row_off + bsz] = tp;
@@ -3370,8 +3386,10 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
             cl = kv_sat_add_nn(cl, L);
             cp = kv_sat_add_nn(cp, P);
         }
+        KV_STAMP(7);
         if (fi) {
             __syncthreads();  // (uniform) the owned requests' prefixes
+            KV_STAMP(8);
             if (mine) {  // 3. the warp's row: the loaded columns, then the rest
                 const int w = b0 - r0, key = sm.xq[w], s0 = sm.xp[w], pb = sm.pg[w];
                 const int end = s0 < N ? min(pb, N - s0) : 0, ew = min(end, width);
@@ -3383,11 +3401,14 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
                     if (col < end) o[col] = max(v[u], -1);
                     neg |= (col < ew) & (v[u] < 0);
                 }
+                KV_STAMP(9);
                 if (end > KV_META_PRE * 32)
                     neg |= kv_copy_row_cols(table + (i64)b0 * stride, width, o, lane + KV_META_PRE * 32, end);
                 if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, key, b0, g);
             }
         }
+        KV_STAMP(10);
+        KV_STAMP_VALUE(15, 1);
     } else if (fi) {
         // a pad block: j of J after the cache's request blocks; entries [total + j c, total + (j + 1) c)
         const unsigned int uW = (unsigned int)warps, uT = (unsigned int)T, uC = (unsigned int)p.capacity;
@@ -3400,8 +3421,13 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
             const unsigned int lo = min((unsigned int)j * c, left), hi = min(lo + c, left);
             kv_one_pad(p.kv_indices + (i64)g * N, tp + (int)lo, tp + (int)hi);
         }
+        KV_STAMP(10);
+        KV_STAMP_VALUE(15, 3);
     }
     kv_one_store_record(p, err);
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
 }
 
 // The step across blocks with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_W_MAX / R). A block is
@@ -3413,7 +3439,13 @@ __device__ __forceinline__ void kv_step_wide_meta(const KvStepParams& p) {
         kv_meta_wide<G, R>(p);
         return;
     }
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     kv_step_one_ablate<G, PosT, KV_V9_DEFAULT, R>(p);  // the token blocks: kvaddr_step1w{R}_c{G}_*'s code
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
+    KV_STAMP_VALUE(15, 2);
 }
 
 // kvaddr_step1wm{R}_c{G}_{i64,i32}: <<<ceil(C / T) + M, T>>>, T <= KV_W_MAX / R (StepPlanner._wide_geometry).
