@@ -2722,6 +2722,38 @@ __device__ __forceinline__ int kv_one_token(const KvMetaOneShared& sm, int wi, i
     return kv_sat_add_nn(kv_one_sum_lt(rt, wi), sm.x[0][b]);
 }
 
+// ceil(L / B) for 0 <= L <= 2^31 - 1: a shift when B = 1 << sh, else B's reciprocal rcp = (2^32 - 1) / B.
+__device__ __forceinline__ int kv_ceil_pages(int L, unsigned int uB, bool pow2, int sh, unsigned int rcp) {
+    const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32
+    unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
+    if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
+    return (int)q;
+}
+
+// Columns [col_from, end) (step 32, lane's own) of a row into o (entries below width from the row, -1
+// past it); true if one of them is a negative block id.
+__device__ __forceinline__ bool kv_copy_row_cols(const int* __restrict__ row, int width, int* __restrict__ o,
+                                                 int col_from, int end) {
+    bool neg = false;
+#pragma unroll 1
+    for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
+        int w[KV_META_U];
+#pragma unroll
+        for (int u = 0; u < KV_META_U; ++u) {
+            const int col = col0 + u * 32;
+            w[u] = -1;
+            if (col < end && col < width) w[u] = __ldg(row + col);
+        }
+#pragma unroll
+        for (int u = 0; u < KV_META_U; ++u) {
+            const int col = col0 + u * 32;
+            if (col < end) o[col] = max(w[u], -1);
+            neg |= (col < end) & (col < width) & (w[u] < 0);
+        }
+    }
+    return neg;
+}
+
 // The rows past the loaded columns: request b0's columns from KV_META_PRE x 32 on, then requests
 // b0 + warps, b0 + 2 warps, ... below r1 (kv_indices entries below N only).
 __device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, const KvStepParams& p, const int* table,
@@ -2736,25 +2768,8 @@ __device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, cons
         const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[1][b]);
         const int col_from = b == b0 ? lane + KV_META_PRE * 32 : lane;
         const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
-        const int* __restrict__ row = table + (i64)b * stride;
-#pragma unroll 1
-        for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
-            int w[KV_META_U];
-#pragma unroll
-            for (int u = 0; u < KV_META_U; ++u) {
-                const int col = col0 + u * 32;
-                w[u] = -1;
-                if (col < end && col < width) w[u] = __ldg(row + col);
-            }
-            bool neg = false;
-#pragma unroll
-            for (int u = 0; u < KV_META_U; ++u) {
-                const int col = col0 + u * 32;
-                if (col < end) out[(i64)s0 + col] = max(w[u], -1);
-                neg |= (col < end) & (col < width) & (w[u] < 0);
-            }
-            if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b), b, g);
-        }
+        if (kv_copy_row_cols(table + (i64)b * stride, width, out + s0, col_from, end))
+            err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b), b, g);
     }
 }
 
@@ -2842,12 +2857,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     const bool bad = (d < 0) | (n < 0);
     const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add_nn(d, n);
     int P = 0;
-    if (G > 0) {
-        const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32: L <= 2^31 - 1, B <= 2^31 - 1
-        unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
-        if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
-        P = (int)q;
-    }
+    if (G > 0) P = kv_ceil_pages(L, uB, pow2, sh, rcp);
     const int iq = kv_warp_inclusive_nn(nn), il = kv_warp_inclusive_nn(L), ip = kv_warp_inclusive_nn(P);
     // (every lane shuffles: a full-mask shuffle inside "lane == 0 ? 0 : ..." would wait for lane 0 forever)
     const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
@@ -3213,14 +3223,6 @@ __device__ __forceinline__ void kv_wm_lengths(const KvStepParams& p, int lim, in
     }
 }
 
-// ceil(L / B) for 0 <= L <= 2^31 - 1: a shift when B = 1 << sh, else B's reciprocal rcp = (2^32 - 1) / B.
-__device__ __forceinline__ int kv_wm_pages(int L, unsigned int uB, bool pow2, int sh, unsigned int rcp) {
-    const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32
-    unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
-    if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
-    return (int)q;
-}
-
 // Over the warps' values v[0 .. warps) in shared memory: the (saturating) sum of those before `warp`
 // and the total (a warp scan; every lane of every warp calls it).
 __device__ __forceinline__ void kv_wm_scan_warps(const int* v, int warps, int warp, int& before, int& total) {
@@ -3229,30 +3231,6 @@ __device__ __forceinline__ void kv_wm_scan_warps(const int* v, int warps, int wa
     total = __shfl_sync(0xffffffffu, w, warps - 1);
     const int b = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);
     before = warp == 0 ? 0 : b;
-}
-
-// Columns [col_from, end) (step 32, lane's own) of a row into o (entries below width from the row, -1
-// past it); true if one of them is a negative block id.
-__device__ __forceinline__ bool kv_copy_row_cols(const int* __restrict__ row, int width, int* __restrict__ o,
-                                                 int col_from, int end) {
-    bool neg = false;
-#pragma unroll 1
-    for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
-        int w[KV_META_U];
-#pragma unroll
-        for (int u = 0; u < KV_META_U; ++u) {
-            const int col = col0 + u * 32;
-            w[u] = -1;
-            if (col < end && col < width) w[u] = __ldg(row + col);
-        }
-#pragma unroll
-        for (int u = 0; u < KV_META_U; ++u) {
-            const int col = col0 + u * 32;
-            if (col < end) o[col] = max(w[u], -1);
-            neg |= (col < end) & (col < width) & (w[u] < 0);
-        }
-    }
-    return neg;
 }
 
 // Metadata block of kvaddr_step1wm{R}_*: T = blockDim.x threads, R x T >= bsz (see the section comment).
@@ -3290,7 +3268,7 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
     if ((p.one_meta_flags & KV_M1_ROWS_BY_PAGES) && cols > 0) {
         const int dd = kv_ld(p.seq_lens_decoder + b0), nq = kv_ld(p.seq_lens_this_time + b0);
         const int L = ((dd < 0) | (nq < 0)) ? 0 : kv_sat_add_nn(dd, nq);
-        cols = min(cols, kv_wm_pages(L, uB, pow2, sh, rcp));
+        cols = min(cols, kv_ceil_pages(L, uB, pow2, sh, rcp));
     }
     int v[KV_META_PRE];
     kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), cols - lane, v);
@@ -3312,7 +3290,7 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
         const int nn = bad ? 0 : n[u], L = bad ? 0 : kv_sat_add_nn(d[u], n[u]);
         sq = kv_sat_add_nn(sq, nn);
         sl = kv_sat_add_nn(sl, L);
-        if (G > 0) sp = kv_sat_add_nn(sp, kv_wm_pages(L, uB, pow2, sh, rcp));
+        if (G > 0) sp = kv_sat_add_nn(sp, kv_ceil_pages(L, uB, pow2, sh, rcp));
         mq = max(mq, nn);
         ml = max(ml, L);
     }
@@ -3366,7 +3344,7 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
             const int b = c0 + u;
             const bool bad = (d[u] < 0) | (n[u] < 0);
             const int nn = bad ? 0 : n[u], L = bad ? 0 : kv_sat_add_nn(d[u], n[u]);
-            const int P = G > 0 ? kv_wm_pages(L, uB, pow2, sh, rcp) : 0;
+            const int P = G > 0 ? kv_ceil_pages(L, uB, pow2, sh, rcp) : 0;
             if (b >= r0 && b < r1) {
                 bool cap = false;
                 if (fi) {
