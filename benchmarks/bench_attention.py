@@ -45,6 +45,16 @@ narrower blocks, more of them), "wm-a128" (the token kernel's block aim, 128 thr
 timing ablation "wm-e" (metadata blocks that return after their loads). The kv_indices bandwidth
 case runs the default (wm).
 
+3. Floors under the bound (session 14), for every shape of 1.: two kernels in one launch each, timed the
+   same way beside the fused step, that move only the bytes the attention outputs must move on every
+   call and do nothing else (no lengths, no scans, no checks; CUDA source below, an instrument).
+   "floor-w" writes every cache's batch-order page table (bsz x width) and its used kv_indices
+   entries (sum of ceil(L_b / B)) with a constant: the writes no step can skip. "floor-c" also reads
+   that many table entries once and writes them into both outputs of every cache: a copy of the used
+   block ids. Each runs with 1, 2, 4 and 8 blocks per SM (512 threads) and the fastest counts. Where
+   floor-c alone costs more than 1.5x the step without outputs, the bound is below what the H200
+   needs to move the outputs' bytes, whatever the kernel computes.
+
 The verdict (and the exit status) is the planner's default: m3 or wm where they run, else new
 (the first --lanes value, E as built); the "v8" column gives new's verdict everywhere, "best"
 the fastest variant with correct outputs; the other columns are for the perf notes.
@@ -54,6 +64,7 @@ the fastest variant with correct outputs; the other columns are for the perf not
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -67,6 +78,51 @@ import bench_step
 from kvaddr import StepPlanner
 
 ALL = ("flashinfer", "varlen", "page_table")
+
+# The floors of section 3: int4 stores over one cache's page table (n_pt4 int4) and its used kv_indices
+# entries (n_kv4 int4, the first of the page table's int4 range), repeated for G caches. floor-c reads
+# the first n_kv4 int4 of the table (the used block ids' count) and stores them into both outputs.
+FLOOR_SOURCE = r"""
+extern "C" __global__ void attn_floor(const int4* __restrict__ table,  // [>= n_kv4] int4 (floor-c only)
+                                      int4* __restrict__ pt,           // [G * n_pt4] int4
+                                      int4* __restrict__ kv,           // [G * n_kv4] int4
+                                      long long n_pt4, long long n_kv4, int G, int copy) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_pt4; i += stride) {
+        const bool used = i < n_kv4;
+        const int4 v = (copy && used) ? table[i] : make_int4(-1, -1, -1, -1);
+        for (int g = 0; g < G; ++g) {
+            pt[g * n_pt4 + i] = v;
+            if (used) kv[g * n_kv4 + i] = v;
+        }
+    }
+}
+"""
+
+
+@functools.cache
+def floor_kernel():
+    return cupy.RawModule(code=FLOOR_SOURCE).get_function("attn_floor")
+
+
+def floor_times(table, pages, G, stream, copies, replays):
+    """(floor-w, floor-c) in us: the fastest of 1, 2, 4, 8 blocks per SM (section 3)."""
+    fn = floor_kernel()
+    n_pt4, n_kv4 = -(-table.size // 4), -(-pages // 4)
+    src = cupy.zeros(n_pt4 * 4, np.int32)
+    src[: table.size] = table.ravel()
+    pt, kv = cupy.empty(G * n_pt4 * 4, np.int32), cupy.empty(G * n_kv4 * 4, np.int32)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    out = []
+    for copy in (0, 1):
+        args = (src, pt, kv, np.int64(n_pt4), np.int64(n_kv4), np.int32(G), np.int32(copy))
+        out.append(
+            min(
+                graph_time_per_copy(lambda: fn((m * sms,), (512,), args, stream=stream), stream, copies, replays)
+                for m in (1, 2, 4, 8)
+            )
+        )
+    return tuple(out)
 
 
 def graph_time_per_copy(launch, stream, copies, replays):
@@ -202,6 +258,7 @@ def main(argv=None):
                 row["default"] = "m3" if small else "wm" if wide else verdict
                 row["on_us"] = row[row["default"] + "_us"]
                 row["ratio"] = row["on_us"] / t_off
+                row["floor_w_us"], row["floor_c_us"] = floor_times(table, pages, G, stream, a.copies, a.replays)
                 rows.append(row)
 
         # The big kv_indices write: 4096 x 32k, B = 16.
@@ -288,6 +345,19 @@ def main(argv=None):
                     f"{best} {r[best + '_us'] / off:.2f}"
                 )
             print(line)
+    print(
+        "floors (section 3): us and /off; 'below the floor' where floor-c alone is over 1.5x off"
+        f"\n{'shape':<24}{'caches':>7}{'off us':>9}{'on us':>9}{'bound us':>9}{'floor-w':>9}{'floor-c':>9}"
+        f"{'on/off':>8}{'w/off':>8}{'c/off':>8}{'on/c':>8}"
+    )
+    for r in rows:
+        off, fw, fc = r["off_us"], r["floor_w_us"], r["floor_c_us"]
+        r["bound_below_floor"] = fc > r["bound"] * off
+        print(
+            f"{r['shape']:<24}{r['caches']:>7}{off:>9.3f}{r['on_us']:>9.3f}{r['bound'] * off:>9.3f}{fw:>9.3f}"
+            f"{fc:>9.3f}{r['ratio']:>8.2f}{fw / off:>8.2f}{fc / off:>8.2f}{r['on_us'] / fc:>8.2f}"
+            + ("  bound below the floor" if r["bound_below_floor"] else "")
+        )
     print(
         "m3 launch geometry (blocks, threads) per shape: "
         + "; ".join(f"{r['shape']} x{r['caches']}: {r['m3_geometry']}" for r in rows if r.get("m3_geometry"))

@@ -2722,6 +2722,38 @@ __device__ __forceinline__ int kv_one_token(const KvMetaOneShared& sm, int wi, i
     return kv_sat_add_nn(kv_one_sum_lt(rt, wi), sm.x[0][b]);
 }
 
+// ceil(L / B) for 0 <= L <= 2^31 - 1: a shift when B = 1 << sh, else B's reciprocal rcp = (2^32 - 1) / B.
+__device__ __forceinline__ int kv_ceil_pages(int L, unsigned int uB, bool pow2, int sh, unsigned int rcp) {
+    const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32
+    unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
+    if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
+    return (int)q;
+}
+
+// Columns [col_from, end) (step 32, lane's own) of a row into o (entries below width from the row, -1
+// past it); true if one of them is a negative block id.
+__device__ __forceinline__ bool kv_copy_row_cols(const int* __restrict__ row, int width, int* __restrict__ o,
+                                                 int col_from, int end) {
+    bool neg = false;
+#pragma unroll 1
+    for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
+        int w[KV_META_U];
+#pragma unroll
+        for (int u = 0; u < KV_META_U; ++u) {
+            const int col = col0 + u * 32;
+            w[u] = -1;
+            if (col < end && col < width) w[u] = __ldg(row + col);
+        }
+#pragma unroll
+        for (int u = 0; u < KV_META_U; ++u) {
+            const int col = col0 + u * 32;
+            if (col < end) o[col] = max(w[u], -1);
+            neg |= (col < end) & (col < width) & (w[u] < 0);
+        }
+    }
+    return neg;
+}
+
 // The rows past the loaded columns: request b0's columns from KV_META_PRE x 32 on, then requests
 // b0 + warps, b0 + 2 warps, ... below r1 (kv_indices entries below N only).
 __device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, const KvStepParams& p, const int* table,
@@ -2736,25 +2768,8 @@ __device__ __forceinline__ void kv_one_copy_rest(const KvMetaOneShared& sm, cons
         const int s0 = kv_sat_add_nn(kv_one_sum_lt(rp, wi), sm.x[1][b]);
         const int col_from = b == b0 ? lane + KV_META_PRE * 32 : lane;
         const int end = s0 < N ? min(sm.pages[b], N - s0) : 0;  // entries of this row below N
-        const int* __restrict__ row = table + (i64)b * stride;
-#pragma unroll 1
-        for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
-            int w[KV_META_U];
-#pragma unroll
-            for (int u = 0; u < KV_META_U; ++u) {
-                const int col = col0 + u * 32;
-                w[u] = -1;
-                if (col < end && col < width) w[u] = __ldg(row + col);
-            }
-            bool neg = false;
-#pragma unroll
-            for (int u = 0; u < KV_META_U; ++u) {
-                const int col = col0 + u * 32;
-                if (col < end) out[(i64)s0 + col] = max(w[u], -1);
-                neg |= (col < end) & (col < width) & (w[u] < 0);
-            }
-            if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b), b, g);
-        }
+        if (kv_copy_row_cols(table + (i64)b * stride, width, out + s0, col_from, end))
+            err.flag(KV_ERR_NEGATIVE_BLOCK, kv_one_token(sm, wi, b), b, g);
     }
 }
 
@@ -2842,12 +2857,7 @@ __device__ __forceinline__ void kv_meta_one(const KvStepParams& p) {
     const bool bad = (d < 0) | (n < 0);
     const int nn = bad ? 0 : n, L = bad ? 0 : kv_sat_add_nn(d, n);
     int P = 0;
-    if (G > 0) {
-        const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32: L <= 2^31 - 1, B <= 2^31 - 1
-        unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
-        if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
-        P = (int)q;
-    }
+    if (G > 0) P = kv_ceil_pages(L, uB, pow2, sh, rcp);
     const int iq = kv_warp_inclusive_nn(nn), il = kv_warp_inclusive_nn(L), ip = kv_warp_inclusive_nn(P);
     // (every lane shuffles: a full-mask shuffle inside "lane == 0 ? 0 : ..." would wait for lane 0 forever)
     const int eq = __shfl_up_sync(0xffffffffu, iq, 1), el = __shfl_up_sync(0xffffffffu, il, 1),
@@ -3173,6 +3183,11 @@ extern "C" __global__ void __launch_bounds__(KV_W_MAX / 16, 1) kvaddr_step1w16_c
 //      c = ceil((N - total) / pad blocks), with int4 stores.
 // Outputs and error records (bits 1, 2, 16 and their keys) are kv_meta_one's; records: every block
 // merges into records blockIdx.x * T / 32 + warp, only from a warp with an error (sticky).
+// KV_TRACE stamps (benchmarks/trace_step1wm.py): slot 0 the block's start time, 1 its start clock, 15 its
+// kind (1 request block, 3 pad block, 2 token block); metadata blocks: 2 the row loads issued, 3 the
+// lengths arrived, 4 before the barrier, 5 after it, 6 the warp totals scanned, 7 (request blocks) the
+// per-request outputs written, 8 the second barrier, 9 the loaded columns stored, 10 the rest of the
+// row copied (pad blocks: the pad written); every kind: 11 the end clock, 12 the end time, 13 the SM.
 struct __align__(16) KvMetaWideShared {
     int red[5][32];   // per-warp inclusive totals (tokens, L, pages) and maxima (tokens, L); T <= 1024
     int xq[32];       // owned request r0 + w: its first token (the key of its error records)
@@ -3208,14 +3223,6 @@ __device__ __forceinline__ void kv_wm_lengths(const KvStepParams& p, int lim, in
     }
 }
 
-// ceil(L / B) for 0 <= L <= 2^31 - 1: a shift when B = 1 << sh, else B's reciprocal rcp = (2^32 - 1) / B.
-__device__ __forceinline__ int kv_wm_pages(int L, unsigned int uB, bool pow2, int sh, unsigned int rcp) {
-    const unsigned int x = (unsigned int)L + (uB - 1u);  // < 2^32
-    unsigned int q = pow2 ? x >> sh : __umulhi(x, rcp);
-    if (!pow2 && x - q * uB >= uB) ++q;  // rcp underestimates 2^32 / B: at most one short
-    return (int)q;
-}
-
 // Over the warps' values v[0 .. warps) in shared memory: the (saturating) sum of those before `warp`
 // and the total (a warp scan; every lane of every warp calls it).
 __device__ __forceinline__ void kv_wm_scan_warps(const int* v, int warps, int warp, int& before, int& total) {
@@ -3224,30 +3231,6 @@ __device__ __forceinline__ void kv_wm_scan_warps(const int* v, int warps, int wa
     total = __shfl_sync(0xffffffffu, w, warps - 1);
     const int b = __shfl_sync(0xffffffffu, w, (warp + 31) & 31);
     before = warp == 0 ? 0 : b;
-}
-
-// Columns [col_from, end) (step 32, lane's own) of a row into o (entries below width from the row, -1
-// past it); true if one of them is a negative block id.
-__device__ __forceinline__ bool kv_copy_row_cols(const int* __restrict__ row, int width, int* __restrict__ o,
-                                                 int col_from, int end) {
-    bool neg = false;
-#pragma unroll 1
-    for (int col0 = col_from; col0 < end; col0 += KV_META_U * 32) {
-        int w[KV_META_U];
-#pragma unroll
-        for (int u = 0; u < KV_META_U; ++u) {
-            const int col = col0 + u * 32;
-            w[u] = -1;
-            if (col < end && col < width) w[u] = __ldg(row + col);
-        }
-#pragma unroll
-        for (int u = 0; u < KV_META_U; ++u) {
-            const int col = col0 + u * 32;
-            if (col < end) o[col] = max(w[u], -1);
-            neg |= (col < end) & (col < width) & (w[u] < 0);
-        }
-    }
-    return neg;
 }
 
 // Metadata block of kvaddr_step1wm{R}_*: T = blockDim.x threads, R x T >= bsz (see the section comment).
@@ -3264,6 +3247,8 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
     const bool owner = !rows || k * warps < bsz;  // a request block (the varlen-only block owns all)
     const int r0 = rows ? min(k * warps, bsz) : 0, r1 = rows ? min(r0 + warps, bsz) : bsz;
     const int lim = owner ? r1 : bsz;  // requests whose lengths this block needs
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     int d[R], n[R];
     kv_wm_lengths<R>(p, lim, d, n);
     if (p.one_meta_flags & KV_M1_EMPTY) return;  // (ablation) no work, no error
@@ -3283,10 +3268,14 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
     if ((p.one_meta_flags & KV_M1_ROWS_BY_PAGES) && cols > 0) {
         const int dd = kv_ld(p.seq_lens_decoder + b0), nq = kv_ld(p.seq_lens_this_time + b0);
         const int L = ((dd < 0) | (nq < 0)) ? 0 : kv_sat_add_nn(dd, nq);
-        cols = min(cols, kv_wm_pages(L, uB, pow2, sh, rcp));
+        cols = min(cols, kv_ceil_pages(L, uB, pow2, sh, rcp));
     }
     int v[KV_META_PRE];
     kv_one_row_loads(kv_global_addr(table) + 4u * (u64)((i64)b0 * stride + lane), cols - lane, v);
+    KV_STAMP(2);
+    KV_TRACE_WAIT(d[0]);
+    KV_TRACE_WAIT(n[R - 1]);
+    KV_STAMP(3);
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
@@ -3301,7 +3290,7 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
         const int nn = bad ? 0 : n[u], L = bad ? 0 : kv_sat_add_nn(d[u], n[u]);
         sq = kv_sat_add_nn(sq, nn);
         sl = kv_sat_add_nn(sl, L);
-        if (G > 0) sp = kv_sat_add_nn(sp, kv_wm_pages(L, uB, pow2, sh, rcp));
+        if (G > 0) sp = kv_sat_add_nn(sp, kv_ceil_pages(L, uB, pow2, sh, rcp));
         mq = max(mq, nn);
         ml = max(ml, L);
     }
@@ -3320,11 +3309,16 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
         sm.red[3][warp] = mq;
         sm.red[4][warp] = ml;
     }
+    KV_STAMP(4);
     __syncthreads();
+    KV_STAMP(5);
     int bq, tq, bl, tl, bp, tp;
     kv_wm_scan_warps(sm.red[0], warps, warp, bq, tq);
     kv_wm_scan_warps(sm.red[1], warps, warp, bl, tl);
     kv_wm_scan_warps(sm.red[2], warps, warp, bp, tp);  // tp: pages below lim (every page for pad blocks)
+    KV_TRACE_WAIT(bp);
+    KV_TRACE_WAIT(tp);
+    KV_STAMP(6);
     const i64 row_off = (i64)g * p.attn_stride;
     if (last && tid == 0) {  // entry bsz; the maxima (cache 0)
         if (fi) p.kv_indptr[row_off + bsz] = tp;
@@ -3350,7 +3344,7 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
             const int b = c0 + u;
             const bool bad = (d[u] < 0) | (n[u] < 0);
             const int nn = bad ? 0 : n[u], L = bad ? 0 : kv_sat_add_nn(d[u], n[u]);
-            const int P = G > 0 ? kv_wm_pages(L, uB, pow2, sh, rcp) : 0;
+            const int P = G > 0 ? kv_ceil_pages(L, uB, pow2, sh, rcp) : 0;
             if (b >= r0 && b < r1) {
                 bool cap = false;
                 if (fi) {
@@ -3370,8 +3364,10 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
             cl = kv_sat_add_nn(cl, L);
             cp = kv_sat_add_nn(cp, P);
         }
+        KV_STAMP(7);
         if (fi) {
             __syncthreads();  // (uniform) the owned requests' prefixes
+            KV_STAMP(8);
             if (mine) {  // 3. the warp's row: the loaded columns, then the rest
                 const int w = b0 - r0, key = sm.xq[w], s0 = sm.xp[w], pb = sm.pg[w];
                 const int end = s0 < N ? min(pb, N - s0) : 0, ew = min(end, width);
@@ -3383,11 +3379,14 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
                     if (col < end) o[col] = max(v[u], -1);
                     neg |= (col < ew) & (v[u] < 0);
                 }
+                KV_STAMP(9);
                 if (end > KV_META_PRE * 32)
                     neg |= kv_copy_row_cols(table + (i64)b0 * stride, width, o, lane + KV_META_PRE * 32, end);
                 if (neg) err.flag(KV_ERR_NEGATIVE_BLOCK, key, b0, g);
             }
         }
+        KV_STAMP(10);
+        KV_STAMP_VALUE(15, 1);
     } else if (fi) {
         // a pad block: j of J after the cache's request blocks; entries [total + j c, total + (j + 1) c)
         const unsigned int uW = (unsigned int)warps, uT = (unsigned int)T, uC = (unsigned int)p.capacity;
@@ -3400,8 +3399,13 @@ __device__ __forceinline__ void kv_meta_wide(const KvStepParams& p) {
             const unsigned int lo = min((unsigned int)j * c, left), hi = min(lo + c, left);
             kv_one_pad(p.kv_indices + (i64)g * N, tp + (int)lo, tp + (int)hi);
         }
+        KV_STAMP(10);
+        KV_STAMP_VALUE(15, 3);
     }
     kv_one_store_record(p, err);
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
 }
 
 // The step across blocks with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_W_MAX / R). A block is
@@ -3413,7 +3417,13 @@ __device__ __forceinline__ void kv_step_wide_meta(const KvStepParams& p) {
         kv_meta_wide<G, R>(p);
         return;
     }
+    KV_STAMP_TIME(0);
+    KV_STAMP(1);
     kv_step_one_ablate<G, PosT, KV_V9_DEFAULT, R>(p);  // the token blocks: kvaddr_step1w{R}_c{G}_*'s code
+    KV_STAMP(11);
+    KV_STAMP_TIME(12);
+    KV_STAMP_VALUE(13, kv_trace_sm());
+    KV_STAMP_VALUE(15, 2);
 }
 
 // kvaddr_step1wm{R}_c{G}_{i64,i32}: <<<ceil(C / T) + M, T>>>, T <= KV_W_MAX / R (StepPlanner._wide_geometry).
