@@ -17,6 +17,12 @@ kernel kvaddr_vllm_step_v2a) against v2 without, graph mode, ratio on/off (targe
 for the core step's metadata), after checking both against the reference; --meta lists the
 metadata variants timed, LANESxROWS:IMPL or auto:IMPL (IMPL 0 = the first version, 1 = the
 shorter chain; auto = the planner's default geometry for the shape, printed resolved).
+Decode shapes also time a floor, "vllm-min" (session 14; CUDA source below, an instrument): one
+launch in which token t trusts that it is batch entry t with one token (a decode batch) and does
+only the chain of vLLM's contract, idx_mapping[t] -> num_computed_tokens[r] -> the block id of each
+group -> its position and slots (positions 0 and slots -1 past the batch and for dummy entries); no
+seq_lens, no gathered tables, no checks. Where it costs more than vllm-three / 4, no one-launch
+step of this contract reaches three/one >= 4 on that batch.
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
 against StepPlanner.compute on the same batch; target <= 1.2x. Both planners memoise their
 checked inputs (the same objects with unchanged signatures skip the checks); each is also
@@ -53,6 +59,34 @@ from kvaddr.engines.vllm_reference import vllm_step_reference
 from kvaddr.measure.vllm_workload import VllmWorkload, make_batch_set, parse_shape
 from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
 
+# The vllm-min floor (decode batches): token t is batch entry t; three dependent loads, then the stores.
+VLLM_MIN_SOURCE = r"""
+extern "C" __global__ void vllm_min(const int* __restrict__ idx,   // [n] int32, -1: a dummy entry
+                                    const int* __restrict__ nct,   // [max_num_reqs] int32
+                                    const int* __restrict__ t0,    // [max_num_reqs, W0] int32 (group 0)
+                                    const int* __restrict__ t1,    // [max_num_reqs, W1] int32 (group 1 if G = 2)
+                                    int W0, int W1, int B0, int B1, int G, int n, int T,
+                                    long long* __restrict__ pos,   // [T] int64
+                                    long long* __restrict__ s0,    // [T] int64
+                                    long long* __restrict__ s1) {  // [T] int64 (G = 2)
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    long long p = 0, a = -1, b = -1;
+    if (t < n) {
+        const int r = idx[t];
+        if (r >= 0) {
+            const int c = nct[r];
+            p = c;
+            a = (long long)t0[(long long)r * W0 + c / B0] * B0 + c % B0;
+            if (G > 1) b = (long long)t1[(long long)r * W1 + c / B1] * B1 + c % B1;
+        }
+    }
+    pos[t] = p;
+    s0[t] = a;
+    if (G > 1) s1[t] = b;
+}
+"""
+
 SHAPES = ("decode:64", "decode:1024", "decode:4096", "mixed:256:16384")
 GROUPS = ((16,), (16, 64))
 NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
@@ -86,6 +120,26 @@ def host_times(calls: dict, stream, n, samples, *, best: dict | None = None):
     if best is not None:
         best.update({k: min(v) for k, v in got.items()})
     return {k: statistics.median(v) for k, v in got.items()}
+
+
+def vllm_min_launcher(d, config, stream):
+    """The vllm-min floor on a decode batch's device inputs ``d``: (launch, (positions, slots of each
+    group)), or None if ``d`` is not a decode batch."""
+    qsl = d["query_start_loc"].get()
+    n = int(qsl.shape[0]) - 1
+    if not np.all(np.diff(qsl) == 1):
+        return None
+    fn = cupy.RawModule(code=VLLM_MIN_SOURCE).get_function("vllm_min")
+    idx = d["idx_mapping"].astype(cupy.int32)
+    nct = d["num_computed_tokens"].astype(cupy.int32)
+    tabs = d["block_tables"]
+    G, T = len(tabs), int(config.max_num_batched_tokens)
+    t1 = tabs[1] if G > 1 else tabs[0]
+    W, Bs = list(config.widths), list(config.block_sizes)
+    W1, B1 = (W[1], Bs[1]) if G > 1 else (W[0], Bs[0])
+    pos, s0, s1 = (cupy.empty(T, cupy.int64) for _ in range(3))
+    args = (idx, nct, tabs[0], t1, *(np.int32(v) for v in (W[0], W1, Bs[0], B1, G, n, T)), pos, s0, s1)
+    return (lambda: fn(((T + 255) // 256,), (256,), args, stream=stream)), (pos, s0, s1)[: 1 + G]
 
 
 def core_inputs(bs, x, ref):
@@ -223,6 +277,16 @@ def main(argv=None):
                     t_one = graph_time_per_copy(run_one, stream, a.copies, a.replays)
                     t_core = graph_time_per_copy(run_core, stream, a.copies, a.replays)
                     t_three = graph_time_per_copy(run_three, stream, a.copies, a.replays)
+                got = None if a.host_only else vllm_min_launcher(d, bs.config, stream)
+                run_min, t_min = None, float("nan")
+                if got is not None:
+                    run_min, (pos_min, *slots_min) = got
+                    run_min()
+                    stream.synchronize()  # the floor computes the reference's positions and slots
+                    assert np.array_equal(pos_min.get(), ref.positions), "vllm-min positions"
+                    for g, sm_ in enumerate(slots_min):
+                        assert np.array_equal(sm_.get(), np.asarray(ref.slot_mappings[g])), ("vllm-min slots", g)
+                    t_min = graph_time_per_copy(run_min, stream, a.copies, a.replays)
                 t_fixed = {
                     L: graph_time_per_copy(
                         lambda impl=impl: impl.compute(*args, stream=stream), stream, a.copies, a.replays
@@ -267,6 +331,7 @@ def main(argv=None):
                         vllm_one=t_one,
                         core=t_core,
                         vllm_three=t_three,
+                        vllm_min_floor=None if run_min is None else t_min,
                         **{f"vllm_one_lanes{L}": t for L, t in t_fixed.items()},
                     ),
                     pair_lanes_auto=auto,
@@ -323,6 +388,12 @@ def main(argv=None):
                     print(f"{shape_text:>16} G={len(groups)}  {host_text}", flush=True)
                     continue
                 extra = "".join(f"  v2/lanes{L} {t:6.2f}" for L, t in t_fixed.items())
+                if run_min is not None:
+                    row["three_over_four_below_floor"] = t_three / 4 < t_min
+                    extra += (
+                        f"  vllm-min {t_min:6.2f} (three/4 {t_three / 4:5.2f}"
+                        f"{': below the floor' if t_three / 4 < t_min else ''})"
+                    )
                 print(
                     f"{shape_text:>16} G={len(groups)}  graph us: v2 {t_one:6.2f} (lanes {auto:2d})  "
                     f"core {t_core:6.2f}  three {t_three:6.2f}{extra}\n"
