@@ -20,40 +20,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
-from tests.support.gpu import (
-    ATTENTION_BUFFERS,
-    assert_attention_equal,
-    assert_outputs_equal,
-    poison,
-    requires_gpu,
-    to_device,
+from tests.support.attention_gpu import (
+    GROUP_SUBSETS,
+    check_ablation_then_clean,
+    check_bound_step,
+    check_graph_replay,
+    check_guard_words,
+    check_poisoned_buffers,
+    step_and_check,
 )
+from tests.support.attention_gpu import reference as _reference
+from tests.support.gpu import requires_gpu, to_device
 
 pytestmark = requires_gpu
-
-GROUP_SUBSETS = [
-    ("flashinfer",),
-    ("varlen",),
-    ("page_table",),
-    ("flashinfer", "varlen"),
-    ("flashinfer", "page_table"),
-    ("varlen", "page_table"),
-    ALL_GROUPS,
-]
-
-
-def _reference(case, groups=ALL_GROUPS):
-    from kvaddr.reference import step_addressing
-
-    return step_addressing(
-        case["seq_lens_decoder"],
-        case["seq_lens_this_time"],
-        case["block_tables"],
-        case["block_sizes"],
-        case["capacity"],
-        attention=groups,
-        kv_indices_capacity=case["kv_indices_capacity"],
-    )
 
 
 def _planner(case, groups=ALL_GROUPS, max_requests=None, **one_meta):
@@ -72,18 +51,7 @@ def _planner(case, groups=ALL_GROUPS, max_requests=None, **one_meta):
 
 
 def _step_and_check(p, case, groups, label, *, kernel="kvaddr_step1m_"):
-    import cupy
-
-    bsz = len(case["seq_lens_decoder"])
-    assert p.kernel_for(bsz)[0].startswith(kernel), (label, p.kernel_for(bsz))
-    dev = to_device(case)
-    out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-    cupy.cuda.get_current_stream().synchronize()
-    ref = _reference(case, groups)
-    assert_attention_equal(out.attention, ref.outputs.attention, label)
-    assert_outputs_equal(out, ref.outputs, f"{label}: addressing")
-    assert p.errors() == (ref.error_mask, ref.error_key), f"{label}: error record"
-    return out
+    return step_and_check(p, case, groups, label, kernel=kernel)
 
 
 @settings(max_examples=80, deadline=None)
@@ -140,126 +108,30 @@ def test_every_benchmarked_geometry(pad):
 def test_poisoned_buffers_are_rewritten_and_nothing_past_n():
     """Every element of every attention buffer (the pad -1 included) is written on every call;
     kv_indices row g + 1 (and guard words in a wider buffer) are never written past N."""
-    import cupy
-
     rng = np.random.default_rng(5)
-    for bsz, sizes, spare in ((1, [4], 9), (64, [64, 64], 40000), (256, [16, 5, 1], 3), (33, [2], None)):
-        case = make_case(rng, bsz=bsz, block_sizes=sizes, spare_capacity=spare)
-        p = _planner(case)
-        for name in ATTENTION_BUFFERS:
-            assert getattr(p, name) is not None, name
-        poison(p)
-        out = _step_and_check(p, case, ALL_GROUPS, f"poisoned, bsz {bsz}")
-        idx = cupy.asnumpy(out.attention.kv_indices)
-        indptr = cupy.asnumpy(out.attention.kv_indptr)
-        N = case["kv_indices_capacity"]
-        for g in range(len(sizes)):
-            tail = idx[g, min(int(indptr[g, -1]), N) :]
-            assert (tail == -1).all(), f"bsz {bsz}: cache {g}'s pad"
+    shapes = ((1, [4], 9), (64, [64, 64], 40000), (256, [16, 5, 1], 3), (33, [2], None))
+    check_poisoned_buffers(_planner, rng, shapes, kernel="kvaddr_step1m_")
     # guard words: one cache whose kv_indices the kernel writes into a wider buffer (entries
     # past N must keep their guard value), over capacity and not
-    for spare in (None, 0, 5):
-        case = make_case(rng, bsz=100, block_sizes=[4], spare_capacity=spare)
-        p = _planner(case)
-        N = case["kv_indices_capacity"]
-        wide = cupy.full(N + 64, 0x7A7A7A7A, np.int32)
-        p._params.kv_indices = wide.data.ptr  # [N + 64]: the kernel may write [0, N) only
-        dev = to_device(case)
-        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-        cupy.cuda.get_current_stream().synchronize()
-        assert (cupy.asnumpy(wide[N:]) == 0x7A7A7A7A).all(), f"a write past N (spare {spare})"
-        ref = _reference(case)
-        np.testing.assert_array_equal(cupy.asnumpy(wide[:N]), ref.outputs.attention.kv_indices[0])
-        assert p.errors() == (ref.error_mask, ref.error_key), f"guard words, spare {spare}"
+    check_guard_words(_planner, rng, 100, (None, 0, 5), kernel="kvaddr_step1m_")
 
 
 def test_graph_replay_follows_changing_inputs():
     """A CUDA graph of one compute(), replayed after the inputs' contents change (a bad step
     among clean ones): every output and the error record follow."""
-    import cupy
-
-    rng = np.random.default_rng(21)
-    bsz, sizes = 64, [16, 3]
-    cases = [make_case(rng, bsz=bsz, block_sizes=sizes, max_ctx=1000, spare_capacity=2) for _ in range(2)]
-    cases.insert(1, make_case(rng, bsz=bsz, block_sizes=sizes, max_ctx=1000, bad="unallocated", spare_capacity=2))
-    width = max(t.shape[1] for c in cases for t in c["block_tables"])
-    cap = max(c["capacity"] for c in cases)
-    N = max(c["kv_indices_capacity"] for c in cases)
-    p = _planner(dict(cases[0], capacity=cap, kv_indices_capacity=N))
-    assert p.kernel_for(bsz)[0] == "kvaddr_step1m_c2_i64"
-    d = cupy.zeros(bsz, np.int32)
-    q = cupy.zeros(bsz, np.int32)
-    tables = [cupy.full((bsz, width), -1, np.int32) for _ in sizes]
-    cupy.cuda.runtime.deviceSynchronize()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        p.compute(d, q, tables, stream=stream)
-        stream.synchronize()
-        stream.begin_capture()
-        p.compute(d, q, tables, stream=stream)
-        graph = stream.end_capture()
-    for i, c in enumerate(cases):
-        host_tables = []
-        for t in c["block_tables"]:
-            full = np.full((bsz, width), -1, np.int32)
-            full[:, : t.shape[1]] = t[:bsz]
-            host_tables.append(full)
-        c = dict(c, capacity=cap, kv_indices_capacity=N, block_tables=host_tables)
-        ref = _reference(c)
-        with stream:
-            d.set(c["seq_lens_decoder"], stream=stream)
-            q.set(c["seq_lens_this_time"], stream=stream)
-            for g, t in enumerate(host_tables):
-                tables[g].set(t, stream=stream)
-            graph.launch(stream)
-        stream.synchronize()
-        out = p._outputs(bsz)
-        assert_attention_equal(out.attention, ref.outputs.attention, f"replay {i}")
-        assert_outputs_equal(out, ref.outputs, f"replay {i}: addressing")
-        assert p.errors() == (ref.error_mask, ref.error_key), f"replay {i}: error record"
+    check_graph_replay(_planner, np.random.default_rng(21), 64, [16, 3], kernel="kvaddr_step1m_c2_i64")
 
 
 def test_bound_step_runs_the_same_kernels():
-    import cupy
-
-    rng = np.random.default_rng(31)
-    big = make_case(rng, bsz=300, block_sizes=[16, 4], spare_capacity=3)
-    p = _planner(big)
-    dev = to_device(big)
-    bound = p.bind(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-    for bsz in (1, 64, 256, 257, 300):
-        assert bound._plan(bsz)[1:] == p.kernel_for(bsz)[1:], bsz
-        out = bound.launch(bsz)
-        cupy.cuda.get_current_stream().synchronize()
-        case = dict(
-            big,
-            seq_lens_decoder=big["seq_lens_decoder"][:bsz],
-            seq_lens_this_time=big["seq_lens_this_time"][:bsz],
-            block_tables=[t[:bsz] for t in big["block_tables"]],
-        )
-        ref = _reference(case)
-        assert_attention_equal(out.attention, ref.outputs.attention, f"bound, bsz {bsz}")
-        assert_outputs_equal(out, ref.outputs, f"bound, bsz {bsz}: addressing")
-        assert p.errors() == (ref.error_mask, ref.error_key), f"bound, bsz {bsz}"
+    big = make_case(np.random.default_rng(31), bsz=300, block_sizes=[16, 4], spare_capacity=3)
+    check_bound_step(_planner, big, (1, 64, 256, 257, 300))
 
 
 def test_ablations_run_then_a_clean_step_is_exact():
     """The timing ablation (outputs wrong by design) runs without fault; flags = 0 again
     gives the reference's outputs and a clean error record."""
-    import cupy
-
-    from kvaddr import StepPlanner
-
     case = make_case(np.random.default_rng(41), bsz=64, block_sizes=[64, 16], max_ctx=3000, spare_capacity=2)
-    p = _planner(case)
-    dev = to_device(case)
-    for _ in range(2):
-        p._set_one_meta(flags=StepPlanner.M1_EMPTY)
-        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-        cupy.cuda.get_current_stream().synchronize()
-        p._set_one_meta(flags=0)
-        p.clear_errors()  # (the ablation's records are timing-only too; records are sticky)
-        _step_and_check(p, case, ALL_GROUPS, "after the ablation")
+    check_ablation_then_clean(_planner(case), case, kernel="kvaddr_step1m_")
 
 
 def test_switching_kernels_leaves_no_stale_error_record():

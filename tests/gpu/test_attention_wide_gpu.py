@@ -20,16 +20,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.gpu.test_attention_one_gpu import GROUP_SUBSETS, _reference, _step_and_check
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
-from tests.support.gpu import (
-    ATTENTION_BUFFERS,
-    assert_attention_equal,
-    assert_outputs_equal,
-    poison,
-    requires_gpu,
-    to_device,
+from tests.support.attention_gpu import (
+    GROUP_SUBSETS,
+    check_ablation_then_clean,
+    check_bound_step,
+    check_graph_replay,
+    check_guard_words,
+    check_poisoned_buffers,
+    step_and_check,
 )
+from tests.support.attention_gpu import reference as _reference
+from tests.support.gpu import assert_attention_equal, assert_outputs_equal, requires_gpu, to_device
 
 pytestmark = requires_gpu
 
@@ -50,6 +52,10 @@ def _planner(case, groups=ALL_GROUPS, *, per_thread=0, threads=None, small=False
         p.wide_meta_threads = threads
     p.use_kernel("v9", max_requests=0 if small else None, wide_per_thread=per_thread)
     return p
+
+
+def _step_and_check(p, case, groups, label, *, kernel="kvaddr_step1wm"):
+    return step_and_check(p, case, groups, label, kernel=kernel)
 
 
 @settings(max_examples=min(60, int(os.environ.get("KVADDR_GPU_EXAMPLES", "60"))), deadline=None)
@@ -121,115 +127,21 @@ def test_unaligned_lengths_and_block_ids_near_2_31():
 
 
 def test_poisoned_buffers_are_rewritten_and_nothing_past_n():
-    import cupy
-
     rng = np.random.default_rng(62)
-    for bsz, sizes, spare in ((257, [4], 9), (1000, [64, 64], 40000), (2049, [16, 5, 1], 3), (600, [2], None)):
-        case = make_case(rng, bsz=bsz, block_sizes=sizes, spare_capacity=spare)
-        p = _planner(case)
-        for name in ATTENTION_BUFFERS:
-            assert getattr(p, name) is not None, name
-        poison(p)
-        out = _step_and_check(p, case, ALL_GROUPS, f"poisoned, bsz {bsz}", kernel="kvaddr_step1wm")
-        idx = cupy.asnumpy(out.attention.kv_indices)
-        indptr = cupy.asnumpy(out.attention.kv_indptr)
-        N = case["kv_indices_capacity"]
-        for g in range(len(sizes)):
-            tail = idx[g, min(int(indptr[g, -1]), N) :]
-            assert (tail == -1).all(), f"bsz {bsz}: cache {g}'s pad"
-    for spare in (None, 0, 5, 70000):
-        case = make_case(rng, bsz=700, block_sizes=[4], spare_capacity=spare)
-        p = _planner(case)
-        p.one_meta_pad_entries = 1000  # several pad blocks when the pad is large
-        N = case["kv_indices_capacity"]
-        wide = cupy.full(N + 64, 0x7A7A7A7A, np.int32)
-        p._params.kv_indices = wide.data.ptr  # [N + 64]: the kernel may write [0, N) only
-        dev = to_device(case)
-        assert p.kernel_for(700)[0].startswith("kvaddr_step1wm")
-        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-        cupy.cuda.get_current_stream().synchronize()
-        assert (cupy.asnumpy(wide[N:]) == 0x7A7A7A7A).all(), f"a write past N (spare {spare})"
-        ref = _reference(case)
-        np.testing.assert_array_equal(cupy.asnumpy(wide[:N]), ref.outputs.attention.kv_indices[0])
-        assert p.errors() == (ref.error_mask, ref.error_key), f"guard words, spare {spare}"
+    shapes = ((257, [4], 9), (1000, [64, 64], 40000), (2049, [16, 5, 1], 3), (600, [2], None))
+    check_poisoned_buffers(_planner, rng, shapes, kernel="kvaddr_step1wm")
+    # guard words past N, with several pad blocks (a large pad)
+    check_guard_words(_planner, rng, 700, (None, 0, 5, 70000), kernel="kvaddr_step1wm", pad_entries=1000)
 
 
 def test_graph_replay_follows_changing_inputs():
-    import cupy
-
-    rng = np.random.default_rng(63)
-    bsz, sizes = 1000, [16, 3]
-    cases = [make_case(rng, bsz=bsz, block_sizes=sizes, max_ctx=1000, spare_capacity=2) for _ in range(2)]
-    cases.insert(1, make_case(rng, bsz=bsz, block_sizes=sizes, max_ctx=1000, bad="unallocated", spare_capacity=2))
-    width = max(t.shape[1] for c in cases for t in c["block_tables"])
-    cap = max(c["capacity"] for c in cases)
-    N = max(c["kv_indices_capacity"] for c in cases)
-    p = _planner(dict(cases[0], capacity=cap, kv_indices_capacity=N))
-    assert p.kernel_for(bsz)[0] == "kvaddr_step1wm4_c2_i64"
-    d = cupy.zeros(bsz, np.int32)
-    q = cupy.zeros(bsz, np.int32)
-    tables = [cupy.full((bsz, width), -1, np.int32) for _ in sizes]
-    cupy.cuda.runtime.deviceSynchronize()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        p.compute(d, q, tables, stream=stream)
-        stream.synchronize()
-        p.clear_errors(stream)
-        stream.begin_capture()
-        p.compute(d, q, tables, stream=stream)
-        graph = stream.end_capture()
-    for i, c in enumerate(cases):
-        host_tables = []
-        for t in c["block_tables"]:
-            full = np.full((bsz, width), -1, np.int32)
-            full[:, : t.shape[1]] = t[:bsz]
-            host_tables.append(full)
-        c = dict(c, capacity=cap, kv_indices_capacity=N, block_tables=host_tables)
-        ref = _reference(c)
-        with stream:
-            d.set(c["seq_lens_decoder"], stream=stream)
-            q.set(c["seq_lens_this_time"], stream=stream)
-            for g, t in enumerate(host_tables):
-                tables[g].set(t, stream=stream)
-            graph.launch(stream)
-        stream.synchronize()
-        out = p._outputs(bsz)
-        assert_attention_equal(out.attention, ref.outputs.attention, f"replay {i}")
-        assert_outputs_equal(out, ref.outputs, f"replay {i}: addressing")
-        assert p.errors(stream) == (ref.error_mask, ref.error_key), f"replay {i}: error record"
+    check_graph_replay(_planner, np.random.default_rng(63), 1000, [16, 3], kernel="kvaddr_step1wm4_c2_i64")
 
 
 def test_bound_step_and_the_ablation():
-    import cupy
-
-    from kvaddr import StepPlanner
-
-    rng = np.random.default_rng(64)
-    big = make_case(rng, bsz=1500, block_sizes=[16, 4], spare_capacity=3)
-    p = _planner(big)
-    dev = to_device(big)
-    bound = p.bind(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-    for bsz in (1, 256, 257, 1000, 1500):
-        assert bound._plan(bsz)[1:] == p.kernel_for(bsz)[1:], bsz
-        out = bound.launch(bsz)
-        cupy.cuda.get_current_stream().synchronize()
-        case = dict(
-            big,
-            seq_lens_decoder=big["seq_lens_decoder"][:bsz],
-            seq_lens_this_time=big["seq_lens_this_time"][:bsz],
-            block_tables=[t[:bsz] for t in big["block_tables"]],
-        )
-        ref = _reference(case)
-        assert_attention_equal(out.attention, ref.outputs.attention, f"bound, bsz {bsz}")
-        assert_outputs_equal(out, ref.outputs, f"bound, bsz {bsz}: addressing")
-        assert p.errors() == (ref.error_mask, ref.error_key), f"bound, bsz {bsz}"
-    for _ in range(2):
-        p._set_one_meta(flags=StepPlanner.M1_EMPTY)
-        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-        cupy.cuda.get_current_stream().synchronize()
-        p._set_one_meta(flags=0)
-        p.clear_errors()
-        _step_and_check(p, big, ALL_GROUPS, "after the ablation", kernel="kvaddr_step1wm")
+    big = make_case(np.random.default_rng(64), bsz=1500, block_sizes=[16, 4], spare_capacity=3)
+    p = check_bound_step(_planner, big, (1, 256, 257, 1000, 1500))
+    check_ablation_then_clean(p, big, kernel="kvaddr_step1wm")
 
 
 def test_past_4096_requests_runs_the_multi_block_kernel():
