@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
+from tests.support.attention_gpu import GROUP_SUBSETS
 from tests.support.gpu import (
     ATTENTION_BUFFERS,
     assert_attention_equal,
@@ -32,16 +33,6 @@ pytestmark = requires_gpu
 
 # every test once per metadata implementation (0 the first version, 1 request-parallel, 3 in one round)
 meta_impl = meta_impl_fixture()
-
-GROUP_SUBSETS = [
-    ("flashinfer",),
-    ("varlen",),
-    ("page_table",),
-    ("flashinfer", "varlen"),
-    ("flashinfer", "page_table"),
-    ("varlen", "page_table"),
-    ALL_GROUPS,
-]
 
 
 def _planner_class():

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tests.support import gpu
 from tests.support.attention_cases import ALL_GROUPS, make_case
 from tests.support.gpu import ATTENTION_BUFFERS, assert_attention_equal, assert_outputs_equal, poison, to_device
 
@@ -30,18 +31,8 @@ GROUP_SUBSETS = [
 
 
 def reference(case: dict, groups: Sequence[str] = ALL_GROUPS):
-    """The NumPy reference's step (outputs, error mask and key) for ``case``."""
-    from kvaddr.reference import step_addressing
-
-    return step_addressing(
-        case["seq_lens_decoder"],
-        case["seq_lens_this_time"],
-        case["block_tables"],
-        case["block_sizes"],
-        case["capacity"],
-        attention=groups,
-        kv_indices_capacity=case["kv_indices_capacity"],
-    )
+    """The NumPy reference's step (outputs, error mask and key) for ``case`` with ``groups`` on."""
+    return gpu.reference(case, attention=groups)
 
 
 def step_and_check(p, case: dict, groups: Sequence[str], label: str, *, kernel: str):

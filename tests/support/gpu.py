@@ -54,7 +54,9 @@ def _table_to_device(t):
     return cupy.asarray(np.ascontiguousarray(t))
 
 
-def reference(case, position_dtype=np.int64):
+def reference(case, position_dtype=np.int64, attention=None):
+    """The NumPy reference's step for ``case``; with ``attention`` (groups), also those outputs,
+    with the case's ``kv_indices_capacity``."""
     from kvaddr.reference import step_addressing
 
     return step_addressing(
@@ -64,6 +66,8 @@ def reference(case, position_dtype=np.int64):
         case["block_sizes"],
         case["capacity"],
         position_dtype=position_dtype,
+        attention=attention,
+        kv_indices_capacity=case["kv_indices_capacity"] if attention else None,
     )
 
 

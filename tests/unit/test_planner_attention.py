@@ -20,6 +20,7 @@ from kvaddr import kernel_loader
 from kvaddr.reference import step_addressing
 from tests.support import meta_kernel_model
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
+from tests.support.gpu import reference
 
 GROUPS = [
     ("flashinfer",),
@@ -125,15 +126,7 @@ def fake_planner(monkeypatch):
 
 
 def _reference(case, groups):
-    return step_addressing(
-        case["seq_lens_decoder"],
-        case["seq_lens_this_time"],
-        case["block_tables"],
-        case["block_sizes"],
-        case["capacity"],
-        attention=groups,
-        kv_indices_capacity=case["kv_indices_capacity"],
-    )
+    return reference(case, attention=groups)
 
 
 def _run(StepPlanner, launches, case, groups, planner=None, impl=None):
