@@ -64,22 +64,15 @@ class BoundStep:
         "__weakref__",
         "_bsz_default",
         "_debug",
-        "_extra",
-        "_fptr",
         "_infos",
         "_launch_kernel",
         "_names",
-        "_num_chunks",
-        "_one_block",
-        "_one_geometry",
         "_outputs",
         "_params_array",
         "_params_ptr",
+        "_plan",
         "_plans",
         "_stream",
-        "_threads",
-        "_tile",
-        "_wide",
         "max_bsz",
         "params",
     )
@@ -88,14 +81,10 @@ class BoundStep:
         self,
         *,
         params,
-        fptr: int,
+        plan: Callable[[int], tuple[int, int, int]],
         device: int,
         max_requests: int,
         num_caches: int,
-        num_chunks: int,
-        tile: int,
-        threads: int,
-        extra_blocks: int = 0,
         seq_lens_decoder,
         seq_lens_this_time,
         block_tables=None,
@@ -105,9 +94,6 @@ class BoundStep:
         debug: bool = False,
         launch_kernel: Callable | None = None,
         hold: bool = True,
-        one_block: tuple[int, int, int, int] | None = None,
-        one_block_geometry: Callable[[int], tuple[int, int]] | None = None,
-        wide: tuple[int, Callable[[int], tuple[int, int, int]]] | None = None,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -155,25 +141,11 @@ class BoundStep:
         if not hold:  # the caller keeps the arrays alive (and forgets this binding when one dies)
             infos = [info._replace(obj=None) for info in infos]
         self._names, self._infos = tuple(names), tuple(infos)  # the infos keep the arrays alive
-        self._num_chunks, self._tile, self._threads = num_chunks, tile, threads
-        self._extra = int(extra_blocks)  # the attention metadata blocks, after the token blocks
         self._stream = None if stream is None else stream_handle(stream)
         self._outputs = outputs
         self._debug = bool(debug)
-        self._fptr = int(fptr)
-        # The small-batch kernel (StepPlanner v9): (fptr, largest bsz it runs, capacity C,
-        # narrowest block); bsz up to that runs <<<ceil(C / T), T>>> with T = max(bsz,
-        # min(C, narrowest), 32) rounded up to a warp, at most 1024 (StepPlanner.kernel_for).
-        if one_block is None:
-            self._one_block = (0, -1, 1, 256)
-        else:
-            self._one_block = tuple(int(v) for v in one_block)
-        # With attention outputs the small-batch kernel is kvaddr_step1m_*: its (blocks, threads)
-        # for bsz <= one_block[1] come from the planner (StepPlanner._one_geometry).
-        self._one_geometry = one_block_geometry
-        # v9 across blocks (StepPlanner._wide_plan): (largest bsz it runs, bsz -> (fptr, blocks,
-        # threads)), for one_block[1] < bsz <= that.
-        self._wide = (-1, None) if wide is None else (int(wide[0]), wide[1])
+        # bsz -> (function pointer, blocks, threads): the dispatch table's launch (kvaddr.dispatch)
+        self._plan = plan
         # kernelParams: one pointer, to the struct (passed by value; the driver copies its
         # bytes at launch, so rewriting bsz right after a launch, or while a CUDA graph is
         # being captured, is safe).
@@ -188,17 +160,7 @@ class BoundStep:
 
     def grid(self, bsz: int) -> int:
         """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`)."""
-        one = self._one_block
-        if bsz <= one[1]:
-            if self._one_geometry is not None:
-                return self._one_geometry(bsz)[0]
-            threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
-            return (one[2] + threads - 1) // threads
-        if bsz <= self._wide[0]:
-            return self._wide[1](bsz)[1]
-        if bsz <= self._tile:
-            return self._num_chunks + self._extra
-        return self._num_chunks + -(-bsz // self._tile) + self._extra
+        return self._plan(bsz)[1]
 
     def launch(self, bsz: int | None = None, stream=None):
         """Launch the step over the first ``bsz`` requests of the bound buffers.
@@ -238,18 +200,6 @@ class BoundStep:
         self._launch_kernel(plan[0], plan[1], 1, 1, plan[2], 1, 1, 0, stream, self._params_ptr, 0)
         out = self._outputs
         return None if out is None else out(bsz)
-
-    def _plan(self, bsz: int) -> tuple:
-        """``(function pointer, blocks, threads)`` of the launch for ``bsz`` requests."""
-        one = self._one_block
-        if bsz <= one[1]:
-            if self._one_geometry is not None:
-                return (one[0], *self._one_geometry(bsz))
-            threads = min(1024, (max(bsz, min(one[2], one[3]), 32) + 31) & ~31)
-            return one[0], (one[2] + threads - 1) // threads, threads
-        if bsz <= self._wide[0]:
-            return self._wide[1](bsz)
-        return self._fptr, self.grid(bsz), self._threads
 
     def check_bound(self) -> None:
         """Re-describe every bound array; raise ValueError if one changed since ``bind``.

@@ -1,7 +1,10 @@
-"""Loading kernels.cu: one cupy.RawModule per device, memoized; functions by name.
+"""Loading the kernels: kvaddr/kernels.cu compiled by NVRTC through ``cupy.RawModule``.
 
-CuPy caches the compiled binary on disk (``CUPY_CACHE_DIR``, default
-``~/.cupy/kernel_cache``), so a new process on the same GPU skips NVRTC.
+Library kernels are templates compiled only when a planner needs them, one module per set
+of kernels and device, memoized (:func:`load_kernels`); the baselines the profiler compares
+against are one more module (:func:`get_module`). CuPy caches each compiled binary on disk
+(``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), so a new process on the same GPU
+skips NVRTC.
 """
 
 from __future__ import annotations
@@ -15,53 +18,46 @@ from pathlib import Path
 from kvaddr.errors import KernelCompileError
 
 SOURCE_PATH = Path(__file__).with_name("kernels.cu")
-KERNEL_NAMES = (
-    "kvaddr_step_i64",
-    "kvaddr_step_i32",
-    # the single-block step (v9), one kernel per cache count and position type
-    *(f"kvaddr_step1_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
-    # v9 as first shipped (StepPlanner.use_kernel("v9-old"): one comparison run)
-    *(f"kvaddr_step1old_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
-    # the small-batch step with attention outputs (v9 token blocks + metadata blocks)
-    *(f"kvaddr_step1m_c{g}_{pos}" for pos in ("i64", "i32") for g in range(5)),
-    # v9 across blocks (R = 4, 8, 16 requests per thread; StepPlanner.kernel_for for 256 < bsz <= 4096)
-    *(f"kvaddr_step1w{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)),
-    # v9 across blocks with attention outputs (token blocks + metadata blocks; 256 < bsz <= 4096)
-    *(f"kvaddr_step1wm{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)),
-    "kvaddr_slots_i64",
-    "kvaddr_slots_i32",
-    "kvaddr_where_pad",
-    "kvaddr_engine_pages",
-    "kvaddr_engine_cumsum",
-    "kvaddr_engine_copy_pages",
-    "kvaddr_engine_pad_pages",
-    "kvaddr_engine_last_page",
-    "kvaddr_engine_max",
-    "kvaddr_empty",
-    "kvaddr_one_block_i64",
-    "kvaddr_one_block_i32",
-    # kvaddr/engines/vllm.py and its three-launch baseline (the vLLM section of kernels.cu)
-    "kvaddr_vllm_step_v2",
-    "kvaddr_vllm_step_v2a",  # v2 with the attention metadata blocks (VllmStepPlanner(attention=...))
-    "kvaddr_vllm3_prepare",
-    "kvaddr_vllm3_gather",
-    "kvaddr_vllm3_slots",
-)
+#: ``#include "kernels/NAME.cuh"`` lines of kernels.cu (and of the headers), expanded by :func:`source`.
+_INCLUDE = re.compile(r'^#include "(kernels/[A-Za-z0-9_]+\.cuh)"[ \t]*$', flags=re.M)
 COMPILE_OPTIONS = ("-std=c++14",)
+#: The define that compiles the baseline kernels (kvaddr/kernels/baselines.cuh) into a module.
+BASELINES_OPTION = "-DKV_BASELINES"
 
 _modules: dict = {}
 _functions: dict = {}
+_compiled: list = []  # (device, names, seconds) of every module this process compiled or loaded
 
 
 @functools.cache
 def source() -> str:
-    """The CUDA source of every kvaddr kernel."""
-    return SOURCE_PATH.read_text()
+    """The CUDA source of every kvaddr kernel: kernels.cu with its headers expanded in place.
+
+    The loader compiles this text itself (no include path), so CuPy's disk cache key, a hash
+    of the source, changes whenever any header does.
+    """
+
+    def expand(text: str, seen: tuple) -> str:
+        def one(m: re.Match) -> str:
+            rel = m.group(1)
+            if rel in seen:
+                raise KernelCompileError(f"kvaddr/kernels.cu: {rel} includes itself")
+            path = SOURCE_PATH.parent / rel
+            return f"// ---- {rel} ----\n" + expand(path.read_text(), (*seen, rel))
+
+        return _INCLUDE.sub(one, text)
+
+    return expand(SOURCE_PATH.read_text(), ())
+
+
+def source_files() -> tuple:
+    """kernels.cu and every header it includes (what the package must ship)."""
+    return (SOURCE_PATH, *sorted(SOURCE_PATH.parent.joinpath("kernels").glob("*.cuh")))
 
 
 @functools.cache
 def constants() -> dict:
-    """Integer ``#define KV_*`` constants of kernels.cu (one source of truth), error bits
+    """Integer ``#define KV_*`` constants of the kernels (one source of truth), error bits
     ``KV_ERR_*`` included (a trailing ``//`` comment is allowed)."""
     out = {}
     for name, value in re.findall(r"^#define (KV_[A-Z_0-9]+) (\d+)\s*(?://.*)?$", source(), flags=re.M):
@@ -75,46 +71,117 @@ def cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache"))
 
 
-def get_module(device_id: int | None = None):
-    """The compiled module for a device (the current one by default).
+def cache_state() -> dict:
+    """CuPy's on-disk kernel cache (where compiled kvaddr modules are kept across processes):
+    ``{"dir", "exists", "writable", "files", "bytes"}``, and what this process compiled."""
+    d = Path(cache_dir())
+    files = [f for f in d.iterdir() if f.is_file()] if d.is_dir() else []
+    return {
+        "dir": str(d),
+        "exists": d.is_dir(),
+        "writable": os.access(d if d.is_dir() else d.parent, os.W_OK),
+        "files": len(files),
+        "bytes": sum(f.stat().st_size for f in files),
+        "compiled": list(_compiled),
+    }
+
+
+def _device(device_id) -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice() if device_id is None else int(device_id)
+
+
+def _compile(dev: int, code: str, options: tuple, names: tuple, what: str):
+    import time
+
+    import cupy
+
+    t0 = time.perf_counter()
+    with cupy.cuda.Device(dev):
+        kw = {"name_expressions": list(names)} if names else {}
+        mod = cupy.RawModule(code=code, options=options, **kw)
+        try:
+            mod.compile()
+        except cupy.cuda.compiler.CompileException as exc:
+            raise KernelCompileError(
+                f"kvaddr/kernels.cu ({what}) failed to compile for CUDA device {dev}:\n{exc.get_message()}"
+            ) from None
+    _compiled.append((dev, what, time.perf_counter() - t0))
+    return mod
+
+
+def load_kernels(names, device_id: int | None = None) -> dict:
+    """The library kernels ``names`` (kvaddr/kernel_names.py ``LIBRARY_KERNELS``) for a device,
+    as launchable ``cupy.cuda.Function`` objects by name.
+
+    The ones not loaded yet in this process are compiled together, in one module holding only
+    them (a template instantiation per name, CuPy ``name_expressions``); CuPy's disk cache
+    keeps the binary, so a later process loads it without compiling.
 
     Raises
     ------
     KernelCompileError
-        With NVRTC's log, if kernels.cu does not compile for that device.
+        With NVRTC's log, if they do not compile for that device.
     """
-    import cupy
+    from kvaddr.kernel_names import LIBRARY_KERNELS
 
-    dev = cupy.cuda.runtime.getDevice() if device_id is None else int(device_id)
+    dev = _device(device_id)
+    names = tuple(dict.fromkeys(names))
+    bad = [n for n in names if n not in LIBRARY_KERNELS]
+    if bad:
+        raise ValueError(f"names must be library kernels (kvaddr.kernel_names.LIBRARY_KERNELS), got {bad!r}")
+    missing = tuple(n for n in names if (dev, n) not in _functions)
+    if missing:
+        # The names lead the text, so the disk cache keeps one binary per set of kernels.
+        code = "// kvaddr: " + "; ".join(missing) + "\n" + source()
+        mod = _compile(dev, code, COMPILE_OPTIONS, missing, ", ".join(missing))
+        import cupy
+
+        with cupy.cuda.Device(dev):
+            for n in missing:
+                raw = mod.get_function(n)
+                # The RawKernel's cupy.cuda.Function takes a stream argument.
+                _functions[(dev, n)] = getattr(raw, "kernel", raw)
+    return {n: _functions[(dev, n)] for n in names}
+
+
+def get_module(device_id: int | None = None):
+    """The baselines' module for a device (the current one by default), compiled on first use:
+    the ``extern "C"`` kernels the profiler compares the library against.
+
+    Raises
+    ------
+    KernelCompileError
+        With NVRTC's log, if the baselines do not compile for that device.
+    """
+    dev = _device(device_id)
     mod = _modules.get(dev)
     if mod is None:
-        with cupy.cuda.Device(dev):
-            mod = cupy.RawModule(code=source(), options=COMPILE_OPTIONS)
-            try:
-                mod.compile()
-            except cupy.cuda.compiler.CompileException as exc:
-                raise KernelCompileError(
-                    f"kvaddr/kernels.cu failed to compile for CUDA device {dev}:\n{exc.get_message()}"
-                ) from None
-        _modules[dev] = mod
+        mod = _modules[dev] = _compile(dev, source(), (*COMPILE_OPTIONS, BASELINES_OPTION), (), "baselines")
     return mod
 
 
 def get_function(name: str, device_id: int | None = None):
-    """A kernel of kernels.cu by name, as a launchable ``cupy.cuda.Function``."""
+    """A kernel by name, as a launchable ``cupy.cuda.Function``: a library kernel (its name
+    expression, e.g. ``"step_small<1, long long>"``) or a baseline (e.g. ``"kvaddr_empty"``)."""
+    from kvaddr.kernel_names import BASELINE_KERNELS, LIBRARY_KERNELS
+
+    dev = _device(device_id)
+    fn = _functions.get((dev, name))
+    if fn is not None:
+        return fn
+    if name in LIBRARY_KERNELS:
+        return load_kernels((name,), dev)[name]
+    if name not in BASELINE_KERNELS:
+        raise ValueError(
+            f"name must be a kernel of kvaddr.kernel_names (LIBRARY_KERNELS or BASELINE_KERNELS), got {name!r}"
+        )
     import cupy
 
-    dev = cupy.cuda.runtime.getDevice() if device_id is None else int(device_id)
-    fn = _functions.get((dev, name))
-    if fn is None:
-        if name not in KERNEL_NAMES:
-            raise ValueError(f"name must be one of {', '.join(KERNEL_NAMES)}, got {name!r}")
-        with cupy.cuda.Device(dev):
-            raw = get_module(dev).get_function(name)
-            # The RawKernel's cupy.cuda.Function takes a stream argument (RawKernel
-            # itself launches on the current stream only).
-            fn = getattr(raw, "kernel", raw)
-        _functions[(dev, name)] = fn
+    with cupy.cuda.Device(dev):
+        raw = get_module(dev).get_function(name)
+        fn = _functions[(dev, name)] = getattr(raw, "kernel", raw)
     return fn
 
 
@@ -300,11 +367,12 @@ class Launcher:
     def fast(self) -> bool:
         return self._fast is not None
 
-    def __call__(self, grid: int, block: int, stream: int) -> None:
+    def __call__(self, grid: int, block: int, stream: int, grid_y: int = 1) -> None:
         if self._fast is not None:
-            self._fast(self._fptr, grid, 1, 1, block, 1, 1, 0, stream, self._params_ptr, 0)
+            self._fast(self._fptr, grid, grid_y, 1, block, 1, 1, 0, stream, self._params_ptr, 0)
         else:
-            self.fn((grid,), (block,), function_args(self.args, by_value=self.by_value), 0, raw_stream(stream))
+            args = function_args(self.args, by_value=self.by_value)
+            self.fn((grid, grid_y), (block,), args, 0, raw_stream(stream))
 
 
 def function_args(args, *, by_value: bool = False) -> tuple:

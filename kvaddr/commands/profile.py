@@ -467,7 +467,8 @@ def profile(ctx, **options):
 
 
 INFO_HELP = """Report the GPUs, driver, CUDA runtime, CuPy, NVRTC, whether kernels.cu compiles for
-this GPU, and CuPy's kernel cache folder.
+this GPU, and CuPy's kernel cache (the folder and what it holds: the first planner on a machine
+compiles the kernels it needs, a few seconds; later processes load them from the cache).
 
 \b
 Exit status: 0 when the report was printed, with or without CuPy or a GPU
@@ -486,6 +487,7 @@ def info(as_json):
         cuda_versions,
         gpu_list,
         kernel_cache_dir,
+        kernel_cache_summary,
         probe_cuda,
         python_info,
     )
@@ -501,6 +503,7 @@ def info(as_json):
     report["kernels_compile"] = compile_ok
     report["kernels_compile_message"] = compile_msg if compile_ok is not False else compile_msg.splitlines()[0]
     report["kernel_cache_dir"] = kernel_cache_dir()
+    report["kernel_cache"] = kernel_cache_summary()
 
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -531,7 +534,7 @@ def info(as_json):
                 )
         status = {True: "yes, for GPU 0: ", False: "NO: ", None: ""}[compile_ok]
         table.add_row("kernels.cu compiles", status + report["kernels_compile_message"])
-        table.add_row("kernel cache", report["kernel_cache_dir"])
+        table.add_row("kernel cache", report["kernel_cache"])
         out_console().print(table)
     if compile_ok is False:
         err_console().print(f"kvaddr info: {compile_msg}")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvaddr import kernel_loader
+from kvaddr import dispatch, kernel_loader
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.vllm_config import (
     INT32,
@@ -30,33 +30,24 @@ from kvaddr.engines.vllm_config import (
     per_group,
 )
 from kvaddr.engines.vllm_errors import VllmAddressingError
-from kvaddr.errors import clean_error_records, reduce_error_records
-from kvaddr.validation import cupy_stream, describe, memo_guard, repeats, signature_getter, stream_handle
+from kvaddr.errors import clean_error_records
+from kvaddr.host import ErrorRecords, Memo, StreamResolver
+from kvaddr.validation import describe, memo_guard, repeats, signature_getter
 
 if TYPE_CHECKING:
     from kvaddr.engines.vllm_bound import BoundVllmStep
 
 __all__ = ["VllmStepConfig", "VllmStepOutputs", "VllmStepParams", "VllmStepPlanner"]
 
-#: Threads per block of kvaddr_vllm_step_v2 (VLLM_THREADS in kernels.cu).
+#: Threads per block of the vLLM step (VLLM_THREADS in kvaddr/kernels/vllm.cuh).
 THREADS = 256
 WARPS = THREADS // 32
 #: Threads per program of the three-launch baseline (VLLM3_THREADS).
 THREADS_3 = 128
-#: The one-launch kernel, by ``VllmStepPlanner(kernel=...)`` (the first version, "v1", was
-#: deleted in the sixth session: slower than v2 on every measured row).
-KERNELS = {"v2": "kvaddr_vllm_step_v2"}
-#: Lanes per (group, row) pair of kvaddr_vllm_step_v2's gather.
+#: Lanes per (group, row) pair of the step's block-table gather, by batch size (auto_pair_lanes).
 PAIR_LANES = (8, 16, 32)
-#: The v2 kernel with the attention metadata blocks (``attention=``).
-ATTENTION_KERNEL = "kvaddr_vllm_step_v2a"
-#: Lanes per request of the metadata blocks' row copy (``meta_lanes``).
-META_LANES = (4, 8, 16, 32)
-#: Batch rows per metadata block (``meta_rows``).
-META_ROWS = (8, 16, 32, 64, 128, 256)
-#: The metadata blocks' implementations (``meta_impl``): 0 the first version (vllm_attn_block0),
-#: 1 the shorter dependent chain (vllm_attn_block1: one barrier, row loads before it).
-META_IMPLS = (0, 1)
+#: Lanes per request of the attention metadata's row copy (a warp per row).
+META_LANES = 32
 #: The automatic geometry keeps num_groups * meta_blocks at most this (2 blocks per SM of an
 #: H200): every metadata block reads all num_reqs lengths (pass 1), so more blocks cost L2
 #: traffic and a second wave (measured: 32 lanes x 16 rows at max_num_reqs 8192 and 2 groups,
@@ -64,18 +55,10 @@ META_IMPLS = (0, 1)
 META_BLOCKS_CAP = 264
 
 
-def auto_meta_geometry(max_num_reqs: int, num_groups: int, meta_impl: int = 0) -> tuple[int, int]:
-    """The default ``(meta_lanes, meta_rows)`` of the attention metadata blocks.
-
-    ``meta_rows``: the smallest of 16, 32, 64, 128, 256 with ``num_groups *
-    ceil((max_num_reqs + 1) / meta_rows) <= META_BLOCKS_CAP`` (256 if none). ``meta_lanes``:
-    32 for ``meta_impl`` 0 (measured best with 16 rows); for ``meta_impl`` 1 one lane group per
-    row, ``clamp(256 // meta_rows, 4, 32)``, so every row's first columns are loaded before the
-    barrier.
-    """
-    rows = next((r for r in (16, 32, 64, 128, 256) if num_groups * -(-(max_num_reqs + 1) // r) <= META_BLOCKS_CAP), 256)
-    lanes = 32 if meta_impl == 0 else max(4, min(32, THREADS // rows))
-    return lanes, rows
+def auto_meta_rows(max_num_reqs: int, num_groups: int) -> int:
+    """Batch rows per attention metadata block: the smallest of 16, 32, 64, 128, 256 with
+    ``num_groups * ceil((max_num_reqs + 1) / rows) <= META_BLOCKS_CAP`` (256 if none)."""
+    return next((r for r in (16, 32, 64, 128, 256) if num_groups * -(-(max_num_reqs + 1) // r) <= META_BLOCKS_CAP), 256)
 
 
 #: VLLM_ATTN_* bits of kernels.cu.
@@ -164,7 +147,7 @@ class VllmStepParams(ctypes.Structure):
         ("token_blocks", _I32),
         ("request_blocks", _I32),
         ("pair_lanes", _I32),
-        # attention metadata (kvaddr_vllm_step_v2a; appended)
+        # attention metadata (vllm_step<true>)
         ("qo_indptr", _P),
         ("kv_indptr", _P),
         ("kv_indices", _P),
@@ -184,22 +167,6 @@ class VllmStepParams(ctypes.Structure):
 GROUP_SLOTS = 1
 _NO_OBJECT = object()  # matches no num_reqs_padded argument (compute()'s memo, before its first fast call)
 GROUP_SHARDED = 2
-
-
-class StructLaunch:
-    """A kernel launched with one struct parameter straight through ``cuLaunchKernel``."""
-
-    def __init__(self, fn, params: VllmStepParams):
-        from cupy.cuda import driver
-
-        self._launch = driver.launchKernel
-        self._fptr = int(fn.ptr)
-        self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        self._args_ptr = ctypes.addressof(self._args)
-
-    def __call__(self, gx: int, gy: int, block: int, stream: int) -> None:
-        # The driver copies the parameter block at the launch (also while capturing).
-        self._launch(self._fptr, gx, gy, 1, block, 1, 1, 0, stream, self._args_ptr, 0)
 
 
 class VllmStepPlanner:
@@ -228,14 +195,8 @@ class VllmStepPlanner:
         in :class:`VllmStepOutputs` (``input_block_tables``: one array per group).
     device : int, optional
         CUDA device ordinal (the current device by default).
-    kernel : {"v2"}, default "v2"
-        The one-launch kernel: ``kvaddr_vllm_step_v2`` (no grid-wide ticket, sticky per-warp
-        error records). The only one since the first version (``"v1"``) was deleted.
-    pair_lanes : {8, 16, 32}, optional
-        v2 only: lanes per (group, row) pair of the gather (default: by batch size,
-        :meth:`auto_pair_lanes`). Settable later through the ``pair_lanes`` attribute.
     error_records : device array, optional
-        v2 only: caller-owned memory for the step's error records (e.g. a view into one
+        Caller-owned memory for the step's error records (e.g. a view into one
         packed buffer of the caller's): int64 or uint64, C-contiguous, shape
         :meth:`error_records_shape` ``(R, 2)`` of this ``max_num_reqs`` and
         ``max_num_batched_tokens`` (with attention outputs, ``attention_blocks=``
@@ -250,23 +211,11 @@ class VllmStepPlanner:
         groups among ``"flashinfer"`` (``qo_indptr``, per group ``kv_indptr``, ``kv_indices``,
         ``kv_last_page_len``), ``"varlen"`` (``qo_indptr``, per group ``cu_seqlens_k``,
         ``seqused_k``, ``max_seqlen_k``, and ``max_seqlen_q``) and ``"page_table"`` (the
-        gathered tables themselves); a comma-separated str or a sequence. v2 only (the kernel
-        ``kvaddr_vllm_step_v2a``). The buffers are the planner's (``outputs.attention``,
+        gathered tables themselves); a comma-separated str or a sequence. The buffers are the planner's (``outputs.attention``,
         :class:`~kvaddr.engines.vllm_config.VllmAttentionOutputs`).
     kv_indices_capacity : int, optional
         N, the entries of each group's ``kv_indices`` (``[G, N]``); required with
         ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
-    meta_lanes : {4, 8, 16, 32}, optional
-        Lanes per request of the metadata row copy (settable later, ``meta_lanes``); default
-        :func:`auto_meta_geometry`'s.
-    meta_rows : {8, 16, 32, 64, 128, 256}, optional
-        Batch rows per metadata block (``ceil((max_num_reqs + 1) / meta_rows)`` blocks per
-        group); default :func:`auto_meta_geometry`'s (by max_num_reqs and the group count).
-    meta_impl : {0, 1}, default 0
-        The metadata blocks' code: 0 the first version (measured fastest on the H200 at the
-        automatic geometry), 1 a shorter dependent chain (one barrier, the block-table row
-        loads issued before it; not faster there: docs/perf-notes.md); same outputs (settable
-        later).
 
     Examples
     --------
@@ -279,7 +228,8 @@ class VllmStepPlanner:
     >>> out = bound.launch(idx_mapping, query_start_loc, num_reqs_padded=256, stream=s)  # per step
     """
 
-    kernel_name = "kvaddr_vllm_step_v2"
+    #: The kernel this planner launches (kvaddr.dispatch's name for it).
+    kernel_name = dispatch.vllm_kernel(False)
 
     def __init__(
         self,
@@ -297,42 +247,27 @@ class VllmStepPlanner:
         slot_dtype=np.int64,
         out=None,
         device: int | None = None,
-        kernel: str = "v2",
-        pair_lanes: int | None = None,
         error_records=None,
         attention=None,
         kv_indices_capacity: int | None = None,
-        meta_lanes: int | None = None,
-        meta_rows: int | None = None,
-        meta_impl: int = 0,
     ):
         import cupy
 
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-        self._kernel = kernel
         # Attention metadata (docs/vllm.md, "Attention metadata"): the groups asked for, the
-        # kernel's VLLM_ATTN_* bits (0: plain v2, no metadata blocks) and N.
+        # kernel's VLLM_ATTN_* bits (0: no metadata blocks) and N.
         self.attention = normalize_attention(attention)
         self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
         self._attn_bits = sum(ATTN_BITS.get(a, 0) for a in self.attention)
         if self._attn_bits and type(self)._load_functions is not VllmStepPlanner._load_functions:
-            raise ValueError(f"attention needs the one-launch step (kvaddr_vllm_step_v2a), not {type(self).__name__}")
-        if meta_impl not in META_IMPLS:
-            raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {meta_impl!r}")
-        if meta_rows is not None and meta_rows not in META_ROWS:
-            raise ValueError(f"meta_rows must be one of {META_ROWS}, got {meta_rows!r}")
-        # compute()'s memo of the last checked call (see _remember) and of the last stream
-        # object's handle; CuPy's current-stream getter looked up once.
-        self._memo: tuple | None = None
+            raise ValueError(f"attention needs the one-launch step, not {type(self).__name__}")
+        # compute()'s memo of the last checked call (see _remember).
+        self._memo: Memo | None = None
         self._last_args: tuple | None = None  # the last checked call's arguments (see _remember)
         self._memoize = True
-        self._stream_obj = None
-        self._stream_ptr = 0
+        self._stream = StreamResolver()
         self._current_stream = cupy.cuda.get_current_stream
-        self.pair_lanes = pair_lanes  # checked by the property's setter
         if type(self)._load_functions is VllmStepPlanner._load_functions:
-            self.kernel_name = ATTENTION_KERNEL if self._attn_bits else KERNELS[kernel]
+            self.kernel_name = dispatch.vllm_kernel(bool(self._attn_bits))
 
         self.config = cfg = VllmStepConfig(
             max_num_reqs,
@@ -349,8 +284,7 @@ class VllmStepPlanner:
         )
         self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
         M, T, G = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.num_groups
-        auto_lanes, auto_rows = auto_meta_geometry(M, G, meta_impl)
-        self._meta_rows = meta_rows = auto_rows if meta_rows is None else meta_rows
+        self._meta_rows = meta_rows = auto_meta_rows(M, G)
         given = self._out_fields(out)
         p = self._params = VllmStepParams()
         with cupy.cuda.Device(self.device):
@@ -375,6 +309,7 @@ class VllmStepPlanner:
             else:
                 self._records = self._caller_records(error_records, rec.shape)
                 self._records.set(rec)
+            self._errors = ErrorRecords(self._records, rec, self.device, VllmAddressingError)
             # Initialised on CuPy's current stream; compute() may run on any other.
             cupy.cuda.get_current_stream().synchronize()
         o = self._out_info
@@ -406,8 +341,8 @@ class VllmStepPlanner:
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
         self._set_attention_params()
-        self.meta_lanes = auto_lanes if meta_lanes is None else meta_lanes
-        self.meta_impl = meta_impl
+        if any(name == "meta_lanes" for name, _ in VllmStepParams._fields_):
+            p.meta_lanes = META_LANES  # int32: lanes per request of the metadata row copy
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.
@@ -426,7 +361,7 @@ class VllmStepPlanner:
     def error_records_shape(
         max_num_reqs: int, max_num_batched_tokens: int, attention_blocks: int = 0
     ) -> tuple[int, int]:
-        """``(R, 2)``: the v2 kernel's error records, one ``(mask, first-bad key)`` pair of
+        """``(R, 2)``: the step's error records, one ``(mask, first-bad key)`` pair of
         64-bit words per warp of its token, request and attention metadata blocks,
         ``R = (ceil(max_num_batched_tokens / 256) + ceil(max_num_reqs / 256) + attention_blocks) * 8``
         (the shape an ``error_records=`` array must have). ``attention_blocks``: 0 without
@@ -444,7 +379,7 @@ class VllmStepPlanner:
         """``error_records=``, checked; a CuPy uint64 view of it (the caller's memory)."""
         import cupy
 
-        if not self._v2:
+        if not self._one_launch:
             raise ValueError(
                 f"error_records is only taken by the one-launch step (its kernel's per-warp records), "
                 f"not by {type(self).__name__}"
@@ -464,13 +399,15 @@ class VllmStepPlanner:
         return cupy.asarray(x).view(cupy.uint64)
 
     @property
-    def _v2(self) -> bool:
+    def _one_launch(self) -> bool:
         """The one-launch kernel runs (not a baseline subclass's own launches)."""
         return type(self)._load_functions is VllmStepPlanner._load_functions
 
     def _load_functions(self) -> dict:
-        fn = kernel_loader.get_function(ATTENTION_KERNEL if self._attn_bits else KERNELS[self.kernel], self.device)
-        return {"step": StructLaunch(fn, self._params)}
+        """The launchers of this planner's kernels (the dispatch table's, compiled now)."""
+        (name,) = dispatch.vllm_kernels(bool(self._attn_bits))
+        fn = kernel_loader.load_kernels((name,), self.device)[name]
+        return {"step": kernel_loader.Launcher(fn, self._params, by_value=True)}
 
     def _make_attention_buffers(self) -> None:
         """The attention metadata's buffers (planner-owned, persistent; docs/vllm.md)."""
@@ -520,31 +457,9 @@ class VllmStepPlanner:
             p.max_seqlen = self._max_seqlen.data.ptr
 
     @property
-    def meta_lanes(self) -> int:
-        """Lanes per request of the attention metadata's row copy (4, 8, 16 or 32; default 8)."""
-        return self._params.meta_lanes
-
-    @meta_lanes.setter
-    def meta_lanes(self, lanes: int) -> None:
-        if lanes not in META_LANES:
-            raise ValueError(f"meta_lanes must be one of {META_LANES}, got {lanes!r}")
-        self._params.meta_lanes = lanes  # read by the kernel from the parameter block (no memo change)
-
-    @property
     def meta_rows(self) -> int:
         """Batch rows per attention metadata block (fixed at construction: it sizes the grid)."""
         return self._meta_rows
-
-    @property
-    def meta_impl(self) -> int:
-        """The attention metadata blocks' code: 1 the shorter chain (default), 0 the first version."""
-        return self._params.meta_impl
-
-    @meta_impl.setter
-    def meta_impl(self, impl: int) -> None:
-        if impl not in META_IMPLS:
-            raise ValueError(f"meta_impl must be one of {META_IMPLS}, got {impl!r}")
-        self._params.meta_impl = impl  # read by the kernel from the parameter block (no memo change)
 
     @staticmethod
     def _out_fields(out) -> dict:
@@ -757,9 +672,8 @@ class VllmStepPlanner:
         BoundVllmStep
             Holds references to the bound arrays (and the lists given); writes this planner's
             outputs (the same buffers as :meth:`compute`, ``out=`` tensors where given) with
-            its own copy of the kernel's parameter block. The planner's settings
-            (``pair_lanes``, ``meta_lanes``, ``meta_impl``) are taken now: bind again after
-            changing one. Bind again when the engine replaces a bound array by a new object.
+            its own copy of the kernel's parameter block. Bind again when the engine replaces a
+            bound array by a new object.
 
         Raises
         ------
@@ -770,12 +684,12 @@ class VllmStepPlanner:
         from kvaddr.engines.vllm_bound import BoundVllmStep
 
         step = self._fns.get("step")
-        if type(step) is not StructLaunch:
+        if not self._one_launch or type(step) is not kernel_loader.Launcher or step._fast is None:
             raise TypeError(f"bind needs a one-launch VllmStepPlanner, got {type(self).__name__}")
         return BoundVllmStep(
             planner=self,
             params=VllmStepParams.from_buffer_copy(self._params),
-            launch_kernel=step._launch,
+            launch_kernel=step._fast,
             fptr=step._fptr,
             threads=THREADS,
             max_num_reqs=self.config.max_num_reqs,
@@ -784,7 +698,6 @@ class VllmStepPlanner:
             check_state=self._check_state,
             check_batch=check_batch,
             plan=self._plan,
-            pair_lanes=self._pair_lanes,
             current_stream=self._current_stream,
             num_computed_tokens=num_computed_tokens,
             block_tables=block_tables,
@@ -809,26 +722,9 @@ class VllmStepPlanner:
         self._memoize = bool(on)
         self._memo = self._last_args = None
 
-    @property
-    def kernel(self) -> str:
-        """The one-launch kernel, ``"v2"``."""
-        return self._kernel
-
-    @property
-    def pair_lanes(self) -> int | None:
-        """v2's lanes per (group, row) pair of the gather (8, 16 or 32; None: by batch size)."""
-        return self._pair_lanes
-
-    @pair_lanes.setter
-    def pair_lanes(self, lanes: int | None) -> None:
-        if lanes is not None and lanes not in PAIR_LANES:
-            raise ValueError(f"pair_lanes must be one of {PAIR_LANES} or None, got {lanes!r}")
-        self._pair_lanes = lanes
-        self._memo = None  # the memo holds the grid, which the lanes change
-
     @staticmethod
     def auto_pair_lanes(pairs: int) -> int:
-        """v2's default lanes per (group, row) pair for ``pairs`` pairs: a warp per pair
+        """The default lanes per (group, row) pair of the gather for ``pairs`` pairs: a warp per pair
         (more entries in flight per row) while that is at most 64 blocks, then 16, then 8."""
         if pairs * 32 <= 64 * THREADS:
             return 32
@@ -838,22 +734,22 @@ class VllmStepPlanner:
 
     def grid(self, num_reqs_padded: int, num_reqs: int | None = None) -> int:
         """Blocks of the one launch for a batch of ``num_reqs`` requests (default: the
-        padded size) padded to ``num_reqs_padded`` rows (v2 also sets ``pair_lanes``)."""
-        grid, lanes = self._plan(num_reqs_padded, num_reqs, self._pair_lanes)
+        padded size) padded to ``num_reqs_padded`` rows (also writes the gather's lanes per
+        pair into the parameter block)."""
+        grid, lanes = self._plan(num_reqs_padded, num_reqs)
         p = self._params
         if lanes and p.pair_lanes != lanes:
             p.pair_lanes = lanes
             self._memo = None  # the memo's grid was for the lanes in the struct
         return grid
 
-    def _plan(self, num_reqs_padded: int, num_reqs: int | None, pair_lanes: int | None) -> tuple:
-        """``(blocks, lanes per pair)`` of the launch (see :meth:`grid`; writes
-        nothing); ``pair_lanes``: v2's fixed lanes per pair, None for the automatic choice."""
+    def _plan(self, num_reqs_padded: int, num_reqs: int | None) -> tuple:
+        """``(blocks, lanes per pair)`` of the launch (see :meth:`grid`; writes nothing)."""
         p = self._params
         G = self.config.num_groups
         n = num_reqs_padded if num_reqs is None else num_reqs
         pairs = G * n
-        lanes = pair_lanes or (32 if pairs <= 512 else (16 if pairs <= 4096 else 8))  # auto_pair_lanes
+        lanes = 32 if pairs <= 512 else (16 if pairs <= 4096 else 8)  # auto_pair_lanes
         # a warp per (group, chunk of 32 // lanes rows): the kernel's gather loop (one pass each)
         gather_warps = G * -(-n // (32 // lanes))
         return p.token_blocks + p.request_blocks + -(-gather_warps // (THREADS // 32)) + G * p.meta_blocks, lanes
@@ -905,50 +801,41 @@ class VllmStepPlanner:
         ``num_reqs_padded`` and the stream taken per call. The planner keeps a reference to
         the last inputs. ``memoize_checks = False`` checks every call.
         """
-        # Stream: a raw handle as is; the same CuPy or torch stream object as last time: its handle.
-        if stream.__class__ is not int:
-            if stream is None:
-                stream = self._current_stream().ptr
-            elif stream is self._stream_obj:
-                stream = self._stream_ptr
-            else:
-                handle = stream_handle(stream)
-                if type(stream).__module__.startswith(("cupy", "torch")):  # their handles never change
-                    self._stream_obj, self._stream_ptr = stream, handle
-                stream = handle
+        stream = self._stream(stream)
         # Fast path: the same argument objects as the last checked call, each array's signature
         # unchanged, so every check passes as it did and the parameter block already holds them;
         # only num_reqs_padded (checked here as check_num_reqs_padded does) and the stream vary.
-        # num_reqs_padded: the same object as the last launch's (m[7][0]) is in the struct already
+        # num_reqs_padded: the same object as the last launch's (m.extra[0]) is in the struct already
         # (ints are immutable; only _prepare, which drops the memo first, and this path write it).
         m = self._memo
         if (
             m is not None
-            and m[0](idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks)
+            and m.same(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks)
             and (
-                num_reqs_padded is (last := m[7])[0]
+                num_reqs_padded is (last := m.extra)[0]
                 or num_reqs_padded is None
-                or (num_reqs_padded.__class__ is int and m[1] <= num_reqs_padded <= m[2])
+                or (num_reqs_padded.__class__ is int and m.size <= num_reqs_padded <= self.config.max_num_reqs)
             )
         ):
             if num_reqs_padded is not last[0]:
-                last[1] = self._params.num_reqs_padded = m[1] if num_reqs_padded is None else num_reqs_padded
+                last[1] = self._params.num_reqs_padded = m.size if num_reqs_padded is None else num_reqs_padded
                 last[0] = num_reqs_padded
-            grid = m[3]
-            launch = m[4]
-            if launch is None:
-                self._fns["step"](grid, 1, THREADS, stream)
-            else:  # cuLaunchKernel straight (StructLaunch.__call__, inlined)
-                launch(m[5], grid, 1, 1, THREADS, 1, 1, 0, stream, m[6], 0)
+            if m.launch_kernel is None:
+                m.launcher(m.blocks, m.threads, stream)
+            else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
+                m.launch_kernel(m.function, m.blocks, 1, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
             return self.outputs
         n, padded = self._prepare(
             idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
         )
         grid = self.grid(padded, n)
-        self._fns["step"](grid, 1, THREADS, stream)
+        self._fns["step"](grid, THREADS, stream)
         self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
         if self._memo is not None and (num_reqs_padded is None or num_reqs_padded.__class__ is int):
-            self._memo[7][:] = (num_reqs_padded, padded)  # (another kind, e.g. a NumPy int: checked on the next call)
+            self._memo.extra[:] = (
+                num_reqs_padded,
+                padded,
+            )  # (another kind, e.g. a NumPy int: checked on the next call)
         return self.outputs
 
     def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
@@ -982,16 +869,17 @@ class VllmStepPlanner:
         if same is None:  # no cheap signature, or a list/tuple subclass
             return
         step = self._fns["step"]
-        fast = type(step) is StructLaunch
-        self._memo = (
-            same,  # 0: same(*args): the same objects (sequences by their items), signatures unchanged
-            n,  # 1: num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
-            self.config.max_num_reqs,  # 2: num_reqs_padded's upper bound
-            grid,  # 3: the grid (lanes by num_reqs, not num_reqs_padded)
-            step._launch if fast else None,  # 4: launchKernel (None: another launcher, called as is)
-            step._fptr if fast else 0,  # 5
-            step._args_ptr if fast else 0,  # 6
-            [_NO_OBJECT, 0],  # 7: [the last launch's num_reqs_padded object, the value written]: see compute()
+        fast = type(step) is kernel_loader.Launcher
+        self._memo = Memo(
+            same=same,  # the same objects (sequences by their items), signatures unchanged
+            size=n,  # num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
+            blocks=grid,  # lanes by num_reqs, not num_reqs_padded
+            threads=THREADS,
+            launch_kernel=step._fast if fast else None,  # None: another launcher, called as is
+            function=step._fptr if fast else 0,
+            params_ptr=step._params_ptr if fast else 0,
+            launcher=step,
+            extra=[_NO_OBJECT, 0],  # [the last launch's num_reqs_padded object, the value written]: see compute()
         )
 
     def errors(self, stream=None) -> tuple[int, int]:
@@ -1009,32 +897,15 @@ class VllmStepPlanner:
         (int, int)
             ``(error_mask, first_bad_key)``; ``(0, VLLM_NO_ERROR_KEY)`` when clean.
         """
-        import cupy
-
-        handle = stream_handle(stream)
-        rec = np.empty(self._records.shape, dtype=np.uint64)
-        with cupy.cuda.Device(self.device):
-            s = cupy_stream(handle)
-            self._records.get(stream=s, out=rec)
-            s.synchronize()
-            mask, key = reduce_error_records(rec)
-            if mask:
-                self._records.set(self._clean_records, stream=s)  # (then in order before the next step on s)
-        return mask, key
+        return self._errors.read(stream)
 
     def check(self, stream=None) -> None:
         """Synchronise; raise VllmAddressingError naming the first bad value since the last
         read (:meth:`errors`: the records are then clear)."""
-        mask, key = self.errors(stream)
-        if mask:
-            raise VllmAddressingError(mask, key)
+        self._errors.check(stream)
 
     def clear_errors(self, stream=None) -> None:
         """Clear the error records on ``stream`` (CuPy's current one by default), dropping
         errors not read yet; no synchronisation (:meth:`errors` and :meth:`check` clear after
         reading already)."""
-        import cupy
-
-        handle = stream_handle(stream)
-        with cupy.cuda.Device(self.device):
-            self._records.set(self._clean_records, stream=cupy_stream(handle))
+        self._errors.clear(stream)

@@ -136,7 +136,6 @@ class BoundVllmStep:
         "_launch",
         "_max_num_reqs",
         "_outputs",
-        "_pair_lanes",
         "_plan",
         "_plans",
         "_same",
@@ -164,7 +163,6 @@ class BoundVllmStep:
         check_state: Callable,
         check_batch: Callable,
         plan: Callable,
-        pair_lanes: int | None,
         current_stream: Callable,
         num_computed_tokens,
         block_tables,
@@ -179,8 +177,7 @@ class BoundVllmStep:
         self._outputs = outputs
         self._check_state = check_state  # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], [ptr])
         self._check_batch = check_batch  # (idx_mapping, query_start_loc, M, device) -> (ArrayInfo, ArrayInfo)
-        self._plan = plan  # (num_reqs_padded, num_reqs, pair_lanes) -> (blocks, lanes or 0)
-        self._pair_lanes = pair_lanes  # v2's fixed lanes per pair (None: by batch size)
+        self._plan = plan  # (num_reqs_padded, num_reqs) -> (blocks, lanes per pair)
         self._lanes = params.pair_lanes  # the lanes in this binding's parameter block
         self._plans: dict = {}  # num_reqs -> (blocks, lanes)
         self._stream = None if stream is None else stream_handle(stream)
@@ -305,7 +302,7 @@ class BoundVllmStep:
             padded = check_num_reqs_padded(num_reqs_padded, n, M)
         plan = self._plans.get(n)
         if plan is None:
-            plan = self._plans[n] = self._plan(padded, n, self._pair_lanes)
+            plan = self._plans[n] = self._plan(padded, n)
         written = (batch, padded)
         if written != self._written:  # (vLLM's slices of persistent buffers keep their pointers)
             P = self.params
@@ -314,7 +311,7 @@ class BoundVllmStep:
             P.idx_is_64 = batch[2]
             P.query_start_loc = batch[3]  # [num_reqs + 1], int32
             P.num_reqs_padded = padded
-            if plan[1] and plan[1] != self._lanes:  # v2's lanes per pair, by num_reqs
+            if plan[1] and plan[1] != self._lanes:  # the gather's lanes per pair, by num_reqs
                 P.pair_lanes = self._lanes = plan[1]
             self._written = written
         self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)

@@ -113,6 +113,21 @@ def kernel_cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache"))
 
 
+def kernel_cache_summary() -> str:
+    """CuPy's kernel cache in a few words: where it is and what it holds.
+
+    The first planner on a machine compiles the kernels it needs into this folder; later
+    processes load them from it without compiling.
+    """
+    d = kernel_cache_dir()
+    if not os.path.isdir(d):
+        return f"{d} (empty: the first planner compiles its kernels, a few seconds)"
+    files = [os.path.join(d, f) for f in os.listdir(d)]
+    files = [f for f in files if os.path.isfile(f)]
+    size = sum(os.path.getsize(f) for f in files)
+    return f"{d} ({len(files)} compiled modules, {size / 2**20:.1f} MiB)"
+
+
 def gpu_list() -> list:
     """Name, compute capability and memory of each CUDA device ([] without CuPy or devices)."""
     try:
@@ -235,7 +250,8 @@ def compile_check(device_id: int = 0) -> tuple:
     t0 = time.perf_counter()
     try:
         with cupy.cuda.Device(device_id):
-            kernel_loader.get_module(device_id)
+            kernel_loader.load_kernels(("step_small<1, long long>",), device_id)  # a library kernel
+            kernel_loader.get_module(device_id)  # the baselines
     except KernelCompileError as exc:
         return False, str(exc)
     except Exception as exc:

@@ -19,7 +19,7 @@ checks nothing (vLLM makes no checks): give it good inputs.
 from __future__ import annotations
 
 from kvaddr import kernel_loader
-from kvaddr.engines.vllm import THREADS_3, StructLaunch, VllmStepOutputs, VllmStepPlanner
+from kvaddr.engines.vllm import THREADS_3, VllmStepOutputs, VllmStepPlanner
 from kvaddr.validation import stream_handle
 
 
@@ -30,7 +30,9 @@ class VllmThreeLaunch(VllmStepPlanner):
 
     def _load_functions(self) -> dict:
         return {
-            name: StructLaunch(kernel_loader.get_function(f"kvaddr_vllm3_{name}", self.device), self._params)
+            name: kernel_loader.Launcher(
+                kernel_loader.get_function(f"kvaddr_vllm3_{name}", self.device), self._params, by_value=True
+            )
             for name in ("prepare", "gather", "slots")
         }
 
@@ -58,8 +60,8 @@ class VllmThreeLaunch(VllmStepPlanner):
         # Rows to visit: the padded batch and every row the previous call filled (the
         # host knows it here; the one-launch step keeps it on the device).
         rows = max(padded, self._prev_rows, 1)
-        self._fns["prepare"](n + 1, 1, THREADS_3, s)
-        self._fns["gather"](rows, G, THREADS_3, s)
-        self._fns["slots"](n + 1, G, THREADS_3, s)
+        self._fns["prepare"](n + 1, THREADS_3, s)
+        self._fns["gather"](rows, THREADS_3, s, G)
+        self._fns["slots"](n + 1, THREADS_3, s, G)
         self._prev_rows = n
         return self.outputs

@@ -49,11 +49,10 @@ import weakref
 import numpy as np
 import torch
 
-from kvaddr import kernel_loader
+from kvaddr import dispatch, kernel_loader
 from kvaddr.constants import INT32_MAX, MAX_CACHES
 from kvaddr.errors import NO_ERROR_KEY, AddressingError, reduce_error_records, reset_error_records
 from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
-from kvaddr.planner import attention_meta_geometry
 from kvaddr.reference import step_addressing
 from kvaddr.validation import MAX_REQUESTS
 
@@ -90,18 +89,21 @@ def _num_chunks(capacity: int) -> int:
     return -(-capacity // _TOKENS)
 
 
-def _max_tiles(max_requests: int) -> int:
-    return -(-max_requests // _TILE) if max_requests > _TILE else 0
+def _max_tiles(capacity: int, max_requests: int) -> int:
+    """T of the workspace: the scan tiles of ``step_multiblock``, padded so that every kernel the
+    dispatch table may run has its error records (``kvaddr.dispatch.step_records``)."""
+    return dispatch.step_records(dispatch.StepConfig(0, True, capacity, max_requests)).tiles
 
 
 def workspace_size(capacity: int, max_requests: int) -> int:
     """Int64 words of the op's ``workspace`` for capacity C and at most ``max_requests``.
 
-    Layout: the 4 uint32 ``KV_STATE_*`` words (2 int64), ``max(T, 1)`` tile-status words
-    (T = ceil(max_requests / KV_TILE) above KV_TILE requests, else 0), then
-    ``(ceil(C / KV_TOKENS) + T) * KV_WARPS`` error records of two words (mask, key).
+    Layout: the 4 uint32 ``KV_STATE_*`` words (2 int64), ``max(T, 1)`` tile-status words, then
+    ``(ceil(C / KV_TOKENS) + T) * KV_WARPS`` error records of two words (mask, key); T covers
+    ceil(max_requests / KV_TILE) scan tiles and every kernel's records
+    (``kvaddr.dispatch.step_records``).
     """
-    mt = _max_tiles(max_requests)
+    mt = _max_tiles(capacity, max_requests)
     return _STATE_WORDS + max(mt, 1) + 2 * (_num_chunks(capacity) + mt) * _WARPS
 
 
@@ -228,12 +230,14 @@ class _Layout:
         self.position_int64 = position_int64
         self.attention = tuple(attention)
         self.kv_indices_capacity = kv_indices_capacity
-        self.tiles = _max_tiles(M)
+        #: The dispatch table's view of this layout (kvaddr.dispatch): the kernels it runs.
+        self.config = dispatch.StepConfig(G, position_int64, C, M, self.attention, kv_indices_capacity, sms)
+        rec = dispatch.step_records(self.config)
+        self.tiles = rec.tiles
         #: (E, meta_per_cache, num_meta) of the metadata blocks; (0, 0, 0) without attention.
-        self.meta = (
-            attention_meta_geometry(self.attention, G, kv_indices_capacity, sms) if self.attention else (0, 0, 0)
-        )
-        self.workspace_words = workspace_size(C, M) + 2 * self.meta[2] * _WARPS
+        self.meta = self.config.meta
+        # the addressing's workspace (what the old op takes), then the attention kernels' records
+        self.workspace_words = workspace_size(C, M) + 2 * (rec.records - (rec.chunks + rec.tiles) * _WARPS)
         sizes = {
             "workspace": 8 * self.workspace_words,
             "slot_mapping": 8 * G * C,
@@ -478,7 +482,7 @@ class StepBuffers:
                 self.kv_indices.fill_(PAD_PAGE_ID)
         self.batch_id_per_token.fill_(-1)
         self.slot_mapping.fill_(-1)
-        _init_workspace(self.workspace, _max_tiles(M))
+        _init_workspace(self.workspace, lay.tiles)
         self._views: dict = {}  # bsz -> StepOutputs (eager step())
         self._pt_views: dict = {}  # bsz -> StepOutputs (eager step() of a "page_table" layout)
         if dev.type == "cuda":
@@ -816,10 +820,13 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws, lay=No
     the token blocks (their error records after the addressing's, in the workspace)."""
     from kvaddr.bound_step import BoundStep
 
-    _, C, tables, tiles = _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
+    bsz, C, tables, tiles = _check(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
     dev = dec.device.index
-    fn = kernel_loader.get_function("kvaddr_step_i64" if pos.dtype == torch.int64 else "kvaddr_step_i32", dev)
     G = len(block_sizes)
+    if lay is not None:
+        cfg = lay.config
+    else:  # the kernel choice for bsz depends on bsz alone (any max_requests >= bsz)
+        cfg = dispatch.StepConfig(G, pos.dtype == torch.int64, C, max(bsz, 1))
     P = kernel_loader.StepParams()
     P.capacity = C  # int32
     P.num_caches = G  # int32
@@ -835,33 +842,42 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws, lay=No
     off = _records_offset(tiles)
     P.tile_state = ws.data_ptr()  # [4], uint32 (workspace words 0-1)
     P.tile_status = ws.data_ptr() + 8 * _STATE_WORDS  # [max(tiles, 1)], uint64
-    P.error_records = ws.data_ptr() + 8 * off  # [(num_chunks + tiles) * KV_WARPS, 2], uint64
+    P.error_records = ws.data_ptr() + 8 * off  # [records, 2], uint64 (the rest of the workspace)
     P.max_tiles = tiles  # int32
-    extra = 0
     if lay is not None:
-        extra = _attention_params(P, lay, out)
-    bound = BoundStep(
+        _attention_params(P, lay, out)
+        records = (lay.workspace_words - off) // 2
+    else:
+        records = (ws.shape[0] - off) // 2
+
+    def plan(b: int) -> tuple[int, int, int]:
+        launch = dispatch.step_launch(cfg, b)
+        if dispatch.launch_records(cfg, launch, tiles) > records:
+            raise ValueError(
+                f"workspace must have workspace_size(capacity = {C}, max_requests >= {b}) words, "
+                f"got {ws.shape[0]}: too few error records for the step's kernel"
+            )
+        fn = kernel_loader.load_kernels((launch.kernel,), dev)[launch.kernel]
+        return int(fn.ptr), launch.blocks, launch.threads
+
+    plan(bsz)  # the launch this argument set makes, checked (and compiled) now
+    return BoundStep(
         params=P,
-        fptr=int(fn.ptr),
+        plan=plan,
         device=dev,
         max_requests=MAX_REQUESTS - 1,
         num_caches=G,
-        num_chunks=_num_chunks(C),
-        tile=_TILE,
-        threads=_THREADS,
-        extra_blocks=extra,
         seq_lens_decoder=dec,
         seq_lens_this_time=q,
         block_tables=tables if G else None,
         hold=False,  # the cache entry watches the tensors through weak references instead
     )
-    return bound
 
 
 def _attention_params(P, lay: _Layout, out) -> int:
     """The attention fields of the kernel's parameter struct (as ``StepPlanner._attention_params``),
     on the views of ``out``; returns the number of metadata blocks."""
-    from kvaddr.planner import StepPlanner
+    from kvaddr.planner import set_metadata_lanes
 
     v = lay.attention_views(out)
     groups, M = lay.attention, lay.max_requests
@@ -882,8 +898,7 @@ def _attention_params(P, lay: _Layout, out) -> int:
     P.meta_per_cache = per_cache  # int32
     P.meta_entries = entries  # int32: E
     P.num_meta = num_meta  # int32
-    P.meta_impl = StepPlanner._META_IMPL_DEFAULT  # int32: the planner's default implementation
-    P.meta_lanes = 32  # int32: lanes per request of kv_meta_block2's copy (the planner's default)
+    set_metadata_lanes(P)
     return num_meta
 
 
@@ -918,7 +933,8 @@ def _remember(key, bound, block_sizes, tensors, dev) -> tuple:
         multi = _state["multi_device"] = torch.cuda.device_count() > 1
     # (bound, block sizes, device, weak refs, several GPUs, then what the hot path launches with:
     # launchKernel, function, grid, threads, kernelParams)
-    launch = (bound._launch_kernel, bound._fptr, bound.grid(bound.max_bsz), bound._threads, bound._params_ptr)
+    fptr, blocks, threads = bound._plan(bound.max_bsz)
+    launch = (bound._launch_kernel, fptr, blocks, threads, bound._params_ptr)
     if _state["debug"]:
         return (bound, None, dev, (), multi, *launch)
 

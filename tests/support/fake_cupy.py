@@ -165,6 +165,7 @@ def fake_gpu(monkeypatch):
         stream.launch(lambda: None)
 
     monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: empty)
+    monkeypatch.setattr(kernel_loader, "load_kernels", lambda names, device_id=None: {n: empty for n in names})
     state = {"noop": set()}
     fake_strategies = types.ModuleType("kvaddr.strategies.gpu")
     fake_strategies.STRATEGY_NAMES = cpu_strategies.STRATEGY_NAMES
@@ -269,6 +270,11 @@ def install_planner_fake(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy.cuda.function", types.SimpleNamespace(CPointer=lambda addr: addr))
     monkeypatch.setattr(device, "_checked", [cp, 2])  # require_cuda: two devices
     monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: types.SimpleNamespace(ptr=0xF00))
+    monkeypatch.setattr(
+        kernel_loader,
+        "load_kernels",
+        lambda names, device_id=None: {n: types.SimpleNamespace(ptr=0xF00) for n in names},
+    )
     return types.SimpleNamespace(
         launches=launches,
         current=current,

@@ -133,6 +133,9 @@ def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
         return types.SimpleNamespace(ptr=ptr)
 
     monkeypatch.setattr(kernel_loader, "get_function", get_function)
+    monkeypatch.setattr(
+        kernel_loader, "load_kernels", lambda ks, device_id=None: {k: get_function(k, device_id) for k in ks}
+    )
     return types.SimpleNamespace(launches=launches, names=names)
 
 
