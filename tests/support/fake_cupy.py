@@ -165,7 +165,7 @@ def fake_gpu(monkeypatch):
         stream.launch(lambda: None)
 
     monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: empty)
-    monkeypatch.setattr(kernel_loader, "load_kernels", lambda names, device_id=None: {n: empty for n in names})
+    monkeypatch.setattr(kernel_loader, "load_kernels", lambda names, device_id=None: dict.fromkeys(names, empty))
     state = {"noop": set()}
     fake_strategies = types.ModuleType("kvaddr.strategies.gpu")
     fake_strategies.STRATEGY_NAMES = cpu_strategies.STRATEGY_NAMES
