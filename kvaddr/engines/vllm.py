@@ -265,7 +265,6 @@ class VllmStepPlanner:
         self._last_args: tuple | None = None  # the last checked call's arguments (see _remember)
         self._memoize = True
         self._stream = StreamResolver()
-        self._current_stream = cupy.cuda.get_current_stream
         if type(self)._load_functions is VllmStepPlanner._load_functions:
             self.kernel_name = dispatch.vllm_kernel(bool(self._attn_bits))
 
@@ -698,7 +697,6 @@ class VllmStepPlanner:
             check_state=self._check_state,
             check_batch=check_batch,
             plan=self._plan,
-            current_stream=self._current_stream,
             num_computed_tokens=num_computed_tokens,
             block_tables=block_tables,
             num_blocks=num_blocks,

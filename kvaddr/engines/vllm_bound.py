@@ -43,6 +43,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvaddr.engines.vllm_config import INT32, INT64, VllmStepOutputs, check_num_reqs_padded
+from kvaddr.host import StreamResolver
 from kvaddr.validation import array_kind, memo_guard, stream_handle
 
 if TYPE_CHECKING:
@@ -127,7 +128,6 @@ class BoundVllmStep:
         "_args_ptr",
         "_check_batch",
         "_check_state",
-        "_current_stream",
         "_device",
         "_fast",
         "_fast_checks",
@@ -140,9 +140,8 @@ class BoundVllmStep:
         "_plans",
         "_same",
         "_state",
+        "_resolve",
         "_stream",
-        "_stream_obj",
-        "_stream_ptr",
         "_threads",
         "_written",
         "params",
@@ -163,7 +162,6 @@ class BoundVllmStep:
         check_state: Callable,
         check_batch: Callable,
         plan: Callable,
-        current_stream: Callable,
         num_computed_tokens,
         block_tables,
         num_blocks,
@@ -181,8 +179,7 @@ class BoundVllmStep:
         self._lanes = params.pair_lanes  # the lanes in this binding's parameter block
         self._plans: dict = {}  # num_reqs -> (blocks, lanes)
         self._stream = None if stream is None else stream_handle(stream)
-        self._stream_obj, self._stream_ptr = None, 0
-        self._current_stream = current_stream
+        self._resolve = StreamResolver()
         # kernelParams: one pointer, to this binding's struct (passed by value)
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         self._args_ptr = ctypes.addressof(self._args)
@@ -264,19 +261,9 @@ class BoundVllmStep:
         and messages of ``compute()``); the bound arrays are checked again only when one's
         signature or a bound list's items changed (see the module's docstring).
         """
-        # Stream: a raw handle as is; the bound default; the same CuPy or torch stream object as last time.
+        # Stream: a raw handle as is; the bound default; else as every planner resolves one.
         if stream.__class__ is not int:
-            if stream is None:
-                stream = self._stream
-                if stream is None:
-                    stream = self._current_stream().ptr
-            elif stream is self._stream_obj:
-                stream = self._stream_ptr
-            else:
-                handle = stream_handle(stream)
-                if type(stream).__module__.startswith(("cupy", "torch")):  # their handles never change
-                    self._stream_obj, self._stream_ptr = stream, handle
-                stream = handle
+            stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
         # The bound request state: the same signatures (and list items) as when it was checked.
         same = self._same
         if same is None or not same(*self._state):
