@@ -16,8 +16,8 @@ INSTALL_HINT = "pip install 'kvaddr[plot]'"
 #: Legend labels.
 LABELS = {
     "per-layer-kernel": "per-layer-kernel (one slot kernel per layer and cache)",
-    "hoisted": "hoisted (FastDeploy #7367)",
-    "one-block": "one-block (FastDeploy after #7367, <= 1024 requests)",
+    "hoisted": "hoisted (FastDeploy PR #7367)",
+    "one-block": "one-block (FastDeploy after PR #7367, <= 1024 requests)",
     "fused": "fused (kvaddr, one launch)",
     "fused (bound)": "fused, bound once (StepPlanner.bind, eager only)",
 }

@@ -226,7 +226,7 @@ class Fused:
 
 
 class OneBlock:
-    """FastDeploy's one-block step (after #7367): one launch of one block, a thread per request.
+    """FastDeploy's one-block step (after PR #7367): one launch of one block, a thread per request.
 
     Thread b adds up ``seq_lens_this_time[0..b)`` serially (its ``cu_seqlens_q``
     start), then loops over its own tokens writing batch id, position and every
@@ -558,7 +558,7 @@ class PerLayer(_OpChain):
 
 
 class Hoisted(_OpChain):
-    """FastDeploy #7367: position kernel and one op chain per distinct (table, B)."""
+    """FastDeploy PR #7367: position kernel and one op chain per distinct (table, B)."""
 
     name = "hoisted"
     _shared_view = None

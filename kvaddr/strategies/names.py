@@ -30,11 +30,11 @@ CHAIN_OPS = (
 )
 
 DESCRIPTIONS = {
-    "per-layer": "position kernel, then per layer and cache the framework-op chain (FastDeploy before #7367)",
+    "per-layer": "position kernel, then per layer and cache the framework-op chain (FastDeploy before PR #7367)",
     "per-layer-kernel": "position kernel, then one slot kernel per layer and cache",
-    "hoisted": "position kernel and one op chain per distinct (table, B), shared by all layers (FastDeploy #7367)",
+    "hoisted": "position kernel and one op chain per distinct (table, B), shared by all layers (FastDeploy PR #7367)",
     "one-block": "one launch of one block, a thread per request adding up the earlier lengths, then looping over"
-    " its tokens (FastDeploy after #7367; at most 1024 requests)",
+    " its tokens (FastDeploy after PR #7367; at most 1024 requests)",
     "fused": "one launch for every output of the step (kvaddr)",
 }
 
