@@ -1,4 +1,4 @@
-"""Host time per eager launch, side by side in one run (issue 15's bounds).
+"""Host time per eager launch, side by side in one run, against the empty launch.
 
 Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_host.py [--json out.json]
 
@@ -16,7 +16,7 @@ Rows (every one launched on the same CUDA stream, inputs persistent, one decode 
   skip re-running them); ``compute() (CuPy), no memo``: every check on every call
   (``planner.memoize_checks = False``, the path before the memo); ``new dec/q objects``: new
   views of the same buffers every call (8 sets in turn), as an engine passing fresh slices:
-  the memo never hits, and (since session 6) no memo guard is built for them;
+  the memo never hits, and no memo guard is built for them;
 * ``torch op (eager)``: ``torch.ops.kvaddr.step_into.default`` (the packed op: one table, the
   outputs in one mutated tensor ``StepBuffers.storage``, an int layout handle; 5 arguments) with
   persistent tensors, on torch's current stream; ``.tables overload``: ``step_into.tables``
@@ -31,7 +31,7 @@ Host time: ``time.perf_counter`` around N calls with no synchronisation in betwe
 one synchronisation outside the clock; per call = elapsed / N. Rows are measured in turn,
 round-robin, ``--repeats`` times (so drift hits every row alike); the table shows the
 median (and best) of those samples, plus the median of single-call samples. Exit status 1
-if a bound of the issue is missed: bound launch <= 1.0x, compute() (CuPy) <= 1.5x and the
+if a bound is missed: bound launch <= 1.0x, compute() (CuPy) <= 1.5x and the
 torch op <= 2.0x the empty RawKernel launch.
 """
 

@@ -1,16 +1,18 @@
 """Benchmark of the fused step against one per-layer slot call and an empty kernel.
 
-Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_step.py
+Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_step.py [--json FILE]
 
 Graph mode: N copies of one call captured in one CUDA graph; time per copy is the
 graph's replay time (CUDA events, median of R replays) over N. Shapes: decode
 batches of 64, 1024 and 4096 requests (one token each), 256 requests carrying 16k
-tokens (64 each: a uniform batch, the fused kernel's no-scan path; and mixed lengths
-of the same mean: its scan path), and 1024 requests with one speculative token each,
-with one and with two caches (B = 64, one shared table).
-Eager: host time per call of StepPlanner.compute against a bare RawKernel launch of
-the same kernel with its prebuilt argument (the KvStepParams struct, handed to CuPy as
-a CPointer: no conversion per call; before the struct, 31 arguments CuPy converted).
+tokens (64 each: a uniform batch; and mixed lengths of the same mean), and 1024
+requests with one speculative token each, with one and with two caches (B = 64, one
+shared table). The fused step is ``StepPlanner.compute``: the kernel the dispatch table
+(kvaddr/dispatch.py) chooses for the batch, printed per row. Bound per row:
+fused <= 1.25x the slot call and <= 3x the empty kernel (exit status 1 if missed).
+Eager: host time per call of StepPlanner.compute against a bare launch of the same
+kernel (``kernel_loader.get_function`` of the planner's choice) with its prebuilt
+argument (the KvStepParams struct, handed to CuPy as a CPointer: no conversion per call).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ def main(argv=None):
                     dict(
                         shape=label,
                         caches=G,
+                        kernel=fused.kernel_for(bsz)[0],
                         empty_us=t_empty,
                         slot_call_us=t_slot,
                         fused_us=t_fused,
@@ -114,8 +117,8 @@ def main(argv=None):
         dec, q, table, total = make_batch(rng, 64, 1)
         planner = StepPlanner(64, total, [B, B])
         _, args = planner.launch_args(dec, q, table)
-        raw = kernel_loader.get_module().get_function("kvaddr_step_i64")
-        grid = (planner.grid(64),)
+        kernel, blocks, threads = planner.kernel_for(64)
+        raw = kernel_loader.get_function(kernel)  # the library kernel compute() launches (a cupy.cuda.Function)
 
         def host_per_call(fn, n=3000):
             for _ in range(200):
@@ -131,7 +134,7 @@ def main(argv=None):
                 best.append((t1 - t0) / n * 1e6)
             return min(best)
 
-        t_bare = host_per_call(lambda: raw(grid, (256,), args))
+        t_bare = host_per_call(lambda: raw((blocks,), (threads,), args))
         t_wrap = host_per_call(lambda: planner.compute(dec, q, table, stream=stream))
         t_wrap_torch = None
         try:
@@ -146,7 +149,7 @@ def main(argv=None):
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")
     print(
         f"{'shape':<24}{'caches':>7}{'empty us':>10}{'slot us':>10}{'fused us':>10}{'fused/slot':>12}"
-        f"{'fused/empty':>13}  verdict"
+        f"{'fused/empty':>13}  bound  kernel"
     )
     ok = True
     for r in results:
@@ -155,11 +158,11 @@ def main(argv=None):
         print(
             f"{r['shape']:<24}{r['caches']:>7}{r['empty_us']:>10.3f}{r['slot_call_us']:>10.3f}"
             f"{r['fused_us']:>10.3f}{r['fused_over_slot']:>12.2f}{r['fused_over_empty']:>13.2f}  "
-            f"{'ok' if good else 'OVER BOUND'}"
+            f"{'ok' if good else 'OVER BOUND'}  {r['kernel']}"
         )
     ratio = t_wrap / t_bare
     print(
-        f"eager host time per call: bare RawKernel {t_bare:.2f} us, StepPlanner.compute {t_wrap:.2f} us "
+        f"eager host time per call: bare launch of {kernel} {t_bare:.2f} us, StepPlanner.compute {t_wrap:.2f} us "
         f"(cupy inputs, x{ratio:.2f})" + (f", {t_wrap_torch:.2f} us with torch inputs" if t_wrap_torch else "")
     )
     if a.json:

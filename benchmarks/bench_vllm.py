@@ -4,37 +4,30 @@ Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_vll
 
 Graph mode (as benchmarks/bench_step.py): N copies of one call captured in one CUDA
 graph; time per copy = replay time (CUDA events, median of R replays) / N, for
-  * vllm-one    VllmStepPlanner.compute (one launch), kernel="v2" (kvaddr_vllm_step_v2,
-                gather lanes per pair by batch size; --lanes adds fixed widths),
-  * core        StepPlanner.compute on the same batch (dec = num_computed_tokens of
-                each request's row, q = its query length, the batch-order block rows),
-  * vllm-three  VllmThreeLaunch.compute (vLLM's three launches).
+  * one      VllmStepPlanner.compute: one launch (the ``vllm_step`` kernel),
+  * core     StepPlanner.compute on the same batch (dec = num_computed_tokens of
+             each request's row, q = its query length, the batch-order block rows),
+  * three    VllmThreeLaunch.compute (vLLM's three launches, re-implemented),
+  * vllm-min on decode batches, a floor (CUDA source below, an instrument): one launch in
+             which token t trusts that it is batch entry t with one token and does only the
+             chain of vLLM's contract, idx_mapping[t] -> num_computed_tokens[r] -> the block id
+             of each group -> its position and slots (positions 0 and slots -1 past the batch
+             and for dummy entries); no seq_lens, no gathered tables, no checks. Printed beside
+             a quarter of the three launches.
 Shapes: decode batches of 64, 1024 and 4096 requests and 256 requests carrying 16k
 tokens (kvaddr.measure.vllm_workload), each with 1 group (B = 16) and 2 groups
-(B = 16 and 64). Targets (issue 13): vllm-one <= 1.3x core; vllm-three / vllm-one >= 4.
-With --attention, only the attention rows: v2 with attention=("flashinfer", "varlen") (the
-kernel kvaddr_vllm_step_v2a) against v2 without, graph mode, ratio on/off (target <= 1.5x, as
-for the core step's metadata), after checking both against the reference; --meta lists the
-metadata variants timed, LANESxROWS:IMPL or auto:IMPL (IMPL 0 = the first version, 1 = the
-shorter chain; auto = the planner's default geometry for the shape, printed resolved).
-Decode shapes also time a floor, "vllm-min" (session 14; CUDA source below, an instrument): one
-launch in which token t trusts that it is batch entry t with one token (a decode batch) and does
-only the chain of vLLM's contract, idx_mapping[t] -> num_computed_tokens[r] -> the block id of each
-group -> its position and slots (positions 0 and slots -1 past the batch and for dummy entries); no
-seq_lens, no gathered tables, no checks. Where it costs more than vllm-three / 4, no one-launch
-step of this contract reaches three/one >= 4 on that batch.
+(B = 16 and 64). Every implementation is first checked against the NumPy reference on the
+same batch (outputs and error record).
 Eager: host time per call (no synchronisation between calls) of VllmStepPlanner.compute
-against StepPlanner.compute on the same batch; target <= 1.2x. Both planners memoise their
+against StepPlanner.compute on the same batch, interleaved. Both planners memoise their
 checked inputs (the same objects with unchanged signatures skip the checks); each is also
 timed with ``memoize_checks = False`` (every call checked: "no memo"), and with new batch
 objects every call (8 sets of new views of the same buffers in turn, as vLLM passes new slices:
 the memo never hits) for compute() of both and for ``VllmStepPlanner.bind()``'s
-``BoundVllmStep.launch`` (the request state bound once; also with the same objects). Every implementation is
-first checked against the NumPy reference on the same batch (outputs and error record).
-The exit status is 0 when v2 meets every target. ``--host-only``: the correctness check and the
-eager host comparison alone (v2 and core interleaved; no graph timing), about 15 s.
-(The first version of the kernel, ``kernel="v1"``, was measured here until the sixth session,
-slower than v2 on every row, and deleted.)
+``BoundVllmStep.launch`` (the request state bound once; also with the same objects).
+``--host-only``: the correctness check and the eager host rows alone (no graph timing), about 15 s.
+``--attention``: only the attention rows: the vLLM step with attention=("flashinfer", "varlen")
+against the step without, graph mode, on/off, after checking both against the reference.
 """
 
 from __future__ import annotations
@@ -165,24 +158,15 @@ def main(argv=None):
     ap.add_argument(
         "--host-only",
         action="store_true",
-        help="only the eager host comparison (v2 against the core step, memo and no memo) and its "
-        "target, after checking v2 against the reference; no graph timing",
-    )
-    ap.add_argument(
-        "--lanes", default="8,32", help="also time v2 with these fixed gather lanes per pair (comma list; '' for none)"
+        help="only the eager host rows (the vLLM step against the core step, memo and no memo), after "
+        "checking the vLLM step against the reference; no graph timing",
     )
     ap.add_argument(
         "--attention",
         action="store_true",
-        help="only the attention rows: v2 with attention metadata (flashinfer + varlen) on vs off (target <= 1.5x)",
-    )
-    ap.add_argument(
-        "--meta",
-        default=DEFAULT_META,
-        help="--attention: metadata variants to time, LANESxROWS:IMPL or auto:IMPL (comma list; IMPL 0 or 1)",
+        help="only the attention rows: the vLLM step with attention metadata (flashinfer + varlen) on vs off",
     )
     a = ap.parse_args(argv)
-    lanes = [] if a.host_only else [int(v) for v in a.lanes.split(",") if v.strip()]
     stream = cupy.cuda.Stream(non_blocking=True)
     if a.attention:
         return attention_rows(a, stream)
@@ -203,16 +187,15 @@ def main(argv=None):
                     block_sizes=list(groups),
                     widths=list(bs.config.widths),
                 )
-                one, three = VllmStepPlanner(**kw, kernel="v2"), VllmThreeLaunch(**kw)
-                fixed = {L: VllmStepPlanner(**kw, kernel="v2", pair_lanes=L) for L in lanes}
+                one, three = VllmStepPlanner(**kw), VllmThreeLaunch(**kw)
                 dec, q, tables = core_inputs(bs, x, ref)
                 core = StepPlanner(
                     max_requests=bs.num_reqs, capacity=bs.config.max_num_batched_tokens, block_sizes=list(groups)
                 )
                 stream.synchronize()
                 # correctness first: the vLLM implementations against the reference
-                for impl in (one, *(() if a.host_only else (three,)), *fixed.values()):
-                    name = f"{type(impl).__name__}({impl.kernel}, lanes {impl.pair_lanes})"
+                for impl in (one, *(() if a.host_only else (three,))):
+                    name = type(impl).__name__
                     for _ in range(2):  # the second call finds the first one's device state
                         out = impl.compute(*args, stream=stream)
                         stream.synchronize()
@@ -231,12 +214,12 @@ def main(argv=None):
                 # step: new dec / q views), so compute()'s memo never hits
                 views = itertools.cycle([(i_[:], s_[:]) for _ in range(8)])
                 core_views = itertools.cycle([(dec[:], q[:]) for _ in range(8)])
-                one_new = VllmStepPlanner(**kw, kernel="v2")
+                one_new = VllmStepPlanner(**kw)
                 core_new = StepPlanner(
                     max_requests=bs.num_reqs, capacity=bs.config.max_num_batched_tokens, block_sizes=list(groups)
                 )
                 # VllmStepPlanner.bind(): the request state bound once, the batch checked every launch
-                one_b = VllmStepPlanner(**kw, kernel="v2")
+                one_b = VllmStepPlanner(**kw)
                 bound = one_b.bind(c_, t_, b_)
                 for _ in range(2):
                     out = bound.launch(*next(views), p_, stream=stream)
@@ -287,13 +270,7 @@ def main(argv=None):
                     for g, sm_ in enumerate(slots_min):
                         assert np.array_equal(sm_.get(), np.asarray(ref.slot_mappings[g])), ("vllm-min slots", g)
                     t_min = graph_time_per_copy(run_min, stream, a.copies, a.replays)
-                t_fixed = {
-                    L: graph_time_per_copy(
-                        lambda impl=impl: impl.compute(*args, stream=stream), stream, a.copies, a.replays
-                    )
-                    for L, impl in fixed.items()
-                }
-                # eager host time: v2 and the core step memoised, interleaved; then both without
+                # eager host time: the vLLM and the core step memoised, interleaved; then both without
                 # the memo (every call checked), interleaved
                 hb = {}
                 h = host_times(
@@ -319,7 +296,6 @@ def main(argv=None):
                 h_one_nm, h_core_nm = hn["one"], hn["core"]
                 one.memoize_checks = True
                 core.memoize_checks = True
-                auto = one._params.pair_lanes
                 row = dict(
                     shape=shape_text,
                     groups=list(groups),
@@ -332,9 +308,8 @@ def main(argv=None):
                         core=t_core,
                         vllm_three=t_three,
                         vllm_min_floor=None if run_min is None else t_min,
-                        **{f"vllm_one_lanes{L}": t for L, t in t_fixed.items()},
                     ),
-                    pair_lanes_auto=auto,
+                    kernel=one.kernel_name,
                     eager_host_us=dict(
                         vllm_one=h_one,
                         core=h_core,
@@ -361,25 +336,18 @@ def main(argv=None):
                     ),
                     host_one_vs_core_best=hb["one"] / hb["core"],
                     host_one_no_memo_vs_core_no_memo=h_one_nm / h_core_nm,
-                    targets_met=dict(host=h_one / h_core <= 1.2)
-                    if a.host_only
-                    else dict(
-                        one_vs_core=t_one / t_core <= 1.3,
-                        three_vs_one=t_three / t_one >= 4.0,
-                        host=h_one / h_core <= 1.2,
-                    ),
                 )
                 if a.host_only:  # (no graph times)
                     for k in ("graph_us", "one_vs_core", "three_vs_one"):
                         del row[k]
                 rows.append(row)
                 host_text = (
-                    f"eager host us: v2 {h_one:6.2f} core {h_core:6.2f} "
-                    f"v2/core {h_one / h_core:5.2f} (<=1.2: {'met' if h_one / h_core <= 1.2 else 'MISSED'}; "
+                    f"eager host us: one {h_one:6.2f} core {h_core:6.2f} "
+                    f"one/core {h_one / h_core:5.2f} ("
                     f"best {hb['one']:5.2f}/{hb['core']:5.2f} = {hb['one'] / hb['core']:4.2f}) "
-                    f"| no memo: v2 {h_one_nm:6.2f} core {h_core_nm:6.2f}\n{'':>20}new batch objects every call: "
-                    f"v2 compute() {h['one_new']:6.2f} core compute() {h['core_new']:6.2f} (v2/core "
-                    f"{h['one_new'] / h['core_new']:4.2f}) | v2 bind(): launch {h['bind_new']:6.2f} "
+                    f"| no memo: one {h_one_nm:6.2f} core {h_core_nm:6.2f}\n{'':>20}new batch objects every call: "
+                    f"one compute() {h['one_new']:6.2f} core compute() {h['core_new']:6.2f} (one/core "
+                    f"{h['one_new'] / h['core_new']:4.2f}) | one bind(): launch {h['bind_new']:6.2f} "
                     f"(/core memo {h['bind_new'] / h_core:4.2f}, /core new {h['bind_new'] / h['core_new']:4.2f}; "
                     f"best {hb['bind_new']:5.2f}/{hb['core']:5.2f} = {hb['bind_new'] / hb['core']:4.2f}) "
                     f"| bind, same objects {h['bind']:6.2f}"
@@ -387,7 +355,7 @@ def main(argv=None):
                 if a.host_only:
                     print(f"{shape_text:>16} G={len(groups)}  {host_text}", flush=True)
                     continue
-                extra = "".join(f"  v2/lanes{L} {t:6.2f}" for L, t in t_fixed.items())
+                extra = ""
                 if run_min is not None:
                     row["three_over_four_below_floor"] = t_three / 4 < t_min
                     extra += (
@@ -395,56 +363,22 @@ def main(argv=None):
                         f"{': below the floor' if t_three / 4 < t_min else ''})"
                     )
                 print(
-                    f"{shape_text:>16} G={len(groups)}  graph us: v2 {t_one:6.2f} (lanes {auto:2d})  "
+                    f"{shape_text:>16} G={len(groups)}  graph us: one {t_one:6.2f}  "
                     f"core {t_core:6.2f}  three {t_three:6.2f}{extra}\n"
-                    f"{'':>20}v2: one/core {t_one / t_core:5.2f} (<=1.3)  three/one {t_three / t_one:5.2f} (>=4)  "
+                    f"{'':>20}one/core {t_one / t_core:5.2f}  three/one {t_three / t_one:5.2f}  "
                     f"| {host_text}",
                     flush=True,
                 )
-    met = sum(r["targets_met"]["host"] for r in rows)
-    print(f"host target (v2 memo / core compute() <= 1.2): met in {met} of {len(rows)} rows", flush=True)
-    bound_met = sum(r["host_bind_new_vs_core"] <= 1.2 for r in rows)
-    print(
-        f"v2 bind(): launch with new batch objects / core compute() (memo) <= 1.2: met in {bound_met} of "
-        f"{len(rows)} rows (not in the exit status)",
-        flush=True,
-    )
     if a.json:
         dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         with open(a.json, "w") as fh:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else dev, "rows": rows}, fh, indent=2)
-    return 0 if all(all(r["targets_met"].values()) for r in rows) else 1
-
-
-#: --attention: the attention metadata's cost on the vLLM step, on vs off (issue 14).
-ATTENTION_TARGET = 1.5
-#: --attention's default variants: the first version at its old default (8x64) and its
-#: measured best (32x16), then the automatic geometry with both codes, then the shorter chain
-#: at fixed geometries (variants resolving to the same (lanes, rows, impl) are timed once).
-DEFAULT_META = "8x64:0,32x16:0,auto:0,auto:1,32x16:1,8x32:1"
-
-
-def parse_meta(text: str) -> list[tuple[str, int | None, int | None, int]]:
-    """--meta: [(label, lanes or None, rows or None, impl)]; None = the planner's automatic choice."""
-    out = []
-    for v in text.split(","):
-        v = v.strip()
-        if not v:
-            continue
-        geo, _, impl = v.partition(":")
-        impl = int(impl) if impl else 1
-        if geo == "auto":
-            out.append((v, None, None, impl))
-        else:
-            L, R = (int(u) for u in geo.split("x"))
-            out.append((f"{L}x{R}:{impl}", L, R, impl))
-    return out
+    return 0
 
 
 def attention_rows(a, stream) -> int:
-    """v2 with ``attention=("flashinfer", "varlen")`` against v2 without, graph mode, per shape
-    and group count; both first checked against the reference (the metadata included)."""
-    metas = parse_meta(a.meta)
+    """The vLLM step with ``attention=("flashinfer", "varlen")`` against the step without, graph mode,
+    per shape and group count; both first checked against the reference (the metadata included)."""
     rows = []
     attention = ("flashinfer", "varlen")
     with stream:
@@ -472,16 +406,8 @@ def attention_rows(a, stream) -> int:
                     widths=list(bs.config.widths),
                 )
                 off = VllmStepPlanner(**kw)
-                on, resolved = {}, {}
-                for label, L, R, impl in metas:
-                    pl = VllmStepPlanner(
-                        **kw, attention=attention, kv_indices_capacity=N, meta_lanes=L, meta_rows=R, meta_impl=impl
-                    )
-                    key = (pl.meta_lanes, pl.meta_rows, pl.meta_impl)
-                    resolved[label] = key
-                    if key not in on:
-                        on[key] = pl
-                for impl in (off, *on.values()):
+                on = VllmStepPlanner(**kw, attention=attention, kv_indices_capacity=N)
+                for impl in (off, on):
                     for _ in range(2):
                         out = impl.compute(*args, stream=stream)
                         stream.synchronize()
@@ -495,41 +421,28 @@ def attention_rows(a, stream) -> int:
                             assert int(out.attention.max_seqlen_q.get()) == int(w.max_seqlen_q)
                             assert out.attention.max_seqlen_k.get().tolist() == w.max_seqlen_k.tolist()
                 t_off = graph_time_per_copy(lambda: off.compute(*args, stream=stream), stream, a.copies, a.replays)
-                t_key = {
-                    key: graph_time_per_copy(
-                        lambda impl=impl: impl.compute(*args, stream=stream), stream, a.copies, a.replays
-                    )
-                    for key, impl in on.items()
-                }
-                t_on = {label: t_key[key] for label, key in resolved.items()}
-                best = min(t_on.values())
+                t_on = graph_time_per_copy(lambda: on.compute(*args, stream=stream), stream, a.copies, a.replays)
                 row = dict(
                     shape=shape_text,
                     groups=list(groups),
                     num_reqs=bs.num_reqs,
                     kv_indices_capacity=N,
                     kv_entries=int(max(w_[-1] for w_ in want.outputs.attention.kv_indptr)),
-                    graph_us=dict(attention_off=t_off, **{f"attention_on_{L}": t for L, t in t_on.items()}),
-                    on_vs_off={L: t / t_off for L, t in t_on.items()},
-                    resolved={label: "{}x{}:{}".format(*key) for label, key in resolved.items()},
-                    target_met=best / t_off <= ATTENTION_TARGET,
+                    meta_rows=on.meta_rows,
+                    graph_us=dict(attention_off=t_off, attention_on=t_on),
+                    on_vs_off=t_on / t_off,
                 )
                 rows.append(row)
-                ons = "  ".join(
-                    f"on[{L}{'=' + '{}x{}'.format(*resolved[L][:2]) if L.startswith('auto') else ''}] "
-                    f"{t:6.2f} ({t / t_off:4.2f}x)"
-                    for L, t in t_on.items()
-                )
                 print(
-                    f"{shape_text:>16} G={len(groups)}  attention graph us: off {t_off:6.2f}  {ons}  "
-                    f"(target <= {ATTENTION_TARGET}x: {'met' if row['target_met'] else 'MISSED'})",
+                    f"{shape_text:>16} G={len(groups)}  attention graph us: off {t_off:6.2f}  on {t_on:6.2f}  "
+                    f"on/off {t_on / t_off:4.2f}  ({on.meta_rows} batch rows per metadata block)",
                     flush=True,
                 )
     if a.json:
         dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
         with open(a.json, "w") as fh:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else dev, "attention_rows": rows}, fh, indent=2)
-    return 0 if all(r["target_met"] for r in rows) else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -112,6 +112,18 @@ def install_fake_cupy():
     return noop
 
 
+def _fake_function(*_args):
+    return types.SimpleNamespace(ptr=0xF00)
+
+
+def fake_loader(kernel_loader) -> None:
+    """A kernel loader (kvaddr.kernel_loader, or another tree's) that compiles nothing: every kernel
+    is a stand-in function at one address (its launch is the no-op driver call)."""
+    kernel_loader.get_function = _fake_function
+    if hasattr(kernel_loader, "load_kernels"):  # the library kernels, by name expression
+        kernel_loader.load_kernels = lambda names, device_id=None: {n: _fake_function() for n in names}
+
+
 def planner_without_gpu(max_requests, capacity, block_sizes, **kw):
     """A StepPlanner built by its real ``__init__`` on the fake CuPy (install_fake_cupy() first):
     the Python path of compute() is real, the launch a no-op. Returns ``(planner, ndarray class)``."""
@@ -120,7 +132,7 @@ def planner_without_gpu(max_requests, capacity, block_sizes, **kw):
 
     cp = sys.modules["cupy"]
     device._checked[:] = [cp, 1]  # require_cuda: one device
-    kernel_loader.get_function = lambda name, dev=None: types.SimpleNamespace(ptr=0xF00)
+    fake_loader(kernel_loader)
     return StepPlanner(max_requests, capacity, block_sizes, **kw), cp.ndarray
 
 
@@ -185,7 +197,7 @@ def ab_memo(planner, dec, q, table, stream, n, repeats) -> dict:
 
 
 def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
-    """``VllmStepPlanner.compute()`` (kernel v2) against ``StepPlanner.compute()`` on the same batch
+    """``VllmStepPlanner.compute()`` against ``StepPlanner.compute()`` on the same batch
     size, one and two groups (caches), each with its memo on and off (``memoize_checks``),
     interleaved sample by sample (the same noise for all). The inputs are what
     ``benchmarks/bench_vllm.py`` passes: one table per group (distinct arrays), vLLM's
@@ -220,13 +232,13 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
         idx, qsl, nct = ndarray((bsz,)), ndarray((bsz + 1,)), ndarray((M,))
         tables = [ndarray((M, w)) for w in widths]
         nbs = [ndarray((M,)) for _ in range(G)]
-        vp = VllmStepPlanner(M, T, sizes, widths, kernel="v2")
+        vp = VllmStepPlanner(M, T, sizes, widths)
         calls[f"vLLM G={G}"] = (vp, vllm_call(vp, idx, qsl, nct, tables, nbs), True)
         core, _ = planner_without_gpu(M, T, sizes)
         ctables = [ndarray((bsz, w)) for w in widths]
         calls[f"core G={G}"] = (core, core_call(core, ndarray((bsz,)), ndarray((bsz,)), ctables), True)
         if G == 2:
-            vs = VllmStepPlanner(M, T, [16, 16], [32, 32], kernel="v2")
+            vs = VllmStepPlanner(M, T, [16, 16], [32, 32])
             same = [tables[0]] * 2
             calls["vLLM G=2, one table object for both"] = (vs, vllm_call(vs, idx, qsl, nct, same, nbs), True)
         calls[f"vLLM G={G}, new idx/qsl objects every call"] = (
@@ -242,7 +254,7 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
             False,
         )
         # VllmStepPlanner.bind(): the request state bound once, the batch checked every launch
-        vb = VllmStepPlanner(M, T, sizes, widths, kernel="v2")
+        vb = VllmStepPlanner(M, T, sizes, widths)
         bound = vb.bind(nct, tables, nbs)
         calls[f"vLLM G={G}, bind(): launch, new idx/qsl objects every call"] = (
             vb,
@@ -286,7 +298,6 @@ def load_tree_as(tree: str, name: str = "kvaddr_base"):
     import re
     import shutil
     import tempfile
-    import types
     from pathlib import Path
 
     root = Path(tempfile.mkdtemp(prefix="kvaddr_ab_"))
@@ -300,7 +311,7 @@ def load_tree_as(tree: str, name: str = "kvaddr_base"):
     dev = importlib.import_module(f"{name}.device")
     loader = importlib.import_module(f"{name}.kernel_loader")
     dev._checked[:] = [sys.modules["cupy"], 1]
-    loader.get_function = lambda _name, _dev=None: types.SimpleNamespace(ptr=0xF00)
+    fake_loader(loader)
     return pkg
 
 
@@ -327,7 +338,7 @@ def ab_tree(tree: str, ndarray, bsz: int, n: int, repeats: int) -> dict:
         csets = [(ndarray((bsz,)), ndarray((bsz,))) for _ in range(8)]
         ctables = [ndarray((bsz, w)) for w in widths]
         for tag, V, C in (("before", base_vllm, base_core), ("after", VllmStepPlanner, StepPlanner)):
-            hit, new, off = (V(M, T, sizes, widths, kernel="v2") for _ in range(3))
+            hit, new, off = (V(M, T, sizes, widths) for _ in range(3))
             off.memoize_checks = False
             chit, cnew = C(M, T, sizes), C(M, T, sizes)
             cyc, ccyc = itertools.cycle(sets), itertools.cycle(csets)
@@ -347,7 +358,7 @@ def ab_tree(tree: str, ndarray, bsz: int, n: int, repeats: int) -> dict:
             calls[f"{tag}: core G={G} compute(), new objects"] = lambda p=cnew, c=ccyc, t=ctables: p.compute(
                 *next(c), t, stream=stream
             )
-        bound = VllmStepPlanner(M, T, sizes, widths, kernel="v2").bind(nct, tables, nbs)
+        bound = VllmStepPlanner(M, T, sizes, widths).bind(nct, tables, nbs)
         bcyc = itertools.cycle(sets)
         calls[f"after: vLLM G={G} bind() launch, new objects"] = lambda b=bound, c=bcyc: b.launch(
             *next(c), bsz, stream=stream
@@ -478,7 +489,7 @@ def main(argv=None) -> int:
     except ImportError:
         torch = None
     if torch is not None:
-        ops.kernel_loader.get_function = lambda name, dev=None: types.SimpleNamespace(ptr=0xF00)
+        fake_loader(ops.kernel_loader)
         bufs = StepBuffers(max(bsz, 1), 256, [64, 64], device="cpu")
         tdec = torch.zeros(bsz, dtype=torch.int32)
         tq = torch.ones(bsz, dtype=torch.int32)

@@ -1,4 +1,4 @@
-"""Decode context parallelism checked in isolation: one process per GPU, NCCL (issue 17).
+"""Decode context parallelism checked in isolation: one process per GPU, NCCL.
 
     torchrun --nproc-per-node 2 scripts/gpu/dcp_check.py           # cp_size = 2, cp_rank = rank
     torchrun --nproc-per-node 1 scripts/gpu/dcp_check.py           # one GPU: cp_size 1
@@ -24,8 +24,8 @@ reference and runs the attention with PyTorch on the CPU; with ``--backend gloo`
 runs the collective path without a GPU. ``--fault slot|partial|length`` breaks one thing
 on purpose: every case must then FAIL (the check can fail).
 
-NCCL_NVLS_ENABLE is set to 0 unless already set (NVLink multicast stays off on the lent
-machines). One PASS/FAIL line per case on rank 0 and a summary; exit 1 on any failure.
+NCCL_NVLS_ENABLE is set to 0 unless already set (NVLink multicast
+stays off). One PASS/FAIL line per case on rank 0 and a summary; exit 1 on any failure.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""End-to-end check of ``kvaddr profile`` on a GPU machine (issue 3's "done when").
+"""End-to-end check of ``kvaddr profile`` on a GPU machine .
 
 Runs ``kvaddr profile --batch 64`` (both modes) twice, each with ``--json`` to a
 file: the first run with an empty CuPy kernel cache (a fresh ``CUPY_CACHE_DIR``,
@@ -8,7 +8,7 @@ the first one filled. Then:
 
 * prints both runs' tables and each run's wall time (the first must be < 60 s);
 * checks that the two runs agree on every graph-mode median within 10 %;
-* compares the per-layer medians with the probe figures quoted in the issue
+* compares the per-layer medians with reference figures measured with a probe
   (about 1.4 ms per DeepSeek-V3.2 step under CUDA graphs and about 15 ms eager at
   batch 64) and flags a difference of more than 2x.
 
@@ -99,8 +99,8 @@ def check(work: str) -> int:
         print("no usable GPU (kvaddr profile exited 3)")
         return 3
     rc2, wall2 = run_profile(paths[1], cache, args.extra)
-    print(f"\nrun 1 (cold kernel cache): exit {rc1}, wall {wall1:.1f} s")
-    print(f"run 2 (warm kernel cache): exit {rc2}, wall {wall2:.1f} s")
+    print(f"\nfirst run (cold kernel cache): exit {rc1}, wall {wall1:.1f} s")
+    print(f"second run (warm kernel cache): exit {rc2}, wall {wall2:.1f} s")
     if rc1 or rc2:
         print("FAIL: a run did not exit 0")
         return 1
@@ -113,10 +113,10 @@ def check(work: str) -> int:
     a, b = medians(docs[0], "graph", "gpu"), medians(docs[1], "graph", "gpu")
     if not a:
         failures.append("no graph-mode results")
-    print("\ngraph-mode medians, us per step (run 1, run 2, difference):")
+    print("\ngraph-mode medians, us per step (first run, second run, difference):")
     for key in sorted(a):
         if key not in b:
-            failures.append(f"{key} missing from run 2")
+            failures.append(f"{key} missing from the second run")
             continue
         diff = abs(b[key] - a[key]) / a[key] if a[key] > 0 else 0.0
         flag = "" if diff <= AGREEMENT else "  <-- more than 10%"
@@ -124,7 +124,7 @@ def check(work: str) -> int:
         if flag:
             failures.append(f"graph-mode median of {key[1]} (batch {key[0]}) differs by {100 * diff:.1f}%")
 
-    print("\nper-layer against the issue's probe figures (batch 64):")
+    print("\nper-layer against the probe's figures (batch 64):")
     for (mode, clock), probe in PROBE_US.items():
         ours = medians(docs[0], mode, clock).get((64, "per-layer"))
         if ours is None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 4's "done when" on a GPU machine: a 10k-step trace, replayed on the GPU, and the sweep plot.
+"""On a GPU machine: a 10k-step trace, replayed on the GPU, and the sweep plot.
 
 1. ``kvaddr trace generate --profile deepseek-v3.2-decode --steps 10000`` (seeded) into a temporary
    folder;
@@ -33,7 +33,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIMIT_S = 300.0  # generation + replay of the trace (the issue's 5 minutes)
+LIMIT_S = 300.0  # generation + replay of the trace
 REPLAY_TIMEOUT_S = 420  # kill a replay that runs away (still reported as a failure)
 GENERATE_TIMEOUT_S = 180
 SWEEP_TIMEOUT_S = 240

@@ -1,4 +1,4 @@
-"""Does a second `kvaddr profile` in the same process time slower than the first? (issue 5 diagnosis)
+"""Does a second `kvaddr profile` in the same process time slower than the first?
 
 Runs `kvaddr profile --profile P --budget X --json F` several times in this process
 (optionally pausing between runs), and prints, per run, every graph-mode median

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Record profiles/baselines/h200.json on the H200, then test the regression gate (issue 5):
+# Record profiles/baselines/h200.json on the H200, then test the regression gate:
 #   1. record: `kvaddr profile --save` over the shipped workload profiles (profiles/*.toml, when
 #      `kvaddr profile --profile` exists), else over --batch 1,8,64,256,1024 of deepseek-v3.2 and glm-5;
 #   2. two consecutive `kvaddr check --baseline` runs: both must exit 0 (no false alarm);

@@ -1,8 +1,8 @@
 """Run ``kvaddr check --baseline FILE`` with the fused strategy deliberately slowed.
 
-Issue 5's alarm test: on the GPU the check must exit 1 and name the shape and
-the strategy (fused). Production code stays clean: for this process only, the
-script wraps
+The regression gate's alarm test: on the GPU the check must exit 1 and name the
+shape and the strategy (fused). The library has no hook for this: for this process
+only, the script wraps
 
 * ``kvaddr.strategies.gpu.Fused.step`` (GPU) to also launch kernels.cu's empty
   kernel ``--extra-launches`` times on the step's own stream after the fused

@@ -1,4 +1,4 @@
-"""Destroying CUDA streams that ran work makes later graph kernel nodes slower (issue 5).
+"""Destroying CUDA streams that ran work makes later graph kernel nodes slower.
 
 Times one CUDA graph of 200 empty-kernel nodes (median of 30 replays, time per
 node) on a stream kept for the whole process: fresh, after `--streams` other

@@ -2,10 +2,8 @@
 (kernel_loader.StepParams) agree on field names, order, sizes, offsets and sizeof
 (nvcc compiles a host program that #includes kernels.cu; host code needs no GPU); the
 baseline kernels' argument structures match their C signatures; the error bits are
-named #defines equal to kvaddr/errors.py's ERR_*; benchmarks/ablate_step.py's source
-patches still apply."""
+named #defines equal to kvaddr/errors.py's ERR_*."""
 
-import ast
 import ctypes
 import re
 import shutil
@@ -258,16 +256,3 @@ def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
         assert end < where(name)  # the vLLM sections come after the core baseline section
     assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32", *single_block, *baseline, *vllm}
 
-
-def test_ablate_step_source_patches_still_apply():
-    """benchmarks/ablate_step.py patches kernels.cu by anchors: each must match once."""
-    tree = ast.parse((ROOT / "benchmarks" / "ablate_step.py").read_text())
-    ns: dict = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in ("KEEP", "VARIANTS"):
-            exec(compile(ast.Module([node], []), "ablate_step.py", "exec"), ns)
-    src = kernel_loader.source()
-    assert len(ns["VARIANTS"]) > 1
-    for variant, patches in ns["VARIANTS"].items():
-        for anchor, _ in patches:
-            assert src.count(anchor) == 1, (variant, anchor)
