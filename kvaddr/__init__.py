@@ -3,15 +3,18 @@
 Public API
 ----------
 StepPlanner        the fused step (one launch, CUDA-graph safe), :mod:`kvaddr.planner`
-reference          the NumPy reference (the oracle), :mod:`kvaddr.reference`
-strategies         the strategies on the GPU, :mod:`kvaddr.strategies.gpu`
-cpu_strategies     the same on the CPU in NumPy, :mod:`kvaddr.strategies.cpu`
-StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError
+StepOutputs, PAD_SLOT_ID, AddressingError, KvaddrError, KernelCompileError, STRATEGY_NAMES
 AttentionOutputs, PAD_PAGE_ID   the opt-in attention metadata (docs/attention.md)
 NoCudaDevice       raised by StepPlanner and the GPU strategies without CuPy, a driver or a GPU
 StrategyLimitExceeded  a step larger than a strategy runs (one-block: at most 1024 requests)
 
-The contract is stated in docs/spec.md (README.md's "Semantics" is the short version).
+Modules imported by name (not attributes of ``kvaddr``):
+:mod:`kvaddr.reference` (the NumPy reference, the oracle), :mod:`kvaddr.strategies.gpu` and
+:mod:`kvaddr.strategies.cpu` (the strategies on the GPU and, in NumPy, on the CPU),
+:mod:`kvaddr.engines.vllm` (the vLLM step) and :mod:`kvaddr.torch` (the PyTorch ops).
+docs/api.md lists every public name.
+
+The contract is stated in docs/spec.md.
 
 Layers (imports flow one way; tests/unit/test_layering.py checks it): the library
 (the modules at the top of :mod:`kvaddr`: constants, errors, outputs, validation,
@@ -28,7 +31,7 @@ from kvaddr.device import NoCudaDevice
 from kvaddr.errors import AddressingError, KernelCompileError, KvaddrError, StrategyLimitExceeded
 from kvaddr.outputs import PAD_PAGE_ID, PAD_SLOT_ID, AttentionOutputs, StepOutputs
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "PAD_PAGE_ID",

@@ -16,7 +16,7 @@ __all__ = [
     "not_run_reason",
 ]
 
-#: Framework ops of the per-layer chain, one launch each (see strategies.py).
+#: Framework ops of the per-layer chain, one launch each (kvaddr/strategies/gpu.py and cpu.py run them).
 CHAIN_OPS = (
     "pos // B",
     "batch * row_stride",

@@ -1,4 +1,5 @@
-"""README's attention snippets (FlashInfer-style, FlashAttention-style), run as written on the GPU.
+"""The attention snippets (FlashInfer-style, FlashAttention-style) of docs/attention.md, section
+"Examples" (they were README's), run as written on the GPU.
 
 Each ``print(...)  # expected`` line's output must equal its comment (up to the first two
 spaces of the comment, where an explanation may follow).
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from tests.support.gpu import requires_gpu
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "attention.md"
 
 
 def _block_after(text: str, marker: str) -> str:
@@ -42,6 +43,6 @@ def test_readme_attention_snippets_print_what_they_say():
     code = _block_after(text, "FlashInfer-style") + _block_after(text, "FlashAttention-style")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/attention.md", "exec"), {})
     got = [line.strip() for line in buf.getvalue().splitlines()]
     assert got == _expected(code)
