@@ -17,8 +17,10 @@ re-export it under its old home, e.g. ``kvaddr.traces.format.TraceError``)::
     |   +-- NotATraceError            the file is not a kvaddr trace (empty, binary, another document)
     +-- AllocatorError (RuntimeError) the trace generator's block allocator was misused (a bug)
     +-- BaselineError                 a baseline file cannot be read or is not a baseline
-        +-- BaselineMismatch          a baseline file holds runs of another machine
-        +-- BaselineWriteError        a baseline file cannot be written
+    |   +-- BaselineMismatch          a baseline file holds runs of another machine
+    |   +-- BaselineWriteError        a baseline file cannot be written
+    +-- RevisionError                 a git revision to time against cannot be used (check --against)
+    +-- SideFailed                    one side's profile process of an A/B run failed (its exit status)
 
 No exception knows an exit status: the commands (:mod:`kvaddr.commands.common`)
 map these types to exit codes.
@@ -272,3 +274,23 @@ class BaselineMismatch(BaselineError):
 
 class BaselineWriteError(BaselineError):
     """A baseline file cannot be written."""
+
+
+class RevisionError(KvaddrError):
+    """A git revision to time against cannot be used (``kvaddr check --against``): no git
+    repository, no such revision, no kvaddr package in it, or its ``kvaddr profile`` cannot
+    run the asked options."""
+
+
+class SideFailed(KvaddrError):
+    """One side's ``kvaddr profile`` process of an A/B run failed.
+
+    Attributes
+    ----------
+    status : int
+        The process's exit status (negative: the signal that ended it).
+    """
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status

@@ -36,6 +36,7 @@ from kvaddr.errors import (
     KvaddrError,
     ProfileConfigError,
     ProfileError,
+    RevisionError,
     TraceError,
 )
 
@@ -114,6 +115,7 @@ EXIT_FOR = (
     (ProfileConfigError, EXIT_USAGE),
     (ProfileError, EXIT_USAGE),
     (TraceError, EXIT_USAGE),
+    (RevisionError, EXIT_USAGE),
 )
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -202,6 +204,42 @@ def guarded(command_name: str):
         return run
 
     return wrap
+
+
+def trace_instead(path: str) -> str | None:
+    """Why ``path`` is no report or baseline, when it is a kvaddr trace (JSON Lines, gzip or not); else None."""
+    from kvaddr.traces.format import TraceReader
+
+    try:
+        with TraceReader(path):
+            pass
+    except (TraceError, OSError, ValueError):
+        return None
+    return (
+        f"{path} is a kvaddr trace (JSON Lines, one serving step per line), not a profile report or baseline: "
+        f"`kvaddr replay {path}` times it; `kvaddr compare`, `check` and `sweep --from` read a `kvaddr profile "
+        f"--save` baseline or a `kvaddr profile --json` report"
+    )
+
+
+def load_report(path: str):
+    """A baseline file or profile report (:func:`kvaddr.gate.baseline_file.load`); a trace given instead is
+    named as one (:func:`trace_instead`) rather than reported as a file that is not JSON.
+
+    Raises
+    ------
+    BaselineError
+        Exit 2: missing, not JSON, a trace, or not a kvaddr baseline or report.
+    """
+    from kvaddr.gate.baseline_file import load
+
+    try:
+        return load(path)
+    except BaselineError as exc:
+        why = trace_instead(path) if os.path.isfile(path) else None
+        if why is None:
+            raise
+        raise BaselineError(why) from exc
 
 
 def write_json(doc: dict, json_path: str, command: str) -> None:

@@ -11,25 +11,31 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 
 import click
 
 from kvaddr.commands.common import (
+    EXIT_CHECK,
     EXIT_ENV,
     EXIT_PIPE_HELP,
     EXIT_USAGE,
     Abort,
     FloatBounds,
+    IntBounds,
     check_output_path,
     err_console,
     examples,
     finite,
     guarded,
+    load_report,
     out_console,
     write_json,
 )
 from kvaddr.commands.profile import ConsoleProgress
 from kvaddr.errors import ProfileConfigError
+from kvaddr.gate.ab import DEFAULT_BUDGET as DEFAULT_AGAINST_BUDGET
+from kvaddr.gate.ab import DEFAULT_ROUNDS
 from kvaddr.gate.comparison import DEFAULT_ALPHA, DEFAULT_FACTOR, RULE, fmt_p
 from kvaddr.measure.profile_run import RECORDED_ONLY, ProfileConfig
 
@@ -47,13 +53,20 @@ Exit status:
     1  something gated is slower (each named on stderr: run, batch size,
        strategy, mode, clock); check: also a failed correctness check
     2  usage error: a bad option value, a missing or invalid baseline
-       file, an output PATH (--json, --save) that cannot be written
+       file, an output PATH (--json, --save) that cannot be written;
+       --against: not in a git repository, no such revision, no kvaddr
+       in it, or its profile cannot run the asked options
     3  the baseline's GPU, driver or workload does not match the new run
        (the GPU and driver may differ with --relative; any mismatch
        passes with --allow-env-mismatch), or an output file whose write
        fails at the end (a full disk)
 {EXIT_PIPE_HELP}
 """
+
+CHECK_EXIT_HELP = EXIT_HELP.replace(
+    EXIT_PIPE_HELP,
+    "  130  interrupted (Ctrl-C); --against's temporary tree is removed\n" + EXIT_PIPE_HELP,
+)
 
 RULE_HELP = """Per run, batch size, strategy, mode (eager, graph) and clock (host,
 GPU): ratio = median(new) / median(base), p = the two-sided Mann-Whitney U
@@ -85,17 +98,33 @@ COMPARE_HELP = f"""Compare the timing samples of two profile runs: BASE and NEW 
 
 {EXIT_HELP}"""
 
-CHECK_HELP = f"""Profile this machine with a baseline's workload and options, then compare with it.
+CHECK_HELP = f"""Time this kvaddr against a stored baseline (--baseline) or against a git
+revision built and timed side by side on this machine (--against).
 
-Each run of the baseline is replayed: `kvaddr profile` with the options
-recorded in it (the device it ran on; --budget may be changed), checked
-against the reference as always; then every verdict is printed as by
-`kvaddr compare`. The baseline's GPU, driver and workload must match this
-machine (see --relative and --allow-env-mismatch).
+--baseline PATH: each run of the baseline is replayed: `kvaddr profile`
+with the options recorded in it (the device it ran on; --budget may be
+changed), checked against the reference as always; then every verdict is
+printed as by `kvaddr compare`. The baseline's GPU, driver and workload must
+match this machine (see --relative and --allow-env-mismatch).
+
+--against REV: REV's tree is written to a temporary folder (git archive; the
+checkout is not touched, and the folder is removed afterwards, also on
+Ctrl-C), then REV's `kvaddr profile` and this kvaddr's run the same workload
+(the kvaddr profile options below, or --baseline's runs) round by round,
+interleaved (REV, this, REV, this, ...), each in a process of its own. Each
+side's samples are pooled over the --rounds and compared by the rule below,
+REV as the base; the table adds each side's spread between rounds (max / min
+of its per-round medians: noise of the machine, which belongs to neither
+side), and stderr says how long the A/B took. REV runs as its own command
+line, so versions whose Python APIs differ compare; a REV that does not
+exist, has no kvaddr package, or whose profile lacks an asked option exits 2
+before any timing. Two machines of one GPU model can differ by more than
+the factor on some workloads; --against times both trees on one machine
+(docs/ci-gate.md says when to use which).
 
 {RULE_HELP}
 
-{EXIT_HELP}"""
+{CHECK_EXIT_HELP}"""
 
 
 # ----------------------------------------------------------------------------- options
@@ -167,9 +196,7 @@ def _check_json_path(json_path):
 
 
 def _load(path: str):
-    from kvaddr.gate.baseline_file import load
-
-    return load(path)  # BaselineError: exit 2
+    return load_report(path)  # BaselineError: exit 2
 
 
 # ----------------------------------------------------------------------------- output
@@ -185,8 +212,22 @@ def _measure_label(mode: str, clock: str) -> str:
     return f"{mode}: {'GPU' if clock == 'gpu' else clock}"
 
 
-def render_table(console, outcome, base_name: str, new_name: str, factor: float, alpha: float, relative: bool) -> None:
-    """Every verdict, one section per run and batch size."""
+def _spread_text(x) -> str:
+    return "-" if x is None or x != x else f"x{x:.3f}"
+
+
+def render_table(
+    console,
+    outcome,
+    base_name: str,
+    new_name: str,
+    factor: float,
+    alpha: float,
+    relative: bool,
+    spreads: dict | None = None,
+) -> None:
+    """Every verdict, one section per run and batch size; with ``spreads`` (``check --against``) also each
+    side's spread between rounds (max / min of its per-round medians)."""
     from rich.table import Table
 
     what = "ratios (median of sample-wise ratios)" if relative else "us per step (median)"
@@ -204,6 +245,8 @@ def render_table(console, outcome, base_name: str, new_name: str, factor: float,
         "verdict",
         "gated",
     ]
+    if spreads is not None:
+        headers += ["base rounds", "new rounds"]
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i in (0, 1, 6) else "right", overflow="fold")
     section = None
@@ -223,14 +266,28 @@ def render_table(console, outcome, base_name: str, new_name: str, factor: float,
                 fmt_p(d.p),
             ]
         cells += [r.verdict, "yes" if r.gated else "no"]
+        if spreads is not None:
+            sp = spreads.get(row_key(r))
+            cells += [_spread_text(sp.base), _spread_text(sp.new)] if sp is not None else ["-", "-"]
         table.add_row(*cells, style="bold" if (r.gated and r.verdict == "slower") else None)
     console.print(table)
     console.print(
         f"new/base = ratio of the medians; p = two-sided Mann-Whitney U. slower / faster: beyond "
         f"x{factor:g} (or 1/{factor:g}) with p < {alpha:g}; ambiguous: beyond it but not significant, or "
-        f"too noisy to exclude it; gated: a slower verdict here fails the command.",
+        f"too noisy to exclude it; gated: a slower verdict here fails the command."
+        + (
+            " base / new rounds: max / min of that side's per-round medians (noise between processes, "
+            "which belongs to neither side)."
+            if spreads is not None
+            else ""
+        ),
         soft_wrap=True,
     )
+
+
+def row_key(row) -> tuple:
+    """A verdict row's measurement, as :func:`kvaddr.gate.ab.round_spreads` keys it."""
+    return (row.run, row.batch, row.strategy, row.relative_to, row.mode, row.clock)
 
 
 def _side(bl) -> dict:
@@ -253,7 +310,18 @@ def _side(bl) -> dict:
 
 
 def comparison_document(
-    command: str, outcome, base, new, *, factor, alpha, relative, gate_text, allow_env_mismatch
+    command: str,
+    outcome,
+    base,
+    new,
+    *,
+    factor,
+    alpha,
+    relative,
+    gate_text,
+    allow_env_mismatch,
+    spreads: dict | None = None,
+    against: dict | None = None,
 ) -> dict:
     """The ``--json`` document (docs/baseline-format.md, "The comparison document")."""
     from kvaddr.gate.comparison import gated_measures, parse_gate
@@ -292,11 +360,24 @@ def comparison_document(
             "notes": [{"run": label, **d.as_dict()} for label, d in outcome.notes],
             "unmatched_new_runs": outcome.unmatched_new,
         },
-        "results": [{**r.as_dict(), "line": r.sentence()} for r in outcome.rows],
+        "results": [
+            {
+                **r.as_dict(),
+                "line": r.sentence(),
+                **({"round_spread": _spread_doc(spreads, r)} if spreads is not None else {}),
+            }
+            for r in outcome.rows
+        ],
         "counts": {"gated": outcome.counts(True), "all": outcome.counts(False)},
         "slower": [r.sentence() for r in outcome.slower],
         "exit_code": outcome.exit_code,
+        **({"against": against} if against is not None else {}),
     }
+
+
+def _spread_doc(spreads: dict, row):
+    sp = spreads.get(row_key(row))
+    return sp.as_dict() if sp is not None else None
 
 
 def finish(
@@ -306,19 +387,23 @@ def finish(
     new,
     new_name: str,
     *,
-    factor,
-    alpha,
-    relative,
-    gate_text,
-    allow_env_mismatch,
     json_path,
+    spreads: dict | None = None,
+    against: dict | None = None,
+    **settings,
 ) -> None:
-    """Print the environment check, the verdicts and the summary; exit with the outcome's status."""
+    """Print the environment check, the verdicts and the summary; exit with the outcome's status.
+
+    ``settings``: the comparison's ``factor``, ``alpha``, ``relative``, ``gate_text`` and
+    ``allow_env_mismatch`` (as :func:`comparison_document` takes them). ``spreads`` and ``against``
+    (``check --against``): each measurement's spread between rounds (a table column, a JSON field), and the
+    A/B run's description (the JSON document's ``against``; its wall time is printed)."""
+    factor, alpha, relative = settings["factor"], settings["alpha"], settings["relative"]
     err = err_console()
     name = f"kvaddr {command}"
     for label, d in outcome.notes:
         err.print(f"{name}: note ({label}): {d.describe()}")
-    for line in getattr(outcome, "gate_notes", ()):  # issue 12: --gate auto on the CPU path gates nothing
+    for line in getattr(outcome, "gate_notes", ()):  # --gate auto on the CPU path gates nothing
         err.print(f"{name}: note: {line}")
     for label in outcome.unmatched_new:
         err.print(f"{name}: note: the new run {label!r} has no baseline run with its workload; not compared")
@@ -332,22 +417,12 @@ def finish(
         )
     doc = None
     if json_path is not None:
-        doc = comparison_document(
-            command,
-            outcome,
-            base,
-            new,
-            factor=factor,
-            alpha=alpha,
-            relative=relative,
-            gate_text=gate_text,
-            allow_env_mismatch=allow_env_mismatch,
-        )
+        doc = comparison_document(command, outcome, base, new, spreads=spreads, against=against, **settings)
     if json_path == "-":
         click.echo(json.dumps(doc, indent=2))
     else:
         if outcome.rows:
-            render_table(out_console(), outcome, base.path, new_name, factor, alpha, relative)
+            render_table(out_console(), outcome, base.path, new_name, factor, alpha, relative, spreads)
         if json_path is not None:
             write_json(doc, json_path, name.split()[-1])
     if not outcome.stopped:
@@ -367,6 +442,19 @@ def finish(
         missing = [r for r in outcome.rows if r.gated and r.verdict == "missing"]
         for r in missing:
             err.print(f"{name}: warning: {r.sentence()}")
+        for r in outcome.rows:
+            sp = (spreads or {}).get(row_key(r))
+            if r.gated and sp is not None and max(sp.base, sp.new) > factor:
+                err.print(
+                    f"{name}: note: {r.shape()}: {r.quantity}, {r.mode} mode: the rounds of one side spread by "
+                    f"more than the factor (base x{sp.base:.3f}, new x{sp.new:.3f}): this machine's noise between "
+                    f"processes; more --rounds or a quieter machine make the verdict firmer"
+                )
+    if against is not None:
+        err.print(
+            f"{name}: the A/B run took {against['wall_s']:.1f} s wall ({against['rounds']} round(s) x 2 sides x "
+            f"{against['workloads']} workload(s), {against['budget_s']:g} s per strategy and mode each)"
+        )
     code = outcome.exit_code
     if code:
         raise SystemExit(code)
@@ -414,25 +502,45 @@ def compare(base_path, new_path, factor, alpha, relative, gate_text, allow_env_m
 # ----------------------------------------------------------------------------- check
 
 
-def profile_command_line(config: ProfileConfig, budget_given: bool) -> str:
-    """The ``kvaddr profile`` command line that repeats ``config`` (what ``check`` says it runs)."""
+def option_words(name: str, value) -> list:
+    """``kvaddr profile``'s words for setting ``name`` = ``value``: ``[flag, text]``, or none for a null value
+    or an empty list (the option's default: ``--attention`` none)."""
     from kvaddr.commands.profile import flag
 
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return []
+    if name in ("context", "prefill"):
+        text = f"{value[0]}:{value[1]}"
+    elif isinstance(value, (list, tuple)):
+        text = ",".join(str(v) for v in value)
+    else:
+        text = repr(value) if isinstance(value, float) else str(value)
+    return [flag(name), text]
+
+
+def profile_words(config: ProfileConfig, budget_given: bool) -> list:
+    """The ``(flag, text)`` pairs of the ``kvaddr profile`` command line that repeats ``config``: every
+    recorded setting but :data:`NOT_REPLAYED` and null or empty ones, then ``--device`` (and ``--budget`` when
+    ``budget_given``)."""
     words = []
     for name, value in config.recorded_options().items():
-        if name in NOT_REPLAYED or value is None or (name == "budget" and budget_given):
+        if name in NOT_REPLAYED or (name == "budget" and budget_given):
             continue
-        if name in ("context", "prefill"):
-            text = f"{value[0]}:{value[1]}"
-        elif isinstance(value, list):
-            text = ",".join(str(v) for v in value)
-        else:
-            text = repr(value) if isinstance(value, float) else str(value)
-        words += [flag(name), text]
-    words += ["--device", config.device]
+        w = option_words(name, value)
+        if w:
+            words.append(tuple(w))
+    words.append(("--device", config.device))
     if budget_given:
-        words += ["--budget", repr(float(config.budget))]
-    return " ".join(words)
+        words.append(("--budget", repr(float(config.budget))))
+    return words
+
+
+def profile_command_line(config: ProfileConfig, budget_given: bool) -> str:
+    """The ``kvaddr profile`` arguments that repeat ``config`` (what ``check`` says it runs), quoted for a
+    shell: pasted after ``kvaddr profile`` they parse."""
+    import shlex
+
+    return shlex.join(w for pair in profile_words(config, budget_given) for w in pair)
 
 
 def replay_config(run: dict, budget: float | None) -> ProfileConfig:
@@ -460,6 +568,18 @@ def replay_config(run: dict, budget: float | None) -> ProfileConfig:
         ) from None
 
 
+def no_gpu_message(label: str, reason: str, allow: bool) -> str:
+    """Why a GPU baseline cannot be checked on this machine, and why ``--allow-env-mismatch`` cannot help."""
+    why = "does not help" if not allow else "cannot help"
+    return (
+        f"the baseline ({label}) was measured on a GPU; this machine has no usable CUDA device: {reason}. "
+        f"--allow-env-mismatch {why} here: it compares runs whose GPU, driver or workload differ, but a GPU "
+        f"baseline's runs replay on a GPU (graph mode, GPU clock) and a CPU-only machine cannot time them. "
+        f"Check on a GPU machine, or record a CPU baseline (kvaddr profile --device cpu --save PATH) to check "
+        f"against here"
+    )
+
+
 def _machine_precheck(base, relative: bool, allow: bool) -> list:
     """Mismatches between the baseline runs' machine and this one, before any profiling."""
     from kvaddr.gate.baseline_file import environment_differences
@@ -472,11 +592,7 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
         if device == "cuda":
             probe = probe_cuda()
             if not probe.available:
-                raise Abort(
-                    EXIT_ENV,
-                    f"the baseline ({label}) was measured on a GPU; this machine has no usable "
-                    f"CUDA device: {probe.reason}",
-                )
+                raise Abort(EXIT_ENV, no_gpu_message(label, probe.reason, allow))
         if device not in current:
             current[device] = environment_record(device, 0 if device == "cuda" else None)
         mismatches, _ = environment_differences(run["environment"], current[device], relative)
@@ -484,20 +600,46 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     return out
 
 
+#: ``kvaddr profile`` options ``check --against`` takes for its workload (without --baseline): the core
+#: engine's settings but the engine, the timing and the outputs (a vLLM engine report is no baseline for the
+#: gate; --budget is check's own).
+AGAINST_OPTIONS = tuple(
+    n for n in ProfileConfig.settings_of("core") if n not in ("engine", "budget", "step_ms", "json_path", "save_path")
+)
+
+
 @click.command(
     "check",
     help=CHECK_HELP,
     epilog=examples(
         "kvaddr check --baseline profiles/baselines/h200.json",
-        "kvaddr check --baseline base.json --budget 0.5 --save new.json --json verdicts.json",
+        "kvaddr check --against origin/main --profile mixed-chunked-prefill --batch 64",
+        "kvaddr check --baseline base.json --against HEAD~1 --rounds 7 --json verdicts.json",
     ),
 )
 @click.option(
     "--baseline",
     "baseline_path",
-    required=True,
+    default=None,
     metavar="PATH",
-    help="A baseline file (kvaddr profile --save) or a kvaddr profile --json report.",
+    help="A baseline file (kvaddr profile --save) or a kvaddr profile --json report. With --against: only its "
+    "workloads are used (each run's recorded options), not its samples.",
+)
+@click.option(
+    "--against",
+    "against",
+    default=None,
+    metavar="REV",
+    help="Time the git revision REV (a commit, tag, origin/main, HEAD~1) and this kvaddr side by side, "
+    "interleaved, on this machine, and compare them (REV is the base). The workload: --baseline's runs, "
+    "else the kvaddr profile options below.",
+)
+@click.option(
+    "--rounds",
+    type=IntBounds(1, 100),
+    default=None,
+    help=f"With --against: rounds; each runs REV's, then this kvaddr's profile, each in a process of its own. "
+    f"[default: {DEFAULT_ROUNDS}]",
 )
 @click.option(
     "--budget",
@@ -505,7 +647,8 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     default=None,
     metavar="SECONDS",
     callback=finite,
-    help="Sampling time per strategy and mode. [default: the baseline's]",
+    help=f"Sampling time per strategy and mode (with --against: per round and side). [default: the "
+    f"baseline's; with --against {DEFAULT_AGAINST_BUDGET:g}]",
 )
 @click.option(
     "--save",
@@ -513,19 +656,34 @@ def _machine_precheck(base, relative: bool, allow: bool) -> list:
     type=click.Path(dir_okay=False),
     default=None,
     metavar="PATH",
-    help="Also save the new runs as a baseline to PATH (as kvaddr profile --save does).",
+    help="Also save the new runs as a baseline to PATH (as kvaddr profile --save does); not with --against.",
 )
 @_compare_options
+@click.pass_context
 @guarded("check")
-def check(baseline_path, budget, save_path, factor, alpha, relative, gate_text, allow_env_mismatch, json_path):
-    from kvaddr.gate.baseline_file import Baseline, run_labels, save_runs
-    from kvaddr.gate.comparison import Outcome, compare_baselines
+def check(
+    ctx,
+    baseline_path,
+    against,
+    rounds,
+    budget,
+    save_path,
+    factor,
+    alpha,
+    relative,
+    gate_text,
+    allow_env_mismatch,
+    json_path,
+    **workload,
+):
+    from click.core import ParameterSource
 
     gate = _gate(gate_text)
-    _check_json_path(json_path)
-    check_output_path(save_path, "--save", regular=True)
-    base = _load(baseline_path)
-    err = err_console()
+    given = [
+        n
+        for n in AGAINST_OPTIONS
+        if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    ]
     finish_kw = dict(
         factor=factor,
         alpha=alpha,
@@ -534,12 +692,48 @@ def check(baseline_path, budget, save_path, factor, alpha, relative, gate_text, 
         allow_env_mismatch=allow_env_mismatch,
         json_path=json_path,
     )
+    if against is None:
+        if rounds is not None:
+            raise click.BadParameter("--rounds applies to --against", param_hint="'--rounds'")
+        if baseline_path is None:
+            raise click.UsageError(
+                "give --baseline PATH (check against a stored baseline), --against REV (time a git revision "
+                "side by side with this kvaddr), or both"
+            )
+    if baseline_path is not None and given:
+        from kvaddr.commands.profile import option_hint
+
+        raise click.BadParameter(
+            "the workload comes from --baseline's runs; kvaddr profile's workload options apply to --against "
+            "without --baseline",
+            param_hint=option_hint(given),
+        )
+    _check_json_path(json_path)
+    if against is not None:
+        if save_path is not None:
+            raise click.BadParameter(
+                "applies to checks against a stored baseline; with --against, --json keeps both sides' verdicts",
+                param_hint="'--save'",
+            )
+        check_against(ctx, against, rounds, budget, baseline_path, workload, given, gate, finish_kw)
+        return
+    check_baseline(baseline_path, budget, save_path, gate, finish_kw)
+
+
+def check_baseline(baseline_path: str, budget, save_path, gate, finish_kw: dict) -> None:
+    """``kvaddr check --baseline PATH``: replay the baseline's runs in this process and compare."""
+    from kvaddr.gate.baseline_file import Baseline, run_labels, save_runs
+    from kvaddr.gate.comparison import Outcome
+    from kvaddr.measure.profile_run import run as run_profile
+
+    check_output_path(save_path, "--save", regular=True)
+    base = _load(baseline_path)
+    err = err_console()
+    relative, allow_env_mismatch = finish_kw["relative"], finish_kw["allow_env_mismatch"]
     mismatches = _machine_precheck(base, relative, allow_env_mismatch)
     if mismatches and not allow_env_mismatch:
         finish("check", Outcome([], mismatches, [], [], True), base, None, "this machine", **finish_kw)
         return
-    from kvaddr.measure.profile_run import run as run_profile
-
     new_runs = []
     for i, (label, run) in enumerate(zip(base.labels, base.runs)):
         unknown = [n for n in ProfileConfig.unknown_options(run.get("options")) if n not in NOT_REPLAYED]
@@ -559,7 +753,163 @@ def check(baseline_path, budget, save_path, factor, alpha, relative, gate_text, 
     if save_path is not None:
         for action in save_runs(save_path, new_runs):
             err.print(f"kvaddr check: {save_path}: {action}")
-    outcome = compare_baselines(
-        base, new, factor=factor, alpha=alpha, relative=relative, gate=gate, allow_env_mismatch=allow_env_mismatch
-    )
+    outcome = _compare(base, new, gate, finish_kw)
     finish("check", outcome, base, new, "this machine", **finish_kw)
+
+
+def _compare(base, new, gate, finish_kw: dict):
+    """:func:`~kvaddr.gate.comparison.compare_baselines` with ``check``'s settings."""
+    from kvaddr.gate.comparison import compare_baselines
+
+    return compare_baselines(
+        base,
+        new,
+        factor=finish_kw["factor"],
+        alpha=finish_kw["alpha"],
+        relative=finish_kw["relative"],
+        gate=gate,
+        allow_env_mismatch=finish_kw["allow_env_mismatch"],
+    )
+
+
+# ----------------------------------------------------------------------------- check --against
+
+
+def _profile_reference(path: str) -> str:
+    """``--profile``'s value for both sides: the name of a shipped profile (each tree reads its own copy),
+    else the file's absolute path (the processes run in another folder)."""
+    from kvaddr.measure.profiles import available
+
+    for name, known in available().items():
+        if os.path.realpath(known) == os.path.realpath(path):
+            return name
+    return os.path.abspath(path)
+
+
+def _defaulted_flags(config: ProfileConfig) -> frozenset:
+    """The flags of ``config``'s settings that hold ``kvaddr profile``'s default: a revision without such an
+    option runs the same without it."""
+    from kvaddr.commands.profile import flag
+
+    default = ProfileConfig(engine=config.engine)
+    return frozenset(
+        flag(n)
+        for n in ProfileConfig.settings_of(config.engine)
+        if n not in NOT_REPLAYED and getattr(config, n) == getattr(default, n)
+    )
+
+
+def against_workloads(ctx, baseline_path, workload: dict, given: list, budget: float) -> list:
+    """``(name, words, droppable flags, device)`` of each workload ``check --against`` times: the
+    baseline's runs, or the one ``kvaddr profile`` options describe (checked here first, exit 2)."""
+    from kvaddr.commands.profile import validated
+
+    if baseline_path is not None:
+        base = _load(baseline_path)
+        out = []
+        for label, run in zip(base.labels, base.runs):
+            config = replay_config(run, budget)
+            out.append((label, profile_words(config, True), _defaulted_flags(config), config.device))
+        return out
+    settings = {k: v for k, v in workload.items() if k in AGAINST_OPTIONS}
+    config = validated(ProfileConfig(**settings, budget=budget))
+    words = []
+    for name in given:
+        if name == "workload_profile":
+            words.append(("--profile", _profile_reference(workload[name])))
+        elif name != "device":
+            pair = option_words(name, getattr(config, name))
+            if pair:
+                words.append(tuple(pair))
+            elif name == "attention":
+                words.append(("--attention", ""))
+    words += [("--device", config.device), ("--budget", repr(float(budget)))]
+    name = (
+        os.path.splitext(os.path.basename(workload["workload_profile"]))[0]
+        if workload.get("workload_profile")
+        else config.model
+    )
+    return [(name, words, frozenset(), config.device)]
+
+
+def check_against(ctx, against: str, rounds, budget, baseline_path, workload: dict, given: list, gate, finish_kw):
+    """``kvaddr check --against REV``: time REV and this kvaddr side by side, interleaved, and compare."""
+    import shlex
+
+    from kvaddr.errors import SideFailed
+    from kvaddr.gate import ab
+    from kvaddr.gate.baseline_file import Baseline, run_labels
+    from kvaddr.measure.environment import probe_cuda
+
+    err = err_console()
+    rounds = rounds if rounds is not None else DEFAULT_ROUNDS
+    budget = budget if budget is not None else DEFAULT_AGAINST_BUDGET
+    workloads = against_workloads(ctx, baseline_path, workload, given, budget)
+    if any(device == "cuda" for *_, device in workloads):
+        probe = probe_cuda()
+        if not probe.available:
+            raise Abort(EXIT_ENV, f"--device cuda (or a GPU baseline's run) needs a CUDA device: {probe.reason}")
+    with ab.materialised(against) as revision:
+        base_side = ab.Side("base", revision.label, revision.tree)
+        new_side = ab.Side("new", "this tree", ab.current_import_root())
+        base_flags = ab.probe(base_side, revision.workdir)
+        new_flags = ab.probe(new_side, revision.workdir)
+        plan = [
+            (name, ab.side_args(base_side, base_flags, words, drop), ab.side_args(new_side, new_flags, words, drop))
+            for name, words, drop, _ in workloads
+        ]
+        for name, base_args, new_args in plan:
+            same = base_args == new_args
+            err.print(
+                f"kvaddr check: {name}: {rounds} round(s), each `kvaddr profile {shlex.join(base_args)}` of "
+                f"{revision.label}"
+                + (" then" if same else f", then `kvaddr profile {shlex.join(new_args)}` of")
+                + f" this tree ({new_side.import_root}), each in a process of its own"
+            )
+        try:
+            result = ab.run_ab(
+                base_side, new_side, plan, rounds, revision.workdir, lambda line: err.print(f"kvaddr check: {line}")
+            )
+        except SideFailed as exc:
+            code = exc.status if exc.status in (EXIT_USAGE, EXIT_ENV) else EXIT_CHECK
+            raise Abort(code, str(exc)) from None
+    base_runs = [ab.pool(docs) for docs in result.base]
+    new_runs = [ab.pool(docs) for docs in result.new]
+    base = Baseline(revision.label, "kvaddr.baseline", base_runs, run_labels(base_runs))
+    new = Baseline("this tree", "kvaddr.baseline", new_runs, run_labels(new_runs))
+    relative = finish_kw["relative"]
+    outcome = _compare(base, new, gate, finish_kw)
+    description = {
+        "revision": against,
+        "commit": revision.commit,
+        "new_tree": new_side.import_root,
+        "rounds": rounds,
+        "order": "each round: the revision's profile, then this tree's, each in a process of its own",
+        "budget_s": budget,
+        "workloads": len(plan),
+        "commands": [
+            {"workload": name, "base": ["kvaddr", "profile", *b], "new": ["kvaddr", "profile", *n]}
+            for name, b, n in plan
+        ],
+        "wall_s": result.wall_s,
+    }
+    finish(
+        "check",
+        outcome,
+        base,
+        new,
+        "this tree",
+        spreads=ab.round_spreads(result, base.labels, relative),
+        against=description,
+        **finish_kw,
+    )
+
+
+def _add_workload_options() -> None:
+    """Give ``check`` the workload options of ``kvaddr profile`` (:data:`AGAINST_OPTIONS`) for ``--against``."""
+    from kvaddr.commands.profile import profile as profile_command
+
+    check.params.extend(p for p in profile_command.params if p.name in AGAINST_OPTIONS)
+
+
+_add_workload_options()

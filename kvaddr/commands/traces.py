@@ -38,6 +38,7 @@ from kvaddr.commands.common import (
     guarded,
     is_broken_pipe,
     json_option,
+    load_report,
     mode_option,
     out_console,
     profile_option,
@@ -502,10 +503,8 @@ def _load_run(path: str, run_label: str | None) -> dict:
     A baseline of one run gives that run; of several, the one ``--run`` names (its label as
     ``kvaddr compare`` prints it), else a usage error listing the labels.
     """
-    from kvaddr.gate.baseline_file import load
-
     try:
-        baseline = load(path)
+        baseline = load_report(path)
     except BaselineError as exc:
         raise click.BadParameter(str(exc), param_hint="'--from'") from None
     labels = list(baseline.labels)

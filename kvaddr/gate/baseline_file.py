@@ -49,6 +49,11 @@ NOTE_FIELDS = (
 )
 #: Workload fields that do not change what is measured.
 WORKLOAD_IGNORED = ("model_source",)
+#: How a null workload field reads (the others: "none").
+NO_VALUE = {
+    "workload.prefill": "none (no chunked-prefill requests)",
+    "workload.spec_tokens": "none (no speculative tokens)",
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,15 @@ class Difference:
     new: object
 
     def describe(self) -> str:
-        return f"{self.field}: {_show(self.base)} (baseline) vs {_show(self.new)} (new)"
+        return f"{self.field}: {self.show(self.base)} (baseline) vs {self.show(self.new)} (new)"
+
+    def show(self, value) -> str:
+        """``value`` for people. A null environment field was not recorded ("unknown"); a null workload or
+        settings field is a feature the run did not use ("none": ``workload.prefill`` null means no
+        chunked-prefill requests)."""
+        if value is None and not self.field.startswith("environment."):
+            return NO_VALUE.get(self.field, "none")
+        return _show(value)
 
     def as_dict(self) -> dict:
         return {"field": self.field, "base": self.base, "new": self.new}

@@ -528,6 +528,20 @@ def _quantities(section: dict, relative: bool) -> dict:
     return out
 
 
+def measurement_samples(run: dict, relative: bool = False) -> dict:
+    """Every measurement of a run as ``{(batch, strategy, relative_to, mode, clock): samples}``.
+
+    The quantities :func:`compare_runs` compares: times, or with ``relative``
+    the pair-wise ratios to the floor and to per-layer.
+    """
+    out = {}
+    for shape in run["shapes"]:
+        for (mode, clock), section in _sections(shape).items():
+            for (name, den), samples in _quantities(section, relative).items():
+                out[(shape["batch"], name, den, mode, clock)] = samples
+    return out
+
+
 def compare_runs(
     base_run: dict,
     new_run: dict,

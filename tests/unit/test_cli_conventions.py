@@ -131,6 +131,7 @@ def _expected_metavar(opt: click.Option):
         "decode:N|mixed:N:T",
         "SIZE[:RANK[:INTERLEAVE]]",
         "NAME[,NAME...]",
+        "REV",  # a git revision (check --against)
     }
 
 
