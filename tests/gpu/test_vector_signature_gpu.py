@@ -88,7 +88,7 @@ def test_the_planners_memo_uses_the_vector_signature(vectors):
     table = cupy.asarray(rng.integers(0, 1000, (8, 16)).astype(np.int32))
     planner.compute(dec, q, table)
     planner.compute(dec, q, table)  # the same objects again: the memo is made
-    same = planner._memo[0]
+    same = planner._memo.same
     if not validation._has_vectors(table):
         pytest.skip("this CuPy's _shape/_strides do not read as lists: CUPY_VECTOR_SIGNATURE falls back")
     assert "_shape" in same.__code__.co_names and "shape" not in same.__code__.co_names

@@ -133,16 +133,6 @@ def test_clear_errors_drops_unread_errors_without_reading(fake):
     assert fake.sets == [0x99, fake.current.ptr]
 
 
-def test_set_meta_impl_keeps_unread_errors(fake):
-    """Fewer metadata blocks (a larger E) no longer clears the records past them: they may hold
-    errors not read yet."""
-    p = _planner(attention="flashinfer", kv_indices_capacity=4096)
-    rec = _records(p)
-    rec[len(rec) - 1] = (16, error_key(0, 0, 1, 16))
-    p._set_meta_impl(1, entries=4096)
-    assert p.errors() == (16, error_key(0, 0, 1, 16))
-
-
 # -- the torch ops' CPU kernels merge like a device warp; their readers reset -------------------
 
 
