@@ -59,8 +59,7 @@ def test_core_planner_sees_the_shape_setter(vectors):
     test_compute_memo_gpu.test_cupy_shape_set_in_place_is_seen()
 
 
-@pytest.mark.parametrize("kernel", ["v2"])
-def test_vllm_planner_sees_the_shape_setter(vectors, kernel, monkeypatch):
+def test_vllm_planner_sees_the_shape_setter(vectors, monkeypatch):
     from kvaddr.engines import vllm as vllm_module
     from tests.gpu import test_vllm_memo
 
@@ -73,7 +72,7 @@ def test_vllm_planner_sees_the_shape_setter(vectors, kernel, monkeypatch):
         return real(name, x)
 
     monkeypatch.setattr(vllm_module, "describe", describe)
-    test_vllm_memo.test_cupy_changes_in_place_are_checked(kernel, names)
+    test_vllm_memo.test_cupy_changes_in_place_are_checked(names)
 
 
 def test_the_planners_memo_uses_the_vector_signature(vectors):

@@ -1,6 +1,6 @@
 """Sticky error records (docs/spec.md, "Errors"): the host side. The kernels only merge into the
-records (tests/unit/test_v9_fixes_emulated.py, test_vllm_error_records.py run the device code on
-the CPU); the readers reduce every record (OR of the masks, smallest key) and then reset them:
+records (tests/unit/test_vllm_error_records.py runs the vLLM device code on the CPU, tests/gpu
+the rest); the readers reduce every record (OR of the masks, smallest key) and then reset them:
 ``StepPlanner.errors()`` / ``check()`` / ``clear_errors()`` under the planner's fake CuPy, and the
 helpers of kvaddr.errors for caller-owned records."""
 

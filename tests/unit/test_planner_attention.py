@@ -154,6 +154,19 @@ def _planner(StepPlanner, case, groups, max_requests=None):
     )
 
 
+def hard_cases(rng, bsz: int, long_rows_sizes) -> list:
+    """Cases of ``bsz`` requests that reach every branch of a metadata block: long rows (B = 1 in
+    ``long_rows_sizes``: more columns than those loaded before the barrier), unallocated pages,
+    narrow rows, negative lengths, kv_indices capacity overflow, 1-3 caches with different B."""
+    cases = [
+        make_case(rng, bsz=bsz, block_sizes=long_rows_sizes, max_ctx=700, spare_capacity=3),
+        make_case(rng, bsz=bsz, block_sizes=[16, 5, 3], bad="unallocated", spare_capacity=0),
+        make_case(rng, bsz=bsz, block_sizes=[2], bad="narrow-row", spare_capacity=3),
+        make_case(rng, bsz=bsz, block_sizes=[64], bad="negative-length", spare_capacity=None),
+    ]
+    return [*cases, dict(cases[0], kv_indices_capacity=max(1, cases[0]["kv_indices_capacity"] * 2 // 3))]
+
+
 def compute_and_check(planner, launches, case, groups, label, family=None):
     """Compute ``case``; check the launch (the dispatch table's, of kernel ``family`` if given),
     the attention outputs, the page table views and the error records (the metadata blocks'

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.attention_cases import ALL_GROUPS, make_case
-from tests.unit.test_planner_attention import _planner, compute_and_check, fake_planner  # noqa: F401 (a fixture)
+from tests.support.attention_cases import ALL_GROUPS
+from tests.unit.test_planner_attention import _planner, compute_and_check, fake_planner, hard_cases  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("bsz", [1, 33, 255, 256])
@@ -20,14 +20,7 @@ def test_wide_batches_long_rows_and_overflow(fake_planner, bsz):  # noqa: F811
     kv_indices capacity overflow, 1-3 caches with different B; a planner sized for more
     requests than the batch (the same kernel up to 256 requests)."""
     StepPlanner, launches, _ = fake_planner
-    rng = np.random.default_rng(bsz)
-    cases = [
-        make_case(rng, bsz=bsz, block_sizes=[1, 4], max_ctx=700, spare_capacity=3),
-        make_case(rng, bsz=bsz, block_sizes=[16, 5, 3], bad="unallocated", spare_capacity=0),
-        make_case(rng, bsz=bsz, block_sizes=[2], bad="narrow-row", spare_capacity=3),
-        make_case(rng, bsz=bsz, block_sizes=[64], bad="negative-length", spare_capacity=None),
-    ]
-    cases.append(dict(cases[0], kv_indices_capacity=max(1, cases[0]["kv_indices_capacity"] * 2 // 3)))
+    cases = hard_cases(np.random.default_rng(bsz), bsz, [1, 4])
     for i, case in enumerate(cases):
         for max_requests in (None, 5000):
             for groups in (ALL_GROUPS, ("varlen",), ("page_table",)):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support.attention_cases import ALL_GROUPS, make_case
-from tests.unit.test_planner_attention import _planner, compute_and_check, fake_planner  # noqa: F401 (a fixture)
+from tests.unit.test_planner_attention import _planner, compute_and_check, fake_planner, hard_cases  # noqa: F401 (a fixture)
 
 
 @pytest.mark.parametrize("bsz", [257, 1000, 2049])
@@ -19,14 +19,7 @@ def test_batches_past_256_long_rows_and_bad_values(fake_planner, bsz):  # noqa: 
     narrow rows, negative lengths, kv_indices overflow, 1-3 caches with different B
     (non-powers of two)."""
     StepPlanner, launches, _ = fake_planner
-    rng = np.random.default_rng(bsz * 17)
-    cases = [
-        make_case(rng, bsz=bsz, block_sizes=[1, 16], max_ctx=700, spare_capacity=3),
-        make_case(rng, bsz=bsz, block_sizes=[16, 5, 3], bad="unallocated", spare_capacity=0),
-        make_case(rng, bsz=bsz, block_sizes=[2], bad="narrow-row", spare_capacity=3),
-        make_case(rng, bsz=bsz, block_sizes=[64], bad="negative-length", spare_capacity=None),
-    ]
-    cases.append(dict(cases[0], kv_indices_capacity=max(1, cases[0]["kv_indices_capacity"] * 2 // 3)))
+    cases = hard_cases(np.random.default_rng(bsz * 17), bsz, [1, 16])
     for i, case in enumerate(cases):
         for groups in (ALL_GROUPS, ("varlen",), ("page_table",)):
             planner = _planner(StepPlanner, case, groups)
