@@ -4,12 +4,18 @@ import numpy as np
 import pytest
 
 from tests.support.bad_input_matrix import ROWS, reference_for
-from tests.support.gpu import assert_attention_equal, assert_outputs_equal, meta_impl_fixture, requires_gpu, to_device
+from tests.support.gpu import (
+    assert_attention_equal,
+    assert_outputs_equal,
+    kernel_choice_fixture,
+    requires_gpu,
+    to_device,
+)
 
 GPU_ROWS = [r for r in ROWS if "gpu" in r.where]
 
-# every row once per attention metadata implementation (0 the first version, 1 request-parallel)
-meta_impl = meta_impl_fixture()
+# every row with the dispatch table's kernels, then with every batch on the multi-block kernel
+kernel_choice = kernel_choice_fixture()
 
 
 @requires_gpu

@@ -212,10 +212,14 @@ def test_device_side_input_checks():
 
 
 def test_kernel_cache_is_memoized_per_device():
-    from kvaddr import kernel_loader
+    from kvaddr import dispatch, kernel_loader
 
     assert kernel_loader.get_module() is kernel_loader.get_module()
     assert kernel_loader.get_function("kvaddr_empty") is kernel_loader.get_function("kvaddr_empty")
+    names = dispatch.step_kernels(dispatch.StepConfig(1, True, 64, 300))  # a planner's kernels, compiled once
+    fns = kernel_loader.load_kernels(names)
+    assert all(kernel_loader.get_function(n) is fns[n] for n in names)
+    assert kernel_loader.load_kernels(names[:1])[names[0]] is fns[names[0]]
 
 
 def test_two_planners_on_two_streams_at_once():

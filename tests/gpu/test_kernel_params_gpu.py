@@ -65,9 +65,9 @@ def test_struct_launch_and_bare_rawkernel_launch_match_the_reference(position_dt
     cupy.cuda.runtime.deviceSynchronize()
     got_bsz, args = planner.launch_args(dev["seq_lens_decoder"], dev["seq_lens_this_time"], tables)
     assert got_bsz == bsz and len(args) == 1
-    name = "kvaddr_step_i64" if np.dtype(position_dtype) == np.int64 else "kvaddr_step_i32"
-    raw = kernel_loader.get_module().get_function(name)
-    raw((planner.grid(bsz),), (kernel_loader.constants()["KV_THREADS"],), args)
+    name, blocks, threads = planner.kernel_for(bsz)  # the dispatch table's kernel for the batch
+    raw = kernel_loader.get_function(name)
+    raw((blocks,), (threads,), args, 0, kernel_loader.raw_stream(cupy.cuda.get_current_stream().ptr))
     cupy.cuda.runtime.deviceSynchronize()
     assert_outputs_equal(planner._outputs(bsz), ref.outputs, f"{label}, bare RawKernel launch")
     assert planner.errors() == (ref.error_mask, ref.error_key), f"{label}, bare launch error record"

@@ -4,8 +4,8 @@ capacity overflow, more than 4096 and more than 16384 requests), every element w
 (poisoned buffers, a big step then a small one, graph replay), nothing written past the
 kv_indices capacity (guard words), attention off = the same addressing, the GPU baselines'
 engine-style metadata, and the end-to-end paged-attention test with PyTorch's
-scaled_dot_product_attention. Every test runs once per metadata implementation
-(StepPlanner._META_IMPL_DEFAULT 0, 1 and 3: the module fixture meta_impl).
+scaled_dot_product_attention. Every test runs twice (the module fixture kernel_choice): with
+the dispatch table's kernels, and with every batch on the multi-block kernel.
 
 Skips, with the reason, without a GPU or (the end-to-end tests) without PyTorch.
 """
@@ -23,7 +23,7 @@ from tests.support.gpu import (
     ATTENTION_BUFFERS,
     assert_attention_equal,
     assert_outputs_equal,
-    meta_impl_fixture,
+    kernel_choice_fixture,
     requires_gpu,
     to_device,
 )
@@ -31,8 +31,8 @@ from tests.support.paged_attention import Simulation, TorchBackend, run_e2e
 
 pytestmark = requires_gpu
 
-# every test once per metadata implementation (0 the first version, 1 request-parallel, 3 in one round)
-meta_impl = meta_impl_fixture()
+# every test with the dispatch table's kernels, then with every batch on the multi-block kernel
+kernel_choice = kernel_choice_fixture()
 
 
 def _planner_class():
@@ -382,17 +382,11 @@ def test_paged_attention_end_to_end_torch_can_fail():
     assert not report.ok and any("attention differs" in f or "negative page" in f for f in report.failures)
 
 
-@pytest.mark.parametrize("impl", [1, 2, 3])
-@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
-def test_request_parallel_lanes_match_the_reference(meta_impl, lanes, impl):
-    """kv_meta_block2 with every lane count, with and without the row prefetch, and kv_meta_block3
-    (impl 3): mixed batches (prefills longer than one copy round, idle requests, several caches),
-    > 4096 requests, capacity overflow, bad values; for impl 3 also blocks of exactly KV_THREADS
-    requests (block3) and one more (block2), and many blocks of a few long rows each (B = 1:
-    rows longer than the columns block3 loads before its barrier, several requests per group)."""
-    if meta_impl != 1:
-        pytest.skip("lanes are a parameter of the request-parallel implementation only")
-    rng = np.random.default_rng(100 + lanes)
+def test_assorted_batches_match_the_reference():
+    """Mixed batches (prefills longer than one copy round, idle requests, several caches), the
+    batch-size edges of the kernels (0, 256, 257, > 4096 requests), capacity overflow, bad values,
+    many rows longer than the columns a warp loads before its barrier (B = 1)."""
+    rng = np.random.default_rng(104)
     cases = [
         make_case(rng, bsz=300, block_sizes=[1, 16, 3], spare_capacity=3),
         make_case(rng, bsz=40, block_sizes=[2], spare_capacity=0, kinds=("prefill", "continuation")),
@@ -409,53 +403,8 @@ def test_request_parallel_lanes_match_the_reference(meta_impl, lanes, impl):
     over = dict(cases[0], kv_indices_capacity=max(cases[0]["kv_indices_capacity"] * 2 // 3, 1))
     for i, case in enumerate([*cases, over]):
         case = dict(case, attention=ALL_GROUPS)
-        StepPlanner = _planner_class()
-        planner = StepPlanner(
-            max_requests=max(len(case["seq_lens_decoder"]), 1),
-            capacity=case["capacity"],
-            block_sizes=case["block_sizes"],
-            attention=case["attention"],
-            kv_indices_capacity=case["kv_indices_capacity"],
-        )
-        planner._set_meta_impl(impl, lanes)
         ref = _reference(case)
-        _, out, mask, key, _ = _planner_step(case, planner)
-        _assert_attention_equal(out.attention, ref.outputs.attention, f"lanes {lanes}, case {i}")
-        assert_outputs_equal(out, ref.outputs, f"lanes {lanes}, case {i}: addressing")
-        _check_errors(mask, key, ref, f"lanes {lanes}, case {i}")
-
-
-def test_both_implementations_agree_on_a_big_decode_step(meta_impl):
-    """Old and new metadata blocks on the same planner, one after the other (each pads what
-    the other wrote): the same outputs, the reference's, on a 4100-request decode step."""
-    if meta_impl != 1:
-        pytest.skip("runs both implementations itself")
-    rng = np.random.default_rng(77)
-    case = make_case(rng, bsz=4100, block_sizes=[16, 5], max_ctx=400, spare_capacity=1, kinds=("decode",))
-    case = dict(case, attention=ALL_GROUPS)
-    ref = _reference(case)
-    planner = None
-    for impl in (0, 1, 3, 0, 2, 3, 1):
-        if planner is not None:
-            planner._set_meta_impl(impl)
-        planner, out, mask, key, _ = _planner_step(case, planner)
-        _assert_attention_equal(out.attention, ref.outputs.attention, f"impl {impl}")
-        _check_errors(mask, key, ref, f"impl {impl}")
-
-
-def test_fewer_fatter_metadata_blocks_match_the_reference(meta_impl):
-    """_set_meta_impl(entries=4 E) (a quarter of the blocks): the reference's outputs and error
-    records, after a step with more blocks wrote errors into records no block writes now."""
-    rng = np.random.default_rng(31)
-    bad = make_case(rng, bsz=700, block_sizes=[16, 3], bad="unallocated", spare_capacity=4)
-    good = make_case(rng, bsz=699, block_sizes=[16, 3], spare_capacity=4)
-    good = dict(good, kv_indices_capacity=bad["kv_indices_capacity"], capacity=bad["capacity"], attention=ALL_GROUPS)
-    bad = dict(bad, attention=ALL_GROUPS)
-    planner, out, mask, key, _ = _planner_step(bad)
-    _check_errors(mask, key, _reference(bad), "default E")
-    planner._set_meta_impl(meta_impl, entries=4 * planner._meta_entries)
-    for case, label in ((good, "4 E, good"), (bad, "4 E, bad")):
-        _, out, mask, key, _ = _planner_step(case, planner)
-        ref = _reference(case)
-        _assert_attention_equal(out.attention, ref.outputs.attention, label)
-        _check_errors(mask, key, ref, label)
+        _, out, mask, key, _ = _planner_step(case)
+        _assert_attention_equal(out.attention, ref.outputs.attention, f"case {i}")
+        assert_outputs_equal(out, ref.outputs, f"case {i}: addressing")
+        _check_errors(mask, key, ref, f"case {i}")

@@ -1,10 +1,9 @@
-"""The fused step's designs, v8 (multi-block), v9 (one block for bsz <= 1024) and v9 across
-blocks (kvaddr_step1w*: 1024 < bsz <= 4096 here; for every bsz >= 1 as "v9-across"),
-against the NumPy reference: worked examples, edge cases, seeded random steps (every
-request kind, errors, block ids near 2**31, strided tables, 0-4 caches, both position
-dtypes), the bad-input matrix's device rows, switching kernels between launches (sticky
-error records: none lost, none invented), graph replay. Skipped without a GPU. See
-docs/perf-notes.md (v9)."""
+"""The fused step's kernels against the NumPy reference: the dispatch table's choice for each
+batch (step_small up to 256 requests, step_wide to 4096, step_multiblock above) and every batch
+on step_multiblock (its scan path and tiles at any bsz): worked examples, edge cases, seeded
+random steps (every request kind, errors, block ids near 2**31, strided tables, 0-4 caches, both
+position dtypes), the bad-input matrix's device rows, switching kernels between launches (sticky
+error records: none lost, none invented), graph replay. Skipped without a GPU."""
 
 import os
 
@@ -13,13 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.gpu import assert_outputs_equal, poison, reference, requires_gpu, to_device
+from tests.support.gpu import assert_outputs_equal, force_multiblock, poison, reference, requires_gpu, to_device
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 
-#: v8; v9 as shipped (blocks of max(bsz, min(C, 256)) threads); v9 with 1024-thread blocks
-#: (one block whenever C <= 1024; several 1024-thread blocks above); v9 across blocks
-#: (kvaddr_step1w*) for every batch of 1 to 4096 requests (one-block limit 0).
-KERNELS = ["v8", "v9", "v9-wide", "v9-across"]
+#: The dispatch table's kernel for each batch; every batch on the multi-block kernel.
+KERNELS = ["dispatch", "multiblock"]
 EDGE = edge_cases()
 
 
@@ -28,14 +25,21 @@ def _planner(kernel, case, max_requests=None, position_dtype=np.int64):
 
     bsz = case["seq_lens_decoder"].shape[0]
     p = StepPlanner(max(max_requests or bsz, 1), case["capacity"], case["block_sizes"], position_dtype=position_dtype)
-    if kernel == "v9-wide":
-        p.one_block_min_threads = 1024
-        p.use_kernel("v9", max_requests=1024)
-    elif kernel == "v9-across":
-        p.use_kernel("v9", max_requests=0)
-    else:  # v9 up to the kernel's own limit (the shipped cut-off is 256 requests)
-        p.use_kernel(kernel, **({"max_requests": 1024} if kernel == "v9" else {}))
-    return p
+    return force_multiblock(p, kernel == "multiblock")
+
+
+def _launch(p, kernel, bsz):
+    """The launch ``kernel`` makes for ``bsz`` requests on ``p``: the dispatch table's, or the
+    multi-block kernel's (the table's name and grid for it)."""
+    import dataclasses
+
+    from kvaddr import dispatch
+
+    if kernel == "dispatch":
+        return dispatch.step_launch(p.config, bsz)
+    big = dataclasses.replace(p.config, max_requests=dispatch.WIDE_MAX_REQUESTS + 1)
+    name = dispatch.step_launch(big, big.max_requests).kernel
+    return dispatch.Launch(name, dispatch.multiblock_blocks(p.config, bsz), dispatch.THREADS)
 
 
 def _tables(dev, case):
@@ -50,14 +54,8 @@ def _run(kernel, case, label, position_dtype=np.int64, max_requests=None):
     p = _planner(kernel, case, max_requests, position_dtype)
     bsz = case["seq_lens_decoder"].shape[0]
     name, blocks, threads = p.kernel_for(bsz)
-    if kernel == "v8" or bsz > 4096:
-        assert name.startswith("kvaddr_step_i") and blocks == p.grid(bsz), f"{label}: {name}"
-    elif bsz > 1024 or (kernel == "v9-across" and bsz > 0):
-        assert name.startswith("kvaddr_step1w") and threads <= 1024, f"{label}: {name}"
-        assert blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks} x {threads}"
-    else:
-        assert name.startswith("kvaddr_step1_c") and bsz <= threads <= 1024, f"{label}: {name}"
-        assert blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks} x {threads}"
+    launch = _launch(p, kernel, bsz)
+    assert (name, blocks, threads) == (launch.kernel, launch.blocks, launch.threads) and blocks == p.grid(bsz), label
     poison(p)
     out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], _tables(dev, case))
     cupy.cuda.get_current_stream().synchronize()
@@ -98,7 +96,7 @@ def test_random_steps(kernel, position_dtype):
         elif r == 4:
             kw = dict(big_ids=True, num_caches=int(rng.integers(0, 5)))
         elif r == 5:
-            kw = dict(mix=("decode",), bsz=int(rng.choice([1, 31, 32, 33, 64, 255, 1000, 1023, 1024, 1025])))
+            kw = dict(mix=("decode",), bsz=int(rng.choice([1, 31, 32, 33, 64, 255, 256, 257, 513, 1024, 1025, 4096])))
         case = random_step(rng, max_bsz=int(rng.choice([8, 100, 1024])), **kw)
         if position_dtype == np.int32 and case["block_sizes"] and int(case["seq_lens_decoder"].max(initial=0)) > 2**30:
             continue
@@ -108,59 +106,55 @@ def test_random_steps(kernel, position_dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("num_caches", [0, 1, 2, 3, 4])
-def test_every_cache_count_runs_its_own_single_block_kernel(num_caches):
+def test_every_cache_count_runs_its_own_kernels(num_caches):
+    """The small and across-blocks kernels of each cache count (their template's G)."""
     rng = np.random.default_rng(40 + num_caches)
-    case = random_step(rng, bsz=300, num_caches=num_caches, errors=num_caches % 2 == 1) if num_caches else None
-    if case is None:
-        case = random_step(rng, bsz=300, num_caches=1)
-        case = dict(case, block_tables=np.zeros((300, 1), np.int32), block_sizes=[])
-    p = _run("v9", case, f"{num_caches} caches")
-    assert p.kernel_for(300)[0] == f"kvaddr_step1_c{num_caches}_i64"
+    for bsz in (100, 300):
+        case = random_step(rng, bsz=bsz, num_caches=max(num_caches, 1), errors=num_caches % 2 == 1)
+        if not num_caches:
+            case = dict(case, block_tables=np.zeros((bsz, 1), np.int32), block_sizes=[])
+        p = _run("dispatch", case, f"{num_caches} caches, bsz {bsz}")
+        assert p.config.num_caches == num_caches and p.kernel_for(bsz)[0].startswith(("step_small<", "step_wide<"))
 
 
 @requires_gpu
 def test_switching_kernels_leaves_no_stale_error_record():
-    """An erroneous step in one kernel, then a clean one in the other (and back), each read:
-    the clean step's read is clean whichever kernel wrote the previous records (errors()
-    clears them; no kernel clears another's)."""
+    """An erroneous step on one kernel, then a clean one on another (and back), each read: the
+    clean step's read is clean whichever kernel wrote the previous records (errors() clears
+    them; no kernel clears another's). The batch sizes pick the small, across-blocks or
+    multi-block kernel; a planner forced onto the multi-block kernel meets the others."""
     import cupy
 
     from kvaddr import StepPlanner
 
     rng = np.random.default_rng(7)
     bad = random_step(rng, bsz=600, block_sizes=[16, 16], errors=True, mix=("decode", "spec"))
-    bad["seq_lens_decoder"][599] = -1  # the last warp of the single block too
-    good = random_step(rng, bsz=600, block_sizes=[16, 16], mix=("decode", "spec"))  # <= 2400 tokens
-    good["seq_lens_this_time"][:] = np.minimum(good["seq_lens_this_time"], 3)  # <= 1800 tokens: no error
-    big = random_step(rng, bsz=1500, block_sizes=[16, 16], mix=("decode",))
+    bad["seq_lens_decoder"][599] = -1  # the last warp too
+    good = random_step(rng, bsz=200, block_sizes=[16, 16], mix=("decode", "spec"))
+    good["seq_lens_this_time"][:] = np.minimum(good["seq_lens_this_time"], 3)  # <= 600 tokens: no error
+    big = random_step(rng, bsz=5000, block_sizes=[16, 16], mix=("decode",))
+    big["seq_lens_this_time"][:] = np.minimum(big["seq_lens_this_time"], 1)
     for case in (bad, good, big):
-        case["capacity"] = 2048
-    p = StepPlanner(1500, 2048, [16, 16])
-    # v9-old: v9 as first shipped (kvaddr_step1old_c*), and the default
-    for order in (("v9", "v8"), ("v8", "v9"), ("v9-old", "v9"), ("v9", "v9-old")):
-        for first, second in ((bad, good), (bad, big), (big, good)):
+        case["capacity"] = 6000
+    p = StepPlanner(5000, 6000, [16, 16])
+    for order in (("dispatch", "multiblock"), ("multiblock", "dispatch"), ("dispatch", "dispatch")):
+        for first, second in ((bad, good), (bad, big), (big, good), (good, bad)):
             for kernel, case in zip(order, (first, second)):
-                p.use_kernel(kernel, **({"max_requests": 1024} if kernel.startswith("v9") else {}))
+                force_multiblock(p, kernel == "multiblock")
                 ref = reference(case)
                 dev = to_device(case)
                 out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
                 cupy.cuda.get_current_stream().synchronize()
-                assert_outputs_equal(out, ref.outputs, f"{order} {kernel}")
-                assert p.errors() == (ref.error_mask, ref.error_key), f"{order} {kernel}: error record"
+                label = f"{order} {kernel} {p.kernel_for(len(case['seq_lens_decoder']))[0]}"
+                assert_outputs_equal(out, ref.outputs, label)
+                assert p.errors() == (ref.error_mask, ref.error_key), f"{label}: error record"
 
 
 def _launch_kernel(p, kernel, case):
-    """``case`` on ``kernel`` ("v8", "v9", "v9-old", "v9-wide"), records not read."""
+    """``case`` on ``kernel`` ("dispatch" or "multiblock"), records not read."""
     import cupy
 
-    from kvaddr import StepPlanner
-
-    p.one_block_min_threads = 1024 if kernel == "v9-wide" else StepPlanner.one_block_min_threads
-    version = "v9" if kernel == "v9-wide" else kernel
-    p.use_kernel(version, **({"max_requests": 1024} if version.startswith("v9") else {}))
-    name = p.kernel_for(case["seq_lens_decoder"].shape[0])[0]
-    want = {"v8": "kvaddr_step_i", "v9": "kvaddr_step1_c", "v9-old": "kvaddr_step1old_c"}[version]
-    assert name.startswith(want), (kernel, name)
+    force_multiblock(p, kernel == "multiblock")
     dev = to_device(case)
     p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
     cupy.cuda.get_current_stream().synchronize()
@@ -172,24 +166,24 @@ def test_sticky_records_across_kernels(mixed):
     """Sticky records (docs/spec.md, "Errors") through kernel switches, none read in between:
     a bad step then errors() reports it and a second errors() is clean; a bad step then a good
     step (any kernel) then errors(): the bad one's; two bad steps (any two kernels): the OR of
-    the bits and the smaller key. Every order of v8, v9, v9-old and v9-wide."""
+    the bits and the smaller key. Every order of the dispatch table's kernel and the
+    multi-block kernel."""
     from kvaddr import StepPlanner
     from kvaddr.errors import NO_ERROR_KEY
     from tests.support.sticky_cases import sticky_cases
 
-    # C > 256: v9 runs 3 blocks of 256 threads, v9-wide one of C, v8 ceil(C / 256) chunks
+    # C > 256: the small kernel runs several blocks, the multi-block kernel ceil(C / 256) chunks
     cases = sticky_cases(bsz=40, num_caches=2, mixed=mixed, spare=600)
     C = cases["good"]["capacity"]
     ra, rb = reference(cases["bad_a"]), reference(cases["bad_b"])
     assert ra.error_mask and rb.error_mask and rb.error_key < ra.error_key
     both = (ra.error_mask | rb.error_mask, rb.error_key)
     p = StepPlanner(64, C, [16, 16])
-    kernels = ("v8", "v9", "v9-old", "v9-wide")
-    for k1 in kernels:
+    for k1 in KERNELS:
         _launch_kernel(p, k1, cases["bad_a"])
         assert p.errors() == (ra.error_mask, ra.error_key), k1
         assert p.errors() == (0, NO_ERROR_KEY), f"{k1}: the read cleared the records"
-        for k2 in kernels:
+        for k2 in KERNELS:
             _launch_kernel(p, k1, cases["bad_a"])
             _launch_kernel(p, k2, cases["good"])
             assert p.errors() == (ra.error_mask, ra.error_key), f"{k1} bad, {k2} good"
@@ -199,14 +193,13 @@ def test_sticky_records_across_kernels(mixed):
             assert p.errors() == both, f"{k1} bad, {k2} bad"
             _launch_kernel(p, k2, cases["good"])
             assert p.errors() == (0, NO_ERROR_KEY), f"{k1}, {k2}: good alone"
-    p.use_kernel("v9", max_requests=1024)
-    _launch_kernel(p, "v9", cases["bad_a"])
+    _launch_kernel(p, "dispatch", cases["bad_a"])
     p.clear_errors()
     assert p.errors() == (0, NO_ERROR_KEY), "clear_errors drops unread errors"
 
 
 @requires_gpu
-@pytest.mark.parametrize("kernel", ["v8", "v9"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_graph_replay_follows_changing_inputs(kernel):
     import cupy
 
@@ -216,8 +209,7 @@ def test_graph_replay_follows_changing_inputs(kernel):
     cases = [random_step(rng, bsz=200, block_sizes=[64, 16], shared_table=False, errors=i == 1) for i in range(3)]
     cap = max(c["capacity"] for c in cases)
     width = max(t.shape[1] for c in cases for t in c["block_tables"])
-    p = StepPlanner(200, cap, [64, 16])
-    p.use_kernel(kernel)
+    p = force_multiblock(StepPlanner(200, cap, [64, 16]), kernel == "multiblock")
     d = cupy.zeros(200, np.int32)
     q = cupy.zeros(200, np.int32)
     tables = [cupy.full((202, width), -1, np.int32) for _ in range(2)]
@@ -250,7 +242,7 @@ def test_graph_replay_follows_changing_inputs(kernel):
 
 
 @requires_gpu
-@pytest.mark.parametrize("kernel", ["v8", "v9"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_bad_input_matrix_rows(kernel):
     from kvaddr import AddressingError
     from tests.support.bad_input_matrix import ROWS, reference_for
@@ -282,7 +274,7 @@ def test_bad_input_matrix_rows(kernel):
     errors=st.booleans(),
     over=st.booleans(),
     big=st.booleans(),
-    bsz=st.sampled_from([None, None, 1, 32, 33, 1024, 1025]),
+    bsz=st.sampled_from([None, None, 1, 32, 33, 256, 257, 1024, 1025]),
     uniform=st.sampled_from([None, None, None, 0, 1, 2, 5]),
 )
 def test_hypothesis_steps(kernel, seed, errors, over, big, bsz, uniform):

@@ -1,8 +1,8 @@
 """``kvaddr.torch.step`` / ``torch.ops.kvaddr.step_into`` with attention outputs on CUDA
 (``StepBuffers(..., attention=..., kv_indices_capacity=...)``): equal to the reference
-(docs/attention.md's worked examples; random mixed batches for every group subset, small and
-large path, every metadata implementation), equal to ``StepPlanner``'s fused kernel on the same
-inputs (with the same metadata-block geometry), the kv_indices overflow bit (16) through
+(docs/attention.md's worked examples; random mixed batches for every group subset, at batch sizes
+of every kernel of the dispatch table), equal to ``StepPlanner``'s fused kernel on the same
+inputs (the same kernel and grid), the kv_indices overflow bit (16) through
 ``errors()``/``check()``, opcheck on CUDA, torch.compile(fullgraph=True) with inductor and
 aot_eager equal to eager, and inside torch.cuda.graph (eager and compiled) with contents changed
 between replays. Mirrors tests/gpu/test_torch_ops_gpu.py. Skips without torch, CUDA or CuPy.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvaddr.errors import ERR_KV_INDICES_CAPACITY, NO_ERROR_KEY, AddressingError, decode_error_key
-from tests.support.gpu import META_IMPLS, assert_attention_equal, assert_outputs_equal
+from tests.support.gpu import assert_attention_equal, assert_outputs_equal
 from tests.support.step_cases import random_step
 from tests.support.torch_attention import (
     ALL,
@@ -35,22 +35,6 @@ SKIP = cuda_torch_skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
 I32 = np.int32
-
-
-@pytest.fixture
-def meta_impl(request):
-    """Run the op with metadata implementation ``request.param`` (the planner's default, read at bind)."""
-    from kvaddr.planner import StepPlanner
-    from kvaddr.torch import clear_cache
-
-    saved = StepPlanner._META_IMPL_DEFAULT
-    StepPlanner._META_IMPL_DEFAULT = request.param
-    clear_cache()  # remembered argument sets hold the implementation they were bound with
-    try:
-        yield request.param
-    finally:
-        StepPlanner._META_IMPL_DEFAULT = saved
-        clear_cache()
 
 
 def _tables_arg(tables):
@@ -104,8 +88,7 @@ def _check_step(case, groups, n, out, bufs, label, ref=None):
 # -- docs/attention.md's worked examples -------------------------------------------------
 
 
-@pytest.mark.parametrize("meta_impl", META_IMPLS, indirect=True)
-def test_worked_examples_on_cuda(meta_impl):
+def test_worked_examples_on_cuda():
     out, bufs, (_, _, tables) = _run(EXAMPLE_1, ALL, 8, max_requests=5)
     a = out.attention
     assert a.kv_indices.tolist() == [[7, 2, 4, 1, 3, 8, -1, -1]] and a.kv_indptr.tolist() == [[0, 2, 3, 6]]
@@ -141,9 +124,8 @@ def _case(rng, bsz, errors):
 
 @functools.lru_cache(maxsize=1)
 def _random_steps(bsz, groups):
-    """Three steps (clean, bad values, kv_indices overflow) with their references. The same for every
-    metadata implementation, which pytest runs one after the other (meta_impl varies fastest): the
-    NumPy reference of the large batches runs once, not once per implementation."""
+    """Three steps (clean, bad values, kv_indices overflow) with their references (cached: the NumPy
+    reference of the large batches runs once)."""
     rng = np.random.default_rng(1000 * bsz + GROUP_SETS.index(groups))
     steps = []
     for i in range(3):
@@ -154,13 +136,12 @@ def _random_steps(bsz, groups):
     return tuple(steps)
 
 
-@pytest.mark.parametrize("meta_impl", META_IMPLS, indirect=True)
 @pytest.mark.parametrize("bsz", [0, 1, 37, 300, 4096, 4097, 9000])
 @pytest.mark.parametrize("groups", GROUP_SETS, ids=lambda g: "+".join(g))
-def test_random_batches_equal_the_reference_on_cuda(meta_impl, bsz, groups):
+def test_random_batches_equal_the_reference_on_cuda(bsz, groups):
     for i, (case, n, ref) in enumerate(_random_steps(bsz, groups)):
         out, bufs, _ = _run(case, groups, n, max_requests=bsz + 3)
-        _check_step(case, groups, n, out, bufs, f"bsz {bsz} {groups} step {i} meta {meta_impl}", ref)
+        _check_step(case, groups, n, out, bufs, f"bsz {bsz} {groups} step {i}", ref)
 
 
 def test_same_buffers_many_steps_with_bsz_changing_and_the_overflow_record_cleared():
@@ -185,9 +166,8 @@ def test_same_buffers_many_steps_with_bsz_changing_and_the_overflow_record_clear
     assert overflowed[4] and overflowed[6] and not overflowed[7], overflowed
 
 
-@pytest.mark.parametrize("meta_impl", META_IMPLS, indirect=True)
 @pytest.mark.parametrize("groups", GROUP_SETS, ids=lambda g: "+".join(g))
-def test_equals_the_planner_on_the_same_inputs(meta_impl, groups):
+def test_equals_the_planner_on_the_same_inputs(groups):
     """The op's fused launch and StepPlanner's write the same outputs, records and geometry."""
     import cupy as cp
     import torch
@@ -196,7 +176,7 @@ def test_equals_the_planner_on_the_same_inputs(meta_impl, groups):
     from kvaddr.torch import StepBuffers, step
 
     rng = np.random.default_rng(31)
-    for bsz in (40, 5000):
+    for bsz in (40, 1000, 5000):  # the small, across-blocks and multi-block kernels
         case = random_step(
             rng, bsz=bsz, num_caches=3, block_sizes=[16, 8, 96], errors=True, mix=("decode", "spec", "idle", "prefill")
         )
@@ -206,6 +186,7 @@ def test_equals_the_planner_on_the_same_inputs(meta_impl, groups):
             bsz, case["capacity"], case["block_sizes"], device="cuda", attention=groups, kv_indices_capacity=n
         )
         planner = StepPlanner(bsz, case["capacity"], case["block_sizes"], attention=groups, kv_indices_capacity=n)
+        assert bufs._layout.config == planner.config  # the same dispatch: the same kernel and grid
         assert bufs._layout.meta == (planner._meta_entries, planner._meta_per_cache, planner._num_meta)
         got = step(dec, q, tables, bufs)
         want = planner.compute(

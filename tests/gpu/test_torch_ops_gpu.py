@@ -316,7 +316,7 @@ def test_step_into_equals_the_old_op_and_the_reference_on_cuda(position_dtype, s
 
     for b in (new, old):  # poison every output word; a valid (initial) workspace
         b.storage.fill_(0x5A5A5A5A)
-        ops._init_workspace(b.workspace, ops._max_tiles(bsz + 3))
+        ops._init_workspace(b.workspace, ops._max_tiles(case["capacity"], bsz + 3))
     torch.cuda.synchronize()
     if sizes and all(t is tables[0] for t in tables):
         torch.ops.kvaddr.step_into.default(dec, q, tables[0], new.storage, new.layout)

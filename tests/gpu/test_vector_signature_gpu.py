@@ -59,8 +59,7 @@ def test_core_planner_sees_the_shape_setter(vectors):
     test_compute_memo_gpu.test_cupy_shape_set_in_place_is_seen()
 
 
-@pytest.mark.parametrize("kernel", ["v2"])
-def test_vllm_planner_sees_the_shape_setter(vectors, kernel, monkeypatch):
+def test_vllm_planner_sees_the_shape_setter(vectors, monkeypatch):
     from kvaddr.engines import vllm as vllm_module
     from tests.gpu import test_vllm_memo
 
@@ -73,7 +72,7 @@ def test_vllm_planner_sees_the_shape_setter(vectors, kernel, monkeypatch):
         return real(name, x)
 
     monkeypatch.setattr(vllm_module, "describe", describe)
-    test_vllm_memo.test_cupy_changes_in_place_are_checked(kernel, names)
+    test_vllm_memo.test_cupy_changes_in_place_are_checked(names)
 
 
 def test_the_planners_memo_uses_the_vector_signature(vectors):
@@ -88,7 +87,7 @@ def test_the_planners_memo_uses_the_vector_signature(vectors):
     table = cupy.asarray(rng.integers(0, 1000, (8, 16)).astype(np.int32))
     planner.compute(dec, q, table)
     planner.compute(dec, q, table)  # the same objects again: the memo is made
-    same = planner._memo[0]
+    same = planner._memo.same
     if not validation._has_vectors(table):
         pytest.skip("this CuPy's _shape/_strides do not read as lists: CUPY_VECTOR_SIGNATURE falls back")
     assert "_shape" in same.__code__.co_names and "shape" not in same.__code__.co_names

@@ -1,4 +1,4 @@
-"""VllmStepPlanner(attention=...) on the GPU (kvaddr_vllm_step_v2a) against the NumPy reference
+"""VllmStepPlanner(attention=...) on the GPU (``vllm_step<true>``) against the NumPy reference
 (docs/vllm.md, "Attention metadata"): the worked example, random batches (permuted sparse
 idx_mapping, dummies, 1-4 groups with different block sizes incl. non powers of two, several
 metadata blocks per group), DCP (cp_size 2 and 4, interleave 1 and B), capacity overflow, the
@@ -130,41 +130,25 @@ def test_random_batches(block_sizes, M, n, max_query):
     run_and_compare(planner, cfg, x, N=1 << 20, padded=min(M, n + 3), label=f"{block_sizes} M={M} n={n}")
 
 
-@pytest.mark.parametrize("impl", [0, 1])
-@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
-@pytest.mark.parametrize("rows", [8, 32, 64, 256])
-def test_meta_lanes_and_rows(lanes, rows, impl):
-    rng = np.random.default_rng(lanes + rows)
-    cfg, x = random_case(rng, max_num_reqs=700, num_reqs=650, block_sizes=(16, 3), max_query=8, max_context=2000)
-    planner = make(cfg, N=1 << 20, meta_lanes=lanes, meta_rows=rows, meta_impl=impl)
-    run_and_compare(planner, cfg, x, N=1 << 20, label=f"impl {impl} {lanes}x{rows}")
-
-
-@pytest.mark.parametrize("impl", [0, 1])
-@pytest.mark.parametrize(("M", "n", "geometry"), [(8200, 4096, None), (8200, 4096, (32, 16)), (3000, 2500, (8, 64))])
-def test_pass1_past_one_chunk(M, n, geometry, impl):
+@pytest.mark.parametrize(("M", "n"), [(8200, 4096), (3000, 2500)])
+def test_pass1_past_one_chunk(M, n):
     """num_reqs > 1024 (pass 1 loops after its first chunk), 2 groups, decode-like (the
-    benchmark's decode 4096 shape: max_num_reqs ~ 2 * num_reqs), the automatic geometry
-    (None) and fixed ones; then the first version and the shorter chain on one planner."""
-    rng = np.random.default_rng(n + impl)
+    benchmark's decode 4096 shape: max_num_reqs ~ 2 * num_reqs), the automatic rows per block."""
+    rng = np.random.default_rng(n)
     cfg, x = random_case(
         rng, max_num_reqs=M, num_reqs=n, block_sizes=(16, 64), max_query=1, max_context=1500, dummy_fraction=0.05
     )
-    kw = {} if geometry is None else dict(meta_lanes=geometry[0], meta_rows=geometry[1])
-    planner = make(cfg, N=1 << 20, meta_impl=impl, **kw)
-    run_and_compare(planner, cfg, x, N=1 << 20, padded=n, label=f"impl {impl} {geometry}")
-    planner.meta_impl = 1 - impl  # the other code, same grid and buffers
-    run_and_compare(planner, cfg, x, N=1 << 20, padded=n, label=f"impl {1 - impl} {geometry} (switched)")
+    run_and_compare(make(cfg, N=1 << 20), cfg, x, N=1 << 20, padded=n, label=f"M {M} n {n}")
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_first_version_corrupted_and_capacity(seed):
-    """meta_impl 0 (kept selectable for the benchmark): corrupted inputs and an overflowing N."""
+def test_corrupted_inputs_and_capacity(seed):
+    """Corrupted inputs and an overflowing N."""
     rng = np.random.default_rng(40 + seed)
     cfg, x = random_case(rng, max_num_reqs=300, num_reqs=290, block_sizes=(16, 7), max_query=6)
     x = corrupt(rng, cfg, x, rate=0.05)
-    run_and_compare(make(cfg, N=3000, meta_impl=0), cfg, x, N=3000, label=f"seed {seed}")
-    run_and_compare(make(cfg, N=50, meta_impl=0), cfg, x, N=50, label=f"seed {seed} N=50")
+    run_and_compare(make(cfg, N=3000), cfg, x, N=3000, label=f"seed {seed}")
+    run_and_compare(make(cfg, N=50), cfg, x, N=50, label=f"seed {seed} N=50")
 
 
 @pytest.mark.parametrize("cp", [2, 4])

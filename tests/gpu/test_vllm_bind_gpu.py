@@ -7,7 +7,7 @@ tensor's attributes. Every test compares every output element with the reference
 corrupted values), new batch objects of new sizes every step, torch tensors on a torch stream,
 ``torch.cuda.graph`` capture with the contents changed between replays, a bound table resized
 in place, every bad batch (CuPy and torch: compute()'s message, nothing launched), and the
-attention metadata. Both one-launch kernels. Skips without a GPU.
+attention metadata (``vllm_step<false>`` and ``vllm_step<true>``). Skips without a GPU.
 """
 
 from __future__ import annotations
@@ -26,11 +26,6 @@ NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables"
 STATE = NAMES[2:]
 
 
-@pytest.fixture(params=["v2"])
-def kernel(request):
-    return request.param
-
-
 def _ref(cfg, x, padded, **kw):
     return vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=padded, **kw)
 
@@ -42,7 +37,7 @@ def _cupy(x):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_batches_equal_compute_and_the_reference(kernel, seed):
+def test_random_batches_equal_compute_and_the_reference(seed):
     import cupy
 
     rng = np.random.default_rng(600 + seed)
@@ -67,9 +62,9 @@ def test_random_batches_equal_compute_and_the_reference(kernel, seed):
         return d
 
     d = on_device(state)
-    bound_planner = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    bound_planner = VllmStepPlanner(**planner_kwargs(cfg))
     bound = bound_planner.bind(*(d[k] for k in STATE))
-    checked = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    checked = VllmStepPlanner(**planner_kwargs(cfg))
     cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     for step in range(8):
@@ -88,7 +83,7 @@ def test_random_batches_equal_compute_and_the_reference(kernel, seed):
         got = use.launch(idx, qsl, padded, stream=stream)
         stream.synchronize()
         want = _ref(cfg, x, padded)
-        assert_same(got, want.outputs.as_dict(), f"{kernel} seed {seed} step {step}")
+        assert_same(got, want.outputs.as_dict(), f"seed {seed} step {step}")
         assert bound_planner.errors(stream) == (want.error_mask, want.error_key), f"step {step}"
         via_compute = checked.compute(idx, qsl, *(use_d[k] for k in STATE), padded, stream=stream)
         stream.synchronize()
@@ -96,7 +91,7 @@ def test_random_batches_equal_compute_and_the_reference(kernel, seed):
         assert checked.errors(stream) == (want.error_mask, want.error_key)
 
 
-def test_slices_of_persistent_buffers_every_step(kernel):
+def test_slices_of_persistent_buffers_every_step():
     """vLLM's own pattern: idx_mapping / query_start_loc are new slices ``buf[:n]`` of persistent
     buffers every step (the same pointers), the request state the same objects with new contents."""
     import cupy
@@ -107,7 +102,7 @@ def test_slices_of_persistent_buffers_every_step(kernel):
     d = _cupy({k: state[k] for k in STATE})
     idx_buf = cupy.zeros(M, np.int32)
     qsl_buf = cupy.zeros(M + 1, np.int32)
-    planner = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = VllmStepPlanner(**planner_kwargs(cfg))
     bound = planner.bind(*(d[k] for k in STATE))
     for step, n in enumerate((200, 200, 17, 0, 256, 256, 1, 120)):
         x = new_batch(rng, cfg, state, n, max_query=2)
@@ -117,14 +112,14 @@ def test_slices_of_persistent_buffers_every_step(kernel):
         out = bound.launch(idx_buf[:n], qsl_buf[: n + 1], padded)
         cupy.cuda.get_current_stream().synchronize()
         want = _ref(cfg, x, padded)
-        assert_same(out, want.outputs.as_dict(), f"{kernel} step {step} (n = {n})")
+        assert_same(out, want.outputs.as_dict(), f"step {step} (n = {n})")
         assert planner.errors() == (want.error_mask, want.error_key)
         # new request-state contents in place (the engine's own update), the same objects
         state["num_computed_tokens"] = np.maximum(state["num_computed_tokens"] - 1, 0).astype(np.int32)
         d["num_computed_tokens"].set(state["num_computed_tokens"])
 
 
-def test_torch_tensors_on_a_torch_stream(kernel):
+def test_torch_tensors_on_a_torch_stream():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(62)
     cfg, state = random_case(rng, max_num_reqs=128, num_reqs=100, block_sizes=(16, 32), max_query=2, spare_tokens=200)
@@ -134,7 +129,7 @@ def test_torch_tensors_on_a_torch_stream(kernel):
         return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
     d = {k: [t(a) for a in state[k]] if isinstance(state[k], list) else t(state[k]) for k in STATE}
-    planner = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = VllmStepPlanner(**planner_kwargs(cfg))
     bound = planner.bind(*(d[k] for k in STATE))
     s = torch.cuda.Stream()
     for step in range(5):
@@ -148,11 +143,11 @@ def test_torch_tensors_on_a_torch_stream(kernel):
         s.synchronize()
         xs = dict(x, idx_mapping=x["idx_mapping"].astype(np.int64 if step % 2 else np.int32))
         want = _ref(cfg, xs, padded)
-        assert_same(out, want.outputs.as_dict(), f"{kernel} torch step {step}")
+        assert_same(out, want.outputs.as_dict(), f"torch step {step}")
         assert planner.errors() == (want.error_mask, want.error_key)
 
 
-def test_torch_graph_capture_with_contents_changed_between_replays(kernel):
+def test_torch_graph_capture_with_contents_changed_between_replays():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(63)
     cfg, state = random_case(rng, max_num_reqs=160, num_reqs=160, block_sizes=(16, 64), max_query=1, spare_tokens=60)
@@ -165,7 +160,7 @@ def test_torch_graph_capture_with_contents_changed_between_replays(kernel):
     d = {k: [t(a) for a in state[k]] if isinstance(state[k], list) else t(state[k]) for k in STATE}
     idx_buf = torch.zeros(M, dtype=torch.int32, device=dev)
     qsl_buf = torch.zeros(M + 1, dtype=torch.int32, device=dev)
-    planner = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = VllmStepPlanner(**planner_kwargs(cfg))
     bound = planner.bind(*(d[k] for k in STATE))
     n, padded = 96, 128
 
@@ -195,12 +190,12 @@ def test_torch_graph_capture_with_contents_changed_between_replays(kernel):
         graph.replay()
         torch.cuda.synchronize()
         want = _ref(cfg, x, padded)
-        assert_same(planner.outputs, want.outputs.as_dict(), f"{kernel} replay {r}")
+        assert_same(planner.outputs, want.outputs.as_dict(), f"replay {r}")
         assert planner.errors() == (want.error_mask, want.error_key)
 
 
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
-def test_a_bound_table_resized_in_place_is_checked_again(kernel, lib):
+def test_a_bound_table_resized_in_place_is_checked_again(lib):
     rng = np.random.default_rng(64)
     cfg, state = random_case(rng, max_num_reqs=64, num_reqs=48, block_sizes=(16, 16), max_query=2, spare_tokens=100)
     M = cfg.max_num_reqs
@@ -221,7 +216,7 @@ def test_a_bound_table_resized_in_place_is_checked_again(kernel, lib):
             cupy.cuda.get_current_stream().synchronize()
 
     d = {k: [dev(a) for a in state[k]] if isinstance(state[k], list) else dev(state[k]) for k in STATE}
-    planner = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = VllmStepPlanner(**planner_kwargs(cfg))
     bound = planner.bind(*(d[k] for k in STATE))
 
     def step(label):
@@ -229,7 +224,7 @@ def test_a_bound_table_resized_in_place_is_checked_again(kernel, lib):
         out = bound.launch(dev(x["idx_mapping"]), dev(x["query_start_loc"]), 48)
         sync()
         want = _ref(cfg, x, 48)
-        assert_same(out, want.outputs.as_dict(), f"{kernel} {lib} {label}")
+        assert_same(out, want.outputs.as_dict(), f"{lib} {label}")
         assert planner.errors() == (want.error_mask, want.error_key), label
 
     step("first")

@@ -1,9 +1,9 @@
-"""``VllmStepPlanner(error_records=...)`` on the GPU: the v2 kernel's error records in a caller's
+"""``VllmStepPlanner(error_records=...)`` on the GPU: the step's error records in a caller's
 CuPy or torch array (what the torch op ``kvaddr::vllm_step_into`` does with a view of its storage),
 equal word for word to the planner's own records and reduced by ``errors()`` like the reference;
 sticky (only a warp with an error writes; ``errors()`` clears them, and so does the caller who
-reads them itself, with ``kvaddr.errors.reset_error_records``); the attention kernel (v2a) too;
-bad arrays refused naming the argument. Skips without a GPU (the torch rows without torch)."""
+reads them itself, with ``kvaddr.errors.reset_error_records``); the attention kernel
+(``vllm_step<true>``) too; bad arrays refused naming the argument. Skips without a GPU (the torch rows without torch)."""
 
 from __future__ import annotations
 
@@ -123,9 +123,9 @@ def test_caller_records_read_by_the_caller_are_reset_with_the_helper(kind):
     assert reduce_error_records(_words(rec)) == (0, VLLM_NO_ERROR_KEY)
 
 
-def test_v2_and_v2a_records_are_sticky():
-    """The attention kernel (v2a) writes its metadata blocks' records the same way: a bad step,
-    a good one, then errors(): the bad step's; two bad steps: the OR of the bits, the min key."""
+def test_records_of_both_kernels_are_sticky():
+    """The attention kernel (``vllm_step<true>``) writes its metadata blocks' records the same way:
+    a bad step, a good one, then errors(): the bad step's; two bad steps: the OR of the bits, the min key."""
     import cupy
 
     from kvaddr.engines.vllm import VllmStepPlanner
@@ -172,5 +172,3 @@ def test_bad_error_records_are_refused_on_the_gpu():
     for x, exc, msg in rows:
         with pytest.raises(exc, match=msg):
             VllmStepPlanner(**kw, error_records=x)
-    with pytest.raises(ValueError, match=r"kernel must be one of \['v2'\], got 'v1'"):
-        VllmStepPlanner(**kw, kernel="v1")

@@ -4,7 +4,7 @@ An engine passes the same persistent buffers every step with new contents, and s
 with new metadata in place (torch's ``resize_``, CuPy's ``shape`` setter). Every step here is
 compared with the reference; the memoised calls are proven to skip the checks (``describe``
 is counted) and the changed ones to be checked and launched with the new values. The
-one-launch kernel (v2; the first version was deleted). Skips without a GPU.
+one-launch kernel (``vllm_step<false>``). Skips without a GPU.
 """
 
 from __future__ import annotations
@@ -20,11 +20,6 @@ from tests.support.vllm_cases import assert_same, new_batch, planner_kwargs, ran
 pytestmark = requires_gpu
 
 NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
-
-
-@pytest.fixture(params=["v2"])
-def kernel(request):
-    return request.param
 
 
 @pytest.fixture
@@ -45,12 +40,12 @@ def _ref(cfg, x, padded):
     return vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=padded)
 
 
-def test_cupy_steps_on_persistent_buffers(kernel, described):
+def test_cupy_steps_on_persistent_buffers(described):
     import cupy
 
     rng = np.random.default_rng(21)
     cfg, state = random_case(rng, max_num_reqs=300, num_reqs=200, block_sizes=(16, 64), max_query=1, spare_tokens=50)
-    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg))
     cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     n = 200
@@ -62,7 +57,7 @@ def test_cupy_steps_on_persistent_buffers(kernel, described):
         out = planner.compute(*(d[k] for k in NAMES), padded, stream=stream)
         stream.synchronize()
         want = _ref(cfg, x, padded)
-        assert_same(out, want.outputs.as_dict(), f"{kernel} step {step}")
+        assert_same(out, want.outputs.as_dict(), f"step {step}")
         assert planner.errors(stream) == (want.error_mask, want.error_key)
         if step == 0:  # the first call checks everything; the second (the same objects) idx_mapping and
             # query_start_loc again (the request state is remembered) and makes the memo
@@ -80,19 +75,19 @@ def test_cupy_steps_on_persistent_buffers(kernel, described):
     assert planner._memo is not None
 
 
-def test_cupy_changes_in_place_are_checked(kernel, described):
+def test_cupy_changes_in_place_are_checked(described):
     import cupy
 
     rng = np.random.default_rng(22)
     cfg, state = random_case(rng, max_num_reqs=64, num_reqs=40, block_sizes=(16, 4), max_query=1, spare_tokens=50)
-    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg))
     x = new_batch(rng, cfg, state, 40, max_query=1)
     d = {k: ([cupy.asarray(a) for a in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()}
 
     def step(label):
         out = planner.compute(*(d[k] for k in NAMES), 48)
         cupy.cuda.get_current_stream().synchronize()
-        assert_same(out, _ref(cfg, x, 48).outputs.as_dict(), f"{kernel} {label}")
+        assert_same(out, _ref(cfg, x, 48).outputs.as_dict(), f"{label}")
 
     step("first")
     step("memoised")
@@ -115,13 +110,13 @@ def test_cupy_changes_in_place_are_checked(kernel, described):
     assert len(described) == n
 
 
-def test_torch_resize_in_place_and_graph_capture(kernel, described):
+def test_torch_resize_in_place_and_graph_capture(described):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(23)
     cfg, state = random_case(rng, max_num_reqs=160, num_reqs=160, block_sizes=(16, 64), max_query=1, spare_tokens=60)
     M = cfg.max_num_reqs
     dev = torch.device("cuda", 0)
-    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg))
 
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
@@ -151,7 +146,7 @@ def test_torch_resize_in_place_and_graph_capture(kernel, described):
             out = planner.compute(idx, qsl, *(d[k] for k in NAMES[2:]), padded, stream=s)
         s.synchronize()
         want = _ref(cfg, x, padded)
-        assert_same(out, want.outputs.as_dict(), f"{kernel} step {i} (n = {n})")
+        assert_same(out, want.outputs.as_dict(), f"step {i} (n = {n})")
         assert planner.errors() == (want.error_mask, want.error_key)
         assert planner._params.num_reqs == n
         if i == 4:  # the same shapes as step 3, whose checked call (the same objects again) made the memo
@@ -183,17 +178,17 @@ def test_torch_resize_in_place_and_graph_capture(kernel, described):
         graph.replay()
         torch.cuda.synchronize()
         want = _ref(cfg, x, n)
-        assert_same(planner.outputs, want.outputs.as_dict(), f"{kernel} replay {r}")
+        assert_same(planner.outputs, want.outputs.as_dict(), f"replay {r}")
 
 
-def test_memo_on_and_off_agree(kernel):
+def test_memo_on_and_off_agree():
     import cupy
 
     rng = np.random.default_rng(24)
     cfg, state = random_case(rng, max_num_reqs=500, num_reqs=400, block_sizes=(16, 64, 5), max_query=1, spare_tokens=40)
     kw = planner_kwargs(cfg)
-    on = vllm_module.VllmStepPlanner(**kw, kernel=kernel)
-    off = vllm_module.VllmStepPlanner(**kw, kernel=kernel)
+    on = vllm_module.VllmStepPlanner(**kw)
+    off = vllm_module.VllmStepPlanner(**kw)
     off.memoize_checks = False
     x = new_batch(rng, cfg, state, 400, max_query=1)
     d = {k: ([cupy.asarray(a) for a in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()}
@@ -211,7 +206,7 @@ def test_memo_on_and_off_agree(kernel):
 
 
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
-def test_one_table_object_for_two_groups_then_resized_in_place(kernel, described, lib):
+def test_one_table_object_for_two_groups_then_resized_in_place(described, lib):
     """Two groups of the same block size given the SAME table object (and the same num_blocks
     array): memoised (the guard reads that object's signature once), then the table is resized
     in place (torch ``resize_`` to more rows: new memory; CuPy's shape setter to fewer rows than
@@ -221,7 +216,7 @@ def test_one_table_object_for_two_groups_then_resized_in_place(kernel, described
     M = cfg.max_num_reqs
     state["block_tables"][1] = state["block_tables"][0]
     state["num_blocks"][1] = state["num_blocks"][0]
-    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    planner = vllm_module.VllmStepPlanner(**planner_kwargs(cfg))
     if lib == "torch":
         torch = pytest.importorskip("torch")
 
@@ -249,7 +244,7 @@ def test_one_table_object_for_two_groups_then_resized_in_place(kernel, described
         out = planner.compute(idx, qsl, nct, tables, nbs, n)
         sync()
         want = _ref(cfg, x, n)
-        assert_same(out, want.outputs.as_dict(), f"{kernel} {lib} {label}")
+        assert_same(out, want.outputs.as_dict(), f"{lib} {label}")
         assert planner.errors() == (want.error_mask, want.error_key), label
         if checked is not None:  # the request state (one table and one num_blocks object) checked again or not
             assert (len(described) - before > 2) == checked, label

@@ -3,7 +3,7 @@
 Every test builds its batch on the host, runs the reference and the planner, and
 compares every output element (the gathered tables in full), and the step's error record
 (sticky: :func:`run_and_compare` reads it, which clears it). The one-launch kernel is
-``kvaddr_vllm_step_v2`` (the first version, ``"v1"``, was deleted). Skips without a GPU.
+``vllm_step<false>`` (kvaddr.dispatch.vllm_kernel). Skips without a GPU.
 """
 
 from __future__ import annotations
@@ -410,18 +410,23 @@ def test_graphs_of_different_sizes_replayed_in_turn():
         assert planner.errors(stream) == (want.error_mask, want.error_key)
 
 
-@pytest.mark.parametrize("lanes", [8, 16, 32])
 @pytest.mark.parametrize("max_query", [1, 40])
-def test_v2_gather_widths(lanes, max_query):
-    rng = np.random.default_rng(lanes + max_query)
+def test_every_gather_width(max_query):
+    """Batches whose (group, row) pairs take each gather width (auto_pair_lanes: 32, 16 and 8
+    lanes per pair), one after the other on one planner."""
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    rng = np.random.default_rng(max_query)
     cfg, state = random_case(
-        rng, max_num_reqs=700, num_reqs=700, block_sizes=(16, 64, 5), max_query=max_query,
-        spare_tokens=700 * max_query, sliding_window_reach=[0, 0, 40], max_context=9000,
+        rng, max_num_reqs=2000, num_reqs=2000, block_sizes=(16, 64, 5), max_query=max_query,
+        spare_tokens=2000 * max_query, sliding_window_reach=[0, 0, 40], max_context=9000,
     )  # fmt: skip
-    planner = make_planner(cfg, pair_lanes=lanes)
-    for step, n in enumerate([650, 3, 699, 100]):
+    planner = make_planner(cfg)
+    sizes = [1900, 3, 699, 100]
+    assert {VllmStepPlanner.auto_pair_lanes(3 * n) for n in sizes} == {8, 16, 32}
+    for step, n in enumerate(sizes):
         inputs = new_batch(rng, cfg, state, n, max_query=max_query)
-        run_and_compare(planner, cfg, inputs, padded=min(700, n + 5), label=f"lanes {lanes}, step {step}")
+        run_and_compare(planner, cfg, inputs, padded=min(2000, n + 5), label=f"step {step}, {n} requests")
 
 
 # -- scale -------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""v9 across blocks (``kvaddr_step1w{R}_c{G}_*``: StepPlanner's kernel for 256 < bsz <= 4096 without
-attention outputs; docs/perf-notes.md, "Sixth session") against the NumPy reference: decode,
+"""The across-blocks kernel (``step_wide<G, pos, R>``: the dispatch table's kernel for 256 < bsz <= 4096
+without attention outputs) against the NumPy reference: decode,
 speculative, mixed, chunked prefill and idle batches, bad lengths, negative blocks, block indices past
 the table's width, padding (C > bsz), the capacity error (C < tokens, also C < bsz), non-power-of-two
-block sizes, block ids near 2**31, 0-4 caches, both position dtypes, every R (4, 8, 16 requests per
-thread), length arrays that are not 16-byte aligned (no int4 loads), hypothesis over random batches,
-switching between v9, wide and v8 across calls (no stale error record), CUDA-graph replay and
-StepPlanner.bind. Skipped without a GPU."""
+block sizes, block ids near 2**31, 0-4 caches, both position dtypes, every R the table picks (4, 8, 16
+requests per thread), length arrays that are not 16-byte aligned (no int4 loads), hypothesis over
+random batches, switching between the small, across-blocks and multi-block kernels across calls (no
+stale error record), CUDA-graph replay and StepPlanner.bind. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.gpu import assert_outputs_equal, poison, reference, requires_gpu, to_device
+from tests.support.gpu import assert_outputs_equal, force_multiblock, poison, reference, requires_gpu, to_device
 from tests.support.step_cases import BIG_BLOCK, random_step
 
 pytestmark = requires_gpu
@@ -94,29 +94,29 @@ def _case(bsz: int, kind: str, seed: int, num_caches: int = 1) -> dict:
     return case
 
 
-def _planner(case, r=0, position_dtype=np.int64, max_requests=None):
+def _planner(case, position_dtype=np.int64, max_requests=None):
     from kvaddr import StepPlanner
 
     bsz = case["seq_lens_decoder"].shape[0]
-    p = StepPlanner(max(max_requests or bsz, 1), case["capacity"], case["block_sizes"], position_dtype=position_dtype)
-    p.use_kernel("v9", wide_per_thread=r)
-    return p
+    return StepPlanner(
+        max(max_requests or bsz, 1), case["capacity"], case["block_sizes"], position_dtype=position_dtype
+    )
 
 
-def _run(case, label, r=0, position_dtype=np.int64, max_requests=None, dev=None):
+def _run(case, label, position_dtype=np.int64, max_requests=None, dev=None):
     import cupy
+
+    from kvaddr import dispatch
 
     ref = reference(case, position_dtype=position_dtype)
     dev = to_device(case) if dev is None else dev
-    p = _planner(case, r, position_dtype, max_requests)
+    p = _planner(case, position_dtype, max_requests)
     bsz = case["seq_lens_decoder"].shape[0]
     name, blocks, threads = p.kernel_for(bsz)
+    launch = dispatch.step_launch(p.config, bsz)
+    assert (name, blocks, threads) == (launch.kernel, launch.blocks, launch.threads), label
     if 256 < bsz <= 4096:
-        assert name.startswith("kvaddr_step1w"), f"{label}: {name}"
-        k = int(name[len("kvaddr_step1w") :].split("_")[0])
-        assert k * threads >= bsz and blocks == -(-case["capacity"] // threads), f"{label}: {name} {blocks}x{threads}"
-        if r and r * 1024 >= bsz:
-            assert k == r, f"{label}: {name}"
+        assert name.startswith("step_wide<"), f"{label}: {name}"
     poison(p)
     tables = dev["block_tables"] if case["block_sizes"] else None
     out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], tables)
@@ -143,13 +143,12 @@ def test_wide_kernel_against_the_reference(bsz, kind):
         assert ref.error_mask == 0
 
 
-@pytest.mark.parametrize("r", [4, 8, 16])
 @pytest.mark.parametrize("kind", ["decode", "decode C = bsz", "mixed", "bad lengths", "capacity < bsz"])
-@pytest.mark.parametrize("bsz", [257, 1024, 2048, 4096])
-def test_every_requests_per_thread(bsz, kind, r):
-    """R = 4, 8, 16 (T = bsz / R in warps, at most 1024); R x 1024 < bsz falls back to the automatic R."""
-    case = _case(bsz, kind, seed=7 * bsz + r)
-    _run(case, f"{kind} bsz {bsz} R {r}", r=r)
+@pytest.mark.parametrize("bsz", [257, 512, 513, 1024, 1025, 2048, 4096])
+def test_every_requests_per_thread(bsz, kind):
+    """Both ends of each R the dispatch table picks (4, 8, 16 requests per thread)."""
+    case = _case(bsz, kind, seed=7 * bsz)
+    _run(case, f"{kind} bsz {bsz}")
 
 
 @pytest.mark.parametrize("num_caches", [0, 1, 2, 3, 4])
@@ -160,8 +159,7 @@ def test_every_cache_count_and_position_dtype(num_caches, position_dtype):
         if num_caches == 0:
             case = dict(case, block_tables=np.zeros((bsz, 1), np.int32), block_sizes=[])
         p, _ = _run(case, f"{kind} {num_caches} caches", position_dtype=position_dtype)
-        suffix = "i64" if position_dtype == np.int64 else "i32"
-        assert p.kernel_for(bsz)[0].endswith(f"_c{num_caches}_{suffix}")
+        assert p.config.num_caches == num_caches and p.config.position_int64 == (position_dtype == np.int64)
 
 
 def test_block_ids_near_2_31_and_positions_near_the_int32_limit():
@@ -207,9 +205,10 @@ def test_a_planner_larger_than_the_batch():
         _run(case, f"larger planner {kind} bsz {bsz}", max_requests=4096, dev=dev)
 
 
-def test_switching_between_v9_wide_and_v8_leaves_no_stale_error_record():
-    """An erroneous step in one kernel, then a clean one in another (every order of v9, wide and
-    v8): the clean step's error record is clean whichever kernel wrote the previous one."""
+def test_switching_kernels_leaves_no_stale_error_record():
+    """An erroneous step in one kernel, then a clean one in another (every order of the small
+    kernel, the across-blocks kernel at two R, the multi-block kernel forced at 1000 requests and
+    above 4096): the clean step's error record is clean whichever kernel wrote the previous one."""
     import cupy
 
     from kvaddr import StepPlanner
@@ -225,14 +224,15 @@ def test_switching_between_v9_wide_and_v8_leaves_no_stale_error_record():
             case["capacity"] = C
         steps[bsz] = (bad, good)
     p = StepPlanner(5000, C, [16, 96])
-    # (version, bsz): v9's one block, v9 across blocks at two R, v8 forced, v8 above 4096
-    runs = [("v9", 200), ("v9", 1000), ("v9", 4096), ("v8", 1000), ("v9", 5000)]
+    # (kernel, bsz): the dispatch table's at 200, 1000 and 4096 requests, the multi-block kernel
+    # forced at 1000, the table's multi-block kernel at 5000
+    runs = [("dispatch", 200), ("dispatch", 1000), ("dispatch", 4096), ("multiblock", 1000), ("dispatch", 5000)]
     for a in runs:
         for b in runs:
             if a == b:
                 continue
             for (version, bsz), which in ((a, 0), (b, 1)):
-                p.use_kernel(version)
+                force_multiblock(p, version == "multiblock")
                 case = steps[bsz][which]
                 ref = reference(case)
                 dev = to_device(case)
@@ -256,8 +256,7 @@ def test_graph_replay_and_bind_follow_changing_inputs():
     cap = max(c["capacity"] for c in cases)
     width = max(t.shape[1] for c in cases for t in c["block_tables"])
     p = StepPlanner(rows, cap, [64, 16])
-    r = p._wide_geometry(bsz)[0]
-    assert p.kernel_for(bsz)[0] == f"kvaddr_step1w{r}_c2_i64"  # v9 across blocks, whatever R it picks
+    assert p.kernel_for(bsz)[0].startswith("step_wide<")  # across blocks, whatever R the table picks
     d = cupy.zeros(rows, np.int32)
     q = cupy.zeros(rows, np.int32)
     d_v, q_v = d[:bsz], q[:bsz]  # the step's views of the persistent buffers (one object each)
@@ -306,10 +305,9 @@ def test_graph_replay_and_bind_follow_changing_inputs():
     big=st.booleans(),
     uniform=st.sampled_from([None, None, 0, 1, 1, 2, 5]),
     mix=st.sampled_from([None, ("decode",), ("decode", "spec", "idle"), ("continue", "idle")]),
-    r=st.sampled_from([0, 0, 4, 8, 16]),
     num_caches=st.integers(1, 4),
 )
-def test_hypothesis_wide_steps(seed, bsz, errors, over, big, uniform, mix, r, num_caches):
+def test_hypothesis_wide_steps(seed, bsz, errors, over, big, uniform, mix, num_caches):
     rng = np.random.default_rng(seed)
     sizes = [int(rng.choice([3, 16, 64, 96, 256])) for _ in range(num_caches)]
     case = random_step(
@@ -317,4 +315,4 @@ def test_hypothesis_wide_steps(seed, bsz, errors, over, big, uniform, mix, r, nu
     )
     if uniform == 1 and not over and rng.integers(0, 2):
         case["capacity"] = bsz  # the decode rows of floor_step.py
-    _run(case, f"seed {seed}", r=r, max_requests=bsz + int(rng.integers(0, 3)))
+    _run(case, f"seed {seed}", max_requests=bsz + int(rng.integers(0, 3)))

@@ -1,7 +1,8 @@
 """GPU checks shared by the attention kernels' test files: ``tests/gpu/test_attention_one_gpu.py``
-(``kvaddr_step1m_*``, up to 256 requests) and ``tests/gpu/test_attention_wide_gpu.py``
-(``kvaddr_step1wm*``, 257 to 4096). Each check takes a ``make_planner(case)`` callable, so a file
-keeps its own planner set-up (hooks, kernel choice) and the checks stay the same for both kernels.
+(``step_small_attention``, up to 256 requests) and ``tests/gpu/test_attention_wide_gpu.py``
+(``step_wide_attention``, 257 to 4096). Each check takes a ``make_planner(case)`` callable, so a
+file keeps its own planner set-up and the checks stay the same for both kernels; ``family`` is the
+kernel the planner must launch for the batch (its name up to the template arguments).
 
 Every check compares the GPU's outputs and error record with the NumPy reference
 (``kvaddr.reference.step_addressing``); cupy is imported inside the functions (the files skip
@@ -35,13 +36,19 @@ def reference(case: dict, groups: Sequence[str] = ALL_GROUPS):
     return gpu.reference(case, attention=groups)
 
 
+def family(kernel: str) -> str:
+    """A kernel's name without its template arguments (``step_small_attention<1, int>``:
+    ``step_small_attention``)."""
+    return kernel.split("<", 1)[0]
+
+
 def step_and_check(p, case: dict, groups: Sequence[str], label: str, *, kernel: str):
-    """One ``compute()`` of ``case`` on planner ``p`` (whose kernel for the batch starts with
+    """One ``compute()`` of ``case`` on planner ``p`` (whose kernel for the batch is of family
     ``kernel``): outputs, attention outputs and error record equal the reference's."""
     import cupy
 
     bsz = len(case["seq_lens_decoder"])
-    assert p.kernel_for(bsz)[0].startswith(kernel), (label, p.kernel_for(bsz))
+    assert family(p.kernel_for(bsz)[0]) == kernel, (label, p.kernel_for(bsz))
     dev = to_device(case)
     out = p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
     cupy.cuda.get_current_stream().synchronize()
@@ -72,24 +79,20 @@ def check_poisoned_buffers(make_planner: Callable, rng, shapes, *, kernel: str) 
             assert (tail == -1).all(), f"bsz {bsz}: cache {g}'s pad"
 
 
-def check_guard_words(
-    make_planner: Callable, rng, bsz: int, spares, *, kernel: str, pad_entries: int | None = None
-) -> None:
+def check_guard_words(make_planner: Callable, rng, bsz: int, spares, *, kernel: str) -> None:
     """One cache whose kv_indices the kernel writes into a wider buffer: entries past N keep their
-    guard value, over capacity and not (``spares``: spare_capacity values); ``pad_entries`` sets
-    ``one_meta_pad_entries`` (several pad blocks when the pad is large)."""
+    guard value, over capacity and not (``spares``: spare_capacity values; a large one makes
+    several pad blocks)."""
     import cupy
 
     for spare in spares:
         case = make_case(rng, bsz=bsz, block_sizes=[4], spare_capacity=spare)
         p = make_planner(case)
-        if pad_entries is not None:
-            p.one_meta_pad_entries = pad_entries
         N = case["kv_indices_capacity"]
         wide = cupy.full(N + 64, 0x7A7A7A7A, np.int32)
         p._params.kv_indices = wide.data.ptr  # [N + 64]: the kernel may write [0, N) only
         dev = to_device(case)
-        assert p.kernel_for(bsz)[0].startswith(kernel), p.kernel_for(bsz)
+        assert family(p.kernel_for(bsz)[0]) == kernel, p.kernel_for(bsz)
         p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
         cupy.cuda.get_current_stream().synchronize()
         assert (cupy.asnumpy(wide[N:]) == 0x7A7A7A7A).all(), f"a write past N (spare {spare})"
@@ -99,7 +102,7 @@ def check_guard_words(
 
 
 def check_graph_replay(make_planner: Callable, rng, bsz: int, sizes: list[int], *, kernel: str) -> None:
-    """A CUDA graph of one compute() (kernel ``kernel`` exactly), replayed after the inputs'
+    """A CUDA graph of one compute() (a kernel of family ``kernel``), replayed after the inputs'
     contents change (a bad step between clean ones): every output and the error record follow."""
     import cupy
 
@@ -109,7 +112,7 @@ def check_graph_replay(make_planner: Callable, rng, bsz: int, sizes: list[int], 
     cap = max(c["capacity"] for c in cases)
     N = max(c["kv_indices_capacity"] for c in cases)
     p = make_planner(dict(cases[0], capacity=cap, kv_indices_capacity=N))
-    assert p.kernel_for(bsz)[0] == kernel, p.kernel_for(bsz)
+    assert family(p.kernel_for(bsz)[0]) == kernel, p.kernel_for(bsz)
     d = cupy.zeros(bsz, np.int32)
     q = cupy.zeros(bsz, np.int32)
     tables = [cupy.full((bsz, width), -1, np.int32) for _ in sizes]
@@ -167,20 +170,3 @@ def check_bound_step(make_planner: Callable, big: dict, sizes_to_launch: Sequenc
         assert_outputs_equal(out, ref.outputs, f"bound, bsz {bsz}: addressing")
         assert p.errors() == (ref.error_mask, ref.error_key), f"bound, bsz {bsz}"
     return p
-
-
-def check_ablation_then_clean(p, case: dict, *, kernel: str) -> None:
-    """The timing ablation (M1_EMPTY: outputs wrong by design) runs without fault, twice; flags = 0
-    again gives the reference's outputs and a clean error record."""
-    import cupy
-
-    from kvaddr import StepPlanner
-
-    dev = to_device(case)
-    for _ in range(2):
-        p._set_one_meta(flags=StepPlanner.M1_EMPTY)
-        p.compute(dev["seq_lens_decoder"], dev["seq_lens_this_time"], dev["block_tables"])
-        cupy.cuda.get_current_stream().synchronize()
-        p._set_one_meta(flags=0)
-        p.clear_errors()  # (the ablation's records are timing-only too; records are sticky)
-        step_and_check(p, case, ALL_GROUPS, "after the ablation", kernel=kernel)

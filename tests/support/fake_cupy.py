@@ -14,6 +14,7 @@ import pytest
 
 import kvaddr
 from kvaddr import kernel_loader
+from kvaddr.kernel_names import LIBRARY_KERNELS
 from kvaddr.measure import environment, timing
 from kvaddr.outputs import ATTENTION_FIELDS, OUTPUT_FIELDS, AttentionOutputs, StepOutputs
 from kvaddr.strategies import cpu as cpu_strategies
@@ -236,9 +237,11 @@ class _PlannerStream:
 def install_planner_fake(monkeypatch):
     """Install a CuPy in which ``StepPlanner`` builds on FakeDeviceArrays and launches are recorded.
 
-    Returns a namespace: ``launches`` (one dict per launchKernel call: grid, block, stream and
-    a copy of the StepParams struct it received), ``current`` (set ``current.ptr`` to change
-    CuPy's current stream) and ``array(values, dtype=int32, dev=0)``.
+    Returns a namespace: ``launches`` (one dict per launchKernel call: the function pointer, grid,
+    block, stream and a copy of the StepParams struct it received), ``current`` (set
+    ``current.ptr`` to change CuPy's current stream), ``array(values, dtype=int32, dev=0)`` and
+    ``kernel(fptr)``, the name of the library kernel a launch's function pointer belongs to (each
+    kernel loads as its own pointer, :func:`function_ptr`).
     """
     import ctypes
 
@@ -250,6 +253,7 @@ def install_planner_fake(monkeypatch):
         arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
         launches.append(
             dict(
+                fptr=fptr,
                 grid=gx,
                 block=bx,
                 stream=stream,
@@ -273,10 +277,19 @@ def install_planner_fake(monkeypatch):
     monkeypatch.setattr(
         kernel_loader,
         "load_kernels",
-        lambda names, device_id=None: {n: types.SimpleNamespace(ptr=0xF00) for n in names},
+        lambda names, device_id=None: {n: types.SimpleNamespace(ptr=function_ptr(n)) for n in names},
     )
     return types.SimpleNamespace(
         launches=launches,
         current=current,
         array=lambda values, dtype=np.int32, dev=0: FakeDeviceArray(np.array(values, dtype), dev),
+        kernel=lambda fptr: LIBRARY_KERNELS[fptr - _FPTR_BASE],
     )
+
+
+_FPTR_BASE = 0x10000
+
+
+def function_ptr(name: str) -> int:
+    """The fake function pointer of library kernel ``name`` (one per kernel, so a launch names its kernel)."""
+    return _FPTR_BASE + LIBRARY_KERNELS.index(name)

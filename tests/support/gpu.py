@@ -128,36 +128,70 @@ def poison(strategy):
                 buf.fill(0x5A5A5A5A)
 
 
-#: The attention metadata implementations (StepPlanner._META_IMPL_DEFAULT): 0 the first
-#: version (kv_meta_block), 1 the request-parallel one (kv_meta_block2, the default).
-META_IMPLS = (0, 1, 3)  # the first version, request-parallel, request-parallel in one round
-#: (implementation, small batches on kvaddr_step1m_*): the META_IMPLS keep every batch on
-#: kvaddr_step_* (StepPlanner.one_block_attention False), "one1" runs batches of at most 256
-#: requests with kvaddr_step1m_* (the planner's default) and larger ones with impl 1.
-META_PARAMS = (*((i, False) for i in META_IMPLS), (1, True))
+def multiblock_launch(planner, bsz: int) -> tuple:
+    """``(launcher, blocks, threads)`` of ``step_multiblock`` for ``bsz`` requests on ``planner``'s
+    parameter block and device state: a test-only path (the dispatch table runs that kernel above
+    4096 requests only) so that the GPU tests check it at every batch size. Its grid is the
+    table's (``dispatch.multiblock_blocks``); its records fit the planner's (``step_records``
+    sizes them for every kernel, this one at any bsz <= max_requests)."""
+    import dataclasses
+
+    from kvaddr import dispatch, kernel_loader
+
+    cfg = planner.config
+    plans = planner.__dict__.setdefault("_multiblock_plans", {})
+    plan = plans.get(bsz)
+    if plan is None:
+        big = dataclasses.replace(cfg, max_requests=max(cfg.max_requests, dispatch.WIDE_MAX_REQUESTS + 1))
+        name = plans["kernel"] = dispatch.step_launch(big, big.max_requests).kernel  # the table's multi-block kernel
+        launcher = plans.get(name)
+        if launcher is None:
+            fn = kernel_loader.load_kernels((name,), planner.device)[name]
+            launcher = plans[name] = kernel_loader.Launcher(fn, planner._params, by_value=True)
+        plan = plans[bsz] = (launcher, dispatch.multiblock_blocks(cfg, bsz), dispatch.THREADS)
+    return plan
 
 
-def meta_impl_fixture():
-    """A module-scoped autouse fixture that runs every test of the module once per metadata
-    implementation (new planners, strategies' included, get it as their default), and once
-    with small batches on kvaddr_step1m_* (id "one1"; the fixture's value is then 1). Module
+def _multiblock_kernel_for(planner, bsz: int) -> tuple:
+    _, blocks, threads = multiblock_launch(planner, bsz)
+    return planner.__dict__["_multiblock_plans"]["kernel"], blocks, threads
+
+
+def force_multiblock(planner, on: bool = True):
+    """Run every batch of ``planner`` on ``step_multiblock`` (:func:`multiblock_launch`;
+    ``kernel_for`` says so), or (``on=False``) on the dispatch table's kernels again. Returns
+    the planner."""
+    import types
+
+    if on:
+        planner._launch_plan = types.MethodType(multiblock_launch, planner)
+        planner.kernel_for = types.MethodType(_multiblock_kernel_for, planner)
+    else:
+        planner.__dict__.pop("_launch_plan", None)
+        planner.__dict__.pop("kernel_for", None)
+    planner._memo = None  # the memo holds the last call's launch
+    return planner
+
+
+def kernel_choice_fixture():
+    """A module-scoped autouse fixture that runs every test of the module twice: with the
+    dispatch table's kernels (id "dispatch") and with every batch of every StepPlanner
+    (strategies' included) on ``step_multiblock`` (id "multiblock", :func:`multiblock_launch`),
+    so the multi-block kernel and its metadata blocks meet the same cases as the others. Module
     scope: hypothesis tests accept it (no function-scoped fixture)."""
 
-    @pytest.fixture(
-        scope="module",
-        autouse=True,
-        params=META_PARAMS,
-        ids=[f"one{i}" if one else f"meta{i}" for i, one in META_PARAMS],
-    )
-    def meta_impl(request):
+    @pytest.fixture(scope="module", autouse=True, params=["dispatch", "multiblock"])
+    def kernel_choice(request):
         from kvaddr.planner import StepPlanner
 
-        impl, one = request.param
-        saved = StepPlanner._META_IMPL_DEFAULT, StepPlanner.one_block_attention
-        StepPlanner._META_IMPL_DEFAULT, StepPlanner.one_block_attention = impl, one
+        if request.param == "dispatch":
+            yield request.param
+            return
+        saved = StepPlanner._launch_plan, StepPlanner.kernel_for
+        StepPlanner._launch_plan, StepPlanner.kernel_for = multiblock_launch, _multiblock_kernel_for
         try:
-            yield impl
+            yield request.param
         finally:
-            StepPlanner._META_IMPL_DEFAULT, StepPlanner.one_block_attention = saved
+            StepPlanner._launch_plan, StepPlanner.kernel_for = saved
 
-    return meta_impl
+    return kernel_choice

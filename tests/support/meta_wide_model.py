@@ -1,7 +1,7 @@
-"""A line-by-line Python model of kernels.cu's kv_meta_wide: the metadata blocks of
-``kvaddr_step1wm{R}_c{G}_*`` (v9 across blocks with attention outputs, 256 < bsz <= 4096).
+"""A line-by-line Python model of the metadata blocks of ``step_wide_attention<G, pos>`` (the
+across-blocks step with attention outputs, 256 < bsz <= 4096).
 
-Like tests/support/meta_one_model.py it reads the launch's ``KvStepParams`` from the host
+Like tests/support/meta_small_model.py it reads the launch's ``KvStepParams`` from the host
 memory its pointers address (the fake device arrays of tests/unit/test_planner_attention.py),
 with the launch geometry ``(blocks, threads)`` the planner chose, and writes the metadata
 there. The M = blocks - ceil(C / threads) metadata blocks are counted from the grid's end:
@@ -14,16 +14,13 @@ views are sized so: a read past them raises). Thread i holds requests [R i, R i 
 errors an owned request raises (bits 1 and 16) go to the record of its thread's warp, a
 negative block id (bit 2) to the record of the warp copying the row. Returns the error records
 ``(record index, mask, key)`` of every warp of every metadata block (record = blockIdx.x *
-threads / 32 + warp). Of the ``one_meta_flags`` only EMPTY (8: the blocks return at once, after
-their loads) has an effect.
+threads / 32 + warp).
 """
 
 from __future__ import annotations
 
 from kvaddr.errors import NO_ERROR_KEY, error_key
 from tests.support.meta_kernel_model import FLASHINFER, PAGE_TABLE, VARLEN, _pages, _sat, _view
-
-EMPTY = 8
 
 
 def run_meta_wide(P, blocks: int, threads: int, num_caches: int, per_thread: int, pre: int = 16) -> list:
@@ -47,9 +44,6 @@ def run_meta_wide(P, blocks: int, threads: int, num_caches: int, per_thread: int
         lim = r1 if owner else bsz
         dec = _view(P.seq_lens_decoder, lim)  # the lengths this block reads, no more
         q = _view(P.seq_lens_this_time, lim)
-        if P.one_meta_flags & EMPTY:
-            records += [(first_rec + w, 0, NO_ERROR_KEY) for w in range(warps)]
-            continue
         varlen = bool(flags & VARLEN) and g == 0
         B, W, stride = (P.block_size[g], P.max_blocks[g], P.table_stride[g]) if G else (1, 1, 0)
         table = _view(P.block_tables[g], (bsz - 1) * stride + W if bsz and rows else 0)

@@ -2,7 +2,8 @@
 
 ``fake_cuda_launch`` is a pytest fixture: import it into a test module (``# noqa: F401``) and
 name it as an argument. The ops' CUDA kernels then run on CPU tensors, ``describe()`` taking
-them as device 0's, and every ``cuLaunchKernel`` call is recorded instead of made.
+them as device 0's, and every ``cuLaunchKernel`` call is recorded instead of made (its function
+pointer is ``tests.support.fake_cupy.function_ptr`` of the kernel the dispatch table chose).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import types
 
 import numpy as np
 import pytest
+
+from tests.support.fake_cupy import function_ptr
 
 
 @pytest.fixture
@@ -32,6 +35,12 @@ def fake_cuda_launch(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
     monkeypatch.setattr(ops.kernel_loader, "get_function", lambda name, dev=None: types.SimpleNamespace(ptr=0xF00))
+    # each library kernel its own pointer (tests.support.fake_cupy.function_ptr): a launch names its kernel
+    monkeypatch.setattr(
+        ops.kernel_loader,
+        "load_kernels",
+        lambda names, dev=None: {n: types.SimpleNamespace(ptr=function_ptr(n)) for n in names},
+    )
     monkeypatch.setattr(ops, "_raw_stream", lambda dev: 0x5)
     monkeypatch.setitem(ops._state, "multi_device", False)
 

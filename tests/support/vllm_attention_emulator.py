@@ -1,8 +1,8 @@
-"""Run kvaddr_vllm_step_v2a's attention metadata blocks (``vllm_attn_block`` in kernels.cu,
+"""Run ``vllm_step<true>``'s attention metadata blocks (``vllm_attn_block`` in kernels.cu,
 the source text unchanged) on the CPU: each block's VLLM_THREADS threads are real host
 threads, ``__syncthreads`` a block barrier, the warp shuffles an exchange between a warp's
 32 threads behind a warp barrier, ``__shared__`` one static copy (blocks run one after
-another). With tests/support/vllm_emulator.py (v2's roles), a fake-CuPy planner built with
+another). With tests/support/vllm_emulator.py (the step's roles), a fake-CuPy planner built with
 ``attention=`` runs its whole launch on the CPU (:func:`install`).
 
 Not emulated: memory ordering between blocks (none is relied on: no block waits for another)
@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kvaddr import kernel_loader
+from kvaddr import dispatch, kernel_loader
 from tests.support import vllm_emulator
 
 PRELUDE = r"""
@@ -149,9 +149,9 @@ def library():
 
 
 def on_launch(name: str, address: int, gx: int, gy: int) -> None:
-    """vllm_fake_cupy's launch callback: v2's roles (vllm_emulator), then the metadata blocks."""
-    if name == "kvaddr_vllm_step_v2a":
-        vllm_emulator.run("kvaddr_vllm_step_v2", address, gx, gy)
+    """vllm_fake_cupy's launch callback: the step's roles (vllm_emulator), then the metadata blocks."""
+    if name == dispatch.vllm_kernel(True):
+        vllm_emulator.run(dispatch.vllm_kernel(False), address, gx, gy)
         library().emu_vllm_attn(address)
     else:
         vllm_emulator.run(name, address, gx, gy)

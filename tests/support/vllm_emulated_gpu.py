@@ -64,4 +64,5 @@ def emulated_gpu(fake_gpu, monkeypatch):
             stream.launch(lambda: None)
 
     monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: Fn(name))
+    monkeypatch.setattr(kernel_loader, "load_kernels", lambda ks, device_id=None: {k: Fn(k) for k in ks})
     return names

@@ -1,7 +1,7 @@
 """Run the vLLM sections of kernels.cu on the CPU: its device code compiled by the host
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
-What is emulated: the device helpers of ``kvaddr_vllm_step_v2`` (token guess and write,
+What is emulated: the device helpers of ``vllm_step<false>`` (token guess and write,
 request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
 of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record),
 and the three-launch kernels whole (their threads run in reverse order, so thread 0's
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kvaddr import kernel_loader
+from kvaddr import dispatch, kernel_loader
 
 CXX = shutil.which("g++") or shutil.which("c++")
 
@@ -41,13 +41,13 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
     if (e.key < all.key) all.key = e.key;
 }
 
-// kvaddr_vllm_step_v2: its device helpers (token guess and write, request row, gather
+// vllm_step<false>: its device helpers (token guess and write, request row, gather
 // pair), driven as the entry drives them. The entry's warp-level code is re-stated here,
 // not emulated: the staged query_start_loc (the same values: the search runs on the
 // global array), the spare rows' zeroing (one row after another), the per-warp records
 // (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
 // do: sticky; a clean launch writes no record).
-extern "C" void emu_vllm_step_v2(const VllmStepParams* pp, unsigned int grid) {
+extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     const VllmStepParams& p = *pp;
     VllmErr all; all.mask = 0; all.key = VLLM_NO_ERROR;
     const int n = p.num_reqs;
@@ -140,16 +140,17 @@ def library():
     if proc.returncode != 0:
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
-    lib.emu_vllm_step_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
 
 
 def run(name: str, params_address: int, gx: int, gy: int) -> None:
-    """Emulate one launch of kernel ``name`` with its parameter struct at ``params_address``."""
+    """Emulate one launch of kernel ``name`` (``vllm_step<false>`` or a three-launch baseline's)
+    with its parameter struct at ``params_address``."""
     lib = library()
-    if name == "kvaddr_vllm_step_v2":
-        lib.emu_vllm_step_v2(params_address, gx)
+    if name == dispatch.vllm_kernel(False):
+        lib.emu_vllm_step(params_address, gx)
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]
         lib.emu_vllm3(which, params_address, gx, gy)

@@ -16,10 +16,12 @@ import weakref
 import numpy as np
 import pytest
 
-from kvaddr import kernel_loader
+from kvaddr import dispatch, kernel_loader
 from kvaddr.bound_step import BoundStep
 
 TILE = kernel_loader.constants()["KV_TILE"]
+#: C of the bindings below: three token blocks of the multi-block kernel.
+CAPACITY = 3 * dispatch.TOKENS
 
 
 class DevArray:
@@ -72,7 +74,25 @@ class Recorder:
 _DEFAULT = object()
 
 
-def bind(rows=5, *, max_requests=64, num_caches=1, tables=_DEFAULT, stream=7, launch=None, **kw):
+class DispatchPlan:
+    """The planner's ``_bound_plan`` without a planner: the dispatch table's launch for bsz, a fake
+    function pointer per kernel; records every bsz it is asked for."""
+
+    def __init__(self, max_requests, num_caches=1, capacity=CAPACITY):
+        self.config = dispatch.StepConfig(num_caches, True, capacity, max_requests)
+        self.fptrs = {name: 0xF00 + i for i, name in enumerate(dispatch.step_kernels(self.config))}
+        self.asked = []
+
+    def launch(self, bsz):
+        return dispatch.step_launch(self.config, bsz)
+
+    def __call__(self, bsz):
+        self.asked.append(bsz)
+        launch = self.launch(bsz)
+        return self.fptrs[launch.kernel], launch.blocks, launch.threads
+
+
+def bind(rows=5, *, max_requests=64, num_caches=1, tables=_DEFAULT, stream=7, launch=None, plan=None, **kw):
     dec = kw.pop("dec", DevArray((rows,)))
     q = kw.pop("q", DevArray((rows,)))
     if tables is _DEFAULT:
@@ -80,13 +100,10 @@ def bind(rows=5, *, max_requests=64, num_caches=1, tables=_DEFAULT, stream=7, la
     params = kernel_loader.StepParams()
     return BoundStep(
         params=params,
-        fptr=0xF00,
+        plan=plan if plan is not None else DispatchPlan(max_requests, num_caches),
         device=0,
         max_requests=max_requests,
         num_caches=num_caches,
-        num_chunks=3,
-        tile=TILE,
-        threads=256,
         seq_lens_decoder=dec,
         seq_lens_this_time=q,
         block_tables=tables,
@@ -115,26 +132,43 @@ def test_bind_writes_the_pointers_strides_and_widths(fake_runtime):
     }
 
 
-@pytest.mark.parametrize("bsz,grid", [(None, 3), (0, 3), (1, 3), (5, 3)])
-def test_launch_calls_the_driver_with_the_prebuilt_parameter_array(fake_runtime, bsz, grid):
-    rec = Recorder()
-    b = bind(5, launch=rec)
+@pytest.mark.parametrize("bsz", [None, 0, 1, 5])
+def test_launch_calls_the_driver_with_the_prebuilt_parameter_array(fake_runtime, bsz):
+    rec, plan = Recorder(), DispatchPlan(64)
+    b = bind(5, launch=rec, plan=plan)
     assert b.launch(bsz) is None  # no outputs callable given
     ((fptr, gx, gy, gz, bx, by, bz, smem, stream, params, extra),) = rec.calls
-    assert (fptr, gx, gy, gz, bx, by, bz, smem, stream, extra) == (0xF00, grid, 1, 1, 256, 1, 1, 0, 7, 0)
+    want = plan(5 if bsz is None else bsz)
+    assert (fptr, gx, gy, gz, bx, by, bz, smem, stream, extra) == (want[0], want[1], 1, 1, want[2], 1, 1, 0, 7, 0)
     # kernelParams: one pointer, to this binding's struct, whose bsz is this launch's
     assert ctypes.c_void_p.from_address(params).value == ctypes.addressof(b.params)
     assert b.params.bsz == (5 if bsz is None else bsz)
 
 
-def test_bsz_may_change_per_call_and_the_grid_follows(fake_runtime):
+def test_bsz_may_change_per_call_and_the_launch_follows_the_plan(fake_runtime):
+    """Every bsz launches the plan's (kernel, blocks, threads): the dispatch table's choice,
+    whichever kernel that is (small, across blocks, multi-block)."""
     rows = 3 * TILE + 1
-    rec = Recorder()
-    b = bind(rows, max_requests=rows, launch=rec)
-    for bsz in (1, TILE, TILE + 1, 2 * TILE, rows, 0):
+    rec, plan = Recorder(), DispatchPlan(rows)
+    b = bind(rows, max_requests=rows, launch=rec, plan=plan)
+    kernels = set()
+    for bsz in (
+        1,
+        dispatch.SMALL_MAX_REQUESTS,
+        dispatch.SMALL_MAX_REQUESTS + 1,
+        1024,
+        TILE,
+        TILE + 1,
+        2 * TILE,
+        rows,
+        0,
+    ):
         b.launch(bsz)
+        fptr, gx, _, _, bx, *_ = rec.calls[-1]
         assert b.params.bsz == bsz
-        assert rec.calls[-1][1] == b.grid(bsz) == (3 if bsz <= TILE else 3 + -(-bsz // TILE))
+        assert (fptr, gx, bx) == plan(bsz) and gx == b.grid(bsz), bsz
+        kernels.add(plan.launch(bsz).kernel)
+    assert kernels == set(dispatch.step_kernels(plan.config))  # every kernel of the table ran
 
 
 @pytest.mark.parametrize(
@@ -283,44 +317,13 @@ def test_a_binding_that_does_not_hold_its_arrays(fake_runtime):
     assert set(b.bound) == {"seq_lens_decoder", "seq_lens_this_time", "block_tables"}
 
 
-def test_the_single_block_kernel_runs_up_to_its_batch_size(fake_runtime):
-    """StepPlanner v9's bind: bsz up to one_block[1] runs <<<ceil(C / T), T>>> of the small-batch
-    kernel (T = max(bsz, min(C, 256), 32) rounded up to a warp, at most 1024), larger ones v8's grid."""
+def test_the_plan_is_asked_once_per_bsz(fake_runtime):
+    """launch() remembers each bsz's plan: the plan callable runs on a bsz's first launch only
+    (and grid() asks it without remembering)."""
     rows = TILE + 5
-    rec = Recorder()
-    b = bind(rows, max_requests=rows, launch=rec, one_block=(0xB0B, 1024, 40, 256))
-    for bsz, want in ((0, (0xB0B, 1, 64)), (1, (0xB0B, 1, 64)), (65, (0xB0B, 1, 96)), (1024, (0xB0B, 1, 1024))):
+    rec, plan = Recorder(), DispatchPlan(rows)
+    b = bind(rows, max_requests=rows, launch=rec, plan=plan)
+    for bsz in (0, 300, TILE + 1, 0, 300, TILE + 1):
         b.launch(bsz)
-        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
-        assert (fptr, gx, bx) == want and b.grid(bsz) == 1, bsz
-        assert b.params.bsz == bsz
-    wide = bind(rows, max_requests=rows, launch=rec, one_block=(0xB0B, 1024, 3000, 256))
-    for bsz, want in ((5, (0xB0B, 12, 256)), (300, (0xB0B, 10, 320)), (1024, (0xB0B, 3, 1024))):
-        wide.launch(bsz)
-        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
-        assert (fptr, gx, bx) == want and wide.grid(bsz) == gx, bsz
-    for bsz in (1025, TILE, rows):
-        b.launch(bsz)
-        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
-        assert (fptr, gx, bx) == (0xF00, b.grid(bsz), 256) and gx == (3 if bsz <= TILE else 3 + -(-bsz // TILE)), bsz
-
-
-def test_v9_across_blocks_runs_between_the_single_block_and_v8(fake_runtime):
-    """StepPlanner v9's bind with v9 across blocks: one_block[1] < bsz <= wide[0] launches the plan
-    wide[1](bsz) gives (StepPlanner._wide_plan: the kvaddr_step1w{R}_* kernel and its geometry)."""
-    rows = 4 * TILE + 5
-    rec = Recorder()
-    plans = []
-
-    def plan(bsz):
-        plans.append(bsz)
-        return 0xA0 + bsz % 7, 1 + bsz // 100, 32 * (1 + bsz % 3)
-
-    b = bind(rows, max_requests=rows, launch=rec, one_block=(0xB0B, 256, 40, 256), wide=(4 * TILE, plan))
-    assert b.launch(256) is None and rec.calls[-1][0] == 0xB0B and not plans
-    for bsz in (257, 1000, 4 * TILE):
-        b.launch(bsz)
-        (fptr, gx, _, _, bx, *_rest) = rec.calls[-1]
-        assert (fptr, gx, bx) == plan(bsz) and b.grid(bsz) == gx, bsz
-    b.launch(4 * TILE + 1)
-    assert rec.calls[-1][0] == 0xF00 and rec.calls[-1][1] == b.grid(4 * TILE + 1)
+    assert plan.asked == [0, 300, TILE + 1] and len(rec.calls) == 6
+    assert [(c[0], c[1], c[4]) for c in rec.calls[:3]] == [(c[0], c[1], c[4]) for c in rec.calls[3:]]

@@ -232,7 +232,7 @@ def test_streams(fake):
     CupyLikeStream.__module__ = "cupy.cuda.stream"
     c = CupyLikeStream(0x80)
     p.compute(dec, q, table, stream=c)
-    assert p._stream_obj is c and p._stream_ptr == 0x80
+    assert p._stream._obj is c and p._stream._ptr == 0x80
     p.compute(dec, q, table, stream=c)
     assert _last(fake)["stream"] == 0x80
     p.compute(dec, q, table)  # None: CuPy's current stream, looked up at each call

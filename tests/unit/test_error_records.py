@@ -1,6 +1,6 @@
 """Sticky error records (docs/spec.md, "Errors"): the host side. The kernels only merge into the
-records (tests/unit/test_v9_fixes_emulated.py, test_vllm_error_records.py run the device code on
-the CPU); the readers reduce every record (OR of the masks, smallest key) and then reset them:
+records (tests/unit/test_vllm_error_records.py runs the vLLM device code on the CPU, tests/gpu
+the rest); the readers reduce every record (OR of the masks, smallest key) and then reset them:
 ``StepPlanner.errors()`` / ``check()`` / ``clear_errors()`` under the planner's fake CuPy, and the
 helpers of kvaddr.errors for caller-owned records."""
 
@@ -131,16 +131,6 @@ def test_clear_errors_drops_unread_errors_without_reading(fake):
     assert fake.sets == [0x99] and (rec == clean_error_records(len(rec))).all()
     p.clear_errors()  # CuPy's current stream by default
     assert fake.sets == [0x99, fake.current.ptr]
-
-
-def test_set_meta_impl_keeps_unread_errors(fake):
-    """Fewer metadata blocks (a larger E) no longer clears the records past them: they may hold
-    errors not read yet."""
-    p = _planner(attention="flashinfer", kv_indices_capacity=4096)
-    rec = _records(p)
-    rec[len(rec) - 1] = (16, error_key(0, 0, 1, 16))
-    p._set_meta_impl(1, entries=4096)
-    assert p.errors() == (16, error_key(0, 0, 1, 16))
 
 
 # -- the torch ops' CPU kernels merge like a device warp; their readers reset -------------------

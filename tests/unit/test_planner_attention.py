@@ -1,10 +1,12 @@
 """StepPlanner's attention plumbing on the CPU: a fake CuPy whose device arrays are NumPy
 buffers, and a launch that runs the token outputs from the reference and the metadata
-blocks through tests/support/meta_kernel_model.py (a line-by-line model of kernels.cu's
-kv_meta_block reading the launch's KvStepParams). Checks the planner's sizing (grid,
-metadata blocks, entries per block, error-record slots), the struct fields, the output
-views (shapes, dtypes, aliases, page_table) and, through the model, the outputs against
-the NumPy reference. The kernel itself runs in tests/gpu."""
+blocks through the line-by-line model of the kernel the dispatch table chose (reading the
+launch's KvStepParams and geometry): tests/support/meta_small_model.py (step_small_attention),
+tests/support/meta_wide_model.py (step_wide_attention), tests/support/meta_kernel_model.py
+(step_multiblock). Checks the planner's sizing (grid, metadata blocks, entries per block,
+error-record slots), the struct fields, the output views (shapes, dtypes, aliases, page_table)
+and, through the models, the outputs and error records against the NumPy reference. The
+kernels themselves run in tests/gpu."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvaddr import kernel_loader
+from kvaddr import dispatch, kernel_loader
 from kvaddr.reference import step_addressing
 from tests.support import meta_kernel_model
 from tests.support.attention_cases import ALL_GROUPS, make_case, mixed_cases
 from tests.support.gpu import reference
+from tests.support.meta_small_model import run_meta_small
+from tests.support.meta_wide_model import run_meta_wide
 
 GROUPS = [
     ("flashinfer",),
@@ -65,9 +69,27 @@ class FakeStream:
         pass
 
 
+def _family(kernel: str) -> str:
+    return kernel.split("<", 1)[0]
+
+
+def _metadata(kernel, P, grid, block, round_size):
+    """The metadata blocks' error records of one launch, through the model of its kernel."""
+    family = _family(kernel)
+    if family == "step_small_attention":
+        return run_meta_small(P, grid, block, P.num_caches)
+    if family == "step_wide_attention":
+        return run_meta_wide(P, grid, block, P.num_caches, dispatch.WIDE_ATTENTION_PER_THREAD)
+    if family == "step_multiblock" and P.attention:
+        # the model's records are per block; a block has KV_WARPS records
+        return [(slot * dispatch.WARPS, m, k) for slot, m, k in meta_kernel_model.run_meta_blocks(P, round_size)]
+    return []
+
+
 @pytest.fixture
 def fake_planner(monkeypatch):
-    """(StepPlanner class, launches list); each launch records (grid, records of the metadata blocks)."""
+    """(StepPlanner class, launches, model): each launch records (kernel, grid, threads, the
+    metadata blocks' error records); ``model["round"]`` is the multi-block model's round size."""
     cp = types.ModuleType("cupy")
     cp.zeros = lambda shape, dtype=float: _dev(np.zeros(shape, dtype))
     cp.full = lambda shape, v, dtype=None: _dev(np.full(shape, v, dtype))
@@ -76,7 +98,6 @@ def fake_planner(monkeypatch):
         runtime=types.SimpleNamespace(
             getDeviceCount=lambda: 1, getDevice=lambda: 0, getDeviceProperties=lambda i: {"multiProcessorCount": 4}
         ),
-        Device=lambda i=0: types.SimpleNamespace(__enter__=None),
         get_current_stream=lambda: FakeStream(),
     )
 
@@ -93,8 +114,10 @@ def fake_planner(monkeypatch):
     cp.cuda.Device = Dev
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(kernel_loader, "get_function", lambda name, device_id=None: name)
+    # a kernel "function" is its name: the launcher below runs the model of that kernel
+    monkeypatch.setattr(kernel_loader, "load_kernels", lambda names, device_id=None: {n: n for n in names})
     launches = []
-    tile = {"size": 4096}
+    model = {"round": dispatch.THREADS}
 
     class FakeLauncher:
         def __init__(self, fn, args, by_value=False):
@@ -109,48 +132,53 @@ def fake_planner(monkeypatch):
             ref = step_addressing(dec.copy(), q.copy(), [np.zeros((max(bsz, 1), 1), np.int32)], [1], P.capacity)
             meta_kernel_model._view(P.cu_seqlens_q, bsz + 1)[:] = ref.outputs.cu_seqlens_q
             meta_kernel_model._view(P.seq_lens_kv, bsz)[:] = ref.outputs.seq_lens_kv
-            if P.meta_impl & 255 == 0:  # the first version (tile: its KV_TILE)
-                launches.append((grid, meta_kernel_model.run_meta_blocks(P, tile["size"])))
-            elif P.meta_impl & 255 == 3:  # one round (kv_meta_block3; block2 where rq > KV_THREADS)
-                launches.append((grid, meta_kernel_model.run_meta_blocks3(P, pre=min(tile["size"], 16))))
-            else:  # request-parallel (tile: its round of KV_THREADS requests)
-                launches.append((grid, meta_kernel_model.run_meta_blocks2(P, min(tile["size"], 256))))
+            launches.append((self.fn, grid, block, _metadata(self.fn, P, grid, block, model["round"])))
 
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
     from kvaddr.planner import StepPlanner
 
-    # These tests model kvaddr_step_*'s metadata blocks: keep small batches with attention on
-    # it (kvaddr_step1m_*'s model: tests/unit/test_planner_attention_one.py).
-    monkeypatch.setattr(StepPlanner, "one_block_attention", False)
-    return StepPlanner, launches, tile
+    return StepPlanner, launches, model
 
 
 def _reference(case, groups):
     return reference(case, attention=groups)
 
 
-def _run(StepPlanner, launches, case, groups, planner=None, impl=None):
-    if planner is None:
-        planner = StepPlanner(
-            max(len(case["seq_lens_decoder"]), 1),
-            case["capacity"],
-            case["block_sizes"],
-            attention=groups,
-            kv_indices_capacity=case["kv_indices_capacity"],
-        )
-    if impl is not None:
-        planner._set_meta_impl(impl)
+def _planner(StepPlanner, case, groups, max_requests=None):
+    return StepPlanner(
+        max_requests or max(len(case["seq_lens_decoder"]), 1),
+        case["capacity"],
+        case["block_sizes"],
+        attention=groups,
+        kv_indices_capacity=case["kv_indices_capacity"],
+    )
+
+
+def hard_cases(rng, bsz: int, long_rows_sizes) -> list:
+    """Cases of ``bsz`` requests that reach every branch of a metadata block: long rows (B = 1 in
+    ``long_rows_sizes``: more columns than those loaded before the barrier), unallocated pages,
+    narrow rows, negative lengths, kv_indices capacity overflow, 1-3 caches with different B."""
+    cases = [
+        make_case(rng, bsz=bsz, block_sizes=long_rows_sizes, max_ctx=700, spare_capacity=3),
+        make_case(rng, bsz=bsz, block_sizes=[16, 5, 3], bad="unallocated", spare_capacity=0),
+        make_case(rng, bsz=bsz, block_sizes=[2], bad="narrow-row", spare_capacity=3),
+        make_case(rng, bsz=bsz, block_sizes=[64], bad="negative-length", spare_capacity=None),
+    ]
+    return [*cases, dict(cases[0], kv_indices_capacity=max(1, cases[0]["kv_indices_capacity"] * 2 // 3))]
+
+
+def compute_and_check(planner, launches, case, groups, label, family=None):
+    """Compute ``case``; check the launch (the dispatch table's, of kernel ``family`` if given),
+    the attention outputs, the page table views and the error records (the metadata blocks'
+    in their own slots, after the token blocks', merged with the token path's) against the
+    reference. Returns the outputs."""
     tables = [_dev(t) for t in case["block_tables"]]
     out = planner.compute(_dev(case["seq_lens_decoder"]), _dev(case["seq_lens_this_time"]), tables)
-    return planner, out, tables
-
-
-def _check(planner, out, tables, launches, case, groups, label):
-    ref = _reference(case, groups)
-    want = ref.outputs.attention
     bsz = len(case["seq_lens_decoder"])
-    grid, records = launches[-1]
-    assert grid == planner.grid(bsz) and len(records) == planner._num_meta, label
+    kernel, grid, threads, records = launches[-1]
+    assert (kernel, grid, threads) == planner.kernel_for(bsz), label
+    assert family is None or _family(kernel) == family, (label, kernel)
+    want = _reference(case, groups).outputs.attention
     for f in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "cu_seqlens_k", "seqused_k"):
         w, g = getattr(want, f), getattr(out.attention, f)
         assert (w is None) == (g is None), (label, f)
@@ -168,7 +196,12 @@ def _check(planner, out, tables, launches, case, groups, label):
             np.testing.assert_array_equal(np.asarray(v), np.asarray(t)[:bsz])
     else:
         assert out.attention.page_table is None
-    # the error records the metadata blocks write, in their slots, plus the token path's
+    _check_records(planner, case, groups, kernel, threads, records, label)
+    return out
+
+
+def _check_records(planner, case, groups, kernel, threads, records, label):
+    ref = _reference(case, groups)
     plain = step_addressing(
         case["seq_lens_decoder"],
         case["seq_lens_this_time"],
@@ -176,106 +209,53 @@ def _check(planner, out, tables, launches, case, groups, label):
         case["block_sizes"],
         case["capacity"],
     )
-    mask = plain.error_mask
-    keys = [plain.error_key]
-    slots = set()
-    for slot, m, k in records:
+    mask, keys, seen = plain.error_mask, [plain.error_key], set()
+    n_rec = planner._records.size // 2
+    for rec, m, k in records:
+        assert rec < n_rec, (label, "the planner allocates every metadata block's records")
+        seen.add(rec)
         mask |= m
         keys.append(k)
-        slots.add(slot)
-        assert slot * 8 + 7 < planner._records.size // 2, "the planner allocates every metadata block's records"
-    assert len(slots) == len(records)
+    assert len(seen) == len(records), label
+    # the token blocks' (and scan tiles') records come first
+    if _family(kernel) == "step_multiblock":
+        assert len(records) == planner._num_meta, label
+        first = (planner._num_chunks + planner._max_tiles) * dispatch.WARPS
+    else:
+        first = -(-case["capacity"] // threads) * threads // 32
+    assert min(seen, default=n_rec) >= first, label
     assert (mask, min(keys)) == (ref.error_mask, ref.error_key), label
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    mixed_cases(max_bsz=40), st.sampled_from(GROUPS), st.sampled_from([1, 2, 3, 8, 4096]), st.sampled_from([0, 1, 3])
-)
-def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups, tile, impl):
-    StepPlanner, launches, t = fake_planner
-    t["size"] = tile
-    planner, out, tables = _run(StepPlanner, launches, case, groups, impl=impl)
-    _check(planner, out, tables, launches, case, groups, f"{groups}, tile {tile}, impl {impl}")
+@given(mixed_cases(max_bsz=40), st.sampled_from(GROUPS))
+def test_planner_and_the_kernel_model_match_the_reference(fake_planner, case, groups):
+    StepPlanner, launches, _ = fake_planner
+    planner = _planner(StepPlanner, case, groups)
+    compute_and_check(planner, launches, case, groups, f"{groups}", family="step_small_attention")
 
 
-@pytest.mark.parametrize("lanes", [4, 8, 16, 32])
-def test_one_round_blocks_match_the_reference(fake_planner, lanes):
-    """kv_meta_block3's model (impl 3) at every lane count: many blocks of a few long rows
-    (B = 1: rows longer than the pre-barrier columns, several requests per group), a block of
-    exactly KV_THREADS requests (several warps' totals), one more (the block2 fallback),
-    unallocated pages in long rows, capacity overflow."""
-    StepPlanner, launches, t = fake_planner
-    t["size"] = 4096  # 16 columns per lane before the barrier, as the kernel
-    rng = np.random.default_rng(40 + lanes)
-    cases = [
-        make_case(rng, bsz=250, block_sizes=[1, 4], max_ctx=300, spare_capacity=2),
-        make_case(rng, bsz=256, block_sizes=[16], spare_capacity=2),
-        make_case(rng, bsz=257, block_sizes=[16], spare_capacity=2),
-        make_case(rng, bsz=120, block_sizes=[1], max_ctx=600, bad="unallocated", spare_capacity=2),
-    ]
-    cases.append(dict(cases[0], kv_indices_capacity=cases[0]["kv_indices_capacity"] * 2 // 3))
-    for i, case in enumerate(cases):
-        planner = StepPlanner(
-            len(case["seq_lens_decoder"]),
-            case["capacity"],
-            case["block_sizes"],
-            attention=ALL_GROUPS,
-            kv_indices_capacity=case["kv_indices_capacity"],
-        )
-        planner._set_meta_impl(3, lanes)
-        planner, out, tables = _run(StepPlanner, launches, case, ALL_GROUPS, planner)
-        _check(planner, out, tables, launches, case, ALL_GROUPS, f"lanes {lanes}, case {i}")
-
-
-@pytest.mark.parametrize("impl", [0, 1, 3])
-def test_many_metadata_blocks_and_small_after_big(fake_planner, impl):
-    StepPlanner, launches, t = fake_planner
-    rng = np.random.default_rng(3)
-    big = make_case(rng, bsz=300, block_sizes=[1, 4], spare_capacity=5000, max_ctx=200)
-    planner, out, tables = _run(StepPlanner, launches, big, ALL_GROUPS, impl=impl)
-    assert planner._meta_per_cache * planner._meta_entries >= planner.kv_indices_capacity
-    assert planner._meta_per_cache > 1 and planner._num_meta == 2 * planner._meta_per_cache
-    _check(planner, out, tables, launches, big, ALL_GROUPS, "big")
+@pytest.mark.parametrize("groups", [ALL_GROUPS, ("varlen",), ("flashinfer", "page_table")])
+def test_multi_block_metadata_model_matches_the_reference(fake_planner, groups):
+    """Past 4096 requests (step_multiblock): several metadata blocks per cache, several rounds
+    per block (a small round size too), unallocated pages, capacity overflow; then a small
+    batch after the big one on the same planner (step_small_attention rewrites every output)."""
+    StepPlanner, launches, model = fake_planner
+    rng = np.random.default_rng(len(groups))
+    big = make_case(rng, bsz=dispatch.TILE + 3, block_sizes=[1, 4], spare_capacity=5000, max_ctx=40)
+    planner = _planner(StepPlanner, big, groups, max_requests=dispatch.TILE + 40)
+    if "flashinfer" in groups:
+        assert planner._meta_per_cache * planner._meta_entries >= planner.kv_indices_capacity
+        assert planner._meta_per_cache > 1 and planner._num_meta == 2 * planner._meta_per_cache
+    for round_size in (dispatch.THREADS, 100):
+        model["round"] = round_size
+        compute_and_check(planner, launches, big, groups, f"big, round {round_size}", family="step_multiblock")
+    bad = make_case(rng, bsz=dispatch.TILE + 40, block_sizes=[1, 4], bad="unallocated", spare_capacity=None)
+    bad = dict(bad, capacity=big["capacity"], kv_indices_capacity=big["kv_indices_capacity"])
+    compute_and_check(planner, launches, bad, groups, "bad", family="step_multiblock")
     small = dict(make_case(rng, bsz=5, block_sizes=[1, 4]), kv_indices_capacity=big["kv_indices_capacity"])
     small["capacity"] = big["capacity"]
-    t["size"] = 2
-    planner, out, tables = _run(StepPlanner, launches, small, ALL_GROUPS, planner)
-    _check(planner, out, tables, launches, small, ALL_GROUPS, "small after big")
-
-
-@pytest.mark.parametrize("impl", [0, 1, 3])
-def test_fewer_fatter_metadata_blocks(fake_planner, impl):
-    """_set_meta_impl(entries=...): fewer blocks (grid, struct), the records they no longer write
-    kept (sticky: an unread error stays until read), outputs still the reference's; E below the
-    construction's or not a multiple of 256 refused."""
-    StepPlanner, launches, _ = fake_planner
-    rng = np.random.default_rng(9)
-    # another bsz for the second step: the fake's scalar views (max_seqlen) are copies, cached per bsz
-    case = make_case(rng, bsz=299, block_sizes=[1, 4], spare_capacity=5000, max_ctx=200)
-    bad = make_case(rng, bsz=300, block_sizes=[1, 4], bad="unallocated", spare_capacity=5000, max_ctx=200)
-    case = dict(case, kv_indices_capacity=bad["kv_indices_capacity"], capacity=bad["capacity"])
-    planner, out, tables = _run(StepPlanner, launches, bad, ALL_GROUPS, impl=impl)
-    _check(planner, out, tables, launches, bad, ALL_GROUPS, "bad, default E")
-    E, blocks = planner._meta_entries, planner._num_meta
-    # an "unread error" in every record slot: the ones the fewer blocks no longer write keep it
-    planner._records[0::2] = 7
-    planner._set_meta_impl(impl, entries=4 * E)
-    assert planner._meta_entries == planner._params.meta_entries == 4 * E
-    assert planner._num_meta == planner._params.num_meta == 2 * planner._meta_per_cache < blocks
-    assert planner.grid(300) == planner._num_chunks + planner._num_meta
-    first = (planner._num_chunks + planner._max_tiles + planner._num_meta) * 8
-    assert (np.asarray(planner._records)[2 * first :: 2] == 7).all()
-    planner._records[:] = np.tile(np.array([0, 2**64 - 1], np.uint64), planner._records.size // 2)  # read
-    planner, out, tables = _run(StepPlanner, launches, case, ALL_GROUPS, planner)
-    _check(planner, out, tables, launches, case, ALL_GROUPS, "4 E")
-    with pytest.raises(ValueError, match="multiple of 256 and at least"):
-        planner._set_meta_impl(impl, entries=E - 256)
-    with pytest.raises(ValueError, match="multiple of 256 and at least"):
-        planner._set_meta_impl(impl, entries=4 * E + 1)
-    v = StepPlanner(8, 16, [4], attention="varlen")
-    with pytest.raises(ValueError, match="only be set with attention 'flashinfer'"):
-        v._set_meta_impl(1, entries=4096)
+    compute_and_check(planner, launches, small, groups, "small after big", family="step_small_attention")
 
 
 def test_struct_fields_and_attention_off(fake_planner):
@@ -283,53 +263,24 @@ def test_struct_fields_and_attention_off(fake_planner):
     off = StepPlanner(8, 16, [4, 8])
     P = off._params
     assert (P.attention, P.num_meta, P.kv_indptr, P.kv_indices, P.cu_seqlens_k, P.max_seqlen) == (0, 0, 0, 0, 0, 0)
-    assert off.grid(8) == 1 and off.grid(5000) == 1 + 2
+    assert off.grid(8) == dispatch.step_launch(off.config, 8).blocks
     case = make_case(np.random.default_rng(0), bsz=8, block_sizes=[4, 8])
     case["capacity"] = 16
     out = off.compute(
         _dev(case["seq_lens_decoder"]), _dev(case["seq_lens_this_time"]), [_dev(t) for t in case["block_tables"]]
     )
-    assert out.attention is None and launches[-1][1] == []
+    assert out.attention is None and launches[-1][3] == []
     on = StepPlanner(8, 16, [4, 8], attention="varlen,flashinfer", kv_indices_capacity=100)
     P = on._params
     assert P.attention == 3 and P.kv_indices_capacity == 100 and P.attn_stride == 9
     assert P.num_meta == on._num_meta == 2 * P.meta_per_cache and P.meta_entries >= 2048
+    assert (P.meta_entries, P.meta_per_cache, P.num_meta) == on.config.meta
     assert on.kv_indices.shape == (2, 100) and (np.asarray(on.kv_indices) == -1).all()
-    assert on.grid(8) == 1 + on._num_meta
+    assert on.grid(8) == dispatch.step_launch(on.config, 8).blocks
     v = StepPlanner(8, 16, [4], attention="varlen")
     assert v._params.attention == 2 and v._num_meta == 1 and v.kv_indices is None and v._params.kv_indices == 0
     pt = StepPlanner(8, 16, [4, 8, 16], attention="page_table")
     assert pt._num_meta == 3 and pt.kv_indptr is None and pt._params.attention == 4
-    # the metadata implementation: request-parallel with 32 lanes by default, switchable
-    assert (P.meta_impl, P.meta_lanes) == (StepPlanner._META_IMPL_DEFAULT, 32) == (1, 32)
-    on._set_meta_impl(0)
-    assert (P.meta_impl, P.meta_lanes) == (0, 32)
-    on._set_meta_impl(2, 8)
-    assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (2, 8, 2, 8)
-    on._set_meta_impl(3, 16)
-    assert (P.meta_impl, P.meta_lanes, on._meta_impl, on._meta_lanes) == (3, 16, 3, 16)
-    # timing ablations (impl 3 only): bits above the implementation, cleared by the next call
-    on._set_meta_impl(3, ablate=StepPlanner.META_NO_PREFIX | StepPlanner.META_NO_COPY)
-    assert P.meta_impl == 3 | 256 | 512 and on._meta_impl == 3
-    on._set_meta_impl(3)
-    assert P.meta_impl == 3
-    with pytest.raises(ValueError, match="meta impl must be 0, 1, 2 or 3"):
-        on._set_meta_impl(4)
-    with pytest.raises(ValueError, match="meta lanes must be 4, 8, 16 or 32"):
-        on._set_meta_impl(1, 12)
-    with pytest.raises(ValueError, match="meta ablate must be a combination of 256 and 512"):
-        on._set_meta_impl(1, ablate=StepPlanner.META_NO_COPY)
-    with pytest.raises(ValueError, match="meta ablate must be a combination of 256 and 512"):
-        on._set_meta_impl(3, ablate=1024)
-    assert P.meta_impl == 3  # a refused call changes nothing
-
-
-def test_meta_ablation_bits_are_the_kernels():
-    from kvaddr.planner import StepPlanner
-
-    c = kernel_loader.constants()
-    assert (c["KV_META_NO_PREFIX"], c["KV_META_NO_COPY"]) == (StepPlanner.META_NO_PREFIX, StepPlanner.META_NO_COPY)
-    assert c["KV_META_IMPL_MASK"] == 255 and (StepPlanner.META_NO_PREFIX | StepPlanner.META_NO_COPY) & 255 == 0
 
 
 # ---- the GPU baselines' EngineAttention: arguments against the kernels' C signatures, and a model ----

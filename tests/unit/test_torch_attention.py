@@ -3,8 +3,8 @@
 into ``storage``; the values equal ``kvaddr.attention_reference`` (docs/attention.md's worked
 examples, random mixed batches, every group subset), the error records (bit 16 too) reach
 ``errors()``/``check()``, opcheck and torch.compile(fullgraph=True) pass, and the CUDA kernel's
-Python (launch faked) fills the kernel's attention fields with pointers into ``storage`` and adds
-the metadata blocks to the grid. Skips without torch. tests/gpu/test_torch_attention_gpu.py runs
+Python (launch faked) fills the kernel's attention fields with pointers into ``storage`` and
+launches the dispatch table's kernel and grid (its metadata blocks too). Skips without torch. tests/gpu/test_torch_attention_gpu.py runs
 the CUDA kernel.
 """
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from kvaddr.errors import ERR_KV_INDICES_CAPACITY, NO_ERROR_KEY, AddressingError, decode_error_key
+from tests.support.fake_cupy import function_ptr
 from tests.support.gpu import assert_attention_equal, assert_outputs_equal
 from tests.support.step_cases import random_step
 from tests.support.torch_attention import (
@@ -418,8 +419,7 @@ def test_fake_kernel_checks_attention_buffers_like_the_real_one():
 def test_step_into_launches_the_metadata_blocks_on_the_storage_pointers(fake_cuda_launch, groups):
     import torch
 
-    from kvaddr import kernel_loader
-    from kvaddr.planner import StepPlanner
+    from kvaddr import dispatch, kernel_loader
     from kvaddr.torch import ops
 
     consts = kernel_loader.constants()
@@ -437,8 +437,10 @@ def test_step_into_launches_the_metadata_blocks_on_the_storage_pointers(fake_cud
     E, per_cache, num_meta = bufs._layout.meta
     fi, vl = "flashinfer" in groups, "varlen" in groups
     assert num_meta > 0
-    # the grid: the plain launch's token blocks plus the metadata blocks
-    assert fake_cuda_launch[0][1] == fake_cuda_launch[1][1] + num_meta
+    # each launch is the dispatch table's for its layout (the attention kernel: its metadata blocks too)
+    for call, lay in ((fake_cuda_launch[0], bufs._layout), (fake_cuda_launch[1], plain._layout)):
+        launch = dispatch.step_launch(lay.config, 3)
+        assert (call[0], call[1], call[4]) == (function_ptr(launch.kernel), launch.blocks, launch.threads)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     assert (p.kv_indptr, p.kv_indices, p.kv_last_page_len) == tuple(
         map(ptr, (bufs.kv_indptr, bufs.kv_indices, bufs.kv_last_page_len))
@@ -451,14 +453,13 @@ def test_step_into_launches_the_metadata_blocks_on_the_storage_pointers(fake_cud
     )
     assert p.attention == flags and p.attn_stride == 9 and p.kv_indices_capacity == (n if fi else 1)
     assert (p.meta_entries, p.meta_per_cache, p.num_meta) == (E, per_cache, num_meta)
-    assert p.meta_impl == StepPlanner._META_IMPL_DEFAULT and p.meta_lanes == 32
     # the addressing fields on the buffers' views (the workspace first: its metadata records shift the rest)
     for f in ("cu_seqlens_q", "num_tokens", "batch_id_per_token", "position_ids", "seq_lens_kv", "slot_mapping"):
         assert getattr(p, f) == getattr(bufs, f).data_ptr() and getattr(p0, f) == getattr(plain, f).data_ptr(), f
     assert (p.bsz, p.capacity, p.num_caches, list(p.block_size)) == (3, 16, 2, [4, 2, 1, 1])
-    assert p.tile_state == bufs.storage.data_ptr() and p.max_tiles == p0.max_tiles == 0
-    # the metadata blocks' records (slot num_chunks + max_tiles + m) end at the workspace's end
-    rec_end = p.error_records + 16 * (ops._num_chunks(16) + p.max_tiles + num_meta) * ops._WARPS
+    assert p.tile_state == bufs.storage.data_ptr() and p.max_tiles == p0.max_tiles == ops._max_tiles(16, 8)
+    # the records of every kernel of the layout (dispatch.step_records) end at the workspace's end
+    rec_end = p.error_records + 16 * dispatch.step_records(bufs._layout.config).records
     assert rec_end == bufs.workspace.data_ptr() + 8 * bufs.workspace.numel()
     # the plain launch has no attention (as before)
     assert p0.attention == 0 and p0.num_meta == 0 and p0.kv_indices == 0

@@ -14,8 +14,10 @@ import sys
 import numpy as np
 import pytest
 
+from kvaddr import dispatch
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
 from kvaddr.reference import step_addressing
+from tests.support.fake_cupy import function_ptr
 from tests.support.gpu import assert_outputs_equal
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 from tests.support.torch_ops import run_op, torch_skip_reason
@@ -301,12 +303,14 @@ def test_bad_arguments_raise_naming_the_argument(over, exc, message):
 def test_workspace_sized_for_fewer_requests_is_refused():
     import torch
 
-    from kvaddr.torch import StepBuffers
+    from kvaddr.torch import StepBuffers, ops
 
-    tile = 4096
-    bufs = StepBuffers(tile, 16, [4], device="cpu")  # no tiles: at most KV_TILE requests
-    n = tile + 1
-    with pytest.raises(ValueError, match=rf"workspace was sized for at most {tile} requests, got bsz = {n}"):
+    tile = dispatch.TILE
+    bufs = StepBuffers(tile, 16, [4], device="cpu")
+    # its scan tiles (padded so that every kernel's records fit) take this many requests at most
+    most = max(ops._max_tiles(16, tile), 1) * tile
+    n = most + 1
+    with pytest.raises(ValueError, match=rf"workspace was sized for at most {most} requests, got bsz = {n}"):
         torch.ops.kvaddr.step.default(
             torch.zeros(n, dtype=torch.int32),
             torch.zeros(n, dtype=torch.int32),
@@ -329,8 +333,8 @@ def test_workspace_size_round_trips(capacity, max_requests):
     from kvaddr.torch import ops
 
     n = ops.workspace_size(capacity, max_requests)
-    assert ops._tiles_of_workspace(n, capacity) == ops._max_tiles(max_requests)
-    assert ops._tiles_of_workspace(n + 1, capacity) is None or ops._max_tiles(max_requests) == 0
+    assert ops._tiles_of_workspace(n, capacity) == ops._max_tiles(capacity, max_requests)
+    assert ops._tiles_of_workspace(n + 1, capacity) is None or ops._max_tiles(capacity, max_requests) == 0
 
 
 # -- the CUDA kernel's Python, with the launch faked -----------------------------------------
@@ -346,16 +350,19 @@ def test_cuda_kernel_launches_with_the_tensors_pointers(fake_cuda_launch):
     args = _args()
     ops._step_cuda(*args)
     ((fptr, grid, _, _, block, _, _, smem, stream, params, _),) = fake_cuda_launch
-    assert (fptr, grid, block, smem, stream) == (0xF00, 1, 256, 0, 0x5)
+    # the dispatch table's launch for 3 requests, C = 16, 2 caches, int64 positions
+    launch = dispatch.step_launch(dispatch.StepConfig(2, True, 16, 8), 3)
+    assert (fptr, grid, block, smem, stream) == (function_ptr(launch.kernel), launch.blocks, launch.threads, 0, 0x5)
     P = kernel_loader.StepParams.from_address(ctypes.c_void_p.from_address(params).value)
     dec, q, tables, _sizes, cu, nt, batch, pos, kv, slots, ws = args
     assert (P.seq_lens_decoder, P.seq_lens_this_time, P.bsz) == (dec.data_ptr(), q.data_ptr(), 3)
     assert list(P.block_tables)[:2] == [tables[0].data_ptr()] * 2 and list(P.block_size) == [4, 2, 1, 1]
     assert (P.cu_seqlens_q, P.num_tokens, P.batch_id_per_token) == (cu.data_ptr(), nt.data_ptr(), batch.data_ptr())
     assert (P.position_ids, P.seq_lens_kv, P.slot_mapping) == (pos.data_ptr(), kv.data_ptr(), slots.data_ptr())
-    assert (P.capacity, P.num_caches, P.max_tiles) == (16, 2, 0)
+    tiles = ops._max_tiles(16, 8)  # the workspace's (StepBuffers(8, 16, ...)): every kernel's records
+    assert (P.capacity, P.num_caches, P.max_tiles) == (16, 2, tiles)
     assert P.tile_state == ws.data_ptr() and P.tile_status == ws.data_ptr() + 16
-    assert P.error_records == ws.data_ptr() + 24  # 2 state words + 1 tile-status word
+    assert P.error_records == ws.data_ptr() + 8 * (2 + max(tiles, 1))  # 2 state words, then the tile-status words
 
 
 @requires_torch

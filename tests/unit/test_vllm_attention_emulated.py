@@ -1,8 +1,8 @@
-"""kvaddr_vllm_step_v2a's metadata blocks, their source text run on the CPU
+"""``vllm_step<true>``'s metadata blocks, their source text run on the CPU
 (tests/support/vllm_attention_emulator.py: host threads, barriers, emulated shuffles) through
-the real planner (fake CuPy), against the NumPy reference: the worked example, random batches
-(1-4 groups, DCP, dummies, sliding windows), capacity overflow, corrupted inputs, lanes and
-rows per block. Skips without a C++20 compiler."""
+the real planner (fake CuPy, its automatic rows per block), against the NumPy reference: the
+worked example, random batches (1-4 groups, DCP, dummies, sliding windows), capacity overflow,
+corrupted inputs, a batch past pass 1's first chunk. Skips without a C++20 compiler."""
 
 from __future__ import annotations
 
@@ -23,24 +23,16 @@ NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables"
 BOTH = ("flashinfer", "varlen")
 
 
-#: The metadata implementation every test runs with (set by the ``emu`` fixture: each test
-#: runs once with meta_impl 0, the first version, and once with 1, the shorter chain).
-IMPL = {"meta_impl": 1}
-
-
-@pytest.fixture(params=[0, 1], ids=["impl0", "impl1"])
-def emu(monkeypatch, request):
+@pytest.fixture
+def emu(monkeypatch):
     vllm_attention_emulator.library()
-    monkeypatch.setitem(IMPL, "meta_impl", request.param)
     return install(monkeypatch, on_launch=vllm_attention_emulator.on_launch)
 
 
-def run(cfg, x, attention=BOTH, N=4096, padded=None, **kw):
+def run(cfg, x, attention=BOTH, N=4096, padded=None):
     from kvaddr.engines.vllm import VllmStepPlanner
 
-    kw.setdefault("meta_impl", IMPL["meta_impl"])
-
-    pl = VllmStepPlanner(**planner_kwargs(cfg), attention=attention, kv_indices_capacity=N, **kw)
+    pl = VllmStepPlanner(**planner_kwargs(cfg), attention=attention, kv_indices_capacity=N)
     a = pl.attention_outputs
     for buf in (a.qo_indptr, a.kv_indptr, a.kv_indices, a.kv_last_page_len, a.cu_seqlens_k):
         if buf is not None:
@@ -115,12 +107,12 @@ def test_random_batches(emu, seed):
         dcp_sharded=sharded,
         sliding_window_reach=reach,
     )
-    run(cfg, x, N=1 << 14, padded=M, meta_lanes=(4, 8, 16, 32)[seed % 4], meta_rows=(8, 16, 32, 64)[seed % 4])
+    run(cfg, x, N=1 << 14, padded=M)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_random_batches_default_geometry(emu, seed):
-    """The automatic (lanes, rows), long rows (B = 1: up to 400 pages, past the columns each
+def test_long_and_short_rows(emu, seed):
+    """Long rows (B = 1: up to 400 pages, past the columns each
     lane group loads before the barrier) and short ones, a sliding window."""
     rng = np.random.default_rng(50 + seed)
     cfg, x = random_case(
@@ -140,7 +132,7 @@ def test_random_batches_default_geometry(emu, seed):
 def test_capacity_overflow(emu, N):
     rng = np.random.default_rng(N)
     cfg, x = random_case(rng, max_num_reqs=90, num_reqs=85, block_sizes=(4, 16), max_query=3, max_context=100)
-    _, want = run(cfg, x, N=N, meta_rows=32)
+    _, want = run(cfg, x, N=N)
     assert want.error_mask & 512
 
 
@@ -149,7 +141,7 @@ def test_corrupted_inputs(emu, seed):
     rng = np.random.default_rng(100 + seed)
     cfg, x = random_case(rng, max_num_reqs=80, num_reqs=75, block_sizes=(16, 7), max_query=5, cp_size=(1, 2)[seed % 2])
     x = corrupt(rng, cfg, x, rate=0.08)
-    run(cfg, x, N=700, meta_rows=32)
+    run(cfg, x, N=700)
 
 
 @pytest.mark.parametrize("groups", [("flashinfer",), ("varlen",)])
@@ -159,12 +151,11 @@ def test_one_group_of_outputs(emu, groups):
     run(cfg, x, attention=groups, N=2000)
 
 
-@pytest.mark.parametrize(("rows", "lanes"), [(256, 32), (128, 4)])
-def test_pass1_past_one_chunk(emu, rows, lanes):
-    """num_reqs 2500 > VLLM_META_R * VLLM_THREADS = 1024: pass 1's loop after its first chunk
-    (vllm_attn_block1 peels the first chunk), 2 groups, dummies."""
-    rng = np.random.default_rng(rows)
+def test_pass1_past_one_chunk(emu):
+    """num_reqs 2500 > VLLM_META_R * VLLM_THREADS = 1024: pass 1's loop after its first chunk,
+    2 groups, dummies."""
+    rng = np.random.default_rng(256)
     cfg, x = random_case(
         rng, max_num_reqs=2600, num_reqs=2500, block_sizes=(16, 5), max_query=2, max_context=90, dummy_fraction=0.1
     )
-    run(cfg, x, N=1 << 17, padded=2600, meta_rows=rows, meta_lanes=lanes)
+    run(cfg, x, N=1 << 17, padded=2600)

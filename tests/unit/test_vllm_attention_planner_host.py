@@ -1,12 +1,13 @@
-"""VllmStepPlanner(attention=...) host side on the CPU (fake CuPy): the kernel it picks, the
-appended struct fields, the grid (num_groups * meta_blocks more blocks), the error records,
-the buffers, the memoised path, and the option checks."""
+"""VllmStepPlanner(attention=...) host side on the CPU (fake CuPy): the kernel it picks (the
+dispatch table's), the appended struct fields, the grid (num_groups * meta_blocks more blocks),
+the error records, the buffers, the memoised path, and the option checks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kvaddr import dispatch
 from tests.support.vllm_fake_cupy import install, on_fake
 
 NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
@@ -29,7 +30,7 @@ def _worked(G=2, rows=4):
 
 
 def test_struct_grid_records_and_buffers(fake):
-    from kvaddr.engines.vllm import VllmStepPlanner
+    from kvaddr.engines.vllm import VllmStepPlanner, auto_meta_rows
 
     d = _worked(G=2, rows=300)
     pl = VllmStepPlanner(
@@ -41,21 +42,20 @@ def test_struct_grid_records_and_buffers(fake):
         dcp_sharded=[True, False],
         attention="flashinfer,varlen",
         kv_indices_capacity=1000,
-        meta_lanes=8,
-        meta_rows=64,
-        meta_impl=0,
     )
-    assert pl.kernel_name == "kvaddr_vllm_step_v2a" and pl.attention == ("flashinfer", "varlen")
+    assert pl.kernel_name == dispatch.vllm_kernel(True) and pl.attention == ("flashinfer", "varlen")
     out = pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
     L = fake.launches[-1]
     p = L["params"]
-    assert L["name"] == "kvaddr_vllm_step_v2a"
-    # meta blocks: ceil((300 + 1) / 64 rows) = 5 per group, 10 in all, after v2's blocks
-    # (1 token block, 2 request blocks, ceil(2 groups * 2 rows * 32 lanes / 256) = 1 gather block)
-    assert p["meta_blocks"] == 5 and p["meta_rows"] == 64 and L["grid"] == (1 + 2 + 1 + 10, 1, 1)
-    assert pl.grid(3, 2) == 14
-    assert p["attention"] == 3 and p["kv_indices_capacity"] == 1000 and p["meta_entries"] == 200
-    assert p["meta_lanes"] == 8 and p["meta_impl"] == 0 and pl.meta_impl == 0 and pl.meta_rows == 64
+    assert L["name"] == dispatch.vllm_kernel(True)
+    # meta blocks: ceil((300 + 1) / meta_rows) per group, after the step's blocks (1 token
+    # block, 2 request blocks, ceil(2 groups * 2 rows * 32 lanes / 256) = 1 gather block)
+    assert pl.meta_rows == auto_meta_rows(300, 2) == 16
+    blocks = -(-301 // pl.meta_rows)
+    assert p["meta_blocks"] == blocks and p["meta_rows"] == pl.meta_rows and pl.attention_blocks == 2 * blocks
+    assert L["grid"] == (1 + 2 + 1 + 2 * blocks, 1, 1) and pl.grid(3, 2) == L["grid"][0]
+    assert p["attention"] == 3 and p["kv_indices_capacity"] == 1000 and p["meta_entries"] == -(-1000 // blocks)
+    assert p["meta_impl"] == 0  # the one metadata implementation
     a = out.attention
     assert a is pl.attention_outputs
     assert p["qo_indptr"] == a.qo_indptr.data.ptr and a.qo_indptr.shape == (301,)
@@ -69,14 +69,12 @@ def test_struct_grid_records_and_buffers(fake):
     # group 0 is sharded (its L is the local length), group 1 is not
     assert a.seqused_k[0] is out.dcp_local_seq_lens and a.seqused_k[1] is out.seq_lens
     # one error record per warp of the token, request and metadata blocks
-    assert pl._records.shape == ((1 + 2 + 10) * 8, 2)
+    assert pl._records.shape == ((1 + 2 + 2 * blocks) * 8, 2)
+    assert pl._records.shape == pl.error_records_shape(300, 6, attention_blocks=pl.attention_blocks)
     # the memoised path launches the same kernel with the same grid
     pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
     assert pl._memo is not None and fake.launches[-1]["grid"] == L["grid"]
-    assert fake.launches[-1]["name"] == "kvaddr_vllm_step_v2a"
-    pl.meta_lanes = 32
-    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
-    assert fake.launches[-1]["params"]["meta_lanes"] == 32
+    assert fake.launches[-1]["name"] == dispatch.vllm_kernel(True)
 
 
 def test_without_attention_nothing_changes(fake):
@@ -86,7 +84,11 @@ def test_without_attention_nothing_changes(fake):
     pl = VllmStepPlanner(4, 6, [4], [4])
     out = pl.compute(*(d[k] for k in NAMES))
     L = fake.launches[-1]
-    assert L["name"] == "kvaddr_vllm_step_v2" and out.attention is None and pl.attention_outputs is None
+    assert (
+        L["name"] == dispatch.vllm_kernel(False) == pl.kernel_name
+        and out.attention is None
+        and pl.attention_outputs is None
+    )
     assert L["params"]["attention"] == 0 and L["params"]["meta_blocks"] == 0
     assert L["grid"] == (1 + 1 + 1, 1, 1)
     assert pl._records.shape == (2 * 8, 2)
@@ -102,10 +104,10 @@ def test_varlen_only_and_page_table(fake):
     assert p["attention"] == 2 and p["kv_indptr"] is None and p["kv_indices_capacity"] == 0
     a = out.attention
     assert a.kv_indices is None and a.page_table is out.input_block_tables
-    # page_table alone needs no metadata blocks: plain v2
+    # page_table alone needs no metadata blocks: the kernel without attention
     pl = VllmStepPlanner(4, 6, [4], [4], attention="page_table")
     pl.compute(*(d[k] for k in NAMES))
-    assert fake.launches[-1]["name"] == "kvaddr_vllm_step_v2"
+    assert fake.launches[-1]["name"] == dispatch.vllm_kernel(False)
     assert pl.attention_outputs.page_table is pl.outputs.input_block_tables
 
 
@@ -116,10 +118,6 @@ def test_varlen_only_and_page_table(fake):
         (dict(attention="flashinfer", kv_indices_capacity=0), ValueError, "kv_indices_capacity must be"),
         (dict(attention="flashmla"), ValueError, "attention must name groups among"),
         (dict(attention=5), TypeError, "attention must be None"),
-        (dict(attention="varlen", kernel="v1"), ValueError, r"kernel must be one of \['v2'\], got 'v1'"),
-        (dict(attention="varlen", meta_lanes=12), ValueError, r"meta_lanes must be one of \(4, 8, 16, 32\)"),
-        (dict(attention="varlen", meta_rows=100), ValueError, r"meta_rows must be one of \(8, 16, 32, 64, 128, 256\)"),
-        (dict(attention="varlen", meta_impl=2), ValueError, r"meta_impl must be one of \(0, 1\)"),
     ],
 )
 def test_option_checks(fake, kw, exc, match):
@@ -145,56 +143,32 @@ def test_reference_records_fit_the_key():
     np.testing.assert_equal(E.VERR_KV_INDICES_CAPACITY & E.GROUP_BITS, 512)
 
 
-def test_meta_rows_256(fake):
-    from kvaddr.engines.vllm import VllmStepPlanner
-
-    d = _worked(G=1, rows=300)
-    pl = VllmStepPlanner(300, 6, [4], [4], attention="flashinfer", kv_indices_capacity=10, meta_rows=256)
-    pl.compute(*(d[k] for k in NAMES))
-    p = fake.launches[-1]["params"]
-    assert p["meta_blocks"] == 2 and p["meta_rows"] == 256 and p["meta_entries"] == 5
-    assert fake.launches[-1]["grid"] == (1 + 2 + 1 + 2, 1, 1)
-
-
 @pytest.mark.parametrize(
-    ("M", "G", "impl", "want"),
+    ("M", "G", "rows"),
     [
-        (128, 1, 1, (16, 16)),  # decode 64: 9 blocks
-        (2048, 2, 1, (16, 16)),  # decode 1024, 2 groups: 2 * 129 = 258 <= 264
-        (8192, 1, 1, (8, 32)),  # decode 4096: 513 blocks at 16 rows > 264 -> 32 rows, 257 blocks
-        (8192, 2, 1, (4, 64)),  # 2 * 257 > 264 -> 64 rows, 2 * 129 = 258
-        (8192, 4, 1, (4, 128)),  # 4 * 65 = 260
-        (8192, 4, 0, (32, 128)),  # the first version: 32 lanes
-        (1 << 16, 4, 1, (4, 256)),  # nothing fits: 256 rows
-        (4, 1, 0, (32, 16)),
+        (128, 1, 16),  # decode 64: 9 blocks
+        (2048, 2, 16),  # decode 1024, 2 groups: 2 * 129 = 258 <= 264
+        (8192, 1, 32),  # decode 4096: 513 blocks at 16 rows > 264 -> 32 rows, 257 blocks
+        (8192, 2, 64),  # 2 * 257 > 264 -> 64 rows, 2 * 129 = 258
+        (8192, 4, 128),  # 4 * 65 = 260
+        (1 << 16, 4, 256),  # nothing fits: 256 rows
+        (4, 1, 16),
     ],
 )
-def test_auto_meta_geometry(M, G, impl, want):
-    from kvaddr.engines.vllm import META_BLOCKS_CAP, auto_meta_geometry
+def test_auto_meta_rows(M, G, rows):
+    from kvaddr.engines.vllm import META_BLOCKS_CAP, auto_meta_rows
 
-    lanes, rows = auto_meta_geometry(M, G, impl)
-    assert (lanes, rows) == want
+    assert auto_meta_rows(M, G) == rows
     blocks = G * -(-(M + 1) // rows)
     assert blocks <= META_BLOCKS_CAP or rows == 256
 
 
-def test_default_geometry_and_impl(fake):
-    from kvaddr.engines.vllm import VllmStepPlanner
+def test_the_planner_takes_the_automatic_rows(fake):
+    from kvaddr.engines.vllm import VllmStepPlanner, auto_meta_rows
 
-    d = _worked(G=2, rows=300)
-    pl = VllmStepPlanner(300, 6, [4, 16], [4, 4], attention="flashinfer,varlen", kv_indices_capacity=1000)
-    assert (pl.meta_lanes, pl.meta_rows, pl.meta_impl) == (32, 16, 0)
-    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
-    L = fake.launches[-1]
-    p = L["params"]
-    # ceil(301 / 16) = 19 blocks per group, 38 in all, after 1 token, 2 request and 1 gather block
-    assert p["meta_blocks"] == 19 and p["meta_rows"] == 16 and p["meta_lanes"] == 32 and p["meta_impl"] == 0
-    assert L["grid"] == (1 + 2 + 1 + 38, 1, 1)
-    assert pl._records.shape == ((1 + 2 + 38) * 8, 2)
-    assert p["meta_entries"] == -(-1000 // 19)
-    # meta_impl is read from the parameter block: settable, the next launch carries it
-    pl.meta_impl = 1
-    pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=5)
-    assert fake.launches[-1]["params"]["meta_impl"] == 1 and fake.launches[-1]["grid"] == L["grid"]
-    with pytest.raises(ValueError, match="meta_impl must be one of"):
-        pl.meta_impl = 3
+    d = _worked(G=1, rows=300)
+    pl = VllmStepPlanner(300, 6, [4], [4], attention="flashinfer", kv_indices_capacity=10)
+    pl.compute(*(d[k] for k in NAMES))
+    p = fake.launches[-1]["params"]
+    assert p["meta_rows"] == pl.meta_rows == auto_meta_rows(300, 1)
+    assert p["meta_blocks"] == -(-301 // pl.meta_rows) and p["meta_entries"] == -(-10 // p["meta_blocks"])

@@ -73,11 +73,10 @@ def _same_launch(a, b):
     assert a["params"] == b["params"]
 
 
-@pytest.mark.parametrize("kernel", ["v2"])
 @pytest.mark.parametrize("G, stacked", [(1, False), (2, False), (2, True), (3, True)])
-def test_launch_parameters_equal_compute(fake, kernel, G, stacked):
+def test_launch_parameters_equal_compute(fake, G, stacked):
     d = _inputs(G, stacked)
-    pl = _planner(G, kernel=kernel)
+    pl = _planner(G)
     bound = _bind(pl, d)
     for padded, idx in ((2, [2, 0]), (4, [2, 0]), (None, [2, 0]), (3, [1, -1, 3]), (4, [3]), (1, [3]), (0, [])):
         n = len(idx)
@@ -345,34 +344,20 @@ def test_num_reqs_padded(fake):
 
 
 def test_grid_and_lanes_follow_num_reqs(fake):
-    for kernel in ("v2",):
-        pl = vllm_module.VllmStepPlanner(600, 600, [4, 4], [4, 4], kernel=kernel)
-        st = {
-            "num_computed_tokens": FakeArray(np.zeros(600, np.int32)),
-            "block_tables": [FakeArray(np.zeros((600, 4), np.int32)) for _ in range(2)],
-            "num_blocks": [FakeArray(np.zeros(600, np.int32)) for _ in range(2)],
-        }
-        bound = pl.bind(**st)
-        for n, padded in ((2, 2), (2, 600), (300, 300), (3000 // 6, 520), (2, 2), (590, 600), (5, 5)):
-            d = dict(
-                st, idx_mapping=FakeArray(np.zeros(n, np.int32)), query_start_loc=FakeArray(np.zeros(n + 1, np.int32))
-            )
-            _compute(pl, d, padded)
-            want = fake.launches[-1]
-            _launch(bound, d, padded)
-            _same_launch(fake.launches[-1], want)
-
-
-def test_fixed_pair_lanes_are_taken_at_bind(fake):
-    d = _inputs(G=2)
-    pl = _planner(G=2, pair_lanes=8)
-    bound = _bind(pl, d)
-    pl.pair_lanes = 16  # after the bind: not this binding's
-    _launch(bound, d)
-    assert fake.launches[-1]["params"]["pair_lanes"] == 8
-    pl.pair_lanes = 8
-    _compute(pl, d)
-    _same_launch(fake.launches[-2], fake.launches[-1])
+    pl = vllm_module.VllmStepPlanner(600, 600, [4, 4], [4, 4])
+    st = {
+        "num_computed_tokens": FakeArray(np.zeros(600, np.int32)),
+        "block_tables": [FakeArray(np.zeros((600, 4), np.int32)) for _ in range(2)],
+        "num_blocks": [FakeArray(np.zeros(600, np.int32)) for _ in range(2)],
+    }
+    bound = pl.bind(**st)
+    for n, padded in ((2, 2), (2, 600), (300, 300), (3000 // 6, 520), (2, 2), (590, 600), (5, 5)):
+        d = dict(st, idx_mapping=FakeArray(np.zeros(n, np.int32)), query_start_loc=FakeArray(np.zeros(n + 1, np.int32)))
+        _compute(pl, d, padded)
+        want = fake.launches[-1]
+        assert want["grid"][0] == pl.grid(padded, n)
+        _launch(bound, d, padded)
+        _same_launch(fake.launches[-1], want)
 
 
 def test_streams(fake):
@@ -437,15 +422,14 @@ def test_the_binding_holds_its_arrays():
 
 
 @pytest.mark.skipif(vllm_emulator.CXX is None, reason="no C++ compiler: kernel emulation skipped")
-@pytest.mark.parametrize("kernel", ["v2"])
-def test_bound_launches_match_the_emulated_kernel(monkeypatch, kernel):
+def test_bound_launches_match_the_emulated_kernel(monkeypatch):
     """Steps over persistent request state (new contents in place every step, a corrupted entry
     every other step), a new batch object of a new size every step: every bound launch agrees with
     the reference, outputs and error record."""
     install(monkeypatch, on_launch=vllm_emulator.run)
     rng = np.random.default_rng(11)
     cfg, x = random_case(rng, max_num_reqs=40, num_reqs=30, block_sizes=(4, 16), max_query=3)
-    pl = vllm_module.VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel)
+    pl = vllm_module.VllmStepPlanner(**planner_kwargs(cfg))
     state = {
         k: ([FakeArray(a.copy()) for a in x[k]] if isinstance(x[k], list) else FakeArray(x[k].copy())) for k in STATE
     }

@@ -391,19 +391,17 @@ def test_num_reqs_padded_remembered_object_and_every_order(fake):
     assert len(fake.described) - before == 7 + 2 + 2 * 3
 
 
-def test_pair_lanes_and_grid_calls(fake):
+def test_a_grid_call_for_another_batch_leaves_the_next_launch_alone(fake):
     pl = _planner(G=2)
     d = _inputs(G=2)
     _call(pl, d)
     _call(pl, d)
-    assert _last(fake)["params"]["pair_lanes"] == 32  # auto, for 4 pairs
-    pl.grid(4000)  # writes the struct's lanes for another batch (8 for 8000 pairs)
+    want = _last(fake)
+    assert want["params"]["pair_lanes"] == pl.auto_pair_lanes(4)  # 2 groups x 2 rows
+    pl.grid(4000)  # writes the struct's lanes for another batch (8000 pairs)
+    assert pl._params.pair_lanes == pl.auto_pair_lanes(8000) != want["params"]["pair_lanes"]
     _call(pl, d)
-    assert _last(fake)["params"]["pair_lanes"] == 32 and _last(fake)["grid"] == (3 + 1 + 1, 1, 1)
-    pl.pair_lanes = 8  # forgets the memo (it holds the grid)
-    assert pl._memo is None
-    _call(pl, d)
-    assert _last(fake)["params"]["pair_lanes"] == 8 and _last(fake)["grid"] == (3 + 1 + 1, 1, 1)
+    assert _last(fake)["params"] == want["params"] and _last(fake)["grid"] == want["grid"] == (3 + 1 + 1, 1, 1)
 
 
 def test_streams(fake):
@@ -429,7 +427,7 @@ def test_streams(fake):
     CupyLikeStream.__module__ = "cupy.cuda.stream"
     c = CupyLikeStream(0x80)
     _call(pl, d, stream=c)
-    assert pl._stream_obj is c and pl._stream_ptr == 0x80
+    assert pl._stream._obj is c and pl._stream._ptr == 0x80
     _call(pl, d, stream=c)
     assert _last(fake)["stream"] == 0x80
     _call(pl, d, stream=None)  # CuPy's current stream, looked up at each call

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvaddr import dispatch
 from kvaddr.engines.vllm_reference import vllm_step_reference
 from tests.support import vllm_emulator
 from tests.support.vllm_cases import assert_same, corrupt, new_batch, planner_kwargs, random_case, worked_example
@@ -39,30 +40,21 @@ def check(impl, cfg, x, padded=None, errors=True, label=""):
     return want
 
 
-def _impls(cfg, kernel="v2", pair_lanes=None):
+def _impls(cfg):
+    """The one-launch planner and the three-launch baseline of ``cfg``."""
     from kvaddr.engines.vllm import VllmStepPlanner
     from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
 
-    one = VllmStepPlanner(**planner_kwargs(cfg), kernel=kernel, pair_lanes=pair_lanes)
-    return one, VllmThreeLaunch(**planner_kwargs(cfg))
+    return VllmStepPlanner(**planner_kwargs(cfg)), VllmThreeLaunch(**planner_kwargs(cfg))
 
 
-#: The one-launch kernel (kvaddr_vllm_step_v2) with each gather width (auto, 8, 32).
-KERNELS = [("v2", None), ("v2", 8), ("v2", 32)]
-
-
-@pytest.fixture(params=KERNELS, ids=lambda k: f"{k[0]}-{k[1] or 'auto'}")
-def kernel(request):
-    return request.param
-
-
-def test_worked_example(emu, kernel):
+def test_worked_example(emu):
     cfg, x = worked_example()
-    one, three = _impls(cfg, *kernel)
+    one, three = _impls(cfg)
     check(one, cfg, x)
     check(three, cfg, x, errors=False)
     assert [L["name"] for L in emu.launches] == [
-        "kvaddr_vllm_step_v2",
+        dispatch.vllm_kernel(False),
         "kvaddr_vllm3_prepare",
         "kvaddr_vllm3_gather",
         "kvaddr_vllm3_slots",
@@ -70,9 +62,9 @@ def test_worked_example(emu, kernel):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_worked_example_dcp(emu, rank, kernel):
+def test_worked_example_dcp(emu, rank):
     cfg, x = worked_example(cp_size=2, cp_rank=rank)
-    one, three = _impls(cfg, *kernel)
+    one, three = _impls(cfg)
     check(one, cfg, x)
     check(three, cfg, x, errors=False)
 
@@ -115,7 +107,7 @@ def test_random_steps_match_the_reference(data):
 
 
 def _steps(data, rng, cfg, state, M, max_query, seed):
-    one, three = _impls(cfg, *data.draw(st.sampled_from(KERNELS)))
+    one, three = _impls(cfg)
     bad = data.draw(st.booleans())
     for step in range(3):
         n = data.draw(st.integers(0, M))
@@ -129,10 +121,10 @@ def _steps(data, rng, cfg, state, M, max_query, seed):
             check(three, cfg, x, padded, errors=False, label=label)
 
 
-def test_stale_rows(emu, kernel):
+def test_stale_rows(emu):
     rng = np.random.default_rng(3)
     cfg, state = random_case(rng, max_num_reqs=64, num_reqs=64, block_sizes=(4, 16), max_query=6, spare_tokens=400)
-    one, three = _impls(cfg, *kernel)
+    one, three = _impls(cfg)
     for n in [64, 5, 40, 0, 63, 1, 30]:
         x = new_batch(rng, cfg, state, n, max_query=6)
         padded = min(64, n + int(rng.integers(0, 9)))
@@ -142,7 +134,7 @@ def test_stale_rows(emu, kernel):
         assert (one._row_fill.a[:, n:] == 0).all()
 
 
-def test_bad_input_matrix_device_rows(emu, kernel):
+def test_bad_input_matrix_device_rows(emu):
     from kvaddr.engines.vllm_config import VllmStepConfig
     from tests.support.vllm_bad_input_matrix import ROWS
 
@@ -151,30 +143,27 @@ def test_bad_input_matrix_device_rows(emu, kernel):
             continue
         cfg_kw, x = row.make()
         cfg = VllmStepConfig(**cfg_kw)
-        one, _ = _impls(cfg, *kernel)
+        one, _ = _impls(cfg)
         want = check(one, cfg, x, row.num_reqs_padded, label=row.id)
         assert want.error_mask == row.bits, row.id
 
 
-@pytest.mark.parametrize("kernel", [("v2", None)], ids=["v2"])
-def test_large_decode_batch(emu, kernel):
+def test_large_decode_batch(emu):
     rng = np.random.default_rng(8)
     cfg, x = random_case(rng, max_num_reqs=5000, num_reqs=4500, block_sizes=(16, 64), max_query=1, dummy_fraction=0.1)
-    one, three = _impls(cfg, *kernel)
+    one, three = _impls(cfg)
     check(one, cfg, x, 4600)
     check(three, cfg, x, 4600, errors=False)
 
 
-def test_caller_out_tables_are_zeroed_in_full_then_kept_clean(emu, kernel):
+def test_caller_out_tables_are_zeroed_in_full_then_kept_clean(emu):
     from kvaddr.engines.vllm import VllmStepPlanner
     from tests.support.vllm_fake_cupy import FakeArray
 
     rng = np.random.default_rng(12)
     cfg, state = random_case(rng, max_num_reqs=40, num_reqs=40, block_sizes=(4, 16), max_query=5, spare_tokens=300)
     tables = [FakeArray(np.full((40, w), 77, np.int32)) for w in cfg.widths]
-    one = VllmStepPlanner(
-        **planner_kwargs(cfg), out={"input_block_tables": tables}, kernel=kernel[0], pair_lanes=kernel[1]
-    )
+    one = VllmStepPlanner(**planner_kwargs(cfg), out={"input_block_tables": tables})
     for n in [10, 0, 40, 3]:
         x = new_batch(rng, cfg, state, n, max_query=5)
         check(one, cfg, x, min(40, n + 4), label=f"num_reqs {n}")

@@ -50,7 +50,7 @@ def _records(shape, dtype=np.int64, dev=0):
     ("M", "T", "R"),
     [(4, 6, 16), (4, 600, 32), (257, 256, 24), (256, 8192, 264), (1, 1, 16)],
 )
-def test_error_records_shape_is_one_pair_per_warp_of_the_v2_blocks(fake, M, T, R):
+def test_error_records_shape_is_one_pair_per_warp_of_the_steps_blocks(fake, M, T, R):
     from kvaddr.engines.vllm import VllmStepPlanner
 
     assert VllmStepPlanner.error_records_shape(M, T) == (R, 2)
@@ -167,9 +167,7 @@ def test_bad_error_records_are_refused_naming_the_argument(fake, make, exc, msg)
     assert not fake.launches
 
 
-def test_the_first_kernel_is_gone_and_the_baseline_takes_no_records(fake):
-    with pytest.raises(ValueError, match=r"kernel must be one of \['v2'\], got 'v1'"):
-        _planner(kernel="v1")
+def test_the_baseline_takes_no_records(fake):
     from kvaddr.strategies.vllm_three_launch import VllmThreeLaunch
 
     with pytest.raises(ValueError, match="error_records is only taken by the one-launch step.*not by VllmThreeLaunch"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvaddr import dispatch
 from tests.support.vllm_fake_cupy import FakeArray, install
 
 
@@ -38,7 +39,7 @@ def test_one_launch_struct_and_grid(fake):
     assert len(fake.launches) == 1
     L = fake.launches[0]
     p = L["params"]
-    assert L["fn"] == fake.names["kvaddr_vllm_step_v2"] and L["stream"] == 77 and L["block"] == 256
+    assert L["fn"] == fake.names[dispatch.vllm_kernel(False)] and L["stream"] == 77 and L["block"] == 256
     # grid: ceil(6/256) token blocks + ceil(4/256) request blocks + ceil(2 groups * 2 rows * 32 lanes / 256)
     assert L["grid"] == (3, 1, 1) and p["token_blocks"] == 1 and p["request_blocks"] == 1
     assert p["idx_mapping"] == d["idx_mapping"].data.ptr and p["idx_is_64"] == 0
@@ -61,18 +62,17 @@ def test_one_launch_struct_and_grid(fake):
     assert p["errors"] == pl._records.data.ptr
 
 
-def test_v2_struct_grid_and_records(fake):
+def test_struct_grid_and_records(fake):
     from kvaddr.engines.vllm import VllmStepPlanner
 
     _, d = _worked(G=2)
-    pl = VllmStepPlanner(4, 600, [4, 4], [4, 4], cp_size=2, cp_rank=1)  # kernel="v2" by default
-    assert pl.kernel == "v2" and pl.kernel_name == "kvaddr_vllm_step_v2"
-    with pytest.raises(AttributeError):
-        pl.kernel = "v1"  # fixed at construction
+    pl = VllmStepPlanner(4, 600, [4, 4], [4, 4], cp_size=2, cp_rank=1)
+    assert pl.kernel_name == dispatch.vllm_kernel(False)
+    assert set(fake.names) == set(dispatch.vllm_kernels(False))  # compiled: the dispatch table's kernels only
     pl.compute(*(d[k] for k in NAMES), num_reqs_padded=3, stream=77)
     L = fake.launches[-1]
     p = L["params"]
-    assert L["fn"] == fake.names["kvaddr_vllm_step_v2"] and L["stream"] == 77 and L["block"] == 256
+    assert L["fn"] == fake.names[dispatch.vllm_kernel(False)] and L["stream"] == 77 and L["block"] == 256
     # ceil(600/256) = 3 token blocks + 1 request block + the gather: 2 groups x 2 real rows (not
     # the padded 3: rows past the batch are the request role's) x 32 lanes, in 256-thread blocks
     assert p["token_blocks"] == 3 and p["request_blocks"] == 1 and p["pair_lanes"] == 32
@@ -87,18 +87,6 @@ def test_v2_struct_grid_and_records(fake):
     assert pl.errors() == (9, 55)  # the host reduces the records: OR of the masks, least key
     assert pl._records.a[:, 0].tolist() == [0] * 32 and pl._records.a[:, 1].tolist() == [2**64 - 1] * 32  # reset
     assert pl.errors() == (0, 2**64 - 1)
-    # the gather width is settable; a bad one is refused before the launch
-    pl.pair_lanes = 8
-    pl.compute(*(d[k] for k in NAMES))
-    p = fake.launches[-1]["params"]
-    assert p["pair_lanes"] == 8 and fake.launches[-1]["grid"] == (5, 1, 1)
-    with pytest.raises(ValueError, match=r"pair_lanes must be one of \(8, 16, 32\) or None, got 12"):
-        pl.pair_lanes = 12
-    assert pl.pair_lanes == 8
-    with pytest.raises(ValueError, match=r"pair_lanes must be one of"):
-        VllmStepPlanner(4, 6, [4], [4], pair_lanes=64)
-    with pytest.raises(ValueError, match=r"kernel must be one of \['v2'\], got 'v3'"):
-        VllmStepPlanner(4, 6, [4], [4], kernel="v3")
 
 
 def test_a_caller_table_is_zeroed_in_full_by_the_first_call(fake):

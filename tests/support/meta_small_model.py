@@ -1,5 +1,5 @@
-"""A line-by-line Python model of kernels.cu's kv_meta_one: the metadata blocks of
-``kvaddr_step1m_c{G}_*`` (the small-batch step with attention outputs).
+"""A line-by-line Python model of the metadata blocks of ``step_small_attention<G, pos>`` (the
+small-batch step with attention outputs).
 
 It reads the launch's ``KvStepParams`` (kernel_loader.StepParams) as the kernel does, from
 host memory the pointers address (the fake device arrays of
@@ -14,9 +14,7 @@ exclusive prefixes (32-lane warps, saturating), warp totals, the absolute prefix
 the one barrier; each warp copies the rows of requests r0 + warp, r0 + warp + warps, ..., the
 first one's first ``pre`` x 32 columns loaded before the barrier (columns < the table width,
 whatever the row's pages). Returns the error records ``(record index, mask, key)`` of every
-warp of every metadata block (record = blockIdx.x * threads / 32 + warp). Of the
-``one_meta_flags`` only EMPTY (8: the blocks return at once) has an effect; ``one_meta_lanes``
-has none (a warp per request).
+warp of every metadata block (record = blockIdx.x * threads / 32 + warp).
 """
 
 from __future__ import annotations
@@ -24,10 +22,8 @@ from __future__ import annotations
 from kvaddr.errors import NO_ERROR_KEY, error_key
 from tests.support.meta_kernel_model import FLASHINFER, PAGE_TABLE, VARLEN, _pages, _sat, _view
 
-EMPTY = 8
 
-
-def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -> list:
+def run_meta_small(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -> list:
     bsz, flags, N, T = P.bsz, P.attention, P.kv_indices_capacity, threads
     assert bsz <= T <= 256 and T % 32 == 0, (bsz, T)
     G = num_caches
@@ -43,9 +39,6 @@ def run_meta_one(P, blocks: int, threads: int, num_caches: int, pre: int = 16) -
     records = []
     for blk in range(token_blocks, blocks):
         first_rec = blk * warps
-        if P.one_meta_flags & EMPTY:
-            records += [(first_rec + w, 0, NO_ERROR_KEY) for w in range(warps)]
-            continue
         mr = blocks - 1 - blk
         g, k = (mr % G, mr // G) if rows and G > 1 else (0, mr)
         varlen = bool(flags & VARLEN) and g == 0
