@@ -1,0 +1,39 @@
+"""The kernels of kernels.cu by name: one place for the loader, the dispatch table and the tests.
+
+``LIBRARY_KERNELS``: the CuPy ``name_expressions`` of the library's template kernels (a module
+compiles only the instantiations it names). ``BASELINE_KERNELS``: the ``extern "C"`` kernels the
+profiler measures the library against, compiled only with ``-DKV_BASELINES``.
+"""
+
+from __future__ import annotations
+
+_POS = ("long long", "int")
+_CACHES = range(5)
+
+LIBRARY_KERNELS: tuple[str, ...] = (
+    *(f"step_multiblock<{pos}>" for pos in _POS),
+    *(f"step_small<{g}, {pos}>" for pos in _POS for g in _CACHES),
+    *(f"step_small_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
+    *(f"step_wide<{g}, {pos}, {r}>" for r in (4, 8, 16) for pos in _POS for g in _CACHES),
+    *(f"step_wide_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
+    "vllm_step<false>",
+    "vllm_step<true>",
+)
+
+BASELINE_KERNELS: tuple[str, ...] = (
+    "kvaddr_slots_i64",
+    "kvaddr_slots_i32",
+    "kvaddr_where_pad",
+    "kvaddr_engine_pages",
+    "kvaddr_engine_cumsum",
+    "kvaddr_engine_copy_pages",
+    "kvaddr_engine_pad_pages",
+    "kvaddr_engine_last_page",
+    "kvaddr_engine_max",
+    "kvaddr_empty",
+    "kvaddr_one_block_i64",
+    "kvaddr_one_block_i32",
+    "kvaddr_vllm3_prepare",
+    "kvaddr_vllm3_gather",
+    "kvaddr_vllm3_slots",
+)
