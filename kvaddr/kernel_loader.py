@@ -229,7 +229,7 @@ class StepParams(ctypes.Structure):
         ("cu_seqlens_q", _U64),  # [bsz + 1], int32
         ("num_tokens", _U64),  # [] (one value), int32
         ("batch_id_per_token", _U64),  # [capacity], int32 (-1 padding)
-        ("position_ids", _U64),  # [capacity], int64 (kvaddr_step_i64) or int32 (kvaddr_step_i32)
+        ("position_ids", _U64),  # [capacity], int64 (PosT = long long) or int32 (PosT = int)
         ("seq_lens_kv", _U64),  # [bsz], int32
         ("slot_mapping", _U64),  # [num_caches, capacity], int64 (-1 padding / bad)
         # -- device state (owned by the planner) --
@@ -256,11 +256,6 @@ class StepParams(ctypes.Structure):
         ("meta_per_cache", _I32),  # int32: metadata blocks per cache (>= 1 with attention)
         ("meta_entries", _I32),  # int32: E, kv_indices entries per metadata block
         ("num_meta", _I32),  # int32: metadata blocks after the token blocks (0 when off)
-        ("meta_impl", _I32),  # int32: 1 = request-parallel metadata blocks, 0 = the first version
-        ("meta_lanes", _I32),  # int32: lanes per request of the request-parallel copy (4, 8, 16, 32)
-        # -- appended: kvaddr_step1m_* (the small-batch step with attention outputs) --
-        ("one_meta_lanes", _I32),  # int32: unused since session 12 (kvaddr_step1m_* copies a row per warp)
-        ("one_meta_flags", _I32),  # int32: KV_M1_EMPTY 8 (a timing ablation) | KV_M1_ROWS_BY_PAGES 16, or 0
     ]
 
 

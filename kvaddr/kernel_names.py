@@ -1,9 +1,8 @@
-"""The kernels of kvaddr/kernels.cu, by the names the loader compiles them under.
+"""The kernels of kernels.cu by name: one place for the loader, the dispatch table and the tests.
 
-``LIBRARY_KERNELS`` are template kernels, named by their CuPy ``name_expressions``
-(compiled one module per set a planner needs, on first use); ``BASELINE_KERNELS`` are the
-``extern "C"`` kernels the profiler compares the library against (one module, compiled
-with ``-DKV_BASELINES`` when a baseline strategy first runs).
+``LIBRARY_KERNELS``: the CuPy ``name_expressions`` of the library's template kernels (a module
+compiles only the instantiations it names). ``BASELINE_KERNELS``: the ``extern "C"`` kernels the
+profiler measures the library against, compiled only with ``-DKV_BASELINES``.
 """
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ _POS = ("long long", "int")
 _CACHES = range(5)
 
 LIBRARY_KERNELS: tuple[str, ...] = (
-    *(f"step_multiblock<{p}>" for p in _POS),
-    *(f"step_small<{g}, {p}>" for p in _POS for g in _CACHES),
-    *(f"step_small_attention<{g}, {p}>" for p in _POS for g in _CACHES),
-    *(f"step_wide<{g}, {p}, {r}>" for r in (4, 8, 16) for p in _POS for g in _CACHES),
-    *(f"step_wide_attention<{g}, {p}>" for p in _POS for g in _CACHES),
+    *(f"step_multiblock<{pos}>" for pos in _POS),
+    *(f"step_small<{g}, {pos}>" for pos in _POS for g in _CACHES),
+    *(f"step_small_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
+    *(f"step_wide<{g}, {pos}, {r}>" for r in (4, 8, 16) for pos in _POS for g in _CACHES),
+    *(f"step_wide_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
     "vllm_step<false>",
     "vllm_step<true>",
 )

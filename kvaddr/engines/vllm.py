@@ -158,9 +158,7 @@ class VllmStepParams(ctypes.Structure):
         ("kv_indices_capacity", _I32),
         ("meta_blocks", _I32),
         ("meta_entries", _I32),
-        ("meta_lanes", _I32),
         ("meta_rows", _I32),
-        ("meta_impl", _I32),
     ]
 
 

@@ -1,7 +1,6 @@
 """kvaddr/constants.py is the one home of shared constants: the copies that must live
 elsewhere (kernels.cu's #defines, the public re-exports) agree with it."""
 
-import os
 import re
 
 import numpy as np
@@ -12,19 +11,16 @@ from kvaddr.measure import timing
 from kvaddr.outputs import PAD_SLOT_ID
 from kvaddr.strategies import cpu, names
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-KERNELS = os.path.join(HERE, "..", "..", "kvaddr", "kernels.cu")
+from tests.support.kernel_source import expand
 
 
 def test_max_caches_is_kernels_cu_kv_max_caches():
-    with open(KERNELS, encoding="utf-8") as fh:
-        found = re.findall(r"^#define KV_MAX_CACHES (\d+)\s*$", fh.read(), flags=re.M)
+    found = re.findall(r"^#define KV_MAX_CACHES (\d+)\s*$", expand(), flags=re.M)
     assert found == [str(constants.MAX_CACHES)]
 
 
 def test_one_block_limit_is_kernels_cu_kv_one_block_max_requests():
-    with open(KERNELS, encoding="utf-8") as fh:
-        found = re.findall(r"^#define KV_ONE_BLOCK_MAX_REQUESTS (\d+)\s*$", fh.read(), flags=re.M)
+    found = re.findall(r"^#define KV_ONE_BLOCK_MAX_REQUESTS (\d+)\s*$", expand(), flags=re.M)
     assert found == [str(constants.ONE_BLOCK_MAX_REQUESTS)] == ["1024"]
     assert constants.REQUEST_LIMITS == {"one-block": 1024}
 

@@ -2,7 +2,8 @@
 (kernel_loader.StepParams) agree on field names, order, sizes, offsets and sizeof
 (nvcc compiles a host program that #includes kernels.cu; host code needs no GPU); the
 baseline kernels' argument structures match their C signatures; the error bits are
-named #defines equal to kvaddr/errors.py's ERR_*."""
+named #defines equal to kvaddr/errors.py's ERR_*. The source is kernels.cu with its family
+headers expanded."""
 
 import ctypes
 import re
@@ -14,13 +15,15 @@ import numpy as np
 import pytest
 
 from kvaddr import errors, kernel_loader
+from kvaddr.kernel_names import BASELINE_KERNELS, LIBRARY_KERNELS
+from tests.support.kernel_source import KERNELS_CU, expand
 
 NVCC = shutil.which("nvcc")
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _struct_body(name: str) -> str:
-    m = re.search(rf"^struct {name} \{{\n(.*?)^\}};", kernel_loader.source(), flags=re.M | re.S)
+    m = re.search(rf"^struct {name} \{{\n(.*?)^\}};", expand(), flags=re.M | re.S)
     assert m, f"struct {name} not found in kernels.cu"
     return m.group(1)
 
@@ -72,7 +75,7 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     for name, ctype in S._fields_:
         assert getattr(S, name).offset == end, name  # no padding before any field
         end += ctypes.sizeof(ctype)
-    assert ctypes.sizeof(S) == end == 280 and ctypes.alignment(S) == 8
+    assert ctypes.sizeof(S) == end == 264 and ctypes.alignment(S) == 8
 
 
 STRUCTS = [("KvStepParams", kernel_loader.StepParams), ("KvOneBlockParams", kernel_loader.OneBlockParams)]
@@ -105,7 +108,8 @@ def test_params_layout_matches_nvcc(tmp_path):
     """sizeof, alignof and every field's offset and size of each by-value parameter struct
     (KvStepParams, KvOneBlockParams), as nvcc's host compiler lays them out, equal ctypes'
     (the same compiler family lays out the device side). One host program for all."""
-    lines = ["#include <cstddef>", "#include <cstdio>", f'#include "{kernel_loader.SOURCE_PATH}"', "int main() {"]
+    lines = ["#include <cstddef>", "#include <cstdio>", "#define KV_BASELINES"]  # KvOneBlockParams is a baseline's
+    lines += [f'#include "{kernel_loader.SOURCE_PATH}"', "int main() {"]
     for cname, S in STRUCTS:
         lines.append(f'    std::printf("{cname} sizeof %zu\\n", sizeof({cname}));')
         lines.append(f'    std::printf("{cname} alignof %zu\\n", alignof({cname}));')
@@ -138,7 +142,7 @@ def test_params_layout_matches_nvcc(tmp_path):
 
 
 def _kernel_params(name: str) -> list[str]:
-    m = re.search(rf"\b{name}\(([^)]*)\)\s*\{{", kernel_loader.source())
+    m = re.search(rf"\b{name}\(([^)]*)\)\s*\{{", expand())
     assert m, name
     return [p.strip() for p in m.group(1).split(",")]
 
@@ -159,9 +163,10 @@ def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
         assert (_c_kind(ctype), None) == _ctypes_kind(pytype), (kernel, param, name)
 
 
-def test_fused_kernels_take_one_struct_by_value():
-    for name in ("kvaddr_step_i64", "kvaddr_step_i32"):
-        assert _kernel_params(name) == ["const KvStepParams params"]
+def test_step_kernels_take_one_struct_by_value():
+    for name in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
+        want = "const VllmStepParams p" if name.startswith("vllm_") else "const KvStepParams params"
+        assert _kernel_params(name) == [want], name
 
 
 def test_positional_args_convert_in_field_order():
@@ -205,8 +210,8 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
     assert c["KV_ERR_KV_INDICES_CAPACITY"] == errors.ERR_KV_INDICES_CAPACITY == 16
     assert {v for k, v in c.items() if k.startswith("KV_ERR_")} == set(errors.ERROR_REASONS)
     # the kernel's key is errors.error_key's layout
-    assert "(token << 32) | (request << 5) | (cache << 3) | bit_index" in kernel_loader.source()
-    src = kernel_loader.source()
+    assert "(token << 32) | (request << 5) | (cache << 3) | bit_index" in expand()
+    src = expand()
     # Errors are recorded by name only: no literal bits passed to err.add / err.flag.
     assert not re.search(r"err\.(add|flag)\(\s*\d", src)
     flagged = set(re.findall(r"err\.flag\((KV_ERR_\w+)", src))
@@ -219,40 +224,19 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
     }
 
 
-def test_baseline_kernels_are_in_their_own_section_after_the_library_kernels():
-    src = kernel_loader.source()
-    lib = src.index("// LIBRARY KERNELS")
-    base = src.index("// BASELINE (MEASUREMENT) KERNELS:")
-    end = src.index("// END OF BASELINE (MEASUREMENT) KERNELS")
-    assert lib < base < end
+def test_kernels_live_in_their_family_headers():
+    """The library kernels are templates in step.cuh and vllm.cuh; every extern "C" kernel is a
+    baseline, in baselines.cuh (compiled only with KV_BASELINES)."""
+    headers = {h.name: h.read_text() for h in (KERNELS_CU.parent / "kernels").glob("*.cuh")}
 
-    def where(name):
-        return re.search(rf"__global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(", src).start()
+    def home(pattern):
+        return sorted(name for name, text in headers.items() if re.search(pattern, text, flags=re.M))
 
-    single_block = {f"kvaddr_step1{k}_c{g}_{pos}" for k in ("", "old", "m") for pos in ("i64", "i32") for g in range(5)}
-    single_block |= {f"kvaddr_step1w{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)}
-    single_block |= {f"kvaddr_step1wm{r}_c{g}_{pos}" for r in (4, 8, 16) for pos in ("i64", "i32") for g in range(5)}
-    for name in ("kvaddr_step_i64", "kvaddr_step_i32", *single_block):
-        assert lib < where(name) < base
-    engine = {f"kvaddr_engine_{k}" for k in ("pages", "cumsum", "copy_pages", "pad_pages", "last_page", "max")}
-    baseline = {
-        "kvaddr_slots_i64",
-        "kvaddr_slots_i32",
-        "kvaddr_where_pad",
-        "kvaddr_empty",
-        "kvaddr_one_block_i64",
-        "kvaddr_one_block_i32",
-    } | engine
-    for name in baseline:
-        assert base < where(name) < end
-    vllm = (
-        "kvaddr_vllm_step_v2",
-        "kvaddr_vllm_step_v2a",
-        "kvaddr_vllm3_prepare",
-        "kvaddr_vllm3_gather",
-        "kvaddr_vllm3_slots",
-    )
-    for name in vllm:
-        assert end < where(name)  # the vLLM sections come after the core baseline section
-    assert set(kernel_loader.KERNEL_NAMES) == {"kvaddr_step_i64", "kvaddr_step_i32", *single_block, *baseline, *vllm}
+    for template in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
+        want = ["vllm.cuh"] if template.startswith("vllm_") else ["step.cuh"]
+        assert home(rf"^__global__ void __launch_bounds__\(.*\) {template}\(") == want, template
+    for name in BASELINE_KERNELS:
+        assert home(rf'^extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(') == ["baselines.cuh"]
+    assert home(r'^extern "C"') == ["baselines.cuh"]
+    assert len(re.findall(r'^extern "C" __global__', headers["baselines.cuh"], flags=re.M)) == len(BASELINE_KERNELS)
 

@@ -12,12 +12,13 @@ import pytest
 
 from kvaddr import kernel_loader
 from kvaddr.engines.vllm import VllmStepParams
+from tests.support.kernel_source import expand
 
 NVCC = shutil.which("nvcc")
 
 
 def test_ctypes_fields_are_the_c_fields_in_order():
-    src = kernel_loader.source()
+    src = expand()
     body = src[src.index("struct VllmStepParams {") : src.index("};", src.index("struct VllmStepParams {"))]
     import re
 
