@@ -247,7 +247,6 @@ class StepPlanner:
         P.meta_per_cache = self._meta_per_cache  # int32
         P.meta_entries = self._meta_entries  # int32: E
         P.num_meta = self._num_meta  # int32
-        set_metadata_lanes(P)
 
     def _attention_outputs(self, bsz: int):
         """AttentionOutputs views for a batch of bsz (page_table set per call), None when off."""
@@ -548,10 +547,3 @@ class StepPlanner:
         :meth:`check` clear after reading already; this is for a fresh start (e.g. after
         a run whose errors were expected)."""
         self._errors.clear(stream)
-
-
-def set_metadata_lanes(P) -> None:
-    """The parameter block's lanes per request of ``step_multiblock``'s metadata row copy (32:
-    a warp per request's row), where the kernel still reads it."""
-    if any(name == "meta_lanes" for name, _ in type(P)._fields_):
-        P.meta_lanes = 32  # int32

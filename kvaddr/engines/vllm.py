@@ -46,8 +46,6 @@ WARPS = THREADS // 32
 THREADS_3 = 128
 #: Lanes per (group, row) pair of the step's block-table gather, by batch size (auto_pair_lanes).
 PAIR_LANES = (8, 16, 32)
-#: Lanes per request of the attention metadata's row copy (a warp per row).
-META_LANES = 32
 #: The automatic geometry keeps num_groups * meta_blocks at most this (2 blocks per SM of an
 #: H200): every metadata block reads all num_reqs lengths (pass 1), so more blocks cost L2
 #: traffic and a second wave (measured: 32 lanes x 16 rows at max_num_reqs 8192 and 2 groups,
@@ -338,8 +336,6 @@ class VllmStepPlanner:
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
         self._set_attention_params()
-        if any(name == "meta_lanes" for name, _ in VllmStepParams._fields_):
-            p.meta_lanes = META_LANES  # int32: lanes per request of the metadata row copy
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.

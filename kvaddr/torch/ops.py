@@ -877,8 +877,6 @@ def _bind(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws, lay=No
 def _attention_params(P, lay: _Layout, out) -> int:
     """The attention fields of the kernel's parameter struct (as ``StepPlanner._attention_params``),
     on the views of ``out``; returns the number of metadata blocks."""
-    from kvaddr.planner import set_metadata_lanes
-
     v = lay.attention_views(out)
     groups, M = lay.attention, lay.max_requests
     ptr = lambda name: v[name].data_ptr() if name in v else 0  # noqa: E731
@@ -898,7 +896,6 @@ def _attention_params(P, lay: _Layout, out) -> int:
     P.meta_per_cache = per_cache  # int32
     P.meta_entries = entries  # int32: E
     P.num_meta = num_meta  # int32
-    set_metadata_lanes(P)
     return num_meta
 
 

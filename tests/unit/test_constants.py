@@ -10,7 +10,6 @@ from kvaddr import constants
 from kvaddr.measure import timing
 from kvaddr.outputs import PAD_SLOT_ID
 from kvaddr.strategies import cpu, names
-
 from tests.support.kernel_source import expand
 
 

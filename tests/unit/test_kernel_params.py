@@ -239,4 +239,3 @@ def test_kernels_live_in_their_family_headers():
         assert home(rf'^extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(') == ["baselines.cuh"]
     assert home(r'^extern "C"') == ["baselines.cuh"]
     assert len(re.findall(r'^extern "C" __global__', headers["baselines.cuh"], flags=re.M)) == len(BASELINE_KERNELS)
-

@@ -92,7 +92,7 @@ def test_kernels_cu_only_includes_family_headers():
 
 def test_constants_and_kernel_names_are_in_the_source():
     src = expand()
-    c = dict((k, int(v)) for k, v in re.findall(r"^#define (KV_[A-Z_0-9]+) (\d+)\s*(?://.*)?$", src, flags=re.M))
+    c = {k: int(v) for k, v in re.findall(r"^#define (KV_[A-Z_0-9]+) (\d+)\s*(?://.*)?$", src, flags=re.M)}
     assert c["KV_THREADS"] % 32 == 0 and c["KV_TOKENS"] % c["KV_THREADS"] == 0
     assert c["KV_MAX_CACHES"] == 4 and c["KV_TILE"] >= c["KV_THREADS"]
     for name in BASELINE_KERNELS:
