@@ -205,6 +205,7 @@ class _Layout:
         "attention",
         "block_sizes",
         "capacity",
+        "config",
         "kv_indices_capacity",
         "max_requests",
         "meta",
