@@ -15,6 +15,7 @@ from kvaddr import kernel_loader
 from tests.support.ablation import ablation_source
 
 NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.toolchain  # opt-in: --run-toolchain (tests/conftest.py)
 MASKS = (0, 1, 2, 4, 8, 16, 32, 64, 79, 95, 127, 128, 256, 384, 416, 512, 591)
 MASKS += (417,)  # round 2: the error-record merge (the clearing and store variants went with sticky records)
 #: KV_V9_DEFAULT: the fixes the library's kvaddr_step1_c* instantiate

@@ -10,6 +10,7 @@ import pytest
 from kvaddr import kernel_loader
 
 NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.toolchain  # opt-in: --run-toolchain (tests/conftest.py)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: kernels.cu compile check skipped")
