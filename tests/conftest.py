@@ -1,4 +1,4 @@
-"""The test session: hypothesis profiles, the opt-in toolchain checks, and skips grouped by cause.
+"""How pytest runs these tests: hypothesis profiles, the opt-in toolchain checks, and skips grouped by cause.
 
 Hypothesis profiles (``KVADDR_HYPOTHESIS_PROFILE``): ``dev`` (the default: 30 examples per property,
 quick on a laptop), ``ci`` (100 examples, what .ci/run runs) and ``gpu`` (600 examples, the GPU suite).
