@@ -361,18 +361,22 @@ def use_cuda_for(device: str, command: str, verb: str) -> bool:
 
     use_cuda, reason = use_gpu(device)
     if reason is not None:
-        err_console().print(
-            f"kvaddr {command}: no CUDA device found ({reason}); {verb} the NumPy strategies on the CPU"
-        )
+        err_console().print(f"kvaddr {command}: no CUDA device found: {reason}; {verb} the NumPy strategies on the CPU")
     return use_cuda
 
 
 def resolve_modes(mode: str | None, use_cuda: bool, command: str) -> tuple:
     """``--mode`` as the modes to run: the GPU runs the one asked (both by default), the CPU eager only
-    (saying so on stderr when graph mode was asked)."""
+    (``--mode graph`` exits 3 there; ``both`` says on stderr that only eager mode runs)."""
     if use_cuda:
         return {"eager": ("eager",), "graph": ("graph",)}.get(mode, MODES)
-    if mode in ("graph", "both"):
+    if mode == "graph":
+        raise Abort(
+            EXIT_ENV,
+            f"--mode graph: CUDA graphs need a GPU; kvaddr {command} runs the NumPy strategies on the CPU "
+            "here, eager only: leave out --mode or give --mode eager",
+        )
+    if mode == "both":
         err_console().print(f"kvaddr {command}: graph mode needs a CUDA device; the CPU path measures eager mode only")
     return ("eager",)
 

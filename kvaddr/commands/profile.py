@@ -16,6 +16,7 @@ import click
 from kvaddr.commands.common import (
     EXIT_CODES_HELP,
     EXIT_ENV,
+    Abort,
     FloatBounds,
     IntBounds,
     IntList,
@@ -67,8 +68,10 @@ Python serving loop pays, synchronised at the end of each block) and GPU
 time (CUDA events); graph mode captures whole steps per strategy into a CUDA
 graph (as many as make about 200 us, cycling through the input sets) and
 times replays (GPU time per step). Without a GPU the NumPy strategies
-run on the CPU (eager only, host wall time). Each row gives median, IQR and
-sample count; the floor row is one empty launch per step in the same mode.
+run on the CPU (eager only, host wall time): their timings are NumPy code's,
+not the GPU kernels', and --mode graph exits 3. Each row gives median, IQR
+and sample count; on a GPU the floor row is one empty launch per step in the
+same mode.
 A difference whose interquartile ranges overlap the per-layer baseline's is
 reported as "within noise", never as a saving.
 
@@ -249,20 +252,44 @@ class ConsoleProgress(Progress):
             self.bar = None
 
 
-def profile_and_report(config: ProfileConfig, *, stdout_json: bool, tables: bool = True) -> dict:
+def refuse_graph_mode_without_gpu(config: ProfileConfig, command: str = "profile") -> None:
+    """``--mode graph`` on the core engine without a GPU: exit 3 (``--device cpu``: a usage error), not a run
+    that quietly measures eager mode only."""
+    from kvaddr.measure.environment import use_gpu
+
+    if config.mode != "graph" or config.engine != "core" or config.device == "cuda":
+        return  # --device cuda without a GPU exits 3 on its own
+    if config.device == "cpu":
+        raise click.BadParameter(
+            "CUDA graphs need a GPU, and --device cpu runs the NumPy strategies, eager only; "
+            "leave out --mode or give --mode eager",
+            param_hint="'--mode'",
+        )
+    use_cuda, reason = use_gpu(config.device)
+    if not use_cuda:
+        raise Abort(
+            EXIT_ENV,
+            f"--mode graph: CUDA graphs need a GPU, and no CUDA device was found ({reason}); without one "
+            f"kvaddr {command} times the NumPy strategies on the CPU, eager only: leave out --mode or give --mode eager",
+        )
+
+
+def profile_and_report(
+    config: ProfileConfig, *, stdout_json: bool, tables: bool = True, command: str = "profile"
+) -> dict:
     """Run ``config`` and report it as ``kvaddr profile`` does; return the report.
 
     Status lines and the progress bar go to stderr (no bar with ``stdout_json``);
     the JSON document goes to stdout with ``stdout_json``, else the tables (when
     ``tables``) and, with ``config.json_path``, the JSON file; ``config.save_path``
-    saves the run as a baseline.
+    saves the run as a baseline. Status lines start ``kvaddr COMMAND:``.
     """
     from kvaddr.measure.profile_run import run
     from kvaddr.measure.report import render_report
     from kvaddr.measure.vllm_profile import VLLM_KIND, render_vllm_report
 
     err = err_console()
-    doc = run(config, ConsoleProgress(err, show_bar=err.is_terminal and not stdout_json))
+    doc = run(config, ConsoleProgress(err, show_bar=err.is_terminal and not stdout_json, prefix=f"kvaddr {command}"))
     if stdout_json:
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -274,7 +301,7 @@ def profile_and_report(config: ProfileConfig, *, stdout_json: bool, tables: bool
         from kvaddr.gate.baseline_file import save_runs
 
         for action in save_runs(config.save_path, [doc]):
-            err.print(f"kvaddr profile: baseline {config.save_path}: {action}")
+            err.print(f"kvaddr {command}: baseline {config.save_path}: {action}")
     return doc
 
 
@@ -459,6 +486,7 @@ def profile(ctx, **options):
     config = validated(ProfileConfig(**options, option_order=order))
     check_output_path(config.json_path, "--json")
     check_save_path(config.save_path)
+    refuse_graph_mode_without_gpu(config)
     profile_and_report(config, stdout_json=config.json_path == "-")
     err_console().print(f"kvaddr profile: done in {time.perf_counter() - started:.1f} s")
 
@@ -513,11 +541,12 @@ def info(as_json):
         table = Table(show_header=False, box=None, pad_edge=False)
         table.add_column(no_wrap=True)
         table.add_column()
-        missing = "not found"
+        # Driver, runtime and NVRTC are asked of CuPy: without it they were not looked for.
+        missing = "not found" if report["cupy"] else "not checked: CuPy is not installed"
         table.add_row("kvaddr", report["kvaddr"])
         table.add_row("Python", report["python"])
         table.add_row("NumPy", report["numpy"])
-        table.add_row("CuPy", report["cupy"] or missing)
+        table.add_row("CuPy", report["cupy"] or "not installed")
         table.add_row("CUDA driver", report["cuda_driver"] or ("none" if report["cupy"] else missing))
         table.add_row("CUDA runtime", report["cuda_runtime"] or missing)
         table.add_row("NVRTC", report["nvrtc"] or missing)

@@ -231,11 +231,30 @@ power-of-two bins).
 
 A bad line (not JSON, missing or inconsistent fields, or addresses that do
 not fit the request's blocks) is reported on stderr with its line number and
-skipped; every good line still replays, and the command then exits 1.
+skipped; every good line still replays, and the command then exits 1. A
+trace that cannot be read to its end (a truncated or corrupt .gz) is
+replayed up to the break, reported, and the command exits 1.
 
 Block sizes come from the trace's header line, else from --block-size (or
 the model's). The model (layers) comes from --model / --layers, else the
 header's model, else {DEFAULT_MODEL}.
+"""
+
+REPLAY_EXIT_CODES_HELP = f"""\b
+Exit status:
+    0  every line replayed and every check passed
+    1  a check failed (a strategy's output differs from the reference:
+       no report); or the trace has bad lines, or cannot be read to its
+       end (a truncated or corrupt .gz): the steps that could be read were
+       replayed and reported; or no step to replay (or kvaddr hit an
+       internal error)
+    2  usage error: a bad option value, a TRACE that cannot be opened or
+       whose first line cannot be read, or an output PATH (--json) that
+       cannot be written, found before any work
+    3  environment problem: --device cuda without a CUDA device, --mode
+       graph without one, CuPy missing, kernels.cu does not compile for
+       this GPU, or an output file whose write fails at the end
+{EXIT_PIPE_HELP}
 """
 
 
@@ -257,7 +276,7 @@ def _replay(
     from click.core import ParameterSource
 
     from kvaddr.measure.environment import environment_record
-    from kvaddr.traces.format import TraceReader
+    from kvaddr.traces.format import DAMAGED, TraceReader
     from kvaddr.traces.replay import CpuReplayer, CudaReplayer, replay_trace
     from kvaddr.traces.report import render, replay_document
 
@@ -323,7 +342,10 @@ def _replay(
         def report_bad(stats):
             while shown[0] < min(len(stats.bad_examples), BAD_LINES_SHOWN):
                 line, reason = stats.bad_examples[shown[0]]
-                err.print(f"kvaddr replay: {trace_path}: line {line}: {reason} (skipped)")
+                if reason.startswith(DAMAGED):  # reading stopped: nothing after it, the steps before it replayed
+                    err.print(f"kvaddr replay: {trace_path}: line {line}: {reason}; the steps before it were replayed")
+                else:
+                    err.print(f"kvaddr replay: {trace_path}: line {line}: {reason} (skipped)")
                 shown[0] += 1
 
         err.print(
@@ -407,10 +429,18 @@ def _replay(
             write_json(doc, json_path, "replay")
     err.print(f"kvaddr replay: {stats.steps} steps in {wall:.1f} s")
     if stats.bad_lines:
+        damaged = [line for line, reason in stats.bad_examples if reason.startswith(DAMAGED)]
+        skipped = stats.bad_lines - len(damaged)
+        what = []
+        if skipped:
+            what.append(f"{skipped} bad line(s) in {trace_path} were skipped")
+        if damaged:
+            what.append(f"{trace_path} could not be read past line {damaged[0] - 1}")
         raise Abort(
             EXIT_CHECK,
-            f"{stats.bad_lines} bad line(s) in {trace_path} were skipped (first: line "
-            f"{stats.bad_examples[0][0]}); every good line was replayed",
+            "; ".join(what) + f"; the {stats.steps} good steps before that were replayed and reported"
+            if damaged
+            else f"{what[0]} (first: line {stats.bad_examples[0][0]}); every good line was replayed",
         )
 
 
@@ -542,8 +572,11 @@ def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, r
     else:
         config = profile_command.validated(ProfileConfig(**options, option_order=tuple(option_order)))
         profile_command.check_save_path(config.save_path)
-        doc = profile_command.profile_and_report(config, stdout_json=False, tables=sweep_json_path != "-")
-        err.print(f"kvaddr profile: done in {time.perf_counter() - started:.1f} s")
+        profile_command.refuse_graph_mode_without_gpu(config, "sweep")
+        doc = profile_command.profile_and_report(
+            config, stdout_json=False, tables=sweep_json_path != "-", command="sweep"
+        )
+        err.print(f"kvaddr sweep: profiled in {time.perf_counter() - started:.1f} s")
     doc = dict(doc)
     doc["sweep"] = sweep_json(doc)
     if sweep_json_path == "-":
@@ -566,8 +599,8 @@ def _sweep(option_order, plot_path=None, sweep_json_path=None, from_path=None, r
 # ----------------------------------------------------------------------------- profiles
 
 
-PROFILES_HELP = """List the workload profiles (name, description, where the numbers come from),
-or show one: `kvaddr profiles NAME`.
+PROFILES_HELP = """List the workload profiles (name and description), or show one with where its
+numbers come from: `kvaddr profiles NAME`.
 
 Profiles are TOML files (docs/profiles.md) found in $KVADDR_PROFILE_PATH's
 folders, then among the profiles kvaddr ships. Use one with
@@ -617,13 +650,15 @@ def _profiles(name, as_json):
     else:
         from rich.table import Table
 
+        # Name and description only: a source is a paragraph, shown by `kvaddr profiles NAME`.
         table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
         table.add_column("name", no_wrap=True)
         table.add_column("description", overflow="fold")
-        table.add_column("source", overflow="fold")
         for p in loaded:
-            table.add_row(p.name, p.description or "-", p.source or "-")
+            table.add_row(p.name, p.description or "-")
         out_console().print(table)
+        if loaded:
+            err.print("kvaddr profiles: where a profile's numbers come from: kvaddr profiles NAME")
         if not loaded and not failed:
             err.print("kvaddr profiles: no profile found (searched $KVADDR_PROFILE_PATH and kvaddr's own)")
     for _name, msg in failed:
@@ -773,7 +808,7 @@ def generate(**options):
 
 @click.command(
     "replay",
-    help=REPLAY_HELP + "\n" + EXIT_CODES_HELP,
+    help=REPLAY_HELP + "\n" + REPLAY_EXIT_CODES_HELP,
     epilog=examples(
         "kvaddr replay run.jsonl.gz",
         "kvaddr replay run.jsonl.gz --mode graph --eager-every 10 --json replay.json",

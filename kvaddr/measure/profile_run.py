@@ -1013,7 +1013,7 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
     workload = config.workload()
     use_cuda, no_gpu_reason = use_gpu(config.device)
     if no_gpu_reason is not None:
-        progress.note(f"no CUDA device found ({no_gpu_reason}); profiling the NumPy strategies on the CPU")
+        progress.note(f"no CUDA device found: {no_gpu_reason}; profiling the NumPy strategies on the CPU")
     if use_cuda:
         modes = {"eager": ("eager",), "graph": ("graph",)}.get(config.mode, MODES)
     else:

@@ -113,6 +113,10 @@ def format_ms(ms: float) -> str:
     return f"{ms:g} ms"
 
 
+#: What the CPU path times: say it wherever its numbers are shown, so they are not read as the GPU kernels'.
+CPU_WHAT = "NumPy strategies on the CPU, not the GPU kernels"
+
+
 def measure_label(mode: str, clock: str, device: str) -> str:
     if device == "cpu":
         return "CPU (NumPy), host wall time"
@@ -177,20 +181,27 @@ def headline(
         if m is None:
             continue
         c = compare_to_reference(base.summary, m.summary, step_ms)
-        who = PHRASES[name]
+        who = PHRASES[name] if device != "cpu" else name
         first = not parts
         tail = f" per {step_word} at batch {batch}" if first else ""
         if c.verdict == "saving":
             share = format_pct(c.step_pct if step_ms is not None else c.saved_pct)
             if first:
                 share += f" of a {format_ms(step_ms)} step" if step_ms is not None else " of the per-layer time"
-            parts.append(f"{who} saves {format_us(c.saved_us)}{tail} ({share})")
+            if device == "cpu":  # host time of NumPy code: no claim about what a kernel saves
+                parts.append(
+                    f"{who} takes {format_us(c.saved_us)} less{' than per-layer' if first else ''}{tail} ({share})"
+                )
+            else:
+                parts.append(f"{who} saves {format_us(c.saved_us)}{tail} ({share})")
         elif c.verdict == "slower":
             parts.append(f"{who} costs {format_us(-c.saved_us)} more{tail}")
         else:
             parts.append(f"{who} is within noise of per-layer" + (f" at batch {batch}" if first else ""))
     if not parts:
         return None
+    if device == "cpu":
+        return f"{measure_label(mode, clock, device)} of NumPy code, not the GPU kernels: " + "; ".join(parts) + "."
     return f"{measure_label(mode, clock, device)}: " + "; ".join(parts) + "."
 
 
@@ -232,16 +243,19 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
     from rich.table import Table
 
     sizes = ", ".join(map(str, dict.fromkeys(workload["block_sizes"])))
+    cpu = device == "cpu"
     title = (
         f"batch {shape['batch']}: {workload['model']}, {count(workload['num_layers'], 'layer')} x "
         f"{count(workload['num_caches'], 'cache')} (B = {sizes}), {count(shape['capacity'], 'token')}/step; "
-        f"times in us per step"
+        + (f"{CPU_WHAT}; " if cpu else "")
+        + "times in us per step"
     )
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
     headers = ["strategy", "launches", "median", "IQR", "n", "saved", "saved %"]
     if step_ms is not None:
         headers.append("of step")
-    headers.append("x floor")
+    if not cpu:  # the CPU path's floor is an empty Python call, no launch: no floor column there
+        headers.append("x floor")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
     skipped = shape.get("skipped") or {}
@@ -252,7 +266,9 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
         # Rows of strategies this batch did not run, in strategy order, before `before` (None: all left).
         while pending and (before is None or order.get(pending[0], -1) < order.get(before, len(order))):
             name = pending.pop(0)
-            cells = [name, "-", "not run", "", "", "-", ""] + ([""] if step_ms is not None else []) + ["-"]
+            cells = (
+                [name, "-", "not run", "", "", "-", ""] + ([""] if step_ms is not None else []) + (["-"] * (not cpu))
+            )
             table.add_row(*cells, style="dim")
 
     section = None
@@ -263,6 +279,8 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
             table.add_row(short_label(r["mode"], r["clock"], device), style="bold")
             pending = [n for n in STRATEGY_NAMES if n in skipped] + [n for n in skipped if n not in order]
         not_run_rows(r["strategy"])
+        if cpu and r["strategy"] == FLOOR:
+            continue
         s, c, floor_ratio = r["summary"], r["vs_per_layer"], r["vs_floor"]
         share = ""
         if c is None:
@@ -285,25 +303,28 @@ def render_shape(console, shape: dict, workload: dict, device: str, step_ms: flo
         ]
         if step_ms is not None:
             cells.append(share)
-        cells.append(
-            "-" if floor_ratio is None else (f"{floor_ratio:.1f}x" if floor_ratio < 100 else f"{floor_ratio:.0f}x")
-        )
+        if not cpu:
+            cells.append(
+                "-" if floor_ratio is None else (f"{floor_ratio:.1f}x" if floor_ratio < 100 else f"{floor_ratio:.0f}x")
+            )
         table.add_row(*cells)
     not_run_rows(None)
     console.print(title, style="italic", soft_wrap=True)
     console.print(table)
     for name, reason in skipped.items():
         console.print(f"{name}: {reason} (batch {shape['batch']}).", soft_wrap=True)
-    floor_what = "one empty Python call" if device == "cpu" else "one empty kernel launch"
-    clocks = (
-        "host = wall time per step as the Python loop sees it"
-        if device == "cpu"
-        else "graph = CUDA-graph replays, eager = one launch at a time; host = wall time per step as a "
-        "Python loop sees it, GPU = CUDA events"
-    )
+    if cpu:
+        legend = (
+            "host = wall time per step as the Python loop sees it; launches = the kernel launches each "
+            "strategy stands for on a GPU."
+        )
+    else:
+        legend = (
+            "graph = CUDA-graph replays, eager = one launch at a time; host = wall time per step as a "
+            "Python loop sees it, GPU = CUDA events. floor = one empty kernel launch per step."
+        )
     console.print(
-        f"{clocks}. floor = {floor_what} per step. saved = per-layer median minus the row's "
-        f'(negative: slower; "within noise" when the IQRs overlap).',
+        f'{legend} saved = per-layer median minus the row\'s (negative: slower; "within noise" when the IQRs overlap).',
         soft_wrap=True,
     )
     for line in shape["headlines"]:

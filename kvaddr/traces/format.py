@@ -177,6 +177,10 @@ class BadLine:
     reason: str
 
 
+#: How a :class:`DamagedTrace`'s reason starts.
+DAMAGED = "reading stopped here"
+
+
 @dataclass(frozen=True)
 class DamagedTrace(BadLine):
     """The file could not be read past line ``line - 1`` (a truncated or corrupt gzip stream, a read error).
@@ -514,7 +518,7 @@ class TraceReader:
             line, exc = self._damage
             self._damage = None
             what = "the gzip stream ends early or is corrupt" if self._gzip else "the file cannot be read further"
-            yield DamagedTrace(line, f"reading stopped here: {what} ({exc}); lines 1-{line - 1} were read")
+            yield DamagedTrace(line, f"{DAMAGED}: {what} ({exc})")
 
     def close(self) -> None:
         for c in self._closers:
@@ -636,6 +640,7 @@ def padded_inputs(step: TraceStep, rows: int, capacity: int, width: int, block_s
 
 
 __all__ = [
+    "DAMAGED",
     "FORMAT_VERSION",
     "HEADER_KEY",
     "BadLine",

@@ -5,21 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-
-def gpu_skip_reason():
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'kvaddr[cuda12]'): GPU tests skipped"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device
-        return f"no CUDA device ({type(exc).__name__}: {exc}): GPU tests skipped"
-    return None if n > 0 else "no CUDA device: GPU tests skipped"
-
+from tests.support.skips import gpu_skip_reason, requires_gpu  # noqa: F401  (the GPU tests import them from here)
 
 SKIP_REASON = gpu_skip_reason()
-requires_gpu = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 
 def to_device(case):

@@ -3,6 +3,8 @@ steps, and a naive per-token oracle that the vectorised reference is checked aga
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kvaddr.errors import NO_ERROR_KEY, error_key
@@ -210,7 +212,37 @@ def random_step(
 
 
 def edge_cases():
-    """Named edge cases of the issue and the spec (name -> step kwargs)."""
+    """Named edge cases of the spec (name -> step kwargs): a fresh copy each call (the cases are built
+    once; collection alone asks for them dozens of times)."""
+    memo: dict = {}
+    return {name: _fresh(case, memo) for name, case in _edge_cases().items()}
+
+
+def _fresh(value, memo: dict):
+    """A copy of ``value`` (dicts, lists and arrays) that keeps each array's strides (a row-strided
+    table stays row-strided) and which objects are shared."""
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, dict):
+        out = {k: _fresh(v, memo) for k, v in value.items()}
+    elif isinstance(value, (list, tuple)):
+        out = type(value)(_fresh(v, memo) for v in value)
+    elif isinstance(value, np.ndarray):
+        base = value.base if isinstance(value.base, np.ndarray) else None
+        if base is None or value.flags.c_contiguous:
+            out = value.copy()
+        else:  # a view into a larger buffer: copy the buffer, view it the same way
+            buf = base.copy()
+            offset = value.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            out = np.ndarray(value.shape, value.dtype, buffer=buf, offset=offset, strides=value.strides)
+    else:
+        return value
+    memo[id(value)] = out
+    return out
+
+
+@functools.cache
+def _edge_cases():
     rng = np.random.default_rng(20261129)
     cases = {}
     cases["empty-batch"] = dict(

@@ -5,29 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvaddr.outputs import StepOutputs
-
-
-def torch_skip_reason():
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return "PyTorch is not installed (the CI venv has no torch): torch-op tests skipped"
-    return None
-
-
-def cuda_torch_skip_reason():
-    why = torch_skip_reason()
-    if why:
-        return why
-    import torch
-
-    if not torch.cuda.is_available():
-        return "torch has no CUDA device (torch.cuda.is_available() is False): GPU torch-op tests skipped"
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "CuPy is not installed (kvaddr launches its kernels through CuPy): GPU torch-op tests skipped"
-    return None
+from tests.support.skips import cuda_torch_skip_reason, torch_skip_reason  # noqa: F401  (the torch-op tests import them from here)
 
 
 def case_tensors(case, device):

@@ -39,12 +39,12 @@ def test_profile_prints_a_table_with_every_strategy():
     r = run("profile", *FAST)
     assert_clean(r)
     assert r.exit_code == 0, r.output
-    for name in STRATEGIES + ("floor",):
+    for name in STRATEGIES:
         assert name in r.stdout
-    for column in ("launches", "median", "IQR", "saved", "x floor"):
+    for column in ("launches", "median", "IQR", "saved"):
         assert column in r.stdout
     assert "batch 4" in r.stdout
-    assert "CPU (NumPy), host wall time:" in r.stdout  # the headline
+    assert "CPU (NumPy), host wall time of NumPy code, not the GPU kernels:" in r.stdout  # the headline
     assert "no CUDA device found" in r.stderr
     assert "no CUDA device found" not in r.stdout
     assert "━" not in r.stderr  # no progress bar when stderr is not a terminal
@@ -74,10 +74,33 @@ def test_profile_several_shapes_and_step_share():
     assert "glm-5" in r.stdout
 
 
-def test_graph_mode_on_the_cpu_says_so():
-    r = run("profile", *FAST, "--mode", "graph")
+def test_the_cpu_path_says_it_times_numpy_not_the_gpu_kernels():
+    r = run("profile", *FAST, "--device", "cpu")
     assert r.exit_code == 0, r.output
-    assert "graph mode needs a CUDA device" in r.stderr
+    title, header = r.stdout.splitlines()[:2]
+    assert "NumPy strategies on the CPU, not the GPU kernels" in title
+    # no floor: on the CPU it would be an empty Python call, no launch
+    assert "x floor" not in header and "floor" not in r.stdout
+    headline = [line for line in r.stdout.splitlines() if line.startswith("CPU (NumPy)")]
+    assert len(headline) == 1 and "not the GPU kernels" in headline[0]
+    assert "saves" not in headline[0] and "fusing" not in headline[0] and "hoisting" not in headline[0]
+    doc = json.loads(run("profile", *FAST, "--device", "cpu", "--json", "-").stdout)
+    assert any(res["strategy"] == "floor" for res in doc["shapes"][0]["results"])  # still in the JSON report
+
+
+def test_graph_mode_without_a_gpu_exits_3():
+    r = run("profile", *FAST, "--mode", "graph")
+    assert r.exit_code == 3, r.output
+    assert "--mode graph: CUDA graphs need a GPU" in r.stderr and r.stdout == ""
+    r = run("profile", *FAST, "--mode", "graph", "--device", "cpu")
+    assert r.exit_code == 2 and "CUDA graphs need a GPU" in r.stderr, r.output
+    r = run("profile", *FAST, "--mode", "both")  # eager measured, said on stderr
+    assert r.exit_code == 0 and "graph mode needs a CUDA device" in r.stderr, r.output
+
+
+def test_sweep_graph_mode_without_a_gpu_exits_3():
+    r = run("sweep", *FAST, "--mode", "graph")
+    assert r.exit_code == 3 and "--mode graph: CUDA graphs need a GPU" in r.stderr, r.output
 
 
 def test_device_cpu_does_not_probe(monkeypatch):
@@ -287,6 +310,18 @@ def test_info_without_a_gpu_exits_0():
         assert word in r.stdout
 
 
+def test_info_without_cupy_says_so_instead_of_not_found(monkeypatch):
+    none = {"cupy": None, "cuda_driver": None, "cuda_runtime": None, "nvrtc": None}
+    monkeypatch.setattr(environment, "cuda_versions", lambda: dict(none))
+    monkeypatch.setattr(environment, "probe_cuda", lambda: environment.CudaProbe(False, 0, "CuPy is not installed"))
+    r = run("info")
+    assert r.exit_code == 0, r.output
+    rows = {line.split("  ")[0]: line for line in r.stdout.splitlines()}
+    assert "not installed" in rows["CuPy"]
+    for row in ("CUDA driver", "CUDA runtime", "NVRTC"):
+        assert "not checked: CuPy is not installed" in rows[row] and "not found" not in rows[row]
+
+
 def test_info_json():
     r = run("info", "--json")
     assert r.exit_code == 0
@@ -335,6 +370,11 @@ def test_headline_sentence():
     line = headline(section, "graph", "gpu", "cuda", 64, "decode step", 12.0)
     assert "hoisting saves 1.4 ms per decode step at batch 64 (12% of a 12 ms step)" in line
     assert "fusing is within noise of per-layer" in line
+    cpu = {k: Measurement(v.strategy, "eager", "host", 1, 1, v.samples_us) for k, v in section.items()}
+    line = headline(cpu, "eager", "host", "cpu", 64, "decode step", None)
+    # NumPy's timings on the CPU: no claim of what hoisting or fusing saves on a GPU
+    assert line.startswith("CPU (NumPy), host wall time of NumPy code, not the GPU kernels: hoisted takes 1.4 ms less")
+    assert "saves" not in line and "fusing" not in line and "fused is within noise of per-layer" in line
     assert format_us(0.5) == "0.50 us" and format_us(415) == "415 us" and format_us(1392) == "1.4 ms"
 
 

@@ -26,11 +26,12 @@ from kvaddr import cli as cli_module
 from kvaddr.commands import common
 from kvaddr.commands.common import EXIT_PIPE, METAVARS, IntList, output_path_problem
 from kvaddr.measure import environment
+from tests.support import skips
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = environment.CudaProbe(False, 0, "CuPy is not importable (test)")
 FAST_PROFILE = ["--device", "cpu", "--batch", "1", "--layers", "2", "--budget", "0"]
-needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+needs_dev_full = skips.requires_dev_full
 
 
 @pytest.fixture(autouse=True)

@@ -202,7 +202,7 @@ def test_info_without_cupy(no_cupy):
 def test_profile_auto_without_a_driver_says_why_in_plain_words(no_driver):
     r = CliRunner().invoke(cli_module.cli, ["profile", "--layers", "1", "--budget", "0", "--batch", "4"])
     assert r.exit_code == 0, r.output
-    assert "no CUDA device found (no NVIDIA driver); profiling the NumPy strategies on the CPU" in " ".join(
+    assert "no CUDA device found: no NVIDIA driver; profiling the NumPy strategies on the CPU" in " ".join(
         r.stderr.split()
     )
     r = CliRunner().invoke(cli_module.cli, ["profile", "--device", "cuda", "--batch", "4"])

@@ -14,6 +14,7 @@ from kvaddr.kernel_names import BASELINE_KERNELS, LIBRARY_KERNELS
 from tests.support.kernel_source import expand
 
 NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.toolchain  # opt-in: --run-toolchain (tests/conftest.py)
 
 
 def instantiations() -> str:

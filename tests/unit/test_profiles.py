@@ -83,12 +83,13 @@ def test_every_bundled_profile_passes_its_commands_checks(name):
         assert r.exit_code == 0, (cmd, r.output)
 
 
-def test_profiles_command_lists_name_description_source():
+def test_profiles_command_lists_names_and_descriptions_and_shows_one_with_its_source():
     r = run("profiles")
     assert r.exit_code == 0, r.output
     for name in BUNDLED:
         assert name in r.stdout
-    assert "docs/spec.md" in r.stdout
+    assert "kvaddr profiles NAME" in r.stderr
+    assert "docs/spec.md" in run("profiles", "deepseek-v3.2-decode").stdout
     doc = json.loads(run("profiles", "--json").stdout)
     assert {p["name"] for p in doc["profiles"]} >= set(BUNDLED) and doc["errors"] == []
     one = run("profiles", "glm-5")
@@ -248,3 +249,19 @@ def test_profile_sets_attention_outputs(tmp_path):
     bad = write(tmp_path, 'description = "t"\nsource = "test"\n[profile]\nattention = ["flashattn"]\n', name="bad.toml")
     r = run("profile", "--profile", bad, "--device", "cpu", "--budget", "0")
     assert r.exit_code == 2 and "attention" in r.output, r.output
+
+
+def test_the_profile_list_reads_at_80_columns(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from kvaddr.commands import traces
+
+    buf = io.StringIO()
+    monkeypatch.setattr(traces, "out_console", lambda: Console(file=buf, width=80, markup=False, highlight=False))
+    r = run("profiles")
+    assert r.exit_code == 0, r.output
+    lines = buf.getvalue().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert len(lines) <= 1 + 3 * len(BUNDLED), lines  # the header, at most three lines a profile

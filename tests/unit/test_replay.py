@@ -197,6 +197,9 @@ def test_a_truncated_gzip_trace_replays_what_it_could_read(tmp_path, no_gpu):
     err = " ".join(r.stderr.split())
     assert f"line {items[-1].line}: reading stopped here: the gzip stream ends early or is corrupt" in err
     assert "Compressed file ended" in err and "internal error" not in err and "Traceback" not in r.output
+    # the steps before the break were replayed, not skipped
+    assert "the steps before it were replayed" in err and "(skipped)" not in err and "were skipped" not in err
+    assert f"could not be read past line {items[-1].line - 1}; the {len(good)} good steps before that" in err
     assert "per-layer" in r.stdout and "fused" in r.stdout  # the steps read so far are reported
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["trace"]["steps_replayed"] == len(good) and doc["trace"]["bad_lines"] == 1
@@ -212,6 +215,19 @@ def test_a_gzip_trace_with_a_bad_crc_replays_every_step_and_exits_1(tmp_path, no
     assert r.exit_code == 1, r.output
     assert "CRC check failed" in r.stderr and "line 52: reading stopped here" in " ".join(r.stderr.split())
     assert json.loads(r.stdout)["trace"]["steps_replayed"] == 50
+
+
+def test_replay_help_gives_the_exit_codes_of_a_damaged_trace():
+    text = " ".join(run("replay", "--help").stdout.split())
+    exit_text = text.split("Exit status:", 1)[1]
+    assert "1 a check failed" in exit_text and "cannot be read to its end (a truncated or corrupt .gz)" in exit_text
+    assert "2 usage error" in exit_text and "3 environment problem" in exit_text and "141" in exit_text
+
+
+def test_replay_graph_mode_without_a_gpu_exits_3(tmp_path, no_gpu):
+    trace = small_trace(tmp_path / "t.jsonl", steps=3)
+    r = run("replay", trace, "--layers", "1", "--mode", "graph")
+    assert r.exit_code == 3 and "--mode graph: CUDA graphs need a GPU" in r.stderr, r.output
 
 
 def test_a_gzip_stream_damaged_in_its_first_line_exits_2(tmp_path, no_gpu):
@@ -338,9 +354,9 @@ def test_usage_and_environment_errors(tmp_path, no_gpu, args, code, words):
     assert words in r.stderr and "Traceback" not in r.output and r.stdout == ""
 
 
-def test_graph_mode_on_the_cpu_says_so(tmp_path, no_gpu):
+def test_both_modes_on_the_cpu_say_that_eager_runs(tmp_path, no_gpu):
     trace = small_trace(tmp_path / "t.jsonl", steps=3)
-    r = run("replay", trace, "--layers", "1", "--mode", "graph")
+    r = run("replay", trace, "--layers", "1", "--mode", "both")
     assert r.exit_code == 0 and "graph mode needs a CUDA device" in r.stderr
 
 

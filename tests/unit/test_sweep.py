@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from kvaddr import cli as cli_module
 from kvaddr.measure import environment, plot
 from kvaddr.measure.sweep import panels, title
+from tests.support import skips
 
 NO_GPU = environment.CudaProbe(False, 0, "CuPy is not importable (test)")
 FAST = ["--layers", "1", "--budget", "0", "--batch", "1,2"]
@@ -40,6 +41,8 @@ def test_sweep_prints_each_batch_and_the_chart(tmp_path):
     for name in ("per-layer-kernel", "hoisted", "fused"):
         assert name in r.stdout
     assert "Traceback" not in r.output
+    status = [line for line in r.stderr.splitlines() if line.startswith("kvaddr ")]
+    assert status and all(line.startswith("kvaddr sweep: ") for line in status), status
 
 
 def test_sweep_json_is_a_profile_report_plus_the_series(report):
@@ -97,7 +100,7 @@ def test_plot_to_a_missing_folder_is_a_usage_error():
 
 
 def test_the_plot_is_written_and_not_empty(report, tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
+    pytest.importorskip("matplotlib", reason=skips.NO_PLOT)
     out = tmp_path / "s.png"
     r = run("sweep", "--from", report, "--plot", str(out), "--no-chart")
     assert r.exit_code == 0, r.output
@@ -114,7 +117,7 @@ def test_two_panels_and_the_gpu_in_the_title(report, tmp_path):
     ps = panels(doc)
     assert [(p["mode"], p["clock"]) for p in ps] == [("eager", "host"), ("graph", "gpu")]
     assert title(doc).startswith("NVIDIA H200: deepseek-v3.2, 1 layer x 2 caches")
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
+    pytest.importorskip("matplotlib", reason=skips.NO_PLOT)
     plot.plot_sweep(doc, str(tmp_path / "two.png"))
     assert (tmp_path / "two.png").stat().st_size > 10_000
 
@@ -129,7 +132,7 @@ def _with_a_negative_saving(report):
 
 
 def test_the_plot_says_microseconds_and_draws_zero_when_a_saving_is_negative(report, tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
+    pytest.importorskip("matplotlib", reason=skips.NO_PLOT)
     fig = plot.plot_sweep(_with_a_negative_saving(report), str(tmp_path / "neg.png"))
     (ax,) = fig.axes
     assert ax.get_ylabel().endswith("(µs)") and "(us)" not in ax.get_ylabel()
@@ -139,7 +142,7 @@ def test_the_plot_says_microseconds_and_draws_zero_when_a_saving_is_negative(rep
 
 
 def test_no_zero_line_on_a_log_axis_when_every_saving_is_positive(report, tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the optional [plot] extra)")
+    pytest.importorskip("matplotlib", reason=skips.NO_PLOT)
     doc = json.loads(open(report).read())
     for s in doc["shapes"]:
         for r in s["results"]:

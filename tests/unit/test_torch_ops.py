@@ -18,6 +18,7 @@ from kvaddr import dispatch
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
 from kvaddr.reference import step_addressing
 from tests.support.fake_cupy import function_ptr
+from tests.support import skips
 from tests.support.gpu import assert_outputs_equal
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 from tests.support.torch_ops import run_op, torch_skip_reason
@@ -204,8 +205,7 @@ def test_no_graph_break():
 @requires_torch
 @pytest.mark.skipif(
     os.environ.get("KVADDR_TEST_INDUCTOR") != "1",
-    reason="inductor on the CPU compiles C++ "
-    "for ~30 s: set KVADDR_TEST_INDUCTOR=1 (the GPU tests compile with inductor)",
+    reason=skips.INDUCTOR_OPT_IN,
 )
 def test_compiles_with_inductor_on_the_cpu():
     import torch
