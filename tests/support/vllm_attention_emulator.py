@@ -1,4 +1,4 @@
-"""Run ``vllm_step<true>``'s attention metadata blocks (``vllm_attn_block`` in kernels.cu,
+"""Run ``vllm_step<true>``'s attention metadata blocks (``vllm_attention_block`` in kvaddr/kernels/vllm.cuh,
 the source text unchanged) on the CPU: each block's VLLM_THREADS threads are real host
 threads, ``__syncthreads`` a block barrier, the warp shuffles an exchange between a warp's
 32 threads behind a warp barrier, ``__shared__`` one static copy (blocks run one after
@@ -64,6 +64,11 @@ static inline int __reduce_max_sync(unsigned, int v) {
     for (int s = 16; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(0u, v, s));
     return v;
 }
+// common.cuh's record merge (not called by the emulated blocks: the driver keeps the records).
+static inline unsigned __reduce_or_sync(unsigned, unsigned v) { return v; }
+static inline bool __any_sync(unsigned, bool v) { return v; }
+template <typename T> static inline T atomicOr(T* p, T v) { T o = *p; *p |= v; return o; }
+template <typename T> static inline T atomicMin(T* p, T v) { T o = *p; if (v < o) *p = v; return o; }
 """
 
 DRIVER = r"""
@@ -81,8 +86,8 @@ extern "C" void emu_vllm_attn(const VllmStepParams* pp) {
                 threadIdx.x = (unsigned int)t;
                 VllmErr err;
                 err.mask = 0;
-                err.key = VLLM_NO_ERROR;
-                vllm_attn_block(p, m, err);
+                err.key = KV_NO_ERROR;
+                vllm_attention_block(p, m, err);
                 for (int s = 16; s > 0; s >>= 1) {  // the kernel's per-warp record
                     err.mask |= __shfl_xor_sync(0u, err.mask, s);
                     const unsigned long long k = __shfl_xor_sync(0u, err.key, s);
@@ -107,7 +112,7 @@ def emulated_source() -> str:
     body = vllm_emulator.emulated_source()
     body = body[len(vllm_emulator.PRELUDE) : len(body) - len(vllm_emulator.DRIVER)]
     a = src.index("// ---- attention metadata of the vLLM step")
-    b = src.index("// The body of kvaddr_vllm_step_v2 (ATTN")
+    b = src.index("template <bool ATTENTION>", a)
     return PRELUDE + body + src[a:b] + DRIVER
 
 

@@ -33,6 +33,20 @@ struct EmuIdx { unsigned int x, y, z; };
 static EmuIdx threadIdx, blockIdx, gridDim;
 static inline void __syncwarp() {}
 static inline void __syncthreads() {}
+// common.cuh's warp-level helpers, which the emulated code does not call, need these to compile.
+template <typename T> static inline T __shfl_up_sync(unsigned, T v, int) { return v; }
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int) { return v; }
+static inline unsigned __reduce_or_sync(unsigned, unsigned v) { return v; }
+static inline bool __any_sync(unsigned, bool v) { return v; }
+#define EMU_MINMAX(T) \
+    static inline T min(T a, T b) { return b < a ? b : a; } \
+    static inline T max(T a, T b) { return a < b ? b : a; }
+EMU_MINMAX(int)
+EMU_MINMAX(unsigned int)
+EMU_MINMAX(long long)
+EMU_MINMAX(unsigned long long)
+template <typename T> static inline T atomicOr(T* p, T v) { T o = *p; *p |= v; return o; }
+template <typename T> static inline T atomicMin(T* p, T v) { T o = *p; if (v < o) *p = v; return o; }
 """
 
 DRIVER = r"""
@@ -49,27 +63,27 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
 // do: sticky; a clean launch writes no record).
 extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     const VllmStepParams& p = *pp;
-    VllmErr all; all.mask = 0; all.key = VLLM_NO_ERROR;
+    VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     const int n = p.num_reqs;
     for (int t = 0; t < p.max_tokens; ++t) {
         threadIdx.x = t % VLLM_THREADS;
-        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
+        VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
         int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
         long long r = 0;
-        if (n > 0 && vllm2_token_guess(p, t, b, q0, q1, r, num_tokens)) {
+        if (n > 0 && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
             b = vllm_owner_search(p.query_start_loc, n, t);
             q0 = p.query_start_loc[b];
             q1 = p.query_start_loc[b + 1];
             r = vllm_row_of(p, b);
         }
-        if (p.cp_size > 1) vllm2_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
-        else vllm2_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
+        if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
+        else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
         emu_merge(all, e);
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
         threadIdx.x = b % VLLM_THREADS;
-        VllmErr e; e.mask = 0; e.key = VLLM_NO_ERROR;
-        vllm2_request_row(p, b, e);
+        VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
+        vllm_request_row(p, b, e);
         emu_merge(all, e);
     }
     for (int g = 0; g < p.num_groups; ++g)
@@ -82,7 +96,7 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
         for (int b = 0; b < n; ++b)
             for (int sub = p.pair_lanes - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
                 threadIdx.x = sub;
-                vllm2_gather_row(p, true, g, b, sub, p.pair_lanes);
+                vllm_gather_row(p, true, g, b, sub, p.pair_lanes);
             }
     if (all.mask) {
         p.errors[0] |= all.mask;
@@ -111,15 +125,26 @@ extern "C" void emu_vllm3(int which, const VllmStepParams* pp, unsigned int gx, 
 """
 
 
+def _section(src: str, start: str, end: str) -> str:
+    a = src.index(start)
+    return src[a : src.index(end, a)]
+
+
 def emulated_source() -> str:
-    """kernels.cu's vLLM sections, less the one-launch kernel's entry (its warp-level code)."""
+    """The vLLM step's device helpers (kernels/vllm.cuh up to its attention metadata) with the
+    shared helpers they use (kernels/common.cuh), and the three-launch baseline's kernels
+    (kernels/baselines.cuh), less every kernel entry's warp-level code."""
     src = kernel_loader.source()
-    start = src.index("// ==== vLLM engine step")
-    start = src.rindex("\n", 0, start)
-    cut2 = src.index("// ---- kvaddr_vllm_step_v2: the entry")
-    body = src[start:cut2]
+    common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
+    vllm = _section(src, "// ---- kernels/vllm.cuh ----", "// ---- attention metadata of the vLLM step")
+    base = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "baselines.cuh").read_text()
+    three = (
+        _section(base, "// ==== vLLM's three-launch design", "\n#endif")
+        if "#endif" in base[base.index("// ==== vLLM's three-launch design") :]
+        else base[base.index("// ==== vLLM's three-launch design") :]
+    )
     # return inside a void kernel called once per emulated thread is fine as is
-    return PRELUDE + body + DRIVER
+    return PRELUDE + common + vllm + three + DRIVER
 
 
 @functools.cache

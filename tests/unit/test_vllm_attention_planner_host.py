@@ -55,7 +55,6 @@ def test_struct_grid_records_and_buffers(fake):
     assert p["meta_blocks"] == blocks and p["meta_rows"] == pl.meta_rows and pl.attention_blocks == 2 * blocks
     assert L["grid"] == (1 + 2 + 1 + 2 * blocks, 1, 1) and pl.grid(3, 2) == L["grid"][0]
     assert p["attention"] == 3 and p["kv_indices_capacity"] == 1000 and p["meta_entries"] == -(-1000 // blocks)
-    assert p["meta_impl"] == 0  # the one metadata implementation
     a = out.attention
     assert a is pl.attention_outputs
     assert p["qo_indptr"] == a.qo_indptr.data.ptr and a.qo_indptr.shape == (301,)
