@@ -17,8 +17,8 @@ import pytest
 from kvaddr import dispatch
 from kvaddr.errors import NO_ERROR_KEY, AddressingError
 from kvaddr.reference import step_addressing
-from tests.support.fake_cupy import function_ptr
 from tests.support import skips
+from tests.support.fake_cupy import function_ptr
 from tests.support.gpu import assert_outputs_equal
 from tests.support.step_cases import WORKED_EXAMPLES, edge_cases, random_step
 from tests.support.torch_ops import run_op, torch_skip_reason
