@@ -418,7 +418,6 @@ def _planner_for(out: torch.Tensor, lay: _VllmLayout):
         slot_dtype=cfg.slot_dtype,
         out=aliases,
         device=dev,
-        kernel="v2",
         # The error records (one per warp, sticky: merged by a warp with an error) live in out too,
         # so the op's every write lands in its one mutated tensor and errors() reads them.
         error_records=_alias(out, rec),

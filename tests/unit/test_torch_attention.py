@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvaddr import dispatch
 from kvaddr.errors import ERR_KV_INDICES_CAPACITY, NO_ERROR_KEY, AddressingError, decode_error_key
 from tests.support.fake_cupy import function_ptr
 from tests.support.gpu import assert_attention_equal, assert_outputs_equal
@@ -208,6 +209,7 @@ def test_attention_views_are_aligned_disjoint_and_inside_the_storage(groups, siz
     C, M, G = capacity, max_requests, len(sizes)
     fi, vl = "flashinfer" in groups, "varlen" in groups
     lay = bufs._layout
+    rec = dispatch.step_records(lay.config)  # every kernel the layout may run has its records
     E, per_cache, num_meta = lay.meta
     assert num_meta == (G * per_cache if fi or "page_table" in groups else 1) and E % 256 == 0 and E >= 2048
     assert per_cache == (-(-n // E) if fi else 1)
@@ -218,7 +220,7 @@ def test_attention_views_are_aligned_disjoint_and_inside_the_storage(groups, siz
         "position_ids": (torch.int64, (C,)),
         "seq_lens_kv": (torch.int32, (M,)),
         "slot_mapping": (torch.int64, (G, C)),
-        "workspace": (torch.int64, (workspace_size(C, M) + 2 * num_meta * ops._WARPS,)),
+        "workspace": (torch.int64, (workspace_size(C, M) + 2 * (rec.records - (rec.chunks + rec.tiles) * ops._WARPS),)),
         "kv_indptr": (torch.int32, (G, M + 1)) if fi else None,
         "kv_last_page_len": (torch.int32, (G, M + 1)) if fi else None,
         "kv_indices": (torch.int32, (G, n)) if fi else None,
