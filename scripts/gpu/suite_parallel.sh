@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU suite and compute-sanitizer (memcheck, racecheck) over the kernel tests, run side by
+# side on one GPU (correctness only: nothing here is timed), then the cold start of
+# `kvaddr profile --batch 64` alone. Logs and a summary under ${OUT:-/tmp/kvaddr-gpu}.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/kvaddr-gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. PYTHONUNBUFFERED=1
+subset=(tests/gpu/test_step_kernels_gpu.py tests/gpu/test_wide_step_gpu.py tests/gpu/test_attention_one_gpu.py
+  tests/gpu/test_attention_wide_gpu.py tests/gpu/test_bound_step_gpu.py tests/gpu/test_vllm_step.py
+  tests/gpu/test_vllm_attention_gpu.py tests/gpu/test_bad_inputs_gpu.py)
+select="not hypothesis and not inductor and not million"
+for tool in memcheck racecheck; do
+  (KVADDR_GPU_EXAMPLES=5 timeout "${SANITIZE_S:-420}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider "${subset[@]}" -k "$select" > "$OUT/sanitize_$tool.log" 2>&1
+   echo "exit $?" >> "$OUT/sanitize_$tool.log") &
+done
+timeout "${SUITE_S:-430}" python3 -m pytest -q -p no:cacheprovider --maxfail=60 tests/gpu > "$OUT/suite.log" 2>&1
+echo "suite exit $?" >> "$OUT/suite.log"
+wait
+cold=$(mktemp -d)
+start=$(date +%s.%N)
+CUPY_CACHE_DIR=$cold timeout 120 python3 -m kvaddr.cli profile --batch 64 > "$OUT/profile_cold.log" 2>&1
+echo "exit $? wall $(echo "$(date +%s.%N) - $start" | bc) s" >> "$OUT/profile_cold.log"
+start=$(date +%s.%N)
+CUPY_CACHE_DIR=$cold timeout 120 python3 -m kvaddr.cli profile --batch 64 > "$OUT/profile_warm.log" 2>&1
+echo "exit $? wall $(echo "$(date +%s.%N) - $start" | bc) s" >> "$OUT/profile_warm.log"
+{
+  echo "== suite"; grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -40; tail -n 2 "$OUT/suite.log"
+  for tool in memcheck racecheck; do
+    echo "== $tool"; grep -E "^(FAILED|ERROR)|ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|^exit" "$OUT/sanitize_$tool.log" | tail -n 6
+  done
+  echo "== profile cold"; tail -n 1 "$OUT/profile_cold.log"; grep -iE "saves|fused" "$OUT/profile_cold.log" | head -3
+  echo "== profile warm"; tail -n 1 "$OUT/profile_warm.log"
+} | tee "$OUT/summary.txt"
