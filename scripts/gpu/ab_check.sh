@@ -91,7 +91,7 @@ git -C "$WORK/clone" -c user.name="kvaddr demo" -c user.email="demo@example.inva
 demo slowed 1 "$WORK/clone" --against HEAD~1 --rounds 3
 
 # 3. an older commit against the current tree, on the workload that raised the false alarm
-demo old-commit 0 "$ROOT" --against 86ae9f6 --profile mixed-chunked-prefill --batch 64
+demo old-commit 0 "$ROOT" --against "${OLD_REV:-86ae9f6}" --profile mixed-chunked-prefill --batch 64
 
 # the summary
 "$PY" - "$OUT" <<'PYEOF'
