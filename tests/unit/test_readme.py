@@ -61,9 +61,9 @@ def test_cpu_reader_meets_the_numpy_snippet_before_cupy():
 
 def test_the_two_commands_are_there_verbatim():
     assert "python -m pip install '.[cuda12]' && kvaddr profile --batch 64" in TEXT
-    assert "python -m pip install '.[test]' && pytest -q" in TEXT
+    assert "python -m pip install '.[test,plot]' && pytest -q" in TEXT
     two = TEXT[TEXT.index("## Two commands") : TEXT.index("## Quickstart")]
-    assert "cuda13" in two and "'.[test,cuda12]'" in two
+    assert "cuda13" in two and "'.[test,plot,cuda12]'" in two
 
 
 def test_install_names_both_cuda_extras_and_the_cpu_install():
@@ -72,10 +72,12 @@ def test_install_names_both_cuda_extras_and_the_cpu_install():
     assert "kvaddr profile --batch 64" in install
 
 
-def test_measure_markers_for_the_lead():
-    assert "<!-- MEASURE: cold start -->" in TEXT
-    assert "<!-- MEASURE: test time -->" in TEXT
-    assert "the kernels it needs" in TEXT and "`kvaddr info` shows the cache" in TEXT
+def test_first_call_and_test_time_are_stated_with_date_and_machine():
+    install = TEXT[TEXT.index("## Install") : TEXT.index("## Two commands")]
+    assert "H200" in install and "2026-" in install and "cold" in install
+    two = TEXT[TEXT.index("## Two commands") : TEXT.index("## Quickstart")]
+    assert "minutes on two cores" in two and "2026-" in two
+    assert "MEASURE" not in TEXT
 
 
 def test_cpu_timings_are_said_to_be_the_numpy_strategies():
