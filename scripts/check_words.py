@@ -53,6 +53,7 @@ ALLOW = [
         r"&#\d+;",  # an HTML character reference
         r"`#\d+`",  # a literal suffix shown in code (a repeated baseline label gets `#2`)
         r"\b(?:added|replaced|kept) run \d+",  # a baseline file's numbered runs (kvaddr profile --save)
+        r"\brun \d+/\d+",  # kvaddr check's progress over a baseline's runs ("run 1/3")
     )
 ]
 

@@ -1,4 +1,4 @@
-"""Decode context parallelism on one GPU (issue 17): the kernel's step for every rank in
+"""Decode context parallelism on one GPU: the kernel's step for every rank in
 a loop (no collective) and scripts/gpu/dcp_check.py under ``torchrun --nproc-per-node 1``
 (NCCL, cp_size 1). The two-GPU NCCL run is the script itself (README, "Decode context
 parallelism"). Skips without a GPU or without PyTorch."""

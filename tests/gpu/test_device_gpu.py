@@ -1,4 +1,4 @@
-"""kvaddr.device on a real GPU (issue 12, item 2): the check passes, a missing device ordinal is named."""
+"""kvaddr.device on a real GPU: the check passes, a missing device ordinal is named."""
 
 import pytest
 

@@ -146,7 +146,7 @@ def test_compare_a_file_with_itself_exits_0_with_a_table(base):
     r = run("compare", base, base)
     assert r.exit_code == 0, r.output
     verdicts = [line.split()[-2] for line in r.stdout.splitlines() if "x1.000" in line]
-    assert verdicts == ["same"] * 6, r.stdout  # the floor row too (issue 12, item 5)
+    assert verdicts == ["same"] * 6, r.stdout  # the floor row too
     for word in (
         "strategy",
         "measure",
@@ -170,7 +170,7 @@ def test_compare_json_is_one_document(base):
     assert "--gate auto gates nothing of run 'deepseek-v3.2' (the CPU path" in doc["settings"]["gate_notes"][0]
     assert doc["environment_check"]["status"] == "match"
     assert len(doc["results"]) == 6
-    for row in doc["results"]:  # identical samples are "same", the floor's included (issue 12, item 5)
+    for row in doc["results"]:  # identical samples are "same", the floor's included
         assert row["verdict"] == "same" and row["ratio"] == 1.0 and row["p_value"] == 1.0
         assert row["base"]["n"] >= 10 and row["line"].startswith("deepseek-v3.2, batch 4: ")
     assert {row["gated"] for row in doc["results"] if row["strategy"] == "floor"} == {False}
@@ -406,7 +406,7 @@ def test_the_shipped_h200_baseline_loads_and_compares_with_itself():
     assert all("H200" in g for g in gpus), gpus
 
 
-# ----------------------------------------------------------------------------- issue 12, item 4: no false alarms on the CPU
+# ----------------------------------------------------------------------------- no false alarms on the CPU
 
 
 def test_save_then_check_on_the_cpu_path_never_exits_1(tmp_path):

@@ -1,4 +1,4 @@
-"""Conventions every ``kvaddr`` command keeps (issue 12, items 6-8).
+"""Conventions every ``kvaddr`` command keeps.
 
 * its ``--help`` ends with two or three examples, shows no machine-limit bound
   (``0<=x<=9223372036854775807``) and names option values by kind (``N``, ``X``,

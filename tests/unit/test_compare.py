@@ -176,7 +176,7 @@ def test_too_few_samples_to_call_same_is_ambiguous():
 
 
 def test_identical_samples_are_same_however_few_or_noisy():
-    """Issue 12, item 5: a file compared with itself (the floor row was "ambiguous" at x1.000, p = 1)."""
+    """A file compared with itself (the floor row was "ambiguous" at x1.000, p = 1)."""
     rng = np.random.default_rng(0)
     for base in ([10.0, 10.1, 9.9, 10.0], [0.2, 0.9, 0.21, 3.0, 0.25], list(rng.lognormal(0, 1, 50)), [5.0]):
         new = list(reversed(base))  # the same values, in another order
@@ -302,7 +302,7 @@ def test_compare_runs_gives_a_verdict_per_shape_strategy_mode_and_clock():
 
 def test_gates():
     run = make_run(1, modes=("eager",))
-    assert gated_measures("auto", run) == frozenset()  # no graph mode: auto gates nothing (issue 12)
+    assert gated_measures("auto", run) == frozenset()  # no graph mode: auto gates nothing
     assert auto_gate_note("auto", run, "ds").startswith("--gate auto gates nothing of run 'ds' (eager mode only")
     assert auto_gate_note("auto", make_run(1), "ds") is None and auto_gate_note("all", run, "ds") is None
     assert gated_measures("auto", make_run(1)) == {("graph", "gpu")}

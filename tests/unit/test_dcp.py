@@ -1,4 +1,4 @@
-"""Decode context parallelism on the CPU (issue 17): every rank's vLLM step by the NumPy
+"""Decode context parallelism on the CPU: every rank's vLLM step by the NumPy
 reference, a loop over ranks for the collective, the partial attentions merged by
 log-sum-exp against attention over the whole context (tests/support/dcp.py; the GPU run
 is scripts/gpu/dcp_check.py under torchrun)."""

@@ -1,4 +1,4 @@
-"""Issue 12, items 2 and 3: the library and `kvaddr info` without a usable GPU.
+"""The library and `kvaddr info` without a usable GPU.
 
 On this machine CuPy is not installed; to be sure of it wherever the test runs (the GPU machine
 has CuPy), "no CuPy" is forced through ``sys.modules``. The CUDA runtime's failures are imitated

@@ -171,7 +171,7 @@ def test_only_bad_lines(tmp_path, no_gpu):
     assert "line 1: seq_lens_this_time has 1 entries" in " ".join(r.stderr.split())
 
 
-# ----------------------------------------------------------------------------- damaged and foreign files (issue 12)
+# ----------------------------------------------------------------------------- damaged and foreign files
 
 
 def gz_trace(tmp_path, steps=200):
