@@ -1,5 +1,6 @@
-"""docs/api.md is generated from the code (scripts/gen_api_docs.py): regenerate it and fail if
-the committed page differs, so a public name added, removed or re-documented shows up there."""
+"""docs/api.md and docs/cli.md are generated from the code (scripts/gen_api_docs.py): regenerate
+them and fail if a committed page differs, so a public name or an option added, removed or
+re-documented shows up there."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ def test_api_page_is_up_to_date():
     gen = _gen()
     committed = gen.API_PATH.read_text(encoding="utf-8")
     assert committed == gen.api_page(), "docs/api.md is stale: run python scripts/gen_api_docs.py"
+
+
+def test_cli_page_is_up_to_date():
+    gen = _gen()
+    committed = gen.CLI_PATH.read_text(encoding="utf-8")
+    assert committed == gen.cli_page(), "docs/cli.md is stale: run python scripts/gen_api_docs.py"
 
 
 def test_api_page_lists_every_public_name():
