@@ -47,6 +47,8 @@ IMPORTED_MODULES = (
     "kvaddr.engines.vllm_config",
     "kvaddr.engines.vllm_reference",
     "kvaddr.engines.vllm_errors",
+    "kvaddr.engines.spec_reference",
+    "kvaddr.spec_reference",
 )
 #: The package read from its source (it imports torch).
 AST_PACKAGE = "kvaddr.torch"

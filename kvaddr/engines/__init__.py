@@ -14,4 +14,6 @@ vllm_bound      :class:`~kvaddr.engines.vllm_bound.BoundVllmStep`, the step boun
 vllm_config     its configuration, output dataclass and host-side input checks
 vllm_reference  the NumPy reference of the same contract (the oracle and the CPU path)
 vllm_errors     its device error bits and :class:`VllmAddressingError`
+spec_reference  the NumPy reference of speculative decoding's draft addressing
+                (docs/spec-decode.md)
 """
