@@ -46,11 +46,12 @@ Only NumPy: this module belongs to the library core.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from kvaddr.validation import check_int
 
 __all__ = [
     "ERR_BLOCK_INDEX",
@@ -104,7 +105,7 @@ def topk_error_key(token: int, column: int, bit: int) -> int:
     >>> decode_topk_error_key(12884901930)
     (3, 5, 4)
     """
-    token, column, bit = _int("token", token, lo=0), _int("column", column, lo=0), _int("bit", bit, lo=1)
+    token, column, bit = check_int("token", token, lo=0), check_int("column", column, lo=0), check_int("bit", bit, lo=1)
     if token > _INT32_MAX:
         raise ValueError(f"token must be < 2**31, got {token}")
     if column >= 1 << _COLUMN_BITS:
@@ -127,16 +128,6 @@ def decode_topk_error_key(key: int) -> tuple[int, int, int]:
 
 
 # ----------------------------------------------------------------------------- input checks
-
-
-def _int(name: str, value: object, *, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be an int {rng}, got {value}")
-    return value
 
 
 def _ints(name: str, value: ArrayLike, ndims: tuple[int, ...]) -> np.ndarray:
@@ -201,9 +192,9 @@ def indexer_cache_offsets(
     ([5008, -1], [5272, -1])
     """
     s = _ints("slots", slots, tuple(range(33)))
-    b = _int("block_size", block_size, lo=1)
-    v = _int("value_bytes", value_bytes, lo=1)
-    sc = _int("scale_bytes", scale_bytes, lo=1)
+    b = check_int("block_size", block_size, lo=1)
+    v = check_int("value_bytes", value_bytes, lo=1)
+    sc = check_int("scale_bytes", scale_bytes, lo=1)
     pad = s < 0
     blk, off = np.divmod(np.where(pad, 0, s), b)
     base = blk * (b * (v + sc))
@@ -294,7 +285,7 @@ def indexer_metadata(seq_lens: ArrayLike, query_lens: ArrayLike, num_decodes: in
     if sl.shape != ql.shape:
         raise ValueError(f"query_lens must have the shape of seq_lens {sl.shape}, got {ql.shape}")
     r = sl.shape[0]
-    nd = _int("num_decodes", num_decodes, lo=0, hi=r)
+    nd = check_int("num_decodes", num_decodes, lo=0, hi=r)
     if r and (ql.min() < 1 or (ql > sl).any()):
         raise ValueError("query_lens must satisfy 1 <= query_lens <= seq_lens")
     if r and sl.max() > _INT32_MAX:
@@ -386,7 +377,7 @@ class LayeredTopkSlots:
 
     def layer(self, index: int) -> TopkSlots:
         """Layer ``index``'s result, as :func:`topk_to_slots` gives it for that layer alone."""
-        i = _int("index", index, lo=0, hi=self.slots.shape[0] - 1)
+        i = check_int("index", index, lo=0, hi=self.slots.shape[0] - 1)
         return TopkSlots(
             slots=self.slots[i],
             valid_counts=self.valid_counts[i],
@@ -457,13 +448,13 @@ def topk_to_slots(
     n_layers, t, k = t3.shape
     rid = _ints("req_id", req_id, (1,))
     table = _ints("block_table", block_table, (2,))
-    b = _int("block_size", block_size, lo=1)
+    b = check_int("block_size", block_size, lo=1)
     cx = _ints("ctx", ctx, (1,))
     if not isinstance(compact, (bool, np.bool_)):
         raise TypeError(f"compact must be a bool, got {compact!r}")
-    cp = _int("cp_size", cp_size, lo=1)
-    rank = _int("cp_rank", cp_rank, lo=0, hi=cp - 1)
-    inter = _int("cp_interleave", cp_interleave, lo=1)
+    cp = check_int("cp_size", cp_size, lo=1)
+    rank = check_int("cp_rank", cp_rank, lo=0, hi=cp - 1)
+    inter = check_int("cp_interleave", cp_interleave, lo=1)
     if rid.shape != (t,):
         raise ValueError(f"req_id must have shape ({t},) (topk's tokens), got {rid.shape}")
     if cx.shape != (t,):

@@ -58,7 +58,7 @@ from kvaddr.engines.vllm_errors import (
     vllm_error_key,
 )
 from kvaddr.errors import KvaddrError
-from kvaddr.validation import INT32_MAX
+from kvaddr.validation import INT32_MAX, check_int
 
 #: ``num_rejected[b]`` outside ``[0, qe - qs - 1]`` (more rejected than drafted), or
 #: ``num_sampled[b]`` inconsistent with it (negative; > 0 with
@@ -163,14 +163,6 @@ def _int_array(name: str, value: ArrayLike, ndim: int, int64_ok: bool = False) -
     return arr
 
 
-def _pos_int(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not lo <= int(value) <= INT32_MAX:
-        raise ValueError(f"{name} must be in [{lo}, {INT32_MAX}], got {value}")
-    return int(value)
-
-
 def _per_group(name: str, value, G: int | None) -> list:
     if isinstance(value, np.ndarray) or not isinstance(value, (list, tuple)):
         value = [value]
@@ -248,7 +240,7 @@ def vllm_draft_reference(
             raise ValueError(f"{name} must have at least num_reqs = {n} entries, got {a.shape[0]}")
         lens[name] = a[:n]
     seq_t, rej, smp = lens["seq_lens"], lens["num_rejected"], lens["num_sampled"]
-    sizes = [_pos_int("block_sizes", b, 1) for b in _per_group("block_sizes", block_sizes, None)]
+    sizes = [check_int("block_sizes", b, lo=1, hi=INT32_MAX) for b in _per_group("block_sizes", block_sizes, None)]
     G = len(sizes)
     if not 1 <= G <= 8:
         raise ValueError(f"block_sizes must name 1 to 8 KV-cache groups, got {G}")
@@ -269,9 +261,9 @@ def vllm_draft_reference(
         vsm = vsm[None, :]
     if vsm.ndim != 2 or vsm.shape[0] != G:
         raise ValueError(f"verify_slot_mappings must have shape (G = {G}, T), got {vsm.shape}")
-    M = _pos_int("max_model_len", max_model_len, 1)
-    k = _pos_int("num_speculative_steps", num_speculative_steps, 1)
-    R = n if max_num_reqs is None else _pos_int("max_num_reqs", max_num_reqs, n)
+    M = check_int("max_model_len", max_model_len, lo=1, hi=INT32_MAX)
+    k = check_int("num_speculative_steps", num_speculative_steps, lo=1, hi=INT32_MAX)
+    R = n if max_num_reqs is None else check_int("max_num_reqs", max_num_reqs, lo=n, hi=INT32_MAX)
     if not isinstance(mask_rejected, (bool, np.bool_)):
         raise TypeError(f"mask_rejected must be a bool, got {type(mask_rejected).__name__}")
     T = vsm.shape[1]
