@@ -18,6 +18,7 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     *(f"step_wide_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
     "vllm_step<false>",
     "vllm_step<true>",
+    *(f"dsa_topk_slots<{c}, {v}>" for c in ("false", "true") for v in (1, 4)),
 )
 
 BASELINE_KERNELS: tuple[str, ...] = (
@@ -36,4 +37,5 @@ BASELINE_KERNELS: tuple[str, ...] = (
     "kvaddr_vllm3_prepare",
     "kvaddr_vllm3_gather",
     "kvaddr_vllm3_slots",
+    "kvaddr_dsa_topk_baseline",
 )

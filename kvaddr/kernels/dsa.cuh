@@ -1,0 +1,312 @@
+// DeepSeek-V3.2 sparse attention: the indexer's top-k positions -> cache slots (docs/dsa.md;
+// the oracle is kvaddr/dsa_reference.py's topk_to_slots). Host side: kvaddr/dsa.py.
+//
+// Rows: row = layer * T + token of the [L, T, K] top-k. A block of KV_THREADS threads runs
+// KV_THREADS / R rows side by side, R = 1 << row_shift threads per row (a multiple of 32, so a
+// warp never spans two rows). A row is read in chunks of R * VEC * 2 entries: each thread loads
+// VEC entries (one int4 when VEC = 4) at two places half a chunk apart (both loads in flight
+// before any table lookup), so loads and plain stores are coalesced and vectorized.
+//
+// Per entry (context first, then the owner rank, the width, the block id):
+//   v < 0 or a padding token (req_id < 0)             -> -1, no error
+//   v >= ctx[token]                                   -> -1, KV_DSA_ERR_PAST_CONTEXT
+//   DCP: v on another rank                            -> -1, no error
+//   block index (of the local position) >= width, or
+//   req_id >= the table's rows (a row of width 0)     -> -1, KV_ERR_BLOCK_INDEX
+//   block id < 0                                      -> -1, KV_ERR_NEGATIVE_BLOCK
+//   id * B + offset > INT32_MAX                       -> -1, KV_DSA_ERR_SLOT_RANGE
+//   else id * B + offset.
+// Compacting: each row's valid slots first, in order, then -1s. A thread's valid count of its two
+// places is packed into one int (low / high 16 bits) and scanned over the row's threads: a warp
+// scan, then the warps' sums through shared memory behind one barrier per chunk (double
+// buffered). Plain: slots stored where read; the row's count reduced once at the end.
+//
+// Errors: one sticky (mask, first-bad key) record per layer, key = token << 32 | column << 3 |
+// log2(bit), merged by atomics only by a warp that found one (kv_merge_record).
+//
+// The entry is split into phases between its barriers (dsa_* helpers below) so that the CPU
+// emulator of the tests can run one phase for every thread, then the next; the warp-level scan
+// and reduction have a plain shared-memory twin there (#ifndef __CUDA_ARCH__).
+
+#define KV_DSA_ERR_PAST_CONTEXT 4  // a position at or past the token's context length
+#define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
+#define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
+
+// The conversion's one parameter, passed by value; mirrored by kvaddr/dsa.py's DsaTopkParams
+// (ctypes; tests/unit/test_dsa_kernel.py checks the layout). Pointers, then 8-byte, then 4-byte.
+struct KvDsaTopkParams {
+    const int* topk;         // [L, T, K] int32, contiguous: request-local positions (< 0: unused)
+    const int* req_id;       // [T] int32: each token's row of block_table (< 0: padding token)
+    const int* block_table;  // [rows, width] int32, rows table_stride elements apart (rank-local with DCP)
+    const int* ctx;          // [T] int32: each token's context length
+    int* slots;              // [L, T, K] int32 (written): cache slots, -1 unused / bad / other rank
+    int* counts;             // [L, T] int32 (written): each row's slots >= 0
+    u64* errors;             // [L, 2] uint64: per layer (error mask, first-bad key), sticky
+    i64 table_stride;        // int64: row stride of block_table, in elements
+    int num_layers;          // L, int32 >= 1
+    int num_tokens;          // T, int32 >= 1
+    int k;                   // K, int32 >= 0: entries per row
+    int rows;                // int32: block_table's rows
+    int width;               // int32: block_table's row length
+    int block_size;          // B, int32 >= 1
+    int cp_size;             // int32 >= 1 (1: no decode context parallelism)
+    int cp_rank;             // int32 in [0, cp_size)
+    int cp_interleave;       // I, int32 >= 1
+    int row_shift;           // int32 in [5, log2(KV_THREADS)]: log2 of the threads per row
+};
+static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 10 * 4, "KvDsaTopkParams has no padding");
+
+// Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
+// emulator (no warp shuffles there) every thread's count.
+struct DsaShared {
+    int wsum[2][KV_WARPS];
+#ifndef __CUDA_ARCH__
+    int cnt[KV_THREADS];
+#endif
+};
+
+// A thread's state across the phases (registers on the GPU; the emulator keeps one per thread).
+template <int VEC>
+struct DsaLane {
+    const int* table;  // the token's table row (null: a row outside the table)
+    i64 row;           // layer * T + token
+    int token, layer, ctx, gt;  // gt: thread within the row's threads
+    bool active, padding;
+    int packed;        // valid entries at the two places (low, high 16 bits)
+    int before;        // packed valid entries of the row's earlier threads in this chunk (inclusive scan - own)
+    int carry;         // valid entries of the row's earlier chunks (compacting) / this thread's total (plain)
+    int res[KV_DSA_UNROLL * VEC];
+    KvErr err;
+};
+
+// One entry's slot (-1 for unused / bad / another rank's), recording its error.
+__device__ __forceinline__ int dsa_entry(const KvDsaTopkParams& p, const int* table, int ctx, int v, int token,
+                                         int column, KvErr& err) {
+    if (v < 0) return -1;
+    if (v >= ctx) {
+        err.add(KV_DSA_ERR_PAST_CONTEXT, ((u64)token << 32) | ((u64)column << 3) | 2ull);
+        return -1;
+    }
+    unsigned int q = (unsigned int)v;
+    if (p.cp_size > 1) {
+        const unsigned int I = (unsigned int)p.cp_interleave, cp = (unsigned int)p.cp_size;
+        const unsigned int run = q / I;
+        if (run % cp != (unsigned int)p.cp_rank) return -1;
+        q = (run / cp) * I + (q - run * I);
+    }
+    const unsigned int B = (unsigned int)p.block_size;
+    const unsigned int blk = q / B, off = q - blk * B;
+    if (table == nullptr || blk >= (unsigned int)p.width) {
+        err.add(KV_ERR_BLOCK_INDEX, ((u64)token << 32) | ((u64)column << 3));
+        return -1;
+    }
+    const int id = table[blk];
+    if (id < 0) {
+        err.add(KV_ERR_NEGATIVE_BLOCK, ((u64)token << 32) | ((u64)column << 3) | 1ull);
+        return -1;
+    }
+    const i64 slot = (i64)id * B + off;
+    if (slot > KV_INT_MAX) {
+        err.add(KV_DSA_ERR_SLOT_RANGE, ((u64)token << 32) | ((u64)column << 3) | 3ull);
+        return -1;
+    }
+    return (int)slot;
+}
+
+// Phase 0: the thread's row, token, context and table row.
+template <int VEC>
+__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
+    const int shift = p.row_shift;
+    ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
+    ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
+    ln.active = ln.row < (i64)p.num_layers * p.num_tokens;
+    ln.layer = ln.active ? (int)(ln.row / p.num_tokens) : 0;
+    ln.token = ln.active ? (int)(ln.row - (i64)ln.layer * p.num_tokens) : 0;
+    const int req = ln.active ? p.req_id[ln.token] : -1;
+    ln.padding = req < 0;
+    ln.ctx = ln.padding ? 0 : p.ctx[ln.token];
+    ln.table = (!ln.padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    ln.carry = 0;
+    ln.err.mask = 0u;
+    ln.err.key = KV_NO_ERROR;
+}
+
+// Phase 1 of chunk c (before its barrier): load the thread's entries, convert them; plain: store
+// them. Compacting: count them, scan the counts over the warp (GPU) and publish the warp's sum.
+template <bool COMPACT, int VEC>
+__device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
+    const int R = 1 << p.row_shift;
+    const int half = R * VEC;
+    const int base = c * half * KV_DSA_UNROLL + ln.gt * VEC;
+    const i64 row_off = ln.row * (i64)p.k;
+    int vals[KV_DSA_UNROLL * VEC];
+#pragma unroll
+    for (int u = 0; u < KV_DSA_UNROLL; ++u) {
+        const int col = base + u * half;
+        if (VEC == 4) {
+            int4 x = make_int4(-1, -1, -1, -1);
+            if (ln.active && !ln.padding && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
+            vals[u * 4 + 0] = x.x;
+            vals[u * 4 + 1] = x.y;
+            vals[u * 4 + 2] = x.z;
+            vals[u * 4 + 3] = x.w;
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                vals[u * VEC + v] = (ln.active && !ln.padding && col + v < p.k) ? p.topk[row_off + col + v] : -1;
+        }
+    }
+    int n0 = 0, n1 = 0;
+#pragma unroll
+    for (int u = 0; u < KV_DSA_UNROLL; ++u)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int s = dsa_entry(p, ln.table, ln.ctx, vals[u * VEC + v], ln.token, base + u * half + v, ln.err);
+            ln.res[u * VEC + v] = s;
+            if (u == 0) n0 += s >= 0;
+            else n1 += s >= 0;
+        }
+    ln.packed = n0 | (n1 << 16);
+    if (!COMPACT) {
+        ln.carry += n0 + n1;
+        if (ln.active) {
+#pragma unroll
+            for (int u = 0; u < KV_DSA_UNROLL; ++u) {
+                const int col = base + u * half;
+                if (VEC == 4) {
+                    if (col < p.k)
+                        *reinterpret_cast<int4*>(p.slots + row_off + col) =
+                            make_int4(ln.res[u * 4], ln.res[u * 4 + 1], ln.res[u * 4 + 2], ln.res[u * 4 + 3]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v)
+                        if (col + v < p.k) p.slots[row_off + col + v] = ln.res[u * VEC + v];
+                }
+            }
+        }
+        return;
+    }
+#ifdef __CUDA_ARCH__
+    int incl = ln.packed;
+    const int lane = (int)threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+    }
+    ln.before = incl - ln.packed;
+    if (lane == 31) sm.wsum[c & 1][threadIdx.x >> 5] = incl;
+#else
+    sm.cnt[threadIdx.x] = ln.packed;
+#endif
+}
+
+// Phase 2 of chunk c (after its barrier), compacting only: the thread's place among the row's
+// valid entries, its stores there, and the row's running count.
+template <int VEC>
+__device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
+    const int R = 1 << p.row_shift;
+    int before = 0, total = 0;
+#ifdef __CUDA_ARCH__
+    const int warp = (int)threadIdx.x >> 5, first = ((int)threadIdx.x & ~(R - 1)) >> 5;
+    for (int w = first; w < first + (R >> 5); ++w) {
+        const int s = sm.wsum[c & 1][w];
+        if (w < warp) before += s;
+        total += s;
+    }
+    before += ln.before;
+#else
+    const int first = (int)threadIdx.x & ~(R - 1);
+    for (int i = first; i < first + R; ++i) {
+        if (i < (int)threadIdx.x) before += sm.cnt[i];
+        total += sm.cnt[i];
+    }
+    (void)c;
+#endif
+    if (ln.active) {
+        const i64 row_off = ln.row * (i64)p.k;
+        int at0 = ln.carry + (before & 0xffff);
+        int at1 = ln.carry + (total & 0xffff) + (before >> 16);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int s = ln.res[v];
+            if (s >= 0) p.slots[row_off + at0++] = s;
+        }
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int s = ln.res[VEC + v];
+            if (s >= 0) p.slots[row_off + at1++] = s;
+        }
+    }
+    ln.carry += (total & 0xffff) + (total >> 16);
+}
+
+// Compacting, after the last chunk: -1 after the row's valid slots, and its count.
+template <int VEC>
+__device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
+    if (!ln.active) return;
+    const int R = 1 << p.row_shift;
+    const i64 row_off = ln.row * (i64)p.k;
+    for (int i = ln.carry + ln.gt; i < p.k; i += R) p.slots[row_off + i] = -1;
+    if (ln.gt == 0) p.counts[ln.row] = ln.carry;
+}
+
+// Plain, phase A (before the last barrier): the thread's count summed over the warp (GPU).
+template <int VEC>
+__device__ __forceinline__ void dsa_count_partial(DsaShared& sm, DsaLane<VEC>& ln) {
+#ifdef __CUDA_ARCH__
+    int s = ln.carry;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if ((threadIdx.x & 31) == 0) sm.wsum[0][threadIdx.x >> 5] = s;
+#else
+    sm.cnt[threadIdx.x] = ln.carry;
+#endif
+}
+
+// Plain, phase B (after it): the row's first thread writes the row's count.
+template <int VEC>
+__device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln) {
+    if (!ln.active || ln.gt != 0) return;
+    const int R = 1 << p.row_shift;
+    int total = 0;
+#ifdef __CUDA_ARCH__
+    const int first = (int)threadIdx.x >> 5;
+    for (int w = first; w < first + (R >> 5); ++w) total += sm.wsum[0][w];
+#else
+    for (int i = (int)threadIdx.x; i < (int)threadIdx.x + R; ++i) total += sm.cnt[i];
+#endif
+    p.counts[ln.row] = total;
+}
+
+// The chunks of a row: ceil(K / (R * VEC * KV_DSA_UNROLL)), the same for every row of the launch.
+__device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
+    const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
+    return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
+}
+
+// The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
+// COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
+template <bool COMPACT, int VEC>
+__global__ void __launch_bounds__(KV_THREADS) dsa_topk_slots(const KvDsaTopkParams p) {
+    __shared__ DsaShared sm;
+    DsaLane<VEC> ln;
+    dsa_begin<VEC>(p, ln);
+    const int chunks = dsa_chunks(p, VEC);
+    for (int c = 0; c < chunks; ++c) {
+        dsa_chunk_load<COMPACT, VEC>(p, sm, ln, c);
+        if (COMPACT) {
+            __syncthreads();
+            dsa_chunk_store<VEC>(p, sm, ln, c);
+        }
+    }
+    if (COMPACT) {
+        dsa_compact_tail<VEC>(p, ln);
+    } else {
+        dsa_count_partial<VEC>(sm, ln);
+        __syncthreads();
+        dsa_count_write<VEC>(p, sm, ln);
+    }
+    // A warp never spans two rows, so its threads share one layer's record.
+    kv_merge_record(p.errors, ln.layer, ln.err);
+}
