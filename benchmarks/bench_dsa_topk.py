@@ -1,0 +1,164 @@
+"""Benchmark of the top-k -> slot conversion (kvaddr.dsa.topk_to_slots) at K = 2048.
+
+Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_dsa_topk.py [--json out.json]
+
+Graph mode (as benchmarks/bench_step.py): N copies of one call captured in one CUDA graph;
+time per copy = replay time (CUDA events, median of R replays) / N, for
+  * plain     KvaddrTopkSlots.compute: one launch, checked, valid counts;
+  * compact   the same with compact=True (valid slots first in each row);
+  * baseline  BaselineTopkSlots.compute: the engines' design (one program per token and 128
+              columns, no context check, no counts);
+  * copy      cudaMemcpyAsync device to device of T * (K + 1) * 4 bytes: as many bytes read and
+              written as the conversion's top-k read, slots written and counts written (the
+              floor: it does strictly less).
+Rows: T = 1, 64, 1024, 8192 query tokens (requests of 1..32k tokens of context, B = 64, rows of
+requests shorter than K ending in -1s), and the layers form (61 layers of T = 1 and 64 in one
+launch against 61 baseline launches). Every implementation is first checked against the NumPy
+reference (kvaddr.dsa_reference) on the same input; the baseline on valid input.
+Printed: time per call, the copy's time over the conversion's (the conversion's bandwidth as a
+fraction of the copy's), compact / plain and plain / baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import cupy
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from kvaddr.dsa import topk_slot_errors
+from kvaddr.dsa_reference import topk_to_slots as reference
+from kvaddr.strategies.dsa_topk import BaselineTopkSlots, KvaddrTopkSlots
+
+K = 2048
+B = 64
+MAX_CONTEXT = 32768
+
+
+def graph_time_per_copy(launch, stream, copies, replays):
+    launch()  # warm up outside capture
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(copies):
+        launch()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for _ in range(replays):
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
+    return statistics.median(samples)
+
+
+def make_input(rng, t, layers=1):
+    """Host arrays: topk [L, T, K], req_id [T], table [R, W], ctx [T] (every entry inside its context)."""
+    reqs = max(1, min(t, 64))
+    width = MAX_CONTEXT // B
+    table = rng.permutation(reqs * width * 2)[: reqs * width].reshape(reqs, width).astype(np.int32)
+    req = (np.arange(t) % reqs).astype(np.int32)
+    ctx = rng.integers(1, MAX_CONTEXT + 1, size=t).astype(np.int32)
+    ctx[: max(1, t // 8)] = rng.integers(1, K, size=max(1, t // 8))  # short requests: rows end in -1s
+    topk = np.empty((layers, t, K), np.int32)
+    for i in range(t):
+        c = int(ctx[i])
+        for layer in range(layers):
+            if c <= K:
+                row = np.full(K, -1, np.int32)
+                row[:c] = rng.permutation(c)
+            else:
+                row = rng.choice(c, size=K, replace=False).astype(np.int32)
+            topk[layer, i] = row
+    return topk, req, table, ctx
+
+
+def check(name, got_slots, got_counts, want, compact):
+    slots = cupy.asnumpy(got_slots)
+    np.testing.assert_array_equal(slots, want.slots, err_msg=name)
+    if got_counts is not None:
+        np.testing.assert_array_equal(cupy.asnumpy(got_counts), want.valid_counts, err_msg=name)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--copies", type=int, default=50)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    dev = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["name"].decode()
+    shapes = [(1, 1), (64, 1), (1024, 1), (8192, 1), (1, 61), (64, 61)]
+    results = []
+    with stream:
+        for t, layers in shapes:
+            h_topk, h_req, h_table, h_ctx = make_input(rng, t, layers)
+            topk = cupy.asarray(h_topk if layers > 1 else h_topk[0])
+            req, table, ctx = cupy.asarray(h_req), cupy.asarray(h_table), cupy.asarray(h_ctx)
+            plain = KvaddrTopkSlots(t, K, B, num_layers=layers)
+            packed = KvaddrTopkSlots(t, K, B, num_layers=layers, compact=True)
+            base = BaselineTopkSlots(t, K, B, num_layers=layers)
+            ref_in = h_topk if layers > 1 else h_topk[0]
+            want = reference(ref_in, h_req, h_table, B, h_ctx)
+            want_c = reference(ref_in, h_req, h_table, B, h_ctx, compact=True)
+            assert np.all(np.asarray(want.error_mask) == 0)
+            o = plain.compute(topk, req, table, ctx, stream=stream)
+            check("plain", o.slots, o.valid_counts, want, False)
+            o = packed.compute(topk, req, table, ctx, stream=stream)
+            check("compact", o.slots, o.valid_counts, want_c, True)
+            o = base.compute(topk, req, table, ctx, stream=stream)
+            check("baseline", o.slots, None, want, False)
+            for s in (plain, packed):
+                masks, _ = topk_slot_errors(s.errors, stream=stream)
+                assert not masks.any()
+            nbytes = layers * t * (K + 1) * 4
+            src = cupy.empty(nbytes // 4, np.int32)
+            dst = cupy.empty_like(src)
+            row = {"tokens": t, "layers": layers, "k": K, "copy_bytes": nbytes}
+            row["copy_us"] = graph_time_per_copy(
+                lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, stream.ptr),
+                stream,
+                a.copies,
+                a.replays,
+            )
+            for name, s in (("plain", plain), ("compact", packed), ("baseline", base)):
+                row[f"{name}_us"] = graph_time_per_copy(
+                    lambda s=s: s.compute(topk, req, table, ctx, stream=stream), stream, a.copies, a.replays
+                )
+            row["plain_bw_of_copy"] = row["copy_us"] / row["plain_us"]
+            row["compact_bw_of_copy"] = row["copy_us"] / row["compact_us"]
+            row["compact_over_plain"] = row["compact_us"] / row["plain_us"]
+            row["plain_over_baseline"] = row["plain_us"] / row["baseline_us"]
+            row["compact_over_baseline"] = row["compact_us"] / row["baseline_us"]
+            results.append(row)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"device: {dev}; {when}; K = {K}, B = {B}; graph mode, {a.copies} copies per graph, median of {a.replays}")
+    print(
+        f"{'T':>6}{'L':>4}{'copy us':>10}{'plain us':>10}{'compact us':>12}{'baseline us':>13}"
+        f"{'plain bw/copy':>15}{'compact/plain':>15}{'plain/base':>12}{'compact/base':>14}"
+    )
+    for r in results:
+        print(
+            f"{r['tokens']:>6}{r['layers']:>4}{r['copy_us']:>10.2f}{r['plain_us']:>10.2f}{r['compact_us']:>12.2f}"
+            f"{r['baseline_us']:>13.2f}{r['plain_bw_of_copy']:>15.2f}{r['compact_over_plain']:>15.2f}"
+            f"{r['plain_over_baseline']:>12.2f}{r['compact_over_baseline']:>14.2f}"
+        )
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": dev, "date": when, "rows": results}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
