@@ -30,6 +30,11 @@ num_blocks, num_reqs_padded, out, layout) -> ()``
     the error records packed), ``layout`` = :attr:`VllmStepBuffers.layout`. :func:`vllm_step` calls
     it and returns the views (:mod:`kvaddr.torch.vllm_ops`).
 
+``torch.ops.kvaddr.dsa_topk_to_slots(topk, req_id, block_table, ctx, block_size, compact, cp_size,
+cp_rank, cp_interleave, out, counts, errors) -> ()``
+    DeepSeek-V3.2's top-k -> slot conversion (docs/dsa.md) into the mutated ``out`` / ``counts`` /
+    ``errors``; :func:`dsa_topk_to_slots` calls it (:mod:`kvaddr.torch.dsa_ops`).
+
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
 
@@ -43,6 +48,7 @@ from kvaddr.torch.ops import (
     workspace_errors,
     workspace_size,
 )
+from kvaddr.torch.dsa_ops import dsa_topk_to_slots
 from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
 
 # torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).
@@ -51,6 +57,7 @@ __all__ = [
     "StepBuffers",
     "VllmStepBuffers",
     "clear_cache",
+    "dsa_topk_to_slots",
     "reset_workspace_errors",
     "set_autograd_fallthrough",
     "set_debug",

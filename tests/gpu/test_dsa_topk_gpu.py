@@ -91,9 +91,7 @@ def test_dcp_ranks(cp, inter, compact):
     topk, req, table, ctx = make(rng, 257, 2048, 64, past=0.001)
     total = np.zeros(257, np.int64)
     for rank in range(cp):
-        want = assert_matches(
-            topk, req, table, 64, ctx, compact=compact, cp_size=cp, cp_rank=rank, cp_interleave=inter
-        )
+        want = assert_matches(topk, req, table, 64, ctx, compact=compact, cp_size=cp, cp_rank=rank, cp_interleave=inter)
         total += want.valid_counts
     inside = ((topk >= 0) & (topk < ctx[:, None])).sum(axis=1)
     assert (total == inside).all()
