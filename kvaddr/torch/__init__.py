@@ -38,6 +38,7 @@ cp_rank, cp_interleave, out, counts, errors) -> ()``
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
 
+from kvaddr.torch.dsa_ops import dsa_topk_to_slots
 from kvaddr.torch.ops import (
     StepBuffers,
     clear_cache,
@@ -48,7 +49,6 @@ from kvaddr.torch.ops import (
     workspace_errors,
     workspace_size,
 )
-from kvaddr.torch.dsa_ops import dsa_topk_to_slots
 from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
 
 # torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).

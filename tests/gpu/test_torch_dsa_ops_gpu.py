@@ -89,7 +89,7 @@ def test_compiled_fullgraph_equals_eager(backend):
         slots, counts, _ = dsa_topk_to_slots(topk, req, table, 64, ctx, compact=True)
         return keys[slots.clamp(min=0).long() % keys.shape[0]].sum(-1), counts
 
-    topk, req, table, b, ctx = case(2, t=64)
+    topk, req, table, _b, ctx = case(2, t=64)
     args = (cuda(topk), cuda(req), cuda(table), cuda(ctx), torch.randn(4096, device="cuda"))
     torch._dynamo.reset()
     got = torch.compile(model, fullgraph=True, backend=backend)(*args)

@@ -259,7 +259,7 @@ def test_empty_inputs(gpu):
         on_fake(np.zeros(0, np.int32)),
     )
     assert out.slots.shape == (0, 8) and gpu == []
-    slots, counts, masks, _ = run(np.zeros((3, 0), np.int32), [0, 0, 0], [[1]], 4, [1, 1, 1])
+    _slots, counts, masks, _ = run(np.zeros((3, 0), np.int32), [0, 0, 0], [[1]], 4, [1, 1, 1])
     assert counts.tolist() == [0, 0, 0] and masks.tolist() == [0]
 
 

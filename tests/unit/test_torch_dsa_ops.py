@@ -116,7 +116,7 @@ def _model():
         slots, counts, errors = dsa_topk_to_slots(topk, req, table, 5, ctx, compact=True)
         return (scores[slots.clamp(min=0) % scores.shape[0]] * (slots >= 0)).sum(-1) + counts, errors
 
-    topk, req, table, b, ctx = random_case(7)
+    topk, req, table, _b, ctx = random_case(7)
     return model, (t32(topk), t32(req), t32(table), t32(ctx), torch.randn(64))
 
 
