@@ -42,6 +42,7 @@ IMPORTED_MODULES = (
     "kvaddr",
     "kvaddr.reference",
     "kvaddr.dsa_reference",
+    "kvaddr.dsa",
     "kvaddr.engines.vllm",
     "kvaddr.engines.vllm_bound",
     "kvaddr.engines.vllm_config",

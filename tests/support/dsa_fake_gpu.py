@@ -87,7 +87,8 @@ def install(monkeypatch) -> list:
     )
     cupy.empty = lambda shape, dtype: DsaFakeArray(np.full(shape, 0x5A5A5A5A, dtype))
     cupy.full = lambda shape, v, dtype: DsaFakeArray(np.full(shape, v, dtype))
-    cupy.asarray = lambda a: a if isinstance(a, FakeArray) else DsaFakeArray(np.array(a))
+    cupy.asarray = lambda a, dtype=None: a if isinstance(a, FakeArray) else DsaFakeArray(np.array(a, dtype=dtype))
+    cupy.int32 = np.int32
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cupy.cuda)
 
