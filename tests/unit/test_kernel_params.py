@@ -166,7 +166,22 @@ def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
 def test_step_kernels_take_one_struct_by_value():
     for name in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
         want = "const VllmStepParams p" if name.startswith("vllm_") else "const KvStepParams params"
+        if name.startswith("dsa_"):
+            want = "const KvDsaTopkParams p"
         assert _kernel_params(name) == [want], name
+
+
+def test_dsa_params_fields_match_the_c_struct_by_name_order_and_type():
+    from kvaddr.dsa import DsaTopkParams
+
+    c_fields = _c_fields("KvDsaTopkParams")
+    assert [f for _, f, _ in c_fields] == [name for name, _ in DsaTopkParams._fields_]
+    for (ctype, field, length), (_, pytype) in zip(c_fields, DsaTopkParams._fields_):
+        assert (_c_kind(ctype), length) == _ctypes_kind(pytype), field
+    for line in _struct_body("KvDsaTopkParams").splitlines():
+        if line.split("//", 1)[0].strip():
+            assert "//" in line and re.search(r"int32|int64|uint64", line), line
+    assert _kernel_params("kvaddr_dsa_topk_baseline") == ["const KvDsaTopkParams p"]
 
 
 def test_positional_args_convert_in_field_order():
@@ -225,7 +240,7 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
 
 
 def test_kernels_live_in_their_family_headers():
-    """The library kernels are templates in step.cuh and vllm.cuh; every extern "C" kernel is a
+    """The library kernels are templates in step.cuh, vllm.cuh and dsa.cuh; every extern "C" kernel is a
     baseline, in baselines.cuh (compiled only with KV_BASELINES)."""
     headers = {h.name: h.read_text() for h in (KERNELS_CU.parent / "kernels").glob("*.cuh")}
 
@@ -233,7 +248,13 @@ def test_kernels_live_in_their_family_headers():
         return sorted(name for name, text in headers.items() if re.search(pattern, text, flags=re.M))
 
     for template in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
-        want = ["vllm.cuh"] if template.startswith("vllm_") else ["step.cuh"]
+        want = (
+            ["vllm.cuh"]
+            if template.startswith("vllm_")
+            else ["dsa.cuh"]
+            if template.startswith("dsa_")
+            else ["step.cuh"]
+        )
         assert home(rf"^__global__ void __launch_bounds__\(.*\) {template}\(") == want, template
     for name in BASELINE_KERNELS:
         assert home(rf'^extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(') == ["baselines.cuh"]
