@@ -22,6 +22,8 @@ def instantiations() -> str:
     lines = [f'#include "{kernel_loader.SOURCE_PATH}"']
     for expr in LIBRARY_KERNELS:
         params = "VllmStepParams" if expr.startswith("vllm_") else "KvStepParams"
+        if expr.startswith("dsa_"):
+            params = "KvDsaTopkParams"
         lines.append(f"template __global__ void {expr}(const {params});")
     return "\n".join(lines) + "\n"
 
@@ -85,6 +87,7 @@ def test_kernels_cu_only_includes_family_headers():
         '#include "kernels/attention.cuh"',
         '#include "kernels/step.cuh"',
         '#include "kernels/vllm.cuh"',
+        '#include "kernels/dsa.cuh"',
         "#ifdef KV_BASELINES",
         '#include "kernels/baselines.cuh"',
         "#endif",
