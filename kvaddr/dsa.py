@@ -78,6 +78,8 @@ class DsaTopkParams(ctypes.Structure):
         ("cp_rank", _I32),
         ("cp_interleave", _I32),
         ("row_shift", _I32),  # log2 of the threads per row, 5..8
+        ("block_shift", _I32),  # log2(B) when B is a power of two, else -1
+        ("reserved", _I32),  # unused (no tail padding)
     ]
 
 
@@ -261,6 +263,7 @@ def topk_to_slots(
         cp_rank=rank,
         cp_interleave=inter,
         row_shift=shift,
+        block_shift=b.bit_length() - 1 if b & (b - 1) == 0 else -1,
     )
     name = f"dsa_topk_slots<{'true' if compact else 'false'}, {vec}>"
     fn = kernel_loader.load_kernels((name,), dev)[name]

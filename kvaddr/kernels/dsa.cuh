@@ -53,8 +53,10 @@ struct KvDsaTopkParams {
     int cp_rank;             // int32 in [0, cp_size)
     int cp_interleave;       // I, int32 >= 1
     int row_shift;           // int32 in [5, log2(KV_THREADS)]: log2 of the threads per row
+    int block_shift;         // int32: log2(B) when B is a power of two, else -1
+    int reserved;            // int32, unused (no tail padding)
 };
-static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 10 * 4, "KvDsaTopkParams has no padding");
+static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 12 * 4, "KvDsaTopkParams has no padding");
 
 // Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
 // emulator (no warp shuffles there) every thread's count.
@@ -79,38 +81,55 @@ struct DsaLane {
     KvErr err;
 };
 
-// One entry's slot (-1 for unused / bad / another rank's), recording its error.
-__device__ __forceinline__ int dsa_entry(const KvDsaTopkParams& p, const int* table, int ctx, int v, int token,
-                                         int column, KvErr& err) {
-    if (v < 0) return -1;
-    if (v >= ctx) {
-        err.add(KV_DSA_ERR_PAST_CONTEXT, ((u64)token << 32) | ((u64)column << 3) | 2ull);
-        return -1;
-    }
+// An entry's class before its table lookup: DSA_LOOKUP (blk, off set), DSA_NOTHING (-1, no error:
+// unused, padding, another rank's) or the error bit it sets. Context first, then the owner rank,
+// then the width (a row outside the table has width 0).
+#define DSA_LOOKUP 0
+#define DSA_NOTHING (-1)
+__device__ __forceinline__ int dsa_classify(const KvDsaTopkParams& p, bool has_table, int ctx, int v, unsigned int& blk,
+                                            unsigned int& off) {
+    blk = 0u;
+    off = 0u;
+    if (v < 0) return DSA_NOTHING;
+    if (v >= ctx) return KV_DSA_ERR_PAST_CONTEXT;
     unsigned int q = (unsigned int)v;
     if (p.cp_size > 1) {
         const unsigned int I = (unsigned int)p.cp_interleave, cp = (unsigned int)p.cp_size;
         const unsigned int run = q / I;
-        if (run % cp != (unsigned int)p.cp_rank) return -1;
+        if (run % cp != (unsigned int)p.cp_rank) return DSA_NOTHING;
         q = (run / cp) * I + (q - run * I);
     }
-    const unsigned int B = (unsigned int)p.block_size;
-    const unsigned int blk = q / B, off = q - blk * B;
-    if (table == nullptr || blk >= (unsigned int)p.width) {
-        err.add(KV_ERR_BLOCK_INDEX, ((u64)token << 32) | ((u64)column << 3));
-        return -1;
+    if (p.block_shift >= 0) {  // B a power of two
+        blk = q >> p.block_shift;
+        off = q & (unsigned int)(p.block_size - 1);
+    } else {
+        const unsigned int B = (unsigned int)p.block_size;
+        blk = q / B;
+        off = q - blk * B;
     }
-    const int id = table[blk];
-    if (id < 0) {
-        err.add(KV_ERR_NEGATIVE_BLOCK, ((u64)token << 32) | ((u64)column << 3) | 1ull);
-        return -1;
+    if (!has_table || blk >= (unsigned int)p.width) return KV_ERR_BLOCK_INDEX;
+    return DSA_LOOKUP;
+}
+
+// An entry's slot from its class and (for DSA_LOOKUP) the table's block id, recording its error
+// under key token << 32 | column << 3 | log2(bit).
+__device__ __forceinline__ int dsa_finish(const KvDsaTopkParams& p, int code, int id, unsigned int off, int token,
+                                          int column, KvErr& err) {
+    if (code == DSA_LOOKUP) {
+        if (id < 0) {
+            code = KV_ERR_NEGATIVE_BLOCK;
+        } else {
+            const i64 slot = (i64)id * p.block_size + off;
+            if (slot <= KV_INT_MAX) return (int)slot;
+            code = KV_DSA_ERR_SLOT_RANGE;
+        }
     }
-    const i64 slot = (i64)id * B + off;
-    if (slot > KV_INT_MAX) {
-        err.add(KV_DSA_ERR_SLOT_RANGE, ((u64)token << 32) | ((u64)column << 3) | 3ull);
-        return -1;
+    if (code > 0) {
+        const u64 log2 = code == KV_ERR_BLOCK_INDEX ? 0ull : code == KV_ERR_NEGATIVE_BLOCK ? 1ull
+                         : code == KV_DSA_ERR_PAST_CONTEXT ? 2ull : 3ull;
+        err.add((unsigned int)code, ((u64)token << 32) | ((u64)column << 3) | log2);
     }
-    return (int)slot;
+    return -1;
 }
 
 // Phase 0: the thread's row, token, context and table row.
@@ -119,12 +138,21 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>
     const int shift = p.row_shift;
     ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
     ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
-    ln.active = ln.row < (i64)p.num_layers * p.num_tokens;
-    ln.layer = ln.active ? (int)(ln.row / p.num_tokens) : 0;
-    ln.token = ln.active ? (int)(ln.row - (i64)ln.layer * p.num_tokens) : 0;
+    const i64 rows = (i64)p.num_layers * p.num_tokens;
+    ln.active = ln.row < rows;
+    if (rows <= KV_INT_MAX) {  // 32-bit division
+        const unsigned int r = ln.active ? (unsigned int)ln.row : 0u, t = (unsigned int)p.num_tokens;
+        ln.layer = (int)(r / t);
+        ln.token = (int)(r - (unsigned int)ln.layer * t);
+    } else {
+        ln.layer = ln.active ? (int)(ln.row / p.num_tokens) : 0;
+        ln.token = ln.active ? (int)(ln.row - (i64)ln.layer * p.num_tokens) : 0;
+    }
+    // req_id and ctx loaded together (neither waits for the other)
     const int req = ln.active ? p.req_id[ln.token] : -1;
+    const int ctx = ln.active ? p.ctx[ln.token] : 0;
     ln.padding = req < 0;
-    ln.ctx = ln.padding ? 0 : p.ctx[ln.token];
+    ln.ctx = ctx;
     ln.table = (!ln.padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
     ln.carry = 0;
     ln.err.mask = 0u;
@@ -139,30 +167,40 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
     const int half = R * VEC;
     const int base = c * half * KV_DSA_UNROLL + ln.gt * VEC;
     const i64 row_off = ln.row * (i64)p.k;
-    int vals[KV_DSA_UNROLL * VEC];
+    constexpr int N = KV_DSA_UNROLL * VEC;
+    int vals[N];
+    // 1. the thread's entries: every load issued before any is used (not waiting for req_id)
 #pragma unroll
     for (int u = 0; u < KV_DSA_UNROLL; ++u) {
         const int col = base + u * half;
         if (VEC == 4) {
             int4 x = make_int4(-1, -1, -1, -1);
-            if (ln.active && !ln.padding && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
+            if (ln.active && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
             vals[u * 4 + 0] = x.x;
             vals[u * 4 + 1] = x.y;
             vals[u * 4 + 2] = x.z;
             vals[u * 4 + 3] = x.w;
         } else {
 #pragma unroll
-            for (int v = 0; v < VEC; ++v)
-                vals[u * VEC + v] = (ln.active && !ln.padding && col + v < p.k) ? p.topk[row_off + col + v] : -1;
+            for (int v = 0; v < VEC; ++v) vals[u * VEC + v] = (ln.active && col + v < p.k) ? p.topk[row_off + col + v] : -1;
         }
     }
+    // 2. classify them; 3. every table lookup issued before any is used; 4. slots and errors
+    const bool has_table = ln.table != nullptr;
+    int code[N], id[N];
+    unsigned int blk[N], off[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) code[i] = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : vals[i], blk[i], off[i]);
+#pragma unroll
+    for (int i = 0; i < N; ++i) id[i] = code[i] == DSA_LOOKUP ? ln.table[blk[i]] : 0;
     int n0 = 0, n1 = 0;
 #pragma unroll
     for (int u = 0; u < KV_DSA_UNROLL; ++u)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-            const int s = dsa_entry(p, ln.table, ln.ctx, vals[u * VEC + v], ln.token, base + u * half + v, ln.err);
-            ln.res[u * VEC + v] = s;
+            const int i = u * VEC + v;
+            const int s = dsa_finish(p, code[i], id[i], off[i], ln.token, base + u * half + v, ln.err);
+            ln.res[i] = s;
             if (u == 0) n0 += s >= 0;
             else n1 += s >= 0;
         }

@@ -75,6 +75,7 @@ extern "C" int emu_dsa_layout(long long* out) {
     EMU_OFF(topk) EMU_OFF(req_id) EMU_OFF(block_table) EMU_OFF(ctx) EMU_OFF(slots) EMU_OFF(counts)
     EMU_OFF(errors) EMU_OFF(table_stride) EMU_OFF(num_layers) EMU_OFF(num_tokens) EMU_OFF(k) EMU_OFF(rows)
     EMU_OFF(width) EMU_OFF(block_size) EMU_OFF(cp_size) EMU_OFF(cp_rank) EMU_OFF(cp_interleave) EMU_OFF(row_shift)
+    EMU_OFF(block_shift) EMU_OFF(reserved)
     return n;
 }
 
