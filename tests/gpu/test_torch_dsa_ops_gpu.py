@@ -110,8 +110,8 @@ def test_cuda_graph_replay_reads_new_inputs():
     errors = new_errors(1, "cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        dsa_topk_to_slots(ins[0], ins[1], ins[2], b, ins[3], out=out, counts=counts, errors=errors)
+    with torch.cuda.stream(s):  # warm up (the kernel is compiled and loaded outside the capture)
+        dsa_topk_to_slots(ins[0], ins[1], ins[2], b, ins[3], out=out, counts=counts, errors=errors, compact=True)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
