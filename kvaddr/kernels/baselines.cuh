@@ -332,6 +332,30 @@ kvaddr_one_block_i32(const KvOneBlockParams params) {
 
 
 // =====================================================================================
+// ==== The engines' top-k -> slot conversion, re-implemented (kvaddr/strategies/dsa_topk.py)
+// =====================================================================================
+// One program per (token, 128 columns): grid (T, ceil(K / 128)), 128 threads, one entry each:
+// slots[t, k] = table[req_id[t], topk // B] * B + topk % B, -1 where topk < 0 or the block index
+// is past the table's width. No context check, no counts, no error record, no compaction.
+// Reads KvDsaTopkParams (kernels/dsa.cuh) for topk, req_id, block_table, slots and the scalars;
+// a padding token (req_id < 0) gives -1 so that nothing is read out of bounds.
+#define KV_DSA_BASELINE_COLUMNS 128
+extern "C" __global__ void __launch_bounds__(KV_DSA_BASELINE_COLUMNS) kvaddr_dsa_topk_baseline(const KvDsaTopkParams p) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * KV_DSA_BASELINE_COLUMNS + threadIdx.x;
+    if (col >= p.k) return;
+    const i64 at = (i64)t * p.k + col;
+    const int req = p.req_id[t];
+    const int v = p.topk[at];
+    int slot = -1;
+    if (v >= 0 && req >= 0) {
+        const int blk = v / p.block_size;
+        if (blk < p.width) slot = p.block_table[(i64)req * p.table_stride + blk] * p.block_size + v % p.block_size;
+    }
+    p.slots[at] = slot;
+}
+
+// =====================================================================================
 // ==== vLLM's three-launch design, re-implemented (kvaddr/strategies/vllm_three_launch.py)
 // =====================================================================================
 //
@@ -484,26 +508,3 @@ extern "C" __global__ void __launch_bounds__(VLLM3_THREADS) kvaddr_vllm3_slots(c
     }
 }
 
-// =====================================================================================
-// ==== The engines' top-k -> slot conversion, re-implemented (kvaddr/strategies/dsa_topk.py)
-// =====================================================================================
-// One program per (token, 128 columns): grid (T, ceil(K / 128)), 128 threads, one entry each:
-// slots[t, k] = table[req_id[t], topk // B] * B + topk % B, -1 where topk < 0 or the block index
-// is past the table's width. No context check, no counts, no error record, no compaction.
-// Reads KvDsaTopkParams (kernels/dsa.cuh) for topk, req_id, block_table, slots and the scalars;
-// a padding token (req_id < 0) gives -1 so that nothing is read out of bounds.
-#define KV_DSA_BASELINE_COLUMNS 128
-extern "C" __global__ void __launch_bounds__(KV_DSA_BASELINE_COLUMNS) kvaddr_dsa_topk_baseline(const KvDsaTopkParams p) {
-    const int t = blockIdx.x;
-    const int col = blockIdx.y * KV_DSA_BASELINE_COLUMNS + threadIdx.x;
-    if (col >= p.k) return;
-    const i64 at = (i64)t * p.k + col;
-    const int req = p.req_id[t];
-    const int v = p.topk[at];
-    int slot = -1;
-    if (v >= 0 && req >= 0) {
-        const int blk = v / p.block_size;
-        if (blk < p.width) slot = p.block_table[(i64)req * p.table_stride + blk] * p.block_size + v % p.block_size;
-    }
-    p.slots[at] = slot;
-}
