@@ -38,7 +38,9 @@ from kvaddr.validation import INT32, ArrayInfo, check_int, describe, stream_hand
 __all__ = [
     "ERR_SLOT_RANGE",
     "DsaTopkParams",
+    "TopkSlotLaunch",
     "TopkSlotOutputs",
+    "prepare_topk_to_slots",
     "topk_kernel",
     "topk_slot_errors",
     "topk_to_slots",
@@ -153,6 +155,8 @@ def topk_to_slots(
 ) -> TopkSlotOutputs:
     """Map the indexer's top-k positions to cache slots on the GPU, with checks (one launch).
 
+    :func:`prepare_topk_to_slots` with the same arguments, then its launch on ``stream``.
+
     Parameters
     ----------
     topk : int32 device array [T, K] or [L, T, K], contiguous
@@ -191,6 +195,77 @@ def topk_to_slots(
         A wrong dtype, a non-array, a non-int / non-bool option.
     ValueError
         A wrong shape, a strided array, arrays on different devices, an option out of range.
+    """
+    return prepare_topk_to_slots(
+        topk,
+        req_id,
+        block_table,
+        block_size,
+        ctx,
+        out=out,
+        counts=counts,
+        errors=errors,
+        compact=compact,
+        cp_size=cp_size,
+        cp_rank=cp_rank,
+        cp_interleave=cp_interleave,
+    ).launch(stream)
+
+
+class TopkSlotLaunch:
+    """One checked conversion, ready to launch again: :func:`prepare_topk_to_slots`' result.
+
+    :meth:`launch` converts what the arrays hold at that moment (on the device, in stream
+    order), so it can run every step, or be captured in a CUDA graph, while the same arrays
+    (the same memory, shapes and strides) are refilled; nothing is checked or allocated there.
+
+    Attributes
+    ----------
+    outputs : TopkSlotOutputs
+        The arrays the launch writes.
+    device : int
+        Their CUDA device.
+    """
+
+    __slots__ = ("_grid", "_launcher", "device", "outputs")
+
+    def __init__(self, outputs: TopkSlotOutputs, device: int, launcher, grid: int) -> None:
+        self.outputs, self.device, self._launcher, self._grid = outputs, device, launcher, grid
+
+    def launch(self, stream=None) -> TopkSlotOutputs:
+        """Launch on ``stream`` (CuPy's current one by default; a CuPy or torch stream or a raw
+        handle); returns :attr:`outputs`."""
+        if self._launcher is not None:
+            import cupy
+
+            handle = stream_handle(stream)
+            with cupy.cuda.Device(self.device):
+                self._launcher(self._grid, THREADS, handle)
+        return self.outputs
+
+
+def prepare_topk_to_slots(
+    topk,
+    req_id,
+    block_table,
+    block_size: int,
+    ctx,
+    *,
+    out=None,
+    counts=None,
+    errors=None,
+    compact: bool = False,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    cp_interleave: int = 1,
+) -> TopkSlotLaunch:
+    """Check the arguments of :func:`topk_to_slots` (the same, without ``stream``), allocate the
+    outputs not given, and return the launch, not run yet.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`topk_to_slots`.
     """
     ti = describe("topk", topk)
     if len(ti.shape) not in (2, 3):
@@ -240,8 +315,9 @@ def topk_to_slots(
         raise ValueError(f"errors must have shape {' or '.join(str(s) for s in want_err)}, got {tuple(ei.shape)}")
     _check("errors", ei, None, dev, (_UINT64, _INT64))
 
+    outputs = TopkSlotOutputs(out, counts, errors)
     if layers * t == 0:
-        return TopkSlotOutputs(out, counts, errors)
+        return TopkSlotLaunch(outputs, dev, None, 0)
     vec = 4 if k % 4 == 0 and ti.ptr % 16 == 0 and oi.ptr % 16 == 0 else 1
     shift, per_block = topk_kernel(k, vec)
     p = DsaTopkParams(
@@ -267,11 +343,7 @@ def topk_to_slots(
     )
     name = f"dsa_topk_slots<{'true' if compact else 'false'}, {vec}>"
     fn = kernel_loader.load_kernels((name,), dev)[name]
-    grid = -(-(layers * t) // per_block)
-    handle = stream_handle(stream)
-    with cupy.cuda.Device(dev):
-        kernel_loader.Launcher(fn, p, by_value=True)(grid, THREADS, handle)
-    return TopkSlotOutputs(out, counts, errors)
+    return TopkSlotLaunch(outputs, dev, kernel_loader.Launcher(fn, p, by_value=True), -(-(layers * t) // per_block))
 
 
 def topk_slot_errors(errors, *, reset: bool = True, stream=None) -> tuple[np.ndarray, np.ndarray]:

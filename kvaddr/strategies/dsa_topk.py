@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvaddr import kernel_loader
-from kvaddr.dsa import DsaTopkParams, TopkSlotOutputs, topk_to_slots
+from kvaddr.dsa import DsaTopkParams, TopkSlotOutputs, prepare_topk_to_slots
 from kvaddr.dsa_reference import NO_ERROR_KEY
-from kvaddr.validation import check_int, describe, stream_handle
+from kvaddr.validation import check_int, describe, memo_guard, stream_handle
 
 __all__ = ["BaselineTopkSlots", "KvaddrTopkSlots", "TopkSlotStrategy"]
 
@@ -110,26 +110,33 @@ class KvaddrTopkSlots(TopkSlotStrategy):
         self.compact = compact
         self.name = "kvaddr compact" if compact else "kvaddr"
         self._dcp = {"cp_size": cp_size, "cp_rank": cp_rank, "cp_interleave": cp_interleave}
+        self._same = None
+        self._launch = None
 
     def compute(self, topk, req_id, block_table, ctx, *, stream=None) -> TopkSlotOutputs:
-        """The slots, valid counts and (sticky) error records of ``topk``, in one launch."""
+        """The slots, valid counts and (sticky) error records of ``topk``, in one launch.
+
+        The same array objects as the call before, unchanged (memory, shape, strides), skip the
+        checks: the checked launch is run again.
+        """
+        same = self._same
+        if same is not None and same(topk, req_id, block_table, ctx):
+            return self._launch.launch(stream)
         shape, layers, t = self._shape(topk)
-        out = self._slots[: layers * t * self.k].reshape(shape)
-        counts = self._counts[: layers * t].reshape(shape[:-1])
-        errors = self.errors[:layers]
-        return topk_to_slots(
+        self._launch = prepare_topk_to_slots(
             topk,
             req_id,
             block_table,
             self.block_size,
             ctx,
-            out=out,
-            counts=counts,
-            errors=errors,
+            out=self._slots[: layers * t * self.k].reshape(shape),
+            counts=self._counts[: layers * t].reshape(shape[:-1]),
+            errors=self.errors[:layers],
             compact=self.compact,
-            stream=stream,
             **self._dcp,
         )
+        self._same = memo_guard((topk, req_id, block_table, ctx))
+        return self._launch.launch(stream)
 
 
 class BaselineTopkSlots(TopkSlotStrategy):

@@ -344,3 +344,23 @@ def test_bad_arguments_name_the_argument(gpu, change, exc, name):
     args[key] = what
     with pytest.raises(exc, match=name):
         topk_to_slots(**args)
+
+
+def test_the_strategy_relaunches_the_same_arrays_unchecked(gpu, monkeypatch):
+    from kvaddr.strategies.dsa_topk import KvaddrTopkSlots
+    from tests.support.dsa_fake_gpu import on_fake
+
+    rng = np.random.default_rng(2)
+    host = [i32(rng.integers(-1, 60, size=(7, 12))), i32(rng.integers(0, 3, size=7)), i32(rng.integers(0, 50, (3, 9)))]
+    host.append(i32(rng.integers(0, 60, size=7)))
+    args = [on_fake(x) for x in host]
+    conv = KvaddrTopkSlots(10, 12, 7, compact=True, device=0)
+    conv.compute(*args)
+    prepared = []
+    monkeypatch.setattr(conv, "_shape", lambda topk: prepared.append(topk) or KvaddrTopkSlots._shape(conv, topk))
+    host[0][...] = rng.integers(-1, 60, size=(7, 12))  # new values in the same memory
+    out = conv.compute(*args)
+    want = reference(host[0], host[1], host[2], 7, host[3], compact=True)
+    np.testing.assert_array_equal(out.slots.a, want.slots)
+    np.testing.assert_array_equal(out.valid_counts.a, want.valid_counts)
+    assert prepared == [] and len(gpu) == 2  # no second check, two launches
