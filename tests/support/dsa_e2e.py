@@ -48,10 +48,11 @@ def choose_topk(rng, ctx, k):
     return out
 
 
-def check_gather(batch, cache, req_id, topk, slots, counts):
-    """The gathered cache rows of each token equal its request's contiguous K/V at the chosen
-    positions, in the chosen order (compacted slots); the rest of each row is -1."""
-    for t in range(topk.shape[0]):
+def check_gather(batch, cache, req_id, topk, slots, counts, tokens=None):
+    """The gathered cache rows of each token (of ``tokens``, default all) equal its request's
+    contiguous K/V at the chosen positions, in the chosen order (compacted slots); the rest of
+    each row is -1."""
+    for t in range(topk.shape[0]) if tokens is None else tokens:
         chosen = topk[t][topk[t] >= 0]
         n = int(counts[t])
         assert n == len(chosen), (t, n, len(chosen))
