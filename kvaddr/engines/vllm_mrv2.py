@@ -379,9 +379,7 @@ class Mrv2Addressing:
             self._dirty = True  # rows the launch's zeroing does not know of
         return res
 
-    def compute_slot_mappings(
-        self, idx_mapping, query_start_loc, positions, num_tokens_padded: int, out=None
-    ):
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, num_tokens_padded: int, out=None):
         """vLLM's ``BlockTables.compute_slot_mappings``: ``slot_mappings[:, :num_tokens_padded]``.
 
         Served from the step's launch when ``idx_mapping`` is the launch's and ``out`` is None
@@ -469,9 +467,7 @@ class Mrv2Addressing:
         if not _same_contents(self._idx, idx0):
             raise Mrv2ArgumentError(f"{call}: idx_mapping's contents changed since prepare_pos_seq_lens launched")
         if not _same_contents(self._qsl[: n + 1], qsl0):
-            raise Mrv2ArgumentError(
-                f"{call}: query_start_loc's contents changed since prepare_pos_seq_lens launched"
-            )
+            raise Mrv2ArgumentError(f"{call}: query_start_loc's contents changed since prepare_pos_seq_lens launched")
 
     def _check_gather(self, num_reqs_padded, num_computed_tokens) -> None:
         n, M = _length(self._idx), self._M
@@ -493,7 +489,8 @@ class Mrv2Addressing:
             _ptr(query_start_loc) != _ptr(self._qsl) or _length(query_start_loc) < n + 1
         ):
             self._mismatch("compute_slot_mappings", "query_start_loc", query_start_loc, self._qsl)
-        if _ptr(positions) != self._pos_ptr or _length(positions) > T:
+        # (an empty torch slice has no address: only its length is checked)
+        if _length(positions) > T or (_length(positions) and _ptr(positions) != self._pos_ptr):
             raise Mrv2ArgumentError(
                 f"compute_slot_mappings: positions must be a slice [:num_tokens] of the positions buffer the "
                 f"launch wrote (at {self._pos_ptr:#x}, {T} entries), got {_length(positions)} entries at "
