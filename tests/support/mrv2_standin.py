@@ -10,6 +10,8 @@
   by block, finish, and their rows are reused; each step's batch is a permuted subset of the
   live rows with dummy rows (-1), written into slices of persistent ``idx_mapping`` /
   ``query_start_loc`` buffers; :meth:`Mrv2StandIn.run_step` makes MRV2's three calls, in its order;
+* :func:`expected` / :func:`check_step`: MRV2's own three calls on separate buffers, and every
+  buffer of a step served by the adapter compared with them;
 * :class:`ReferenceStep`: the NumPy reference standing in for the bound kernel launch (the CPU
   tests), writing MRV2's buffers as the launch does.
 """
@@ -160,7 +162,7 @@ class Mrv2StandIn:
 
     def __init__(
         self, *, max_num_reqs, max_num_batched_tokens, block_sizes, max_model_len, device, seed,
-        sliding_window_reach=None, idx_dtype=torch.int32,
+        sliding_window_reach=None, idx_dtype=torch.int32, max_block_id=1 << 20,
     ):  # fmt: skip
         M, T = max_num_reqs, max_num_batched_tokens
         self.M, self.T, self.max_model_len = M, T, max_model_len
@@ -172,11 +174,12 @@ class Mrv2StandIn:
         self.idx_mapping_buf = torch.zeros(M, dtype=idx_dtype, device=device)
         self.query_start_loc_buf = torch.zeros(M + 1, dtype=torch.int32, device=device)
         self.rng = np.random.default_rng(seed)
+        self.max_block_id = max_block_id
         self.computed: dict = {}  # live row -> tokens in its KV cache (host mirror)
         self.blocks = np.zeros((len(block_sizes), M), np.int64)  # host mirror of num_blocks
 
     def _new_ids(self, k: int) -> list:
-        return [int(x) for x in self.rng.integers(1, 1 << 20, k)]
+        return [int(x) for x in self.rng.integers(1, self.max_block_id, k)]
 
     def schedule(self, max_query: int, dummies: int = 2) -> Batch:
         """Finish some requests, add new ones on free rows, allocate blocks, pick the batch."""
@@ -307,3 +310,50 @@ class ReferenceStep:
             dst.copy_(torch.from_numpy(src))
         self.planner.attention_outputs = o.attention
         self.last = res
+
+
+def expected(mrv2: Mrv2StandIn, batch) -> dict:
+    """MRV2's own three calls on separate buffers (the stand-in's per-call functions)."""
+    bt = mrv2.block_tables
+    pos = torch.full_like(mrv2.positions, 7)
+    seq = torch.full_like(mrv2.seq_lens, 7)
+    standin_prepare_pos_seq_lens(batch.idx_mapping, batch.query_start_loc, mrv2.num_computed_tokens, pos, seq)
+    tables = bt.gather_block_tables(
+        batch.idx_mapping,
+        batch.num_reqs_padded,
+        out=[torch.full_like(t, 7) for t in bt.input_block_tables],
+        out_ptrs=None,
+        num_computed_tokens=mrv2.num_computed_tokens,
+    )
+    slots = bt.compute_slot_mappings(
+        batch.idx_mapping,
+        batch.query_start_loc,
+        pos[: batch.num_tokens],
+        batch.num_tokens_padded,
+        out=torch.full_like(bt.slot_mappings, 7),
+    )
+    return dict(positions=pos[: batch.num_tokens], seq_lens=seq, tables=tables, slots=slots)
+
+
+def same_buffer(view, buf) -> bool:
+    """A slice starting at ``buf``'s first element (an empty one has no address)."""
+    return view.numel() == 0 or view.data_ptr() == buf.data_ptr()
+
+
+def check_step(mrv2, batch, tables, slots, label, launched=True):
+    want = expected(mrv2, batch)
+    bt = mrv2.block_tables
+    n, nt = batch.num_reqs, batch.num_tokens
+    assert torch.equal(mrv2.positions[:nt], want["positions"]), label
+    if launched:  # kvaddr writes every position (vLLM leaves those past the step's tokens)
+        assert not mrv2.positions[nt : mrv2.T].any(), label
+    assert torch.equal(mrv2.seq_lens, want["seq_lens"]), label
+    assert len(tables) == len(want["tables"])
+    for g, (got, w) in enumerate(zip(tables, want["tables"])):
+        assert got.shape == w.shape and same_buffer(got, bt.input_block_tables[g]), label
+        assert torch.equal(got, w), f"{label}: group {g}"
+        if launched:  # kvaddr zeroes every row past num_reqs (vLLM those up to num_reqs_padded)
+            assert not bt.input_block_tables[g][n:].any(), f"{label}: group {g} rows past num_reqs"
+    assert slots.shape == want["slots"].shape and same_buffer(slots, bt.slot_mappings), label
+    assert torch.equal(slots, want["slots"]), label
+    assert (bt.slot_mappings[:, nt:] == -1).all(), label  # (vLLM pads them too)

@@ -12,7 +12,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvaddr.engines.vllm_mrv2 import Mrv2Addressing, Mrv2ArgumentError  # noqa: E402
-from tests.support.mrv2_standin import Mrv2StandIn, ReferenceStep, standin_prepare_pos_seq_lens  # noqa: E402
+from tests.support.mrv2_standin import (  # noqa: E402
+    Mrv2StandIn,
+    ReferenceStep,
+    check_step,
+    expected,
+    standin_prepare_pos_seq_lens,
+)
 
 
 def make(block_sizes=(16,), *, seed=0, M=24, T=96, max_model_len=200, reach=None, debug=True, **kw):
@@ -37,53 +43,6 @@ def make(block_sizes=(16,), *, seed=0, M=24, T=96, max_model_len=200, reach=None
         **kw,
     )
     return mrv2, addr, step
-
-
-def expected(mrv2: Mrv2StandIn, batch) -> dict:
-    """MRV2's own three calls on separate buffers (the stand-in's per-call functions)."""
-    bt = mrv2.block_tables
-    pos = torch.full_like(mrv2.positions, 7)
-    seq = torch.full_like(mrv2.seq_lens, 7)
-    standin_prepare_pos_seq_lens(batch.idx_mapping, batch.query_start_loc, mrv2.num_computed_tokens, pos, seq)
-    tables = bt.gather_block_tables(
-        batch.idx_mapping,
-        batch.num_reqs_padded,
-        out=[torch.full_like(t, 7) for t in bt.input_block_tables],
-        out_ptrs=None,
-        num_computed_tokens=mrv2.num_computed_tokens,
-    )
-    slots = bt.compute_slot_mappings(
-        batch.idx_mapping,
-        batch.query_start_loc,
-        pos[: batch.num_tokens],
-        batch.num_tokens_padded,
-        out=torch.full_like(bt.slot_mappings, 7),
-    )
-    return dict(positions=pos[: batch.num_tokens], seq_lens=seq, tables=tables, slots=slots)
-
-
-def same_buffer(view, buf) -> bool:
-    """A slice starting at ``buf``'s first element (an empty one has no address)."""
-    return view.numel() == 0 or view.data_ptr() == buf.data_ptr()
-
-
-def check_step(mrv2, batch, tables, slots, label, launched=True):
-    want = expected(mrv2, batch)
-    bt = mrv2.block_tables
-    n, nt = batch.num_reqs, batch.num_tokens
-    assert torch.equal(mrv2.positions[:nt], want["positions"]), label
-    if launched:  # kvaddr writes every position (vLLM leaves those past the step's tokens)
-        assert not mrv2.positions[nt : mrv2.T].any(), label
-    assert torch.equal(mrv2.seq_lens, want["seq_lens"]), label
-    assert len(tables) == len(want["tables"])
-    for g, (got, w) in enumerate(zip(tables, want["tables"])):
-        assert got.shape == w.shape and same_buffer(got, bt.input_block_tables[g]), label
-        assert torch.equal(got, w), f"{label}: group {g}"
-        if launched:  # kvaddr zeroes every row past num_reqs (vLLM those up to num_reqs_padded)
-            assert not bt.input_block_tables[g][n:].any(), f"{label}: group {g} rows past num_reqs"
-    assert slots.shape == want["slots"].shape and same_buffer(slots, bt.slot_mappings), label
-    assert torch.equal(slots, want["slots"]), label
-    assert (bt.slot_mappings[:, nt:] == -1).all(), label  # (vLLM pads them too)
 
 
 @pytest.mark.parametrize("block_sizes", [(16,), (16, 64), (4, 13, 16)])

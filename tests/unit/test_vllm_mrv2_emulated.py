@@ -16,9 +16,8 @@ torch = pytest.importorskip("torch")
 
 from kvaddr.engines.vllm_mrv2 import Mrv2Addressing  # noqa: E402
 from tests.support import vllm_emulator  # noqa: E402
-from tests.support.mrv2_standin import Mrv2StandIn, standin_prepare_pos_seq_lens  # noqa: E402
+from tests.support.mrv2_standin import Mrv2StandIn, check_step, standin_prepare_pos_seq_lens  # noqa: E402
 from tests.support.vllm_fake_cupy import FakeArray, install  # noqa: E402
-from tests.unit.test_vllm_mrv2 import check_step  # noqa: E402
 
 pytestmark = pytest.mark.skipif(vllm_emulator.CXX is None, reason="no C++ compiler: kernel emulation skipped")
 
