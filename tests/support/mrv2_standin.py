@@ -271,31 +271,44 @@ class Mrv2StandIn:
 class ReferenceStep:
     """The NumPy reference standing in for ``BoundVllmStep`` (CPU torch tensors): each launch
     computes the step with :func:`~kvaddr.engines.vllm_reference.vllm_step_reference` over the
-    stand-in's request state and writes MRV2's buffers in place. ``seen`` records, per launch,
-    the gathered tables as they were before it wrote them."""
+    request state of ``tables`` (MRV2's ``BlockTables`` or the stand-in's) and writes MRV2's
+    buffers in place, as the launch does. ``seen`` records, per launch, the gathered tables as
+    they were before it wrote them."""
 
-    def __init__(self, mrv2: Mrv2StandIn, attention=None, kv_indices_capacity=None):
-        self.mrv2 = mrv2
-        self.cfg = mrv2.config()
+    def __init__(
+        self, tables, num_computed_tokens, positions, seq_lens, *, sliding_window_reach=None, attention=None,
+        kv_indices_capacity=None,
+    ):  # fmt: skip
+        self.tables, self.nct, self.positions, self.seq_lens = tables, num_computed_tokens, positions, seq_lens
+        self.M, self.T = tables.max_num_reqs, tables.max_num_batched_tokens
+        widths = [t.gpu.shape[1] for t in tables.block_tables]
+        kw = {} if sliding_window_reach is None else dict(sliding_window_reach=sliding_window_reach)
+        self.cfg = VllmStepConfig(self.M, self.T, list(tables.block_sizes), widths, **kw)
         self.attention, self.capacity = attention, kv_indices_capacity
         self.launches = 0
         self.seen: list = []
         self.last = None
         self.planner = types.SimpleNamespace(attention_outputs=None, check=self._check)
 
+    @classmethod
+    def of(cls, mrv2: Mrv2StandIn, **kw) -> ReferenceStep:
+        """The reference step over a :class:`Mrv2StandIn`'s buffers."""
+        kw.setdefault("sliding_window_reach", mrv2.block_tables.reach)
+        return cls(mrv2.block_tables, mrv2.num_computed_tokens, mrv2.positions, mrv2.seq_lens, **kw)
+
     def _check(self, stream=None) -> None:
         if self.last is not None and self.last.error_mask:
             raise AssertionError(f"reference step error mask {self.last.error_mask}")
 
     def launch(self, idx_mapping, query_start_loc, num_reqs_padded=None, *, stream=None):
-        m, bt = self.mrv2, self.mrv2.block_tables
+        bt = self.tables
         self.launches += 1
         self.seen.append([t.clone() for t in bt.input_block_tables])
         res = vllm_step_reference(
             self.cfg,
             idx_mapping.numpy(),
             query_start_loc.numpy(),
-            m.num_computed_tokens.numpy(),
+            self.nct.numpy(),
             [t.gpu.numpy() for t in bt.block_tables],
             bt.num_blocks.gpu.numpy(),
             num_reqs_padded=num_reqs_padded,
@@ -303,8 +316,8 @@ class ReferenceStep:
             kv_indices_capacity=self.capacity,
         )
         o = res.outputs
-        m.positions[: m.T].copy_(torch.from_numpy(o.positions))
-        m.seq_lens[: m.M].copy_(torch.from_numpy(o.seq_lens))
+        self.positions[: self.T].copy_(torch.from_numpy(o.positions))
+        self.seq_lens[: self.M].copy_(torch.from_numpy(o.seq_lens))
         bt.slot_mappings.copy_(torch.from_numpy(o.slot_mappings))
         for dst, src in zip(bt.input_block_tables, o.input_block_tables):
             dst.copy_(torch.from_numpy(src))

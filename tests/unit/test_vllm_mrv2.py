@@ -31,7 +31,7 @@ def make(block_sizes=(16,), *, seed=0, M=24, T=96, max_model_len=200, reach=None
         seed=seed,
         sliding_window_reach=reach,
     )
-    step = ReferenceStep(mrv2)
+    step = ReferenceStep.of(mrv2)
     addr = Mrv2Addressing(
         mrv2.block_tables,
         mrv2.num_computed_tokens,
@@ -102,7 +102,7 @@ def test_switching_off_needs_vllms_function():
         max_num_reqs=4, max_num_batched_tokens=8, block_sizes=[4], max_model_len=16, device="cpu", seed=0
     )
     addr = Mrv2Addressing(
-        mrv2.block_tables, mrv2.num_computed_tokens, mrv2.positions, mrv2.seq_lens, step=ReferenceStep(mrv2)
+        mrv2.block_tables, mrv2.num_computed_tokens, mrv2.positions, mrv2.seq_lens, step=ReferenceStep.of(mrv2)
     )
     with pytest.raises(TypeError, match="prepare_pos_seq_lens"):
         addr.enabled = False
