@@ -162,12 +162,15 @@ class Mrv2StandIn:
 
     def __init__(
         self, *, max_num_reqs, max_num_batched_tokens, block_sizes, max_model_len, device, seed,
-        sliding_window_reach=None, idx_dtype=torch.int32, max_block_id=1 << 20,
+        sliding_window_reach=None, idx_dtype=torch.int32, max_block_id=1 << 20, cp_size=1, cp_rank=0,
     ):  # fmt: skip
         M, T = max_num_reqs, max_num_batched_tokens
         self.M, self.T, self.max_model_len = M, T, max_model_len
         widths = [-(-max_model_len // B) for B in block_sizes]
-        self.block_tables = StandInBlockTables(block_sizes, M, T, widths, device, sliding_window_reach)
+        self.block_tables = StandInBlockTables(
+            block_sizes, M, T, widths, device, sliding_window_reach, cp_size=cp_size, cp_rank=cp_rank
+        )
+        self.dcp_local_seq_lens = torch.zeros(M, dtype=torch.int32, device=device)
         self.num_computed_tokens = torch.zeros(M, dtype=torch.int32, device=device)
         self.positions = torch.zeros(T + 16, dtype=torch.int64, device=device)  # longer than T, as MRV2's may be
         self.seq_lens = torch.zeros(M, dtype=torch.int32, device=device)
@@ -263,7 +266,7 @@ class Mrv2StandIn:
 
     def config(self, **over) -> VllmStepConfig:
         bt = self.block_tables
-        kw = dict(sliding_window_reach=bt.reach)
+        kw = dict(sliding_window_reach=bt.reach, cp_size=bt.cp_size, cp_rank=bt.cp_rank)
         kw.update(over)
         return VllmStepConfig(self.M, self.T, bt.block_sizes, [t.gpu.shape[1] for t in bt.block_tables], **kw)
 

@@ -39,6 +39,7 @@ class DeviceView:
         self.bt = bt
         self.block_sizes, self.max_num_reqs = bt.block_sizes, bt.max_num_reqs
         self.max_num_batched_tokens = bt.max_num_batched_tokens
+        self.cp_size, self.cp_rank, self.cp_interleave = bt.cp_size, bt.cp_rank, bt.cp_interleave
         self.block_tables = [types.SimpleNamespace(gpu=dev(t.gpu)) for t in bt.block_tables]
         self.num_blocks = types.SimpleNamespace(gpu=dev(bt.num_blocks.gpu))
         self.input_block_tables = [dev(t) for t in bt.input_block_tables]
@@ -56,7 +57,7 @@ def _drive(addr, bufs, batch):
     return tuple(host(t) for t in tables), host(slots)
 
 
-def make(block_sizes, seed, **kw):
+def make(block_sizes, seed, dcp=False, **kw):
     mrv2 = Mrv2StandIn(
         max_num_reqs=20, max_num_batched_tokens=64, block_sizes=list(block_sizes), max_model_len=160,
         device="cpu", seed=seed, **kw,
@@ -69,6 +70,7 @@ def make(block_sizes, seed, **kw):
         bufs.seq,
         sliding_window_reach=mrv2.block_tables.reach,
         prepare_pos_seq_lens=standin_prepare_pos_seq_lens,
+        dcp_local_seq_lens=dev(mrv2.dcp_local_seq_lens) if dcp else None,
     )
     return mrv2, addr, bufs
 
@@ -112,3 +114,20 @@ def test_a_gather_of_vllms_in_between_is_undone_before_the_next_launch(monkeypat
         other = dev(torch.from_numpy(live))
         addr.gather_block_tables(other, len(live))  # not the step's: vLLM's gather, into the same tables
         assert bt.calls["gather_block_tables"] == 2 * k + 2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_dcp_local_lengths_into_mrv2s_buffer(monkeypatch, rank):
+    """cp_size 2 read from the tables: slots of this rank's tokens only, and the local lengths
+    written into MRV2's ``dcp_local_seq_lens`` by the same launch."""
+    install(monkeypatch, on_launch=vllm_emulator.run)
+    mrv2, addr, bufs = make((16, 4), seed=20 + rank, dcp=True, cp_size=2, cp_rank=rank)
+    for k in range(10):
+        batch = mrv2.schedule(5)
+        tables, slots = _drive(addr, bufs, batch)
+        check_step(mrv2, batch, tables, slots, f"step {k}")
+        s = mrv2.seq_lens.long()
+        want = (s // 2) + torch.clamp(s % 2 - rank, 0, 1)  # interleave 1: every other token is this rank's
+        assert torch.equal(mrv2.dcp_local_seq_lens.long(), want), f"step {k}"
+        assert mrv2.dcp_local_seq_lens.data_ptr() == addr.outputs.dcp_local_seq_lens.a.ctypes.data
+        mrv2.advance(batch)
