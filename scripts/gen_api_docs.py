@@ -45,6 +45,7 @@ IMPORTED_MODULES = (
     "kvaddr.dsa",
     "kvaddr.engines.vllm",
     "kvaddr.engines.vllm_bound",
+    "kvaddr.engines.vllm_mrv2",
     "kvaddr.engines.vllm_config",
     "kvaddr.engines.vllm_reference",
     "kvaddr.engines.vllm_errors",

@@ -11,6 +11,8 @@ vllm            :class:`~kvaddr.engines.vllm.VllmStepPlanner`, vLLM Model Runner
                 block tables, DCP local lengths) in one launch
 vllm_bound      :class:`~kvaddr.engines.vllm_bound.BoundVllmStep`, the step bound to vLLM's
                 persistent request state (``VllmStepPlanner.bind``): the batch checked per launch
+vllm_mrv2       :class:`~kvaddr.engines.vllm_mrv2.Mrv2Addressing`, a drop-in for vLLM Model
+                Runner V2's BlockTables and input preparation, served by the one launch
 vllm_config     its configuration, output dataclass and host-side input checks
 vllm_reference  the NumPy reference of the same contract (the oracle and the CPU path)
 vllm_errors     its device error bits and :class:`VllmAddressingError`

@@ -161,4 +161,10 @@ def _class_instance_attribute(cls: type, name: str) -> bool:
 
 
 def doc_pages() -> list:
-    return sorted(DOCS.glob("*.md"))
+    """Every page of the docs site (docs/ and its folders, e.g. docs/integrations/)."""
+    return sorted(DOCS.rglob("*.md"))
+
+
+def page_name(page: Path) -> str:
+    """A page's path inside docs/ (``vllm.md``, ``integrations/vllm.md``): how the nav and links name it."""
+    return page.relative_to(DOCS).as_posix()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.support.docs import DOCS, ROOT, doc_pages
+from tests.support.docs import DOCS, ROOT, doc_pages, page_name
 
 MKDOCS = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
 
@@ -18,7 +18,7 @@ def nav_pages() -> list:
 def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists():
     pages = nav_pages()
     assert len(pages) == len(set(pages)), "a page is in the nav twice"
-    on_disk = {p.name for p in doc_pages()}
+    on_disk = {page_name(p) for p in doc_pages()}
     assert set(pages) == on_disk, (sorted(on_disk - set(pages)), sorted(set(pages) - on_disk))
     for page in pages:
         assert (DOCS / page).is_file(), page
@@ -32,8 +32,8 @@ def test_the_site_is_strict_and_reads_docs():
 def test_index_links_every_page():
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     for page in doc_pages():
-        if page.name != "index.md":
-            assert f"]({page.name})" in index, page.name
+        if page_name(page) != "index.md":
+            assert f"]({page_name(page)})" in index, page_name(page)
 
 
 def test_the_docs_extra_brings_mkdocs():
