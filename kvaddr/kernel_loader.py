@@ -259,6 +259,21 @@ class StepParams(ctypes.Structure):
     ]
 
 
+class MtpParams(ctypes.Structure):
+    """kernels.cu's ``KvMtpParams``: the MTP substeps' one parameter, passed by value.
+
+    ``step`` is a :class:`StepParams` whose output pointers address substep 0's rows of
+    outputs shaped ``[k, ...]`` (kvaddr/kernels/mtp.cuh); its ``seq_lens_this_time`` is unused.
+    """
+
+    _fields_ = [
+        ("step", StepParams),  # KvStepParams: tables, block sizes, bsz, capacity, outputs of substep 0
+        ("accept_num", _U64),  # [bsz], int32: tokens each request accepted (0 for an idle slot)
+        ("num_substeps", _I32),  # int32: k >= 1 (the grid's y dimension)
+        ("max_requests", _I32),  # int32: M; rows of cu_seqlens_q / cu_seqlens_k are M + 1 apart
+    ]
+
+
 class SlotsArgs(ctypes.Structure):
     """The parameters of ``kvaddr_slots_i64`` / ``kvaddr_slots_i32``, in order (one per field)."""
 

@@ -16,6 +16,7 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     *(f"step_small_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
     *(f"step_wide<{g}, {pos}, {r}>" for r in (4, 8, 16) for pos in _POS for g in _CACHES),
     *(f"step_wide_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
+    *(f"mtp_step<{pos}>" for pos in _POS),
     "vllm_step<false>",
     "vllm_step<true>",
 )

@@ -78,7 +78,11 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     assert ctypes.sizeof(S) == end == 264 and ctypes.alignment(S) == 8
 
 
-STRUCTS = [("KvStepParams", kernel_loader.StepParams), ("KvOneBlockParams", kernel_loader.OneBlockParams)]
+STRUCTS = [
+    ("KvStepParams", kernel_loader.StepParams),
+    ("KvOneBlockParams", kernel_loader.OneBlockParams),
+    ("KvMtpParams", kernel_loader.MtpParams),
+]
 
 
 def test_one_block_params_fields_match_the_c_struct_and_have_no_padding():
@@ -166,6 +170,8 @@ def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
 def test_step_kernels_take_one_struct_by_value():
     for name in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
         want = "const VllmStepParams p" if name.startswith("vllm_") else "const KvStepParams params"
+        if name.startswith("mtp_"):
+            want = "const KvMtpParams params"
         assert _kernel_params(name) == [want], name
 
 
@@ -234,6 +240,8 @@ def test_kernels_live_in_their_family_headers():
 
     for template in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
         want = ["vllm.cuh"] if template.startswith("vllm_") else ["step.cuh"]
+        if template.startswith("mtp_"):
+            want = ["mtp.cuh"]
         assert home(rf"^__global__ void __launch_bounds__\(.*\) {template}\(") == want, template
     for name in BASELINE_KERNELS:
         assert home(rf'^extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(') == ["baselines.cuh"]
