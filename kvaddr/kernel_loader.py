@@ -289,6 +289,19 @@ class SlotsArgs(ctypes.Structure):
     ]
 
 
+class MtpLengthsArgs(ctypes.Structure):
+    """The parameters of ``kvaddr_mtp_substep_lengths``, in order (one per field)."""
+
+    _fields_ = [
+        ("seq_lens_decoder", _U64),  # [bsz], int32
+        ("accept_num", _U64),  # [bsz], int32
+        ("dec_out", _U64),  # [bsz], int32: the substep's seq_lens_decoder (written)
+        ("q_out", _U64),  # [bsz], int32: the substep's seq_lens_this_time (written)
+        ("bsz", _I32),  # int32: requests, <= 1024
+        ("substep", _I32),  # int32: j >= 0
+    ]
+
+
 class WhereArgs(ctypes.Structure):
     """The parameters of ``kvaddr_where_pad``, in order (one per field)."""
 

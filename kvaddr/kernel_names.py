@@ -34,6 +34,7 @@ BASELINE_KERNELS: tuple[str, ...] = (
     "kvaddr_empty",
     "kvaddr_one_block_i64",
     "kvaddr_one_block_i32",
+    "kvaddr_mtp_substep_lengths",
     "kvaddr_vllm3_prepare",
     "kvaddr_vllm3_gather",
     "kvaddr_vllm3_slots",

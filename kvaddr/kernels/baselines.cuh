@@ -331,6 +331,39 @@ kvaddr_one_block_i32(const KvOneBlockParams params) {
 }
 
 
+// FastDeploy's MTP substep preparation, written here from its description: before each draft
+// substep a one-block kernel (<<<1, max(bsz, 1)>>>, a thread per request, bsz <= 512 in
+// FastDeploy) writes the substep's seq_lens_decoder and seq_lens_this_time; the one-block step
+// above then addresses it, and the host synchronises before the next substep. Lengths as
+// kvaddr/spec_reference.py's mtp_substep_lengths: substep 0 runs accept_num over
+// seq_lens_decoder; substep j >= 1 one token for accept_num > 0 over seq_lens_decoder +
+// accept_num + j - 1 (saturating), none (or the negative accept_num) for the others.
+// Launched by kvaddr/strategies/fastdeploy_mtp.py.
+extern "C" __global__ void __launch_bounds__(KV_ONE_BLOCK_MAX_REQUESTS)
+kvaddr_mtp_substep_lengths(const int* __restrict__ seq_lens_decoder,  // [bsz], int32
+                           const int* __restrict__ accept_num,        // [bsz], int32
+                           int* __restrict__ dec_out,                 // [bsz], int32: the substep's seq_lens_decoder
+                           int* __restrict__ q_out,                   // [bsz], int32: its seq_lens_this_time
+                           int bsz,                                   // int32, <= KV_ONE_BLOCK_MAX_REQUESTS
+                           int substep) {                             // int32 >= 0
+    const int b = threadIdx.x;
+    if (b >= bsz) return;
+    const int d = seq_lens_decoder[b], a = accept_num[b];
+    int dj = d, qj = a;
+    if (substep > 0) {
+        if (a > 0) {
+            const i64 v = (i64)d + (i64)a + (i64)(substep - 1);
+            dj = (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX);
+            qj = 1;
+        } else {
+            qj = a < 0 ? a : 0;
+        }
+    }
+    dec_out[b] = dj;
+    q_out[b] = qj;
+}
+
+
 // =====================================================================================
 // ==== vLLM's three-launch design, re-implemented (kvaddr/strategies/vllm_three_launch.py)
 // =====================================================================================

@@ -139,7 +139,7 @@ def test_smaller_batch_than_max_requests_and_compute_on_each_substep():
     from kvaddr import StepPlanner
 
     dec, acc, tables, sizes, C = _case(5, 90, 3, (16, 5))
-    p, out, refs, _ = _run(dec, acc, tables, sizes, C, 3, attention=ALL, N=9000, max_requests=2000, label="90/2000")
+    _, out, _, _ = _run(dec, acc, tables, sizes, C, 3, attention=ALL, N=9000, max_requests=2000, label="90/2000")
     q = StepPlanner(2000, C, sizes, attention=ALL, kv_indices_capacity=9000)
     dtabs = [cupy.asarray(t) for t in tables]
     for j in range(3):

@@ -74,7 +74,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
         for x in range(blocks):
             rec = {}
 
-            def flag(tid, bit, token, request, cache, x=x, rec=rec):
+            def flag(tid, bit, token, request, cache, x=x, j=j, rec=rec):
                 r = (j * blocks + x) * WARPS + tid // 32
                 m, key = rec.get(r, (0, 2**64 - 1))
                 rec[r] = (m | bit, min(key, error_key(token, request, cache, bit)))

@@ -157,6 +157,7 @@ def _kernel_params(name: str) -> list[str]:
         ("kvaddr_slots_i64", kernel_loader.SlotsArgs),
         ("kvaddr_slots_i32", kernel_loader.SlotsArgs),
         ("kvaddr_where_pad", kernel_loader.WhereArgs),
+        ("kvaddr_mtp_substep_lengths", kernel_loader.MtpLengthsArgs),
     ],
 )
 def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
