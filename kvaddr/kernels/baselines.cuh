@@ -338,14 +338,12 @@ kvaddr_one_block_i32(const KvOneBlockParams params) {
 // kvaddr/spec_reference.py's mtp_substep_lengths: substep 0 runs accept_num over
 // seq_lens_decoder; substep j >= 1 one token for accept_num > 0 over seq_lens_decoder +
 // accept_num + j - 1 (saturating), none (or the negative accept_num) for the others.
-// Launched by kvaddr/strategies/fastdeploy_mtp.py.
+// Launched by kvaddr/strategies/fastdeploy_mtp.py. Parameters: seq_lens_decoder and accept_num
+// (int32 [bsz], read), dec_out and q_out (int32 [bsz]: the substep's seq_lens_decoder and
+// seq_lens_this_time, written), bsz (int32 <= KV_ONE_BLOCK_MAX_REQUESTS), substep (int32 j >= 0).
 extern "C" __global__ void __launch_bounds__(KV_ONE_BLOCK_MAX_REQUESTS)
-kvaddr_mtp_substep_lengths(const int* __restrict__ seq_lens_decoder,  // [bsz], int32
-                           const int* __restrict__ accept_num,        // [bsz], int32
-                           int* __restrict__ dec_out,                 // [bsz], int32: the substep's seq_lens_decoder
-                           int* __restrict__ q_out,                   // [bsz], int32: its seq_lens_this_time
-                           int bsz,                                   // int32, <= KV_ONE_BLOCK_MAX_REQUESTS
-                           int substep) {                             // int32 >= 0
+kvaddr_mtp_substep_lengths(const int* __restrict__ seq_lens_decoder, const int* __restrict__ accept_num,
+                           int* __restrict__ dec_out, int* __restrict__ q_out, int bsz, int substep) {
     const int b = threadIdx.x;
     if (b >= bsz) return;
     const int d = seq_lens_decoder[b], a = accept_num[b];

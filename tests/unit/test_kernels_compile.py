@@ -22,6 +22,8 @@ def instantiations() -> str:
     lines = [f'#include "{kernel_loader.SOURCE_PATH}"']
     for expr in LIBRARY_KERNELS:
         params = "VllmStepParams" if expr.startswith("vllm_") else "KvStepParams"
+        if expr.startswith("mtp_"):
+            params = "KvMtpParams"
         lines.append(f"template __global__ void {expr}(const {params});")
     return "\n".join(lines) + "\n"
 
@@ -84,6 +86,7 @@ def test_kernels_cu_only_includes_family_headers():
         '#include "kernels/common.cuh"',
         '#include "kernels/attention.cuh"',
         '#include "kernels/step.cuh"',
+        '#include "kernels/mtp.cuh"',
         '#include "kernels/vllm.cuh"',
         "#ifdef KV_BASELINES",
         '#include "kernels/baselines.cuh"',
