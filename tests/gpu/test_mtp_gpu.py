@@ -231,3 +231,55 @@ def test_host_checks_name_the_argument():
         p.compute_draft_steps(dec, cupy.zeros(3, np.int32), t)
     with pytest.raises(ValueError, match="draft_steps"):
         StepPlanner(8, 16, [4]).compute_draft_steps(dec, dec, t)
+
+
+def test_torch_op_on_the_gpu_opcheck_compile_and_graph():
+    """torch.ops.kvaddr.draft_steps: equal to the planner's launch, opcheck, torch.compile(fullgraph),
+    a torch CUDA graph replayed after the inputs' contents change."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch op test needs it")
+    from torch.library import opcheck
+
+    import kvaddr.torch as kt
+
+    k, bsz, sizes = 3, 1300, [16, 5]
+    dec, acc, tables, _, C = _case(31, bsz, k, sizes)
+    td, ta = torch.from_numpy(dec).cuda(), torch.from_numpy(acc).cuda()
+    tt = [torch.from_numpy(t).cuda() for t in tables]
+    buf = kt.DraftStepBuffers(bsz, C, sizes, k, device="cuda")
+
+    def expect(d, a, t):
+        for j, ref in enumerate(_expected(d, a, t, sizes, C, k, None, None)):
+            got = out.substep(j)
+            for f, want in ref.outputs.as_dict().items():
+                np.testing.assert_array_equal(getattr(got, f).cpu().numpy(), want, err_msg=f"{j} {f}")
+
+    out = kt.draft_steps(td, ta, tt, buf)
+    expect(dec, acc, tables)
+    assert kt.draft_errors(buf) == (0, NO_ERROR_KEY)
+    result = opcheck(torch.ops.kvaddr.draft_steps.default, (td, ta, tt, sizes, *buf.outputs_args))
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+    def model(d, a, t0, t1):
+        o = kt.draft_steps(d, a, [t0, t1], buf)
+        return o.slot_mapping.clone()
+
+    got = torch.compile(model, fullgraph=True)(td, ta, *tt)
+    assert torch.equal(got, buf.slot_mapping)
+
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        kt.draft_steps(td, ta, tt, buf)
+        with torch.cuda.graph(g, stream=s):
+            out = kt.draft_steps(td, ta, tt, buf)
+    torch.cuda.synchronize()
+    dec2, acc2, tables2, _, _ = _case(32, bsz, k, sizes, capacity=C)
+    td.copy_(torch.from_numpy(dec2))
+    ta.copy_(torch.from_numpy(acc2))
+    for x, t in zip(tt, tables2):
+        x.copy_(torch.from_numpy(t))
+    buf.slot_mapping.fill_(12345)
+    g.replay()
+    torch.cuda.synchronize()
+    expect(dec2, acc2, tables2)
