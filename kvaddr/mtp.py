@@ -55,7 +55,7 @@ class DraftOutputs(StepOutputs):
         )
 
 
-class _DraftPlan:
+class DraftPlan:
     """The planner's MTP buffers, parameter struct and launcher (built by StepPlanner)."""
 
     def __init__(self, planner, cupy, k: int, functions: dict) -> None:
@@ -136,7 +136,7 @@ class _DraftPlan:
         return out
 
 
-def prepare(planner, plan: _DraftPlan, P, seq_lens_decoder, accept_num, block_tables) -> tuple[int, Any]:
+def prepare(planner, plan: DraftPlan, P, seq_lens_decoder, accept_num, block_tables) -> tuple[int, Any]:
     """Check the MTP inputs (as compute() checks its own) and write them into ``P`` (a
     MtpParams); returns ``(bsz, page_table views or None)``."""
     dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=planner.device)
@@ -183,7 +183,7 @@ class BoundDraftSteps:
     Holds references to the bound arrays and its own copy of the parameter struct; the
     outputs are the planner's (the same buffers as ``compute_draft_steps``)."""
 
-    def __init__(self, plan: _DraftPlan, params, bsz: int, outputs: DraftOutputs, refs: tuple, stream) -> None:
+    def __init__(self, plan: DraftPlan, params, bsz: int, outputs: DraftOutputs, refs: tuple, stream) -> None:
         self.params = params
         self.max_bsz = bsz
         self._refs = refs

@@ -190,10 +190,10 @@ class StepPlanner:
         }
         self._draft = None
         if self.draft_steps is not None:
-            from kvaddr.mtp import _DraftPlan
+            from kvaddr.mtp import DraftPlan
 
             with cupy.cuda.Device(self.device):
-                self._draft = _DraftPlan(self, cupy, self.draft_steps, self._functions)
+                self._draft = DraftPlan(self, cupy, self.draft_steps, self._functions)
                 cupy.cuda.get_current_stream().synchronize()
         self._plans: dict = {}  # bsz -> (launcher, blocks, threads)
         self._views: dict = {}

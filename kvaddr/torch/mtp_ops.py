@@ -43,7 +43,6 @@ from kvaddr.errors import NO_ERROR_KEY, AddressingError, reduce_error_records
 from kvaddr.mtp import DraftOutputs
 from kvaddr.reference import step_addressing
 from kvaddr.spec_reference import mtp_substep_lengths
-from kvaddr.torch.ops import _int32_vector, _merge_record, _raw_stream
 
 __all__ = ["DraftStepBuffers", "draft_errors", "draft_records", "draft_steps"]
 
@@ -56,6 +55,34 @@ _THREADS, _WARPS = dispatch.THREADS, dispatch.WARPS
 _NO_ERROR_I64 = NO_ERROR_KEY - (1 << 64)
 #: Argument sets the CUDA kernel remembers before it forgets them all.
 CACHE_SIZE = 256
+
+
+def _int32_vector(name: str, t) -> None:
+    what = "int32 with shape (bsz,), contiguous"
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be {what}, got dtype {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got a strided view (stride {t.stride(0)} elements)")
+
+
+def _merge_record(rec: torch.Tensor, mask: int, key: int) -> None:
+    """Merge ``(mask, key)`` into record 0 of ``rec`` (int64 words, flat) as a kernel's warp does."""
+    if not mask:
+        return
+    old_mask, old_key = (int(v) & ((1 << 64) - 1) for v in rec[:2].tolist())
+    key = min(int(key), old_key)
+    rec[0] = old_mask | int(mask)
+    rec[1] = key - (1 << 64) if key >= 1 << 63 else key
+
+
+def _raw_stream_slow(dev: int) -> int:
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+#: torch's current stream of a device as a raw cudaStream_t.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
 
 def draft_records(draft_steps: int, capacity: int) -> int:
