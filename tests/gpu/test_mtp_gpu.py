@@ -283,3 +283,10 @@ def test_torch_op_on_the_gpu_opcheck_compile_and_graph():
     g.replay()
     torch.cuda.synchronize()
     expect(dec2, acc2, tables2)
+
+
+def test_docs_snippet_prints_what_it_says():
+    from tests.unit.test_spec_doc_mtp import run_snippet
+
+    got, want = run_snippet("mtp-cupy")
+    assert got == want
