@@ -20,7 +20,7 @@ def test_inputs_fit_the_tables_of_every_substep():
     )
     dec, acc, tables = mtp_profile._inputs(w, 300, np.random.default_rng(0))
     assert dec.dtype == acc.dtype == np.int32 and acc.min() >= 1 and acc.max() <= 4
-    assert 100 <= dec.min() and dec.max() <= 5000
+    assert dec.min() >= 100 and dec.max() <= 5000
     for r in mtp_draft_addressing(dec, acc, tables, [64, 5], int(acc.sum()), 3):
         assert r.error_mask == 0
 
