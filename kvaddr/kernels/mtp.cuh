@@ -70,6 +70,28 @@ __device__ __forceinline__ void kv_mtp_lengths(int d, int a, int j, int& dj, int
     }
 }
 
+// Requests [4 tid, 4 tid + 4) of the tile at `base` holding `count` requests: their raw
+// seq_lens_decoder and accept_num (0 past count); one int4 load each when `vec` (both arrays
+// 16-byte aligned; base is a multiple of 4) and all four are in the tile.
+__device__ __forceinline__ void kv_mtp_load(const int* __restrict__ dec, const int* __restrict__ acc, int base,
+                                            int count, bool vec, int (&d)[KV_MTP_ITEMS], int (&a)[KV_MTP_ITEMS]) {
+    static_assert(KV_MTP_ITEMS == 4, "one int4 per thread and array");
+    const int k0 = threadIdx.x * KV_MTP_ITEMS;
+    if (vec && k0 + KV_MTP_ITEMS <= count) {
+        const int4 dv = *reinterpret_cast<const int4*>(dec + base + k0);
+        const int4 av = *reinterpret_cast<const int4*>(acc + base + k0);
+        d[0] = dv.x; d[1] = dv.y; d[2] = dv.z; d[3] = dv.w;
+        a[0] = av.x; a[1] = av.y; a[2] = av.z; a[3] = av.w;
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+        const bool in = k0 + u < count;
+        d[u] = in ? dec[base + k0 + u] : 0;
+        a[u] = in ? acc[base + k0 + u] : 0;
+    }
+}
+
 __device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX); }
 
 struct KvMtpShared {
@@ -115,8 +137,21 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
     i64 carry = 0, carry_k = 0;
     i64 carry_pg[KV_MAX_CACHES] = {0, 0, 0, 0};
     int max_q = 0, max_k = 0;
+    // Raw lengths of the thread's requests of the next tile, loaded one tile ahead (int4 loads
+    // when both arrays are 16-byte aligned), so a tile's loads fly while the one before is scanned.
+    const bool vec = ((reinterpret_cast<u64>(dec_in) | reinterpret_cast<u64>(acc_in)) & 15ULL) == 0ULL;
+    int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
+    kv_mtp_load(dec_in, acc_in, 0, min(KV_MTP_TILE, bsz), vec, rd, ra);
     for (int base = 0; base < bsz; base += KV_MTP_TILE) {
         const int count = min(KV_MTP_TILE, bsz - base);
+        int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
+#pragma unroll
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            cd[u] = rd[u];
+            ca[u] = ra[u];
+        }
+        if (base + KV_MTP_TILE < bsz)
+            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, bsz - base - KV_MTP_TILE), vec, rd, ra);
         int d[KV_MTP_ITEMS], n[KV_MTP_ITEMS], L[KV_MTP_ITEMS];
         i64 sum = 0, sum_k = 0;
 #pragma unroll
@@ -127,7 +162,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             L[u] = 0;
             if (k < count) {
                 int dj, qj;
-                kv_mtp_lengths(dec_in[base + k], acc_in[base + k], j, dj, qj);
+                kv_mtp_lengths(cd[u], ca[u], j, dj, qj);
                 const bool bad = (dj < 0) | (qj < 0);
                 d[u] = bad ? -1 : dj;
                 n[u] = bad ? 0 : qj;
