@@ -290,3 +290,19 @@ def test_docs_snippet_prints_what_it_says():
 
     got, want = run_snippet("mtp-cupy")
     assert got == want
+
+
+def test_profile_rows_check_then_time_both_designs():
+    """kvaddr.measure.mtp_profile (``kvaddr profile --spec-tokens k`` on a GPU): a row per batch,
+    FastDeploy's design checked equal to the one launch and timed up to 512 requests."""
+    from kvaddr.measure import mtp_profile
+    from kvaddr.measure.workload import Workload
+
+    w = Workload(model="deepseek-v3.2", num_layers=2, num_caches=2, block_sizes=(64, 64), spec_tokens=3)
+    section = mtp_profile.measure(w, [8, 64, 600], budget_s=0.05)
+    rows = {r["batch"]: r for r in section["rows"]}
+    assert section["substeps"] == 3 and sorted(rows) == [8, 64, 600]
+    for b in (8, 64):
+        assert rows[b]["fastdeploy"]["us"] > 0 and rows[b]["kvaddr"]["us"] > 0
+        assert rows[b]["fastdeploy"]["launches"] == 6 and rows[b]["fastdeploy"]["host_syncs"] == 3
+    assert "not_run" in rows[600]["fastdeploy"] and rows[600]["kvaddr"]["us"] > 0
