@@ -174,3 +174,34 @@ def test_more_than_one_tile_of_requests(fake):
     bsz = 2 * kernel_loader.constants()["KV_MTP_ITEMS"] * dispatch.THREADS + 37
     dec, acc, tables = _case(rng, bsz, 3, (16, 3), False)
     _check(fake, dec, acc, tables, [16, 3], 1500, 3, ALL, 30000)
+
+
+def test_fastdeploy_baseline_launches_two_single_blocks_per_substep(fake, monkeypatch):
+    """FastDeployMtp: per substep the length kernel then the one-block step, each one block of
+    max(bsz, 1) threads, into substep j's rows of the [k, ...] buffers; at most 512 requests."""
+    from kvaddr.errors import StrategyLimitExceeded
+    from kvaddr.strategies.fastdeploy_mtp import FastDeployMtp
+
+    syncs = []
+    monkeypatch.setattr(type(fake.current), "synchronize", lambda self: syncs.append(self.ptr), raising=False)
+    fd = FastDeployMtp(64, 32, [16, 5], 3)
+    dec, acc = fake.array([5, 0, 9]), fake.array([2, 0, 3])
+    t = fake.array(np.zeros((3, 8)))
+    out = fd.run(dec, acc, t)
+    L = fake.launches
+    assert len(L) == 6 and [x["grid"] for x in L] == [1] * 6 and [x["block"] for x in L] == [3] * 6
+    assert len(syncs) >= 3
+    d = fd._planner._draft
+    for j in range(3):
+        a, P = fd._len_args[j], fd._step_args[j]
+        assert (a.seq_lens_decoder, a.accept_num, a.bsz, a.substep) == (dec.data.ptr, acc.data.ptr, 3, j)
+        assert (P.seq_lens_decoder, P.seq_lens_this_time) == (a.dec_out, a.q_out)
+        assert P.slot_mapping == d.slot_mapping.data.ptr + 8 * j * 2 * 32
+        assert P.cu_seqlens_q == d.cu_seqlens_q.data.ptr + 4 * j * 65
+        assert list(P.block_tables)[:2] == [t.data.ptr] * 2 and P.bsz == 3
+    assert out.slot_mapping.shape == (3, 2, 32)
+    with pytest.raises(ValueError, match="max_requests"):
+        FastDeployMtp(513, 32, [16], 3)
+    big = FastDeployMtp(8, 32, [16], 3)
+    with pytest.raises(StrategyLimitExceeded):
+        big.run(fake.array([0] * 9), fake.array([0] * 9), fake.array(np.zeros((9, 8))))
