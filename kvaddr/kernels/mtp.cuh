@@ -8,10 +8,12 @@
 //
 // Grid (chunks, k), KV_THREADS threads: block (x, j) writes tokens [x * KV_THREADS, (x + 1) *
 // KV_THREADS) of substep j and the per-request outputs of requests [x * rq, (x + 1) * rq)
-// (rq = ceil((bsz + 1) / chunks)). Every block reads every request's lengths itself (tiles of
-// KV_MTP_TILE requests, each scanned in shared memory with a running carry), so no block waits
-// for another; a substep's lengths are derived from (seq_lens_decoder, accept_num) as they are
-// loaded. The sums are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the
+// (rq = ceil((bsz + 1) / chunks)). Every block reads the requests' lengths itself from the first
+// (tiles of KV_MTP_TILE requests, each scanned in shared memory with a running carry), so no block
+// waits for another, and stops after the tile holding its last token and request (without
+// flashinfer); the tail block, owning request bsz, reads them all and writes the totals
+// (num_tokens, the prefix sums' last entries, the maxima). A substep's lengths are derived from
+// (seq_lens_decoder, accept_num) as they are loaded. The sums are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the
 // reference does. Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
 // keys (token, request, cache, bit); reading them gives the OR of every substep's bits and the
 // smallest key of all.
@@ -273,11 +275,15 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         carry += total;
         carry_k += total_k;
         __syncthreads();  // s.cu / s.dec are rewritten by the next tile
+        // Done once this block's tokens and requests are behind (without flashinfer, whose pad
+        // entries need every cache's total): the tail block (request bsz) always reads them all.
+        if (!fi && carry >= (i64)(x + 1) * KV_THREADS && base + count >= r_hi) break;  // uniform
     }
+    const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its
     // padding tokens
     if (t < C && (i64)t >= carry) kv_write_pad<PosT>(t, G, C, batch_out, pos_out, slot_out);
     // the end entries of the prefix sums (request bsz)
-    if (bsz >= r_lo && bsz < r_hi && tid == 0) {
+    if (tail && tid == 0) {
         cu_out[bsz] = kv_mtp_sat(carry);
         if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + bsz] = kv_mtp_sat(carry_k);
         if (fi) {
@@ -286,7 +292,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 if (g < G) p.kv_indptr[(i64)j * G * AS + (i64)g * AS + bsz] = kv_mtp_sat(carry_pg[g]);
         }
     }
-    if (x == 0 && tid == 0) p.num_tokens[j] = (int)(carry < (i64)C ? carry : (i64)C);
+    if (tail && tid == 0) p.num_tokens[j] = (int)(carry < (i64)C ? carry : (i64)C);
     // kv_indices past each cache's pages: PAD_PAGE_ID (every entry written every launch)
     if (fi) {
 #pragma unroll
@@ -298,8 +304,8 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             }
         }
     }
-    // max_seqlen_q, max_seqlen_k: every block saw every request; block 0 writes them
-    if (varlen && x == 0) {
+    // max_seqlen_q, max_seqlen_k: the tail block saw every request and writes them
+    if (varlen && tail) {
         int mq = max_q, mk = max_k;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {  // over the warp, then over the warps

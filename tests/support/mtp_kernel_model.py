@@ -8,7 +8,8 @@ requests [4 i, 4 i + 4) of the tile; a tile's token prefix starts at the carry o
 before; the block writes its own tokens [x T, (x + 1) T) that fall in the tile's range, the
 per-request outputs of requests [x rq, (x + 1) rq), the kv_indices rows of those requests (a warp
 per request: request k of the tile on warp k % KV_WARPS), padding after the loop, the pad
-entries of kv_indices in a grid stride, and block 0 the maxima and num_tokens. Errors are merged
+entries of kv_indices in a grid stride; without flashinfer a block stops after the tile holding
+its last token and request, and the block owning request bsz writes the maxima and num_tokens. Errors are merged
 into record ``(j * blocks + x) * KV_WARPS + warp`` of the thread that found them, as the kernel
 does (mask OR, smallest key).
 """
@@ -160,6 +161,8 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                                     idx_out[pg[kk] + e] = v if v >= 0 else -1
                         carry_pg[g] = int(pg[count])
                 carry, carry_k = int(cu[count]), int(cuk[count])
+                if not fi and carry >= (x + 1) * T and base + count >= r_hi:
+                    break  # this block's tokens and requests are behind (the kernel's early exit)
             for tid in range(T):
                 t = x * T + tid
                 if t < C and t >= carry:
@@ -173,7 +176,8 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                 if fi:
                     for g in range(G):
                         _view(p.kv_indptr, k * G * AS)[j * G * AS + g * AS + bsz] = min(carry_pg[g], INT_MAX)
-            if x == 0:
+            tail = r_lo <= bsz < r_hi  # the block owning request bsz writes the totals
+            if tail:
                 _view(p.num_tokens + 4 * j, 1)[0] = min(carry, C)
             if fi:
                 for g in range(G):
@@ -182,7 +186,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         hi = min(e + T, N)
                         for ee in range(max(e, carry_pg[g]), hi):
                             idx_out[ee] = -1
-            if varlen and x == 0:
+            if varlen and tail:
                 _view(p.max_seqlen + 8 * j, 2)[:] = (max_q, max_k)
             for r, (m, key) in rec.items():
                 recs[2 * r] |= np.uint64(m)
