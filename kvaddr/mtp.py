@@ -105,6 +105,7 @@ class DraftPlan:
         P.max_requests = M  # int32
         self.launcher = kernel_loader.Launcher(functions[launch.kernel], P, by_value=True)
         self._views: dict = {}
+        self.last_args: tuple = ()  # the last call's inputs (kept alive, as compute() keeps its own)
 
     def outputs(self, bsz: int, page_table) -> DraftOutputs:
         out = self._views.get(bsz)

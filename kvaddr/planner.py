@@ -586,6 +586,7 @@ class StepPlanner:
         plan = self._need_draft()
         stream = self._stream(stream)
         bsz, page_table = prepare(self, plan, plan.params, seq_lens_decoder, accept_num, block_tables)
+        plan.last_args = (seq_lens_decoder, accept_num, block_tables)  # alive while the launch reads them
         plan.launcher(plan.blocks, plan.threads, stream, plan.k)
         return plan.outputs(bsz, page_table)
 
