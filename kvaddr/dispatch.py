@@ -328,6 +328,21 @@ def launch_records(cfg: StepConfig, launch: Launch, tiles: int) -> int:
     return launch.blocks * (launch.threads // 32)
 
 
+# -- the MTP substeps (kvaddr/kernels/mtp.cuh) ----------------------------------------------
+
+
+def mtp_launch(cfg: StepConfig) -> Launch:
+    """The launch of every MTP substep at once: ``mtp_step<pos>`` on a grid of
+    ``(blocks, k)`` blocks of ``threads`` (blocks = ceil(C / THREADS); y = the substep),
+    whatever the batch (each block scans the requests' lengths itself, tile by tile)."""
+    return Launch(f"mtp_step<{cfg.pos}>", _cdiv(cfg.capacity, THREADS), THREADS)
+
+
+def mtp_records(cfg: StepConfig, draft_steps: int) -> int:
+    """Error records the MTP launch of ``draft_steps`` substeps writes: one per warp of its grid."""
+    return int(draft_steps) * _cdiv(cfg.capacity, THREADS) * WARPS
+
+
 # -- the vLLM step --------------------------------------------------------------------------
 
 

@@ -259,6 +259,21 @@ class StepParams(ctypes.Structure):
     ]
 
 
+class MtpParams(ctypes.Structure):
+    """kernels.cu's ``KvMtpParams``: the MTP substeps' one parameter, passed by value.
+
+    ``step`` is a :class:`StepParams` whose output pointers address substep 0's rows of
+    outputs shaped ``[k, ...]`` (kvaddr/kernels/mtp.cuh); its ``seq_lens_this_time`` is unused.
+    """
+
+    _fields_ = [
+        ("step", StepParams),  # KvStepParams: tables, block sizes, bsz, capacity, outputs of substep 0
+        ("accept_num", _U64),  # [bsz], int32: tokens each request accepted (0 for an idle slot)
+        ("num_substeps", _I32),  # int32: k >= 1 (the grid's y dimension)
+        ("max_requests", _I32),  # int32: M; rows of cu_seqlens_q / cu_seqlens_k are M + 1 apart
+    ]
+
+
 class SlotsArgs(ctypes.Structure):
     """The parameters of ``kvaddr_slots_i64`` / ``kvaddr_slots_i32``, in order (one per field)."""
 
@@ -271,6 +286,19 @@ class SlotsArgs(ctypes.Structure):
         ("block_size", _I32),  # int32: B
         ("capacity", _I32),  # int32: C
         ("slot_mapping", _U64),  # [capacity], int64: this cache's slot mapping (written)
+    ]
+
+
+class MtpLengthsArgs(ctypes.Structure):
+    """The parameters of ``kvaddr_mtp_substep_lengths``, in order (one per field)."""
+
+    _fields_ = [
+        ("seq_lens_decoder", _U64),  # [bsz], int32
+        ("accept_num", _U64),  # [bsz], int32
+        ("dec_out", _U64),  # [bsz], int32: the substep's seq_lens_decoder (written)
+        ("q_out", _U64),  # [bsz], int32: the substep's seq_lens_this_time (written)
+        ("bsz", _I32),  # int32: requests, <= 1024
+        ("substep", _I32),  # int32: j >= 0
     ]
 
 

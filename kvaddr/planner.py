@@ -29,6 +29,7 @@ from kvaddr.validation import (
 
 if TYPE_CHECKING:
     from kvaddr.bound_step import BoundStep
+    from kvaddr.mtp import BoundDraftSteps, DraftOutputs
 
 __all__ = ["StepPlanner", "attention_meta_geometry"]
 
@@ -65,6 +66,11 @@ class StepPlanner:
         N, the entries of each cache's ``kv_indices`` (``[num_caches, N]`` int32,
         fixed here); required with ``"flashinfer"``, ignored otherwise. More
         entries in a step set error bit 16; nothing is written past N.
+    draft_steps : int, optional
+        k >= 1, the substeps of an MTP draft model (FastDeploy): enables
+        :meth:`compute_draft_steps`, which writes all k substeps' outputs (each one
+        :meth:`compute`'s) in one launch into buffers with a leading ``[k]``
+        dimension (docs/spec-decode.md). None (default) allocates nothing for it.
 
     Examples
     --------
@@ -89,6 +95,7 @@ class StepPlanner:
         device: int | None = None,
         attention: str | Sequence[str] | None = None,
         kv_indices_capacity: int | None = None,
+        draft_steps: int | None = None,
     ) -> None:
         require_cuda(device)  # NoCudaDevice, one sentence, without CuPy, a driver or a GPU
         import cupy
@@ -124,11 +131,18 @@ class StepPlanner:
         )
         rec = dispatch.step_records(cfg)
         self._num_chunks, self._max_tiles, self._num_meta = rec.chunks, rec.tiles, rec.num_meta
+        #: k of :meth:`compute_draft_steps` (None: the planner has no MTP substeps).
+        self.draft_steps = None if draft_steps is None else check_int("draft_steps", draft_steps, lo=1, hi=1024)
+        num_records = rec.records
+        kernels = dispatch.step_kernels(cfg)
+        if self.draft_steps is not None:
+            num_records = max(num_records, dispatch.mtp_records(cfg, self.draft_steps))
+            kernels = (*kernels, dispatch.mtp_launch(cfg).kernel)
         C = self.capacity
         with cupy.cuda.Device(self.device):
             # Every kernel the dispatch table may choose for this configuration, compiled now (one
             # module, cached on disk): compute() never compiles, so a first step can be captured.
-            self._functions = kernel_loader.load_kernels(dispatch.step_kernels(cfg), self.device)
+            self._functions = kernel_loader.load_kernels(kernels, self.device)
             self.cu_seqlens_q = cupy.zeros(self.max_requests + 1, dtype=np.int32)
             self.num_tokens = cupy.zeros((), dtype=np.int32)
             self.batch_id_per_token = cupy.full(C, -1, dtype=np.int32)
@@ -138,7 +152,7 @@ class StepPlanner:
             self._attention_buffers(cupy, consts)
             # Sticky records, one per warp of the largest launch of any kernel above: cleared
             # here, then only by errors() / check() / clear_errors().
-            clean = clean_error_records(rec.records).reshape(-1)
+            clean = clean_error_records(num_records).reshape(-1)
             self._records = cupy.asarray(clean)
             self._errors = ErrorRecords(self._records, clean, self.device, AddressingError)
             self._state = cupy.zeros(4, dtype=np.uint32)
@@ -169,7 +183,18 @@ class StepPlanner:
         # Views of the per-cache arrays (sharing P's memory): written per call without
         # building a new ctypes array view each time.
         self._p_tables, self._p_strides, self._p_widths = P.block_tables, P.table_stride, P.max_blocks
-        self._launchers = {name: kernel_loader.Launcher(fn, P, by_value=True) for name, fn in self._functions.items()}
+        self._launchers = {
+            name: kernel_loader.Launcher(fn, P, by_value=True)
+            for name, fn in self._functions.items()
+            if not name.startswith("mtp_")
+        }
+        self._draft = None
+        if self.draft_steps is not None:
+            from kvaddr.mtp import DraftPlan
+
+            with cupy.cuda.Device(self.device):
+                self._draft = DraftPlan(self, cupy, self.draft_steps, self._functions)
+                cupy.cuda.get_current_stream().synchronize()
         self._plans: dict = {}  # bsz -> (launcher, blocks, threads)
         self._views: dict = {}
         # compute()'s memo of the last checked inputs (_prepare sets it, see _remember).
@@ -518,6 +543,66 @@ class StepPlanner:
             outputs=outputs,
             debug=debug,
         )
+
+    # -- MTP substeps (kvaddr/mtp.py, kvaddr/kernels/mtp.cuh) ----------------------------
+    def _need_draft(self):
+        if self._draft is None:
+            raise ValueError("this planner has no MTP substeps: build it with draft_steps=k")
+        return self._draft
+
+    def compute_draft_steps(
+        self, seq_lens_decoder: Any, accept_num: Any, block_tables: Any = None, *, stream: Any = None
+    ) -> DraftOutputs:
+        """Every MTP substep's addressing in one kernel launch (planner built with ``draft_steps=k``).
+
+        Substep 0 runs ``accept_num[b]`` tokens over ``seq_lens_decoder[b]``; substep
+        j >= 1 runs one token for each request with ``accept_num[b] > 0`` over
+        ``seq_lens_decoder[b] + accept_num[b] + j - 1`` and none for the others
+        (:func:`kvaddr.spec_reference.mtp_substep_lengths`). Substep j's outputs equal
+        :meth:`compute`'s for those lengths, attention metadata included; errors go to
+        the same records (:meth:`errors` gives the OR of every substep's bits and the
+        smallest key of all).
+
+        Parameters
+        ----------
+        seq_lens_decoder : int32 [bsz], device array
+            Tokens in the draft model's cache, already rolled back by the rejected drafts.
+        accept_num : int32 [bsz], device array
+            Tokens each request accepted in the verify step (0 for an idle slot or a
+            request still in chunked prefill).
+        block_tables : int32 [rows >= bsz, max_blocks] device array, or a sequence of them
+            As for :meth:`compute`.
+        stream : stream, optional
+            Where to launch; CuPy's current stream by default.
+
+        Returns
+        -------
+        DraftOutputs
+            Views of this planner's ``[k, ...]`` buffers (overwritten by the next call);
+            ``.substep(j)`` is substep j's :class:`~kvaddr.outputs.StepOutputs`.
+        """
+        from kvaddr.mtp import prepare
+
+        plan = self._need_draft()
+        stream = self._stream(stream)
+        bsz, page_table = prepare(self, plan, plan.params, seq_lens_decoder, accept_num, block_tables)
+        plan.last_args = (seq_lens_decoder, accept_num, block_tables)  # alive while the launch reads them
+        plan.launcher(plan.blocks, plan.threads, stream, plan.k)
+        return plan.outputs(bsz, page_table)
+
+    def bind_draft_steps(
+        self, seq_lens_decoder: Any, accept_num: Any, block_tables: Any = None, *, stream: Any = None
+    ) -> BoundDraftSteps:
+        """Bind persistent MTP inputs once (checked as :meth:`compute_draft_steps` checks them);
+        the returned :class:`~kvaddr.mtp.BoundDraftSteps` then only launches
+        (``bound.launch()``), over all ``len(seq_lens_decoder)`` requests."""
+        from kvaddr.mtp import BoundDraftSteps, prepare
+
+        plan = self._need_draft()
+        P = kernel_loader.MtpParams.from_buffer_copy(plan.params)
+        bsz, page_table = prepare(self, plan, P, seq_lens_decoder, accept_num, block_tables)
+        refs = (seq_lens_decoder, accept_num, block_tables)
+        return BoundDraftSteps(plan, P, bsz, plan.outputs(bsz, page_table), refs, stream)
 
     def errors(self, stream: Any = None) -> tuple[int, int]:
         """Synchronise; every step's errors since the last read, then clear them.

@@ -51,6 +51,7 @@ IMPORTED_MODULES = (
     "kvaddr.engines.vllm_errors",
     "kvaddr.engines.spec_reference",
     "kvaddr.spec_reference",
+    "kvaddr.mtp",
 )
 #: The package read from its source (it imports torch).
 AST_PACKAGE = "kvaddr.torch"

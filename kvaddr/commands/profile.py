@@ -372,7 +372,8 @@ def attention_groups(ctx, param, value):
     type=IntBounds(0, 64),
     default=0,
     show_default=True,
-    help="Speculative (MTP) tokens per decode request: each runs 1 + N tokens.",
+    help="Speculative (MTP) tokens per decode request: each runs 1 + N tokens. On a GPU the report adds "
+    "the MTP draft model's N substeps per cycle: FastDeploy's per-substep design against one launch.",
 )
 @click.option(
     "--prefill",

@@ -331,6 +331,37 @@ kvaddr_one_block_i32(const KvOneBlockParams params) {
 }
 
 
+// FastDeploy's MTP substep preparation, written here from its description: before each draft
+// substep a one-block kernel (<<<1, max(bsz, 1)>>>, a thread per request, bsz <= 512 in
+// FastDeploy) writes the substep's seq_lens_decoder and seq_lens_this_time; the one-block step
+// above then addresses it, and the host synchronises before the next substep. Lengths as
+// kvaddr/spec_reference.py's mtp_substep_lengths: substep 0 runs accept_num over
+// seq_lens_decoder; substep j >= 1 one token for accept_num > 0 over seq_lens_decoder +
+// accept_num + j - 1 (saturating), none (or the negative accept_num) for the others.
+// Launched by kvaddr/strategies/fastdeploy_mtp.py. Parameters: seq_lens_decoder and accept_num
+// (int32 [bsz], read), dec_out and q_out (int32 [bsz]: the substep's seq_lens_decoder and
+// seq_lens_this_time, written), bsz (int32 <= KV_ONE_BLOCK_MAX_REQUESTS), substep (int32 j >= 0).
+extern "C" __global__ void __launch_bounds__(KV_ONE_BLOCK_MAX_REQUESTS)
+kvaddr_mtp_substep_lengths(const int* __restrict__ seq_lens_decoder, const int* __restrict__ accept_num,
+                           int* __restrict__ dec_out, int* __restrict__ q_out, int bsz, int substep) {
+    const int b = threadIdx.x;
+    if (b >= bsz) return;
+    const int d = seq_lens_decoder[b], a = accept_num[b];
+    int dj = d, qj = a;
+    if (substep > 0) {
+        if (a > 0) {
+            const i64 v = (i64)d + (i64)a + (i64)(substep - 1);
+            dj = (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX);
+            qj = 1;
+        } else {
+            qj = a < 0 ? a : 0;
+        }
+    }
+    dec_out[b] = dj;
+    q_out[b] = qj;
+}
+
+
 // =====================================================================================
 // ==== The engines' top-k -> slot conversion, re-implemented (kvaddr/strategies/dsa_topk.py)
 // =====================================================================================

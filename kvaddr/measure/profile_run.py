@@ -1052,6 +1052,13 @@ def run(config: ProfileConfig, progress: Progress | None = None) -> dict:
         "batches": batches,
     }
     doc = profile_document(shapes, workload, environment, settings, config.recorded_options())
+    if use_cuda and workload.spec_tokens > 0:
+        # After each verify step, the MTP draft model's k substeps: FastDeploy's per-substep design
+        # against kvaddr's one launch, checked equal, timed per cycle (kvaddr.measure.mtp_profile).
+        from kvaddr.measure import mtp_profile
+
+        progress.note(f"MTP draft addressing: {workload.spec_tokens} substeps per cycle, checked, then timed ...")
+        doc["draft_steps"] = mtp_profile.measure(workload, batches, config.budget)
     doc["wall_s"] = round(time.perf_counter() - started, 3)
     return doc
 

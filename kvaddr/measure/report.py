@@ -230,6 +230,10 @@ def render_report(console, doc: dict) -> None:
     device = doc["environment"]["device"]
     for shape in doc["shapes"]:
         render_shape(console, shape, doc["workload"], device, step_ms)
+    if doc.get("draft_steps"):
+        from kvaddr.measure.mtp_profile import render
+
+        render(console, doc["draft_steps"])
 
 
 def render_shape(console, shape: dict, workload: dict, device: str, step_ms: float | None) -> None:

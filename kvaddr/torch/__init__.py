@@ -34,11 +34,17 @@ num_blocks, num_reqs_padded, out, layout) -> ()``
 cp_rank, cp_interleave, out, counts, errors) -> ()``
     DeepSeek-V3.2's top-k -> slot conversion (docs/dsa.md) into the mutated ``out`` / ``counts`` /
     ``errors``; :func:`dsa_topk_to_slots` calls it (:mod:`kvaddr.torch.dsa_ops`).
+``torch.ops.kvaddr.draft_steps(seq_lens_decoder, accept_num, block_tables, block_sizes, cu_seqlens_q,
+num_tokens, batch_id_per_token, position_ids, seq_lens_kv, slot_mapping, error_records) -> ()``
+    Every MTP substep's addressing (docs/spec-decode.md) in one launch into ``[k, ...]`` tensors
+    (:class:`DraftStepBuffers`); :func:`draft_steps` calls it and returns the views
+    (:mod:`kvaddr.torch.mtp_ops`).
 
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
 
 from kvaddr.torch.dsa_ops import dsa_topk_to_slots
+from kvaddr.torch.mtp_ops import DraftStepBuffers, draft_errors, draft_steps
 from kvaddr.torch.ops import (
     StepBuffers,
     clear_cache,
@@ -54,10 +60,13 @@ from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
 # torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).
 
 __all__ = [
+    "DraftStepBuffers",
     "StepBuffers",
     "VllmStepBuffers",
     "clear_cache",
     "dsa_topk_to_slots",
+    "draft_errors",
+    "draft_steps",
     "reset_workspace_errors",
     "set_autograd_fallthrough",
     "set_debug",

@@ -251,15 +251,18 @@ def install_planner_fake(monkeypatch):
 
     def launch(fptr, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
         arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
-        launches.append(
-            dict(
-                fptr=fptr,
-                grid=gx,
-                block=bx,
-                stream=stream,
-                params=kernel_loader.StepParams.from_buffer_copy(kernel_loader.StepParams.from_address(arg0)),
-            )
+        rec = dict(
+            fptr=fptr,
+            grid=gx,
+            grid_y=gy,
+            block=bx,
+            stream=stream,
+            params=kernel_loader.StepParams.from_buffer_copy(kernel_loader.StepParams.from_address(arg0)),
         )
+        i = fptr - _FPTR_BASE
+        if 0 <= i < len(LIBRARY_KERNELS) and LIBRARY_KERNELS[i].startswith("mtp_"):  # the MTP launch's own struct
+            rec["mtp"] = kernel_loader.MtpParams.from_buffer_copy(kernel_loader.MtpParams.from_address(arg0))
+        launches.append(rec)
 
     current = _PlannerStream(0x51)
     cp = fake_cupy()

@@ -78,7 +78,11 @@ def test_step_params_has_no_padding_and_max_caches_matches():
     assert ctypes.sizeof(S) == end == 264 and ctypes.alignment(S) == 8
 
 
-STRUCTS = [("KvStepParams", kernel_loader.StepParams), ("KvOneBlockParams", kernel_loader.OneBlockParams)]
+STRUCTS = [
+    ("KvStepParams", kernel_loader.StepParams),
+    ("KvOneBlockParams", kernel_loader.OneBlockParams),
+    ("KvMtpParams", kernel_loader.MtpParams),
+]
 
 
 def test_one_block_params_fields_match_the_c_struct_and_have_no_padding():
@@ -153,6 +157,7 @@ def _kernel_params(name: str) -> list[str]:
         ("kvaddr_slots_i64", kernel_loader.SlotsArgs),
         ("kvaddr_slots_i32", kernel_loader.SlotsArgs),
         ("kvaddr_where_pad", kernel_loader.WhereArgs),
+        ("kvaddr_mtp_substep_lengths", kernel_loader.MtpLengthsArgs),
     ],
 )
 def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
@@ -168,6 +173,8 @@ def test_step_kernels_take_one_struct_by_value():
         want = "const VllmStepParams p" if name.startswith("vllm_") else "const KvStepParams params"
         if name.startswith("dsa_"):
             want = "const KvDsaTopkParams p"
+        if name.startswith("mtp_"):
+            want = "const KvMtpParams params"
         assert _kernel_params(name) == [want], name
 
 
@@ -248,13 +255,8 @@ def test_kernels_live_in_their_family_headers():
         return sorted(name for name, text in headers.items() if re.search(pattern, text, flags=re.M))
 
     for template in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
-        want = (
-            ["vllm.cuh"]
-            if template.startswith("vllm_")
-            else ["dsa.cuh"]
-            if template.startswith("dsa_")
-            else ["step.cuh"]
-        )
+        homes = {"vllm_": "vllm.cuh", "dsa_": "dsa.cuh", "mtp_": "mtp.cuh"}
+        want = [next((h for prefix, h in homes.items() if template.startswith(prefix)), "step.cuh")]
         assert home(rf"^__global__ void __launch_bounds__\(.*\) {template}\(") == want, template
     for name in BASELINE_KERNELS:
         assert home(rf'^extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(') == ["baselines.cuh"]

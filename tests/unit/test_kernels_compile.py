@@ -24,6 +24,8 @@ def instantiations() -> str:
         params = "VllmStepParams" if expr.startswith("vllm_") else "KvStepParams"
         if expr.startswith("dsa_"):
             params = "KvDsaTopkParams"
+        if expr.startswith("mtp_"):
+            params = "KvMtpParams"
         lines.append(f"template __global__ void {expr}(const {params});")
     return "\n".join(lines) + "\n"
 
@@ -86,6 +88,7 @@ def test_kernels_cu_only_includes_family_headers():
         '#include "kernels/common.cuh"',
         '#include "kernels/attention.cuh"',
         '#include "kernels/step.cuh"',
+        '#include "kernels/mtp.cuh"',
         '#include "kernels/vllm.cuh"',
         '#include "kernels/dsa.cuh"',
         "#ifdef KV_BASELINES",

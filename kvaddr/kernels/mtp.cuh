@@ -1,0 +1,331 @@
+// Every MTP substep's addressing in one launch (docs/spec-decode.md, "FastDeploy MTP";
+// kvaddr/spec_reference.py is the oracle). After a verify step the draft model runs k substeps:
+// substep 0 runs the accepted tokens (seq_lens_this_time = accept_num) over seq_lens_decoder,
+// substep j >= 1 one token per request with accept_num > 0 over seq_lens_decoder + accept_num +
+// j - 1 (saturating at 2^31 - 1), none for the others (a negative accept_num is passed through).
+// Each substep's outputs are exactly the core step's (step.cuh) for those lengths, attention
+// metadata included when asked for, written into persistent buffers with a leading [k] dimension.
+//
+// Grid (chunks, k), KV_THREADS threads: block (x, j) writes tokens [x * KV_THREADS, (x + 1) *
+// KV_THREADS) of substep j and the per-request outputs of requests [x * rq, (x + 1) * rq)
+// (rq = ceil((bsz + 1) / chunks)). Every block reads the requests' lengths itself from the first
+// (tiles of KV_MTP_TILE requests, each scanned in shared memory with a running carry), so no block
+// waits for another, and stops after the tile holding its last token and request (without
+// flashinfer); the tail block, owning request bsz, reads them all and writes the totals
+// (num_tokens, the prefix sums' last entries, the maxima). A substep's lengths are derived from
+// (seq_lens_decoder, accept_num) as they are loaded. The sums are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the
+// reference does. Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
+// keys (token, request, cache, bit); reading them gives the OR of every substep's bits and the
+// smallest key of all.
+
+#define KV_MTP_ITEMS 4                              // requests per thread per tile
+#define KV_MTP_TILE (KV_THREADS * KV_MTP_ITEMS)     // requests per tile
+
+// The MTP launch's one parameter, passed by value. Mirrored by kvaddr/kernel_loader.py's
+// MtpParams. `step` holds substep 0's output pointers (each output is [k, ...] with the strides
+// below), the tables, block sizes, bsz, capacity, num_caches and the attention fields; its
+// seq_lens_this_time is unused (accept_num replaces it) and its tile fields are unused.
+struct KvMtpParams {
+    KvStepParams step;           // as for the core step; outputs point at substep 0's rows
+    const int* accept_num;       // [bsz], int32: tokens each request accepted (0 for an idle slot)
+    int num_substeps;            // k, int32 >= 1: gridDim.y
+    int max_requests;            // int32: M; cu_seqlens_q / cu_seqlens_k rows are M + 1 apart,
+                                 // seq_lens_kv rows M apart
+};
+
+// Block-wide exclusive sum of one int64 value per thread (KV_THREADS threads); *total gets the
+// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries.
+__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    i64 inc = x;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const i64 y = __shfl_up_sync(0xffffffffu, inc, off);
+        if (lane >= off) inc += y;
+    }
+    if (lane == 31) warp_sums[warp] = inc;
+    __syncthreads();
+    i64 before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < KV_WARPS; ++w) {
+        const i64 v = warp_sums[w];
+        if (w < warp) before += v;
+        all += v;
+    }
+    __syncthreads();  // warp_sums may be reused by the next scan
+    total = all;
+    return before + inc - x;
+}
+
+// Substep j's lengths of a request whose draft model holds d tokens and accepted a.
+__device__ __forceinline__ void kv_mtp_lengths(int d, int a, int j, int& dj, int& qj) {
+    if (j == 0) {
+        dj = d;
+        qj = a;
+    } else if (a > 0) {
+        const i64 v = (i64)d + (i64)a + (i64)(j - 1);
+        dj = (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX);
+        qj = 1;
+    } else {
+        dj = d;
+        qj = a < 0 ? a : 0;
+    }
+}
+
+// Requests [4 tid, 4 tid + 4) of the tile at `base` holding `count` requests: their raw
+// seq_lens_decoder and accept_num (0 past count); one int4 load each when `vec` (both arrays
+// 16-byte aligned; base is a multiple of 4) and all four are in the tile.
+__device__ __forceinline__ void kv_mtp_load(const int* __restrict__ dec, const int* __restrict__ acc, int base,
+                                            int count, bool vec, int (&d)[KV_MTP_ITEMS], int (&a)[KV_MTP_ITEMS]) {
+    static_assert(KV_MTP_ITEMS == 4, "one int4 per thread and array");
+    const int k0 = threadIdx.x * KV_MTP_ITEMS;
+    if (vec && k0 + KV_MTP_ITEMS <= count) {
+        const int4 dv = *reinterpret_cast<const int4*>(dec + base + k0);
+        const int4 av = *reinterpret_cast<const int4*>(acc + base + k0);
+        d[0] = dv.x; d[1] = dv.y; d[2] = dv.z; d[3] = dv.w;
+        a[0] = av.x; a[1] = av.y; a[2] = av.z; a[3] = av.w;
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+        const bool in = k0 + u < count;
+        d[u] = in ? dec[base + k0 + u] : 0;
+        a[u] = in ? acc[base + k0 + u] : 0;
+    }
+}
+
+__device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX); }
+
+struct KvMtpShared {
+    i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
+    i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
+    int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
+    i64 warp_sums[KV_WARPS];
+};
+
+template <typename PosT>
+__global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams params) {
+    __shared__ KvMtpShared s;
+    const KvStepParams& p = params.step;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int x = blockIdx.x, chunks = gridDim.x, j = blockIdx.y;
+    const int bsz = p.bsz, C = p.capacity, G = p.num_caches, M = params.max_requests;
+    const int flags = p.attention, N = p.kv_indices_capacity, AS = p.attn_stride;
+    const bool fi = (flags & KV_ATTN_FLASHINFER) != 0, varlen = (flags & KV_ATTN_VARLEN) != 0;
+    const bool rows = (flags & (KV_ATTN_FLASHINFER | KV_ATTN_PAGE_TABLE)) != 0;
+    const int* __restrict__ dec_in = p.seq_lens_decoder;
+    const int* __restrict__ acc_in = params.accept_num;
+    // substep j's rows of every output
+    int* __restrict__ cu_out = p.cu_seqlens_q + (i64)j * (M + 1);
+    int* __restrict__ batch_out = p.batch_id_per_token + (i64)j * C;
+    PosT* __restrict__ pos_out = reinterpret_cast<PosT*>(p.position_ids) + (i64)j * C;
+    int* __restrict__ kv_out = p.seq_lens_kv + (i64)j * M;
+    i64* __restrict__ slot_out = p.slot_mapping + (i64)j * G * C;
+    KvCaches c;
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        c.table[g] = p.block_tables[g];
+        c.stride[g] = p.table_stride[g];
+        c.width[g] = p.max_blocks[g];
+        c.bs[g] = p.block_size[g];
+    }
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    const int t = x * KV_THREADS + tid;  // this thread's token
+    const int rq = (bsz + 1 + chunks - 1) / chunks;
+    const int r_lo = x * rq, r_hi = min(r_lo + rq, bsz + 1);  // requests whose outputs this block writes
+
+    i64 carry = 0, carry_k = 0;
+    i64 carry_pg[KV_MAX_CACHES] = {0, 0, 0, 0};
+    int max_q = 0, max_k = 0;
+    // Raw lengths of the thread's requests of the next tile, loaded one tile ahead (int4 loads
+    // when both arrays are 16-byte aligned), so a tile's loads fly while the one before is scanned.
+    const bool vec = ((reinterpret_cast<u64>(dec_in) | reinterpret_cast<u64>(acc_in)) & 15ULL) == 0ULL;
+    int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
+    kv_mtp_load(dec_in, acc_in, 0, min(KV_MTP_TILE, bsz), vec, rd, ra);
+    for (int base = 0; base < bsz; base += KV_MTP_TILE) {
+        const int count = min(KV_MTP_TILE, bsz - base);
+        int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
+#pragma unroll
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            cd[u] = rd[u];
+            ca[u] = ra[u];
+        }
+        if (base + KV_MTP_TILE < bsz)
+            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, bsz - base - KV_MTP_TILE), vec, rd, ra);
+        int d[KV_MTP_ITEMS], n[KV_MTP_ITEMS], L[KV_MTP_ITEMS];
+        i64 sum = 0, sum_k = 0;
+#pragma unroll
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            const int k = tid * KV_MTP_ITEMS + u;
+            d[u] = -1;
+            n[u] = 0;
+            L[u] = 0;
+            if (k < count) {
+                int dj, qj;
+                kv_mtp_lengths(cd[u], ca[u], j, dj, qj);
+                const bool bad = (dj < 0) | (qj < 0);
+                d[u] = bad ? -1 : dj;
+                n[u] = bad ? 0 : qj;
+                L[u] = bad ? 0 : kv_sat_add_nn(dj, qj);
+                max_k = max(max_k, L[u]);
+            }
+            sum += n[u];
+            sum_k += L[u];
+        }
+        i64 total;
+        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total);
+        i64 ex_k = 0, total_k = 0;
+        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k);
+        {
+            i64 run = ex, run_k = ex_k;
+#pragma unroll
+            for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                const int k = tid * KV_MTP_ITEMS + u;
+                if (k < count) {
+                    const int b = base + k;
+                    s.cu[k] = run;
+                    s.dec[k] = d[u];
+                    const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
+                    max_q = max(max_q, ce - cs);
+                    if (b >= r_lo && b < r_hi) {
+                        cu_out[b] = cs;
+                        kv_out[b] = L[u];
+                        if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
+                        if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
+                        if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
+                    }
+                    run += n[u];
+                    run_k += L[u];
+                }
+            }
+        }
+        if (tid == 0) s.cu[count] = carry + total;
+        __syncthreads();
+        // tokens of this block inside this tile's requests
+        if (t < C && (i64)t >= s.cu[0] && (i64)t < s.cu[count]) {
+            int lo = 0, hi = count;
+            while (hi - lo > 1) {
+                const int mid = (lo + hi) >> 1;
+                if (s.cu[mid] <= (i64)t) lo = mid; else hi = mid;
+            }
+            const i64 pos = (i64)s.dec[lo] + ((i64)t - s.cu[lo]);
+            kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
+        }
+        // attention rows of every cache: page prefixes, last-page lengths, row checks, kv_indices
+        if (rows) {
+#pragma unroll
+            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                if (g < G) {
+                    const int B = c.bs[g], W = c.width[g];
+                    int pages[KV_MTP_ITEMS];
+                    i64 psum = 0;
+#pragma unroll
+                    for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                        pages[u] = kv_pages(L[u], B);
+                        psum += pages[u];
+                    }
+                    i64 ptotal;
+                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal);
+#pragma unroll
+                    for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                        const int k = tid * KV_MTP_ITEMS + u;
+                        if (k < count) {
+                            const int b = base + k;
+                            s.pg[k] = prun;
+                            if (b >= r_lo && b < r_hi) {
+                                const int first = kv_mtp_sat(s.cu[k]);
+                                if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
+                                if (fi) {
+                                    const i64 row = (i64)j * G * AS + (i64)g * AS;
+                                    p.kv_indptr[row + b] = kv_mtp_sat(prun);
+                                    p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
+                                    if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
+                                }
+                            }
+                            prun += pages[u];
+                        }
+                    }
+                    if (tid == 0) s.pg[count] = carry_pg[g] + ptotal;
+                    __syncthreads();
+                    if (fi) {
+                        int* __restrict__ idx_out = p.kv_indices + (i64)j * G * N + (i64)g * N;
+                        const int* __restrict__ table = c.table[g];
+                        for (int k = warp; k < count; k += KV_WARPS) {
+                            const int b = base + k;
+                            if (b < r_lo || b >= r_hi) continue;
+                            const i64 start = s.pg[k], np = s.pg[k + 1] - start;
+                            const int first = kv_mtp_sat(s.cu[k]);
+                            for (i64 e = lane; e < np && start + e < (i64)N; e += 32) {
+                                int v = -1;
+                                if (e < (i64)W) {
+                                    v = table[(i64)b * c.stride[g] + e];
+                                    if (v < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, first, b, g);
+                                }
+                                idx_out[start + e] = v < 0 ? -1 : v;
+                            }
+                        }
+                    }
+                    carry_pg[g] = s.pg[count];
+                    __syncthreads();  // s.pg is rewritten by the next cache
+                }
+            }
+        }
+        carry += total;
+        carry_k += total_k;
+        __syncthreads();  // s.cu / s.dec are rewritten by the next tile
+        // Done once this block's tokens and requests are behind (without flashinfer, whose pad
+        // entries need every cache's total): the tail block (request bsz) always reads them all.
+        if (!fi && carry >= (i64)(x + 1) * KV_THREADS && base + count >= r_hi) break;  // uniform
+    }
+    const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its
+    // padding tokens
+    if (t < C && (i64)t >= carry) kv_write_pad<PosT>(t, G, C, batch_out, pos_out, slot_out);
+    // the end entries of the prefix sums (request bsz)
+    if (tail && tid == 0) {
+        cu_out[bsz] = kv_mtp_sat(carry);
+        if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + bsz] = kv_mtp_sat(carry_k);
+        if (fi) {
+#pragma unroll
+            for (int g = 0; g < KV_MAX_CACHES; ++g)
+                if (g < G) p.kv_indptr[(i64)j * G * AS + (i64)g * AS + bsz] = kv_mtp_sat(carry_pg[g]);
+        }
+    }
+    if (tail && tid == 0) p.num_tokens[j] = (int)(carry < (i64)C ? carry : (i64)C);
+    // kv_indices past each cache's pages: PAD_PAGE_ID (every entry written every launch)
+    if (fi) {
+#pragma unroll
+        for (int g = 0; g < KV_MAX_CACHES; ++g) {
+            if (g < G) {
+                int* __restrict__ idx_out = p.kv_indices + (i64)j * G * N + (i64)g * N;
+                for (i64 e = (i64)x * KV_THREADS + tid; e < (i64)N; e += (i64)chunks * KV_THREADS)
+                    if (e >= carry_pg[g]) idx_out[e] = -1;
+            }
+        }
+    }
+    // max_seqlen_q, max_seqlen_k: the tail block saw every request and writes them
+    if (varlen && tail) {
+        int mq = max_q, mk = max_k;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {  // over the warp, then over the warps
+            mq = max(mq, __shfl_xor_sync(0xffffffffu, mq, off));
+            mk = max(mk, __shfl_xor_sync(0xffffffffu, mk, off));
+        }
+        __shared__ int red[2][KV_WARPS];
+        if (lane == 0) {
+            red[0][warp] = mq;
+            red[1][warp] = mk;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < KV_WARPS; ++w) {
+                mq = max(mq, red[0][w]);
+                mk = max(mk, red[1][w]);
+            }
+            p.max_seqlen[2 * j] = mq;
+            p.max_seqlen[2 * j + 1] = mk;
+        }
+    }
+    kv_merge_record(p.error_records, ((i64)j * chunks + x) * KV_WARPS + warp, err);
+}

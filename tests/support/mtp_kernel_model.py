@@ -1,0 +1,193 @@
+"""A Python model of ``mtp_step<PosT>`` (kvaddr/kernels/mtp.cuh), block by block.
+
+It reads the launch's ``MtpParams`` (kernel_loader.MtpParams) as the kernel does, from host
+memory the pointers address (the planner fake of tests/support/fake_cupy.py allocates NumPy
+buffers), over the grid ``(blocks, k)`` of KV_THREADS-thread blocks, and writes the outputs
+there. Each block (x, j) follows the kernel: tiles of KV_MTP_TILE requests, thread i holding
+requests [4 i, 4 i + 4) of the tile; a tile's token prefix starts at the carry of the tiles
+before; the block writes its own tokens [x T, (x + 1) T) that fall in the tile's range, the
+per-request outputs of requests [x rq, (x + 1) rq), the kv_indices rows of those requests (a warp
+per request: request k of the tile on warp k % KV_WARPS), padding after the loop, the pad
+entries of kv_indices in a grid stride; without flashinfer a block stops after the tile holding
+its last token and request, and the block owning request bsz writes the maxima and num_tokens. Errors are merged
+into record ``(j * blocks + x) * KV_WARPS + warp`` of the thread that found them, as the kernel
+does (mask OR, smallest key).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from kvaddr import kernel_loader
+from kvaddr.errors import (
+    ERR_BLOCK_INDEX,
+    ERR_CAPACITY,
+    ERR_KV_INDICES_CAPACITY,
+    ERR_NEGATIVE_BLOCK,
+    ERR_NEGATIVE_LENGTH,
+    error_key,
+)
+
+_C = kernel_loader.constants()
+T = _C["KV_THREADS"]
+WARPS = _C["KV_WARPS"]
+ITEMS = _C["KV_MTP_ITEMS"]
+TILE = T * ITEMS
+INT_MAX = 2**31 - 1
+
+
+def _view(ptr: int, n: int, dtype=np.int32) -> np.ndarray:
+    if n <= 0 or ptr == 0:
+        return np.zeros(0, dtype)
+    buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(ptr)
+    return np.frombuffer(buf, dtype=dtype)
+
+
+def _lengths(d: int, a: int, j: int) -> tuple[int, int]:
+    if j == 0:
+        return d, a
+    if a > 0:
+        return min(d + a + j - 1, INT_MAX), 1
+    return d, min(a, 0)
+
+
+def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64) -> None:
+    """Run the whole grid ``(blocks, k)`` on host memory."""
+    p = M.step
+    bsz, C, G, Mr = p.bsz, p.capacity, p.num_caches, M.max_requests
+    flags, N, AS = p.attention, p.kv_indices_capacity, p.attn_stride
+    fi, varlen, rows = bool(flags & 1), bool(flags & 2), bool(flags & 5)
+    dec_in, acc_in = _view(p.seq_lens_decoder, bsz), _view(M.accept_num, bsz)
+    recs = _view(p.error_records, 2 * (k * blocks * WARPS), np.uint64)
+    tables = []
+    for g in range(G):
+        W, stride = p.max_blocks[g], p.table_stride[g]
+        tables.append(_view(p.block_tables[g], (bsz - 1) * stride + W if bsz else 0))
+
+    for j in range(k):
+        cu_out = _view(p.cu_seqlens_q + 4 * j * (Mr + 1), bsz + 1)
+        batch = _view(p.batch_id_per_token + 4 * j * C, C)
+        pos_out = _view(p.position_ids + np.dtype(pos_dtype).itemsize * j * C, C, pos_dtype)
+        kv_out = _view(p.seq_lens_kv + 4 * j * Mr, bsz)
+        slots = _view(p.slot_mapping + 8 * j * G * C, G * C, np.int64).reshape(G, C) if G else None
+        for x in range(blocks):
+            rec = {}
+
+            def flag(tid, bit, token, request, cache, x=x, j=j, rec=rec):
+                r = (j * blocks + x) * WARPS + tid // 32
+                m, key = rec.get(r, (0, 2**64 - 1))
+                rec[r] = (m | bit, min(key, error_key(token, request, cache, bit)))
+
+            rq = -(-(bsz + 1) // blocks)
+            r_lo, r_hi = x * rq, min(x * rq + rq, bsz + 1)
+            carry = carry_k = 0
+            carry_pg = [0] * G
+            max_q = max_k = 0
+            for base in range(0, bsz, TILE):
+                count = min(TILE, bsz - base)
+                d = np.full(count, -1, np.int64)
+                n = np.zeros(count, np.int64)
+                L = np.zeros(count, np.int64)
+                for kk in range(count):
+                    dj, qj = _lengths(int(dec_in[base + kk]), int(acc_in[base + kk]), j)
+                    if dj >= 0 and qj >= 0:
+                        d[kk], n[kk], L[kk] = dj, qj, min(dj + qj, INT_MAX)
+                cu = np.concatenate([[0], np.cumsum(n)]) + carry  # int64, true sums
+                cuk = np.concatenate([[0], np.cumsum(L)]) + carry_k
+                for kk in range(count):
+                    b, tid = base + kk, kk // ITEMS
+                    cs, ce = min(cu[kk], INT_MAX), min(cu[kk + 1], INT_MAX)
+                    max_q, max_k = max(max_q, ce - cs), max(max_k, int(L[kk]))
+                    if r_lo <= b < r_hi:
+                        cu_out[b] = cs
+                        kv_out[b] = L[kk]
+                        if d[kk] < 0:
+                            flag(tid, ERR_NEGATIVE_LENGTH, cs, b, 0)
+                        if cu[kk] <= C < cu[kk + 1]:
+                            flag(tid, ERR_CAPACITY, C, b, 0)
+                        if varlen:
+                            _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
+                for tid in range(T):
+                    t = x * T + tid
+                    if t < C and cu[0] <= t < cu[count]:
+                        lo = int(np.searchsorted(cu[1:count], t, side="right"))
+                        b = base + lo
+                        pos = int(d[lo]) + (t - int(cu[lo]))
+                        batch[t], pos_out[t] = b, pos
+                        for g in range(G):
+                            B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
+                            idx, off = divmod(pos, B)
+                            slot = -1
+                            if idx >= W:
+                                flag(tid, ERR_BLOCK_INDEX, t, b, g)
+                            else:
+                                blk = int(tables[g][b * stride + idx])
+                                if blk < 0:
+                                    flag(tid, ERR_NEGATIVE_BLOCK, t, b, g)
+                                else:
+                                    slot = blk * B + off
+                            slots[g, t] = slot
+                if rows:
+                    for g in range(G):
+                        B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
+                        pages = -(-L // B)
+                        pg = np.concatenate([[0], np.cumsum(pages)]) + carry_pg[g]
+                        row = j * G * AS + g * AS
+                        for kk in range(count):
+                            b = base + kk
+                            if not (r_lo <= b < r_hi):
+                                continue
+                            first = min(int(cu[kk]), INT_MAX)
+                            if pages[kk] > W:
+                                flag(kk // ITEMS, ERR_BLOCK_INDEX, first, b, g)
+                            if fi:
+                                _view(p.kv_indptr, (k * G * AS))[row + b] = min(pg[kk], INT_MAX)
+                                last = (L[kk] - 1) % B + 1 if L[kk] > 0 else 0
+                                _view(p.kv_last_page_len, (k * G * AS))[row + b] = last
+                                if pg[kk] + pages[kk] > N:
+                                    flag(kk // ITEMS, ERR_KV_INDICES_CAPACITY, first, b, g)
+                                idx_out = _view(p.kv_indices + 4 * (j * G * N + g * N), N)
+                                warp = kk % WARPS
+                                for e in range(int(pages[kk])):
+                                    if pg[kk] + e >= N:
+                                        break
+                                    v = -1
+                                    if e < W:
+                                        v = int(tables[g][b * stride + e])
+                                        if v < 0:
+                                            flag(warp * 32, ERR_NEGATIVE_BLOCK, first, b, g)
+                                    idx_out[pg[kk] + e] = v if v >= 0 else -1
+                        carry_pg[g] = int(pg[count])
+                carry, carry_k = int(cu[count]), int(cuk[count])
+                if not fi and carry >= (x + 1) * T and base + count >= r_hi:
+                    break  # this block's tokens and requests are behind (the kernel's early exit)
+            for tid in range(T):
+                t = x * T + tid
+                if t < C and t >= carry:
+                    batch[t], pos_out[t] = -1, 0
+                    for g in range(G):
+                        slots[g, t] = -1
+            if r_lo <= bsz < r_hi:
+                cu_out[bsz] = min(carry, INT_MAX)
+                if varlen:
+                    _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[bsz] = min(carry_k, INT_MAX)
+                if fi:
+                    for g in range(G):
+                        _view(p.kv_indptr, k * G * AS)[j * G * AS + g * AS + bsz] = min(carry_pg[g], INT_MAX)
+            tail = r_lo <= bsz < r_hi  # the block owning request bsz writes the totals
+            if tail:
+                _view(p.num_tokens + 4 * j, 1)[0] = min(carry, C)
+            if fi:
+                for g in range(G):
+                    idx_out = _view(p.kv_indices + 4 * (j * G * N + g * N), N)
+                    for e in range(x * T, N, blocks * T):
+                        hi = min(e + T, N)
+                        for ee in range(max(e, carry_pg[g]), hi):
+                            idx_out[ee] = -1
+            if varlen and tail:
+                _view(p.max_seqlen + 8 * j, 2)[:] = (max_q, max_k)
+            for r, (m, key) in rec.items():
+                recs[2 * r] |= np.uint64(m)
+                recs[2 * r + 1] = min(int(recs[2 * r + 1]), key)
