@@ -320,8 +320,8 @@ def vllm_new_paths(ndarray, bsz, n, repeats) -> dict:
         nct, tables, nbs = ndarray((M,)), [ndarray((M, w)) for w in widths], ndarray((G, M))
         pb = VllmStepPlanner(M, T, sizes, widths)
         bb = pb.bind(nct, tables, nbs, idx_mapping=ndarray((M,)), query_start_loc=ndarray((M + 1,)))
-        calls[f"vLLM G={G}, bind(batch buffers): launch(num_reqs, num_reqs_padded), stream=handle"] = (
-            lambda b=bb: b.launch(bsz, bsz, stream)
+        calls[f"vLLM G={G}, bind(batch buffers): launch(num_reqs, num_reqs_padded), stream=handle"] = lambda b=bb: (
+            b.launch(bsz, bsz, stream)
         )
         objects = itertools.cycle([Stream(stream) for _ in range(8)])
         calls[f"vLLM G={G}, bind(batch buffers): launch(num_reqs, num_reqs_padded), torch stream object"] = (
