@@ -228,6 +228,25 @@ __device__ __forceinline__ bool vllm_token_guess(const VllmStepParams& p, int t,
 // before num_blocks is compared, so the num_blocks latency overlaps the block-table read instead
 // of preceding it. The comparisons and the stores follow, all loads being issued (a store could
 // alias a table, so no load may follow one).
+// Group g's block index and offset of position pos (valid, slots enabled); whether the token is local.
+template <bool DCP>
+__device__ __forceinline__ bool vllm_token_index(const VllmStepParams& p, int g, int flags, long long pos,
+                                                 unsigned int& idx, unsigned int& off) {
+    const unsigned int up = (unsigned int)pos;
+    const unsigned int B = (unsigned int)p.block_size[g];
+    if (DCP && (flags & VLLM_GROUP_SHARDED)) {
+        const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
+        const unsigned int vbs = B * cp;
+        idx = up / vbs;
+        const unsigned int vo = up - idx * vbs;
+        off = (vo / (il * cp)) * il + vo % il;
+        return ((vo / il) % cp) == (unsigned int)p.cp_rank;
+    }
+    idx = up / B;
+    off = up - idx * B;
+    return true;
+}
+
 template <bool DCP>
 __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
@@ -246,35 +265,16 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
             }
         }
     }
-    // Every group's block index, offset, locality and block id (loaded when the index is inside the
-    // row), before num_blocks is needed.
-    unsigned int idxs[VLLM_MAX_GROUPS] = {0u, 0u, 0u, 0u}, offs[VLLM_MAX_GROUPS] = {0u, 0u, 0u, 0u};
-    bool locals[VLLM_MAX_GROUPS] = {false, false, false, false};
+    // Every group's block id, loaded when its index is inside the row, before num_blocks is needed.
     int blks[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         const int flags = p.group_flags[g];
         if (valid && (flags & VLLM_GROUP_SLOTS)) {
-            const unsigned int up = (unsigned int)pos;
-            const unsigned int B = (unsigned int)p.block_size[g];
             unsigned int idx, off;
-            bool local = true;
-            if (DCP && (flags & VLLM_GROUP_SHARDED)) {
-                const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
-                const unsigned int vbs = B * cp;
-                idx = up / vbs;
-                const unsigned int vo = up - idx * vbs;
-                local = ((vo / il) % cp) == (unsigned int)p.cp_rank;
-                off = (vo / (il * cp)) * il + vo % il;
-            } else {
-                idx = up / B;
-                off = up - idx * B;
-            }
-            idxs[g] = idx;
-            offs[g] = off;
-            locals[g] = local;
-            if (local && (long long)idx < (long long)p.width[g]) blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
+            if (vllm_token_index<DCP>(p, g, flags, pos, idx, off) && (long long)idx < (long long)p.width[g])
+                blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
         }
     }
     p.positions[t] = pos;
@@ -283,8 +283,8 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
         if (g >= p.num_groups) break;
         long long slot = -1;
         const int flags = p.group_flags[g];
-        if (valid && (flags & VLLM_GROUP_SLOTS) && locals[g]) {
-            const unsigned int idx = idxs[g];
+        unsigned int idx = 0, off = 0;
+        if (valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, pos, idx, off)) {
             const int nb = nbs[g];
             if ((long long)idx >= (long long)p.width[g]) {
                 err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
@@ -295,7 +295,7 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
                 if (blk < 0) {
                     err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
                 } else {
-                    slot = (long long)blk * (long long)p.block_size[g] + offs[g];
+                    slot = (long long)blk * (long long)p.block_size[g] + off;
                     if (p.slot_is_32 && slot > VLLM_INT_MAX) {
                         err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
                         slot = -1;
