@@ -349,13 +349,14 @@ def main(argv=None) -> int:
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"host time per eager call, {dev}, CuPy {cupy.__version__}, bsz {bsz}, two caches (B = {B})")
     print(f"median of {a.repeats} samples of {a.n} back-to-back calls; single = median of one-call samples")
-    print(f"{'row':<44}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
+    w = max(44, *(len(r["row"]) + 1 for r in results))
+    print(f"{'row':<{w}}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
     failed = False
     for r in results:
         b = "" if r["bound"] is None else f"<= {r['bound']:.1f}x  {r['verdict']}"
         failed |= r["verdict"] == "FAIL"
         print(
-            f"{r['row']:<44}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
+            f"{r['row']:<{w}}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
             f"{r['ratio_vs_empty_rawkernel']:>9.2f}  {b}"
         )
     if a.json:

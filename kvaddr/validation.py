@@ -173,7 +173,8 @@ def mapped_pointer(name: str, ptr: int) -> int:
     except Exception:  # (older drivers refuse pageable host pointers outright)
         attrs = None
     dptr = 0 if attrs is None else int(getattr(attrs, "devicePointer", 0) or 0)
-    if attrs is None or getattr(attrs, "type", -1) != getattr(runtime, "memoryTypeHost", 1) or dptr == 0:
+    kind = -1 if attrs is None else getattr(attrs, "type", getattr(attrs, "memoryType", -1))
+    if kind != getattr(runtime, "memoryTypeHost", 1) or dptr == 0:
         raise TypeError(
             f"{name} must be a CUDA array or pinned host memory (torch pin_memory(), "
             f"cupyx.empty_pinned), got pageable host memory"
