@@ -107,8 +107,8 @@ def test_bound_batch_buffers_every_step(lib, seed):
 
 def _pinned(kind, stacked):
     """``(num_blocks argument, a function writing new contents into it on the host)``: vLLM's [G, rows]
-    int32 array in pinned host memory, as a pinned torch tensor, a cupyx.empty_pinned array or a CuPy
-    array at its device pointer."""
+    int32 array in pinned host memory, as a pinned torch tensor, a cupyx.empty_pinned array, a CuPy
+    array at its device pointer or a ``__cuda_array_interface__`` view at its host address."""
     from kvaddr.measure.vllm_workload import pinned_num_blocks
 
     if kind == "torch":
@@ -121,10 +121,13 @@ def _pinned(kind, stacked):
     def write(a):
         host[...] = a
 
+    if kind == "cai":  # a __cuda_array_interface__ view of the pinned memory, at its host address
+        cai = {"data": (host.ctypes.data, False), "shape": host.shape, "typestr": "<i4", "strides": None, "version": 3}
+        return type("HostView", (), {"__cuda_array_interface__": cai, "owner": host})(), write
     return (host if kind == "numpy" else view), write
 
 
-@pytest.mark.parametrize("kind", ["torch", "numpy", "cupy-view"])
+@pytest.mark.parametrize("kind", ["torch", "numpy", "cupy-view", "cai"])
 @pytest.mark.parametrize("G", [1, 2])
 def test_num_blocks_in_pinned_host_memory(kind, G):
     """compute() and both bind forms with num_blocks in pinned host memory, its contents changed on the

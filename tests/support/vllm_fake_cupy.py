@@ -129,7 +129,9 @@ def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
 
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: 0, pointerGetAttributes=pointer_attributes, memoryTypeHost=1),
+        runtime=types.SimpleNamespace(
+            getDevice=lambda: 0, pointerGetAttributes=pointer_attributes, memoryTypeHost=1, memoryTypeDevice=2
+        ),
         Device=_Dev,
         Stream=_Stream,
         get_current_stream=lambda: stream,

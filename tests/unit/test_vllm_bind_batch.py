@@ -296,6 +296,34 @@ def test_num_blocks_in_pinned_host_memory(fake):
         pl.bind(st["num_computed_tokens"], [st["block_tables"][0], fake.pin(np.zeros((M, 4), np.int32))], nbs)
 
 
+class HostView:
+    """A ``__cuda_array_interface__`` view of host memory (as a library's view of a pinned buffer)."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__cuda_array_interface__ = {
+            "data": (a.ctypes.data, False),
+            "shape": a.shape,
+            "typestr": a.dtype.str,
+            "strides": None,
+            "version": 3,
+        }
+
+
+def test_num_blocks_as_an_array_interface_view_of_pinned_memory(fake):
+    st = _state()
+    idx, qsl = _buffers()
+    pl = _planner()
+    stacked = fake.pin(np.stack([a.a for a in st["num_blocks"]]), device_offset=0x3000)
+    bound = pl.bind(
+        st["num_computed_tokens"], st["block_tables"], HostView(stacked), idx_mapping=idx, query_start_loc=qsl
+    )
+    bound.launch(2, 2, stream=9)
+    assert fake.launches[-1]["params"]["num_blocks"][:2] == [stacked.ctypes.data + 0x3000 + 4 * g * M for g in (0, 1)]
+    with pytest.raises(TypeError, match="num_blocks must be a CUDA array or pinned host memory"):
+        pl.bind(st["num_computed_tokens"], st["block_tables"], HostView(stacked.copy()))  # pageable
+
+
 def test_a_pageable_torch_tensor_is_refused_naming_num_blocks(fake):
     torch = pytest.importorskip("torch")
     st = _state()
