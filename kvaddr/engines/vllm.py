@@ -126,6 +126,15 @@ def check_batch_buffers(idx_mapping, query_start_loc, device: int) -> tuple:
     return idx.ptr, idx.shape[0], idx.dtype == INT64, qsl.ptr, qsl.shape[0]
 
 
+def _ndim(x) -> int:
+    """Dimensions of an array-like (its ``shape``, or its ``__cuda_array_interface__``'s); 0 if neither."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        cai = getattr(x, "__cuda_array_interface__", None)
+        shape = cai.get("shape", ()) if isinstance(cai, dict) else ()
+    return len(shape)
+
+
 def _describe_num_blocks(name: str, x):
     """``num_blocks`` described: a device array as :func:`~kvaddr.validation.describe` does, or
     pinned host memory (a torch ``pin_memory()`` tensor, a ``cupyx.empty_pinned`` array, a
@@ -665,7 +674,7 @@ class VllmStepPlanner:
         cfg, dev, tx = self.config, self.device, self._texts
         M, G = cfg.max_num_reqs, cfg.num_groups
         nbs = per_group("num_blocks", num_blocks, G, allow_stacked=True)
-        if len(nbs) == 1 and (G > 1 or len(getattr(nbs[0], "shape", ())) == 2):
+        if len(nbs) == 1 and (G > 1 or _ndim(nbs[0]) == 2):
             info = _describe_num_blocks("num_blocks", nbs[0])
             if info.dtype != INT32 or len(info.shape) != 2 or info.shape[0] != G or info.shape[1] < M:
                 raise ValueError(

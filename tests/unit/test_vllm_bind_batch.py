@@ -322,6 +322,12 @@ def test_num_blocks_as_an_array_interface_view_of_pinned_memory(fake):
     assert fake.launches[-1]["params"]["num_blocks"][:2] == [stacked.ctypes.data + 0x3000 + 4 * g * M for g in (0, 1)]
     with pytest.raises(TypeError, match="num_blocks must be a CUDA array or pinned host memory"):
         pl.bind(st["num_computed_tokens"], st["block_tables"], HostView(stacked.copy()))  # pageable
+    # one group: a [1, rows] view (no .shape attribute, only the interface's) is the stacked layout
+    one = _planner(G=1)
+    st1 = _state(G=1)
+    stacked1 = fake.pin(np.stack([st1["num_blocks"][0].a]))
+    one.bind(st1["num_computed_tokens"], st1["block_tables"], HostView(stacked1)).launch(idx[:2], qsl[:3], stream=9)
+    assert fake.launches[-1]["params"]["num_blocks"][0] == stacked1.ctypes.data
 
 
 def test_a_pageable_torch_tensor_is_refused_naming_num_blocks(fake):
