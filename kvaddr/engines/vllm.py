@@ -996,9 +996,13 @@ class VllmStepPlanner:
                 self._memo = self._last_args = None
             return sb._launch_slices(idx_mapping, query_start_loc, num_reqs_padded, stream)
         self._last_idx = idx_mapping
-        n, padded = self._prepare(
-            idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
-        )
+        try:
+            n, padded = self._prepare(
+                idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
+            )
+        except Exception:  # a failed check leaves nothing remembered (the binding of the state included)
+            self._state_bound = self._last_state = None
+            raise
         grid = self.grid(padded, n)
         self._fns["step"](grid, THREADS, stream)
         self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
