@@ -26,13 +26,26 @@ Rows (every one launched on the same CUDA stream, inputs persistent, one decode 
 * ``kvaddr.torch.step (op + views)``: the documented entry point (its views kept per bsz);
   ``views per call``: the op plus ``StepBuffers.outputs(bsz)`` (the views built every call, as
   ``step()`` did before).
+* the vLLM step on torch tensors, as vLLM's Model Runner V2 calls it (a decode batch of ``--bsz``
+  requests, two KV-cache groups, B = 16 and 64, ``max_num_reqs`` = 2 x bsz, a permuted subset of
+  the rows; persistent torch tensors from its persistent buffers): ``vLLM bind(batch buffers)
+  .launch(n, padded)``: ``VllmStepPlanner.bind(state, idx_mapping=buffer, query_start_loc=buffer)``
+  once, then two ints per step; ``vLLM bind().launch(fresh slices)``: ``bind(state)`` once, then
+  ``launch(idx_buf[:n], qsl_buf[:n + 1], padded)`` with new slices every call (8 sets made
+  beforehand, taken in turn: the slicing itself is torch's cost, timed in its own row);
+  ``vLLM compute(fresh slices)``: ``VllmStepPlanner.compute`` with the same fresh slices and the
+  persistent state; ``, torch stream object``: the same with ``stream=`` a torch stream object
+  new at every call (8 ``torch.cuda.current_stream()`` objects made beforehand, in turn) instead of
+  its int handle; ``torch: 2 slices + current_stream() (no launch)``: what making those objects
+  costs the engine per step (no kvaddr call).
 
 Host time: ``time.perf_counter`` around N calls with no synchronisation in between, then
 one synchronisation outside the clock; per call = elapsed / N. Rows are measured in turn,
 round-robin, ``--repeats`` times (so drift hits every row alike); the table shows the
 median (and best) of those samples, plus the median of single-call samples. Exit status 1
-if a bound is missed: bound launch <= 1.0x, compute() (CuPy) <= 1.5x and the
-torch op <= 2.0x the empty RawKernel launch.
+if a bound is missed: bound launch <= 1.0x, compute() (CuPy) <= 1.5x, the
+torch op <= 2.0x, the vLLM bound batch launch (torch) <= 1.0x and each vLLM fresh-slice row
+(torch) <= 2.0x the empty RawKernel launch.
 """
 
 from __future__ import annotations
@@ -52,6 +65,11 @@ BOUNDS = {
     "BoundStep.launch": 1.0,
     "compute() (CuPy)": 1.5,
     "torch op (eager)": 2.0,
+    "vLLM bind(batch buffers).launch(n, padded)": 1.0,
+    "vLLM bind().launch(fresh slices)": 2.0,
+    "vLLM bind().launch(fresh slices), torch stream object": 2.0,
+    "vLLM compute(fresh slices)": 2.0,
+    "vLLM compute(fresh slices), torch stream object": 2.0,
 }
 
 ELEVEN_ARGS = r"""
@@ -84,6 +102,88 @@ def single_call_samples(fn, sync, n):
         out.append((time.perf_counter() - t0) * 1e6)
     sync()
     return out
+
+
+def vllm_torch_rows(torch, bsz: int, handle: int, rows: dict):
+    """Add the vLLM step's torch rows (see the module's docstring) to ``rows``; returns
+    ``check(sync)``, which runs each row's call once and compares every output with the NumPy
+    reference (raises AssertionError on a difference)."""
+    import itertools
+
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from kvaddr.engines.vllm_reference import vllm_step_reference
+    from kvaddr.measure.vllm_workload import VllmWorkload, make_batch_set, parse_shape
+
+    bs = make_batch_set(VllmWorkload(block_sizes=(16, 64), input_sets=1), parse_shape(f"decode:{bsz}"))
+    cfg, x, padded = bs.config, bs.inputs[0], bs.num_reqs_padded
+    n = len(x["idx_mapping"])
+    dev = torch.device("cuda", torch.cuda.current_device())
+
+    def t(a):
+        return torch.as_tensor(np.ascontiguousarray(a), device=dev)
+
+    nct, tables = t(x["num_computed_tokens"]), [t(b) for b in x["block_tables"]]
+    num_blocks = t(np.stack(x["num_blocks"]))  # vLLM's layout: one [G, rows] array
+    M = cfg.max_num_reqs
+    idx_buf = torch.zeros(M, dtype=torch.int32, device=dev)  # vLLM's persistent batch buffers
+    qsl_buf = torch.zeros(M + 1, dtype=torch.int32, device=dev)
+    idx_buf[:n] = t(x["idx_mapping"].astype(np.int32))
+    qsl_buf[: n + 1] = t(x["query_start_loc"])
+    kw = dict(max_num_reqs=M, max_num_batched_tokens=cfg.max_num_batched_tokens, block_sizes=[16, 64])
+    kw["widths"] = list(cfg.widths)
+    pb, pf, pc, pcs = (VllmStepPlanner(**kw) for _ in range(4))
+    bound_batch = pb.bind(nct, tables, num_blocks, idx_mapping=idx_buf, query_start_loc=qsl_buf, stream=handle)
+    bound = pf.bind(nct, tables, num_blocks, stream=handle)
+    slices = itertools.cycle([(idx_buf[:n], qsl_buf[: n + 1]) for _ in range(8)])
+    streams = itertools.cycle([torch.cuda.current_stream() for _ in range(8)])
+    assert all(s.cuda_stream == handle for s in [next(streams) for _ in range(8)]), "torch's current stream"
+
+    def bound_fresh():
+        i, q = next(slices)
+        bound.launch(i, q, padded, stream=handle)
+
+    def bound_fresh_torch_stream():
+        i, q = next(slices)
+        bound.launch(i, q, padded, stream=next(streams))
+
+    def compute_fresh():
+        i, q = next(slices)
+        pc.compute(i, q, nct, tables, num_blocks, padded, stream=handle)
+
+    def compute_fresh_torch_stream():
+        i, q = next(slices)
+        pcs.compute(i, q, nct, tables, num_blocks, padded, stream=next(streams))
+
+    def torch_alone():
+        return idx_buf[:n], qsl_buf[: n + 1], torch.cuda.current_stream()
+
+    rows["vLLM bind(batch buffers).launch(n, padded)"] = lambda: bound_batch.launch(n, padded, handle)
+    rows["vLLM bind().launch(fresh slices)"] = bound_fresh
+    rows["vLLM bind().launch(fresh slices), torch stream object"] = bound_fresh_torch_stream
+    rows["vLLM compute(fresh slices)"] = compute_fresh
+    rows["vLLM compute(fresh slices), torch stream object"] = compute_fresh_torch_stream
+    rows["torch: 2 slices + current_stream() (no launch)"] = torch_alone
+    want = vllm_step_reference(cfg, **x, num_reqs_padded=padded).outputs
+
+    def check(sync):
+        for name, planner, fn in (
+            ("bind(batch buffers)", pb, rows["vLLM bind(batch buffers).launch(n, padded)"]),
+            ("bind() fresh slices", pf, bound_fresh),
+            ("compute() fresh slices", pc, compute_fresh),
+            ("compute() fresh slices, torch stream", pcs, compute_fresh_torch_stream),
+        ):
+            for _ in range(3):  # (compute(): the third call is on the path of fresh objects)
+                fn()
+            sync()
+            out = planner.outputs
+            for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+                assert np.array_equal(getattr(out, f).get(), getattr(want, f)), f"vLLM {name}: {f} != reference"
+            for g, tab in enumerate(out.input_block_tables):
+                assert np.array_equal(tab.get(), want.input_block_tables[g]), f"vLLM {name}: table {g} != reference"
+            assert planner.errors()[0] == 0, f"vLLM {name}: device errors"
+        assert pc._state_bound is not None, "compute() did not take the path of fresh batch objects"
+
+    return check
 
 
 def main(argv=None) -> int:
@@ -148,6 +248,7 @@ def main(argv=None) -> int:
         rows["compute() (CuPy), new dec/q objects"] = compute_new_objects
 
         torch = None
+        vllm_checks = []  # the vLLM rows' checks against the reference (run before timing)
         try:
             import torch
         except ImportError:
@@ -175,6 +276,7 @@ def main(argv=None) -> int:
             rows["kvaddr.torch.step (op + views)"] = lambda: kt.step(td, tq, tt, bufs)
             # the views built per call (what step() did before it kept them per bsz)
             rows["kvaddr.torch.step, views per call"] = lambda: (op(td, tq, tt, storage, layout), bufs.outputs(bsz))
+            vllm_checks.append(vllm_torch_rows(torch, bsz, handle, rows))
 
         def sync():
             stream.synchronize()
@@ -204,6 +306,9 @@ def main(argv=None) -> int:
             assert np.array_equal(got.seq_lens_kv.cpu().numpy(), ref.outputs.seq_lens_kv), "step() != reference"
             assert int(got.num_tokens) == int(ref.outputs.num_tokens), "step() != reference"
             assert bufs.errors() == (ref.error_mask, ref.error_key), "torch op's error record != reference"
+
+        for check in vllm_checks:
+            check(sync)
 
         def nothing():
             pass
@@ -244,13 +349,14 @@ def main(argv=None) -> int:
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"host time per eager call, {dev}, CuPy {cupy.__version__}, bsz {bsz}, two caches (B = {B})")
     print(f"median of {a.repeats} samples of {a.n} back-to-back calls; single = median of one-call samples")
-    print(f"{'row':<44}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
+    w = max(44, *(len(r["row"]) + 1 for r in results))
+    print(f"{'row':<{w}}{'median us':>11}{'best us':>10}{'single us':>11}{'x empty':>9}  bound")
     failed = False
     for r in results:
         b = "" if r["bound"] is None else f"<= {r['bound']:.1f}x  {r['verdict']}"
         failed |= r["verdict"] == "FAIL"
         print(
-            f"{r['row']:<44}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
+            f"{r['row']:<{w}}{r['median_us']:>11.2f}{r['best_us']:>10.2f}{r['single_call_median_us']:>11.2f}"
             f"{r['ratio_vs_empty_rawkernel']:>9.2f}  {b}"
         )
     if a.json:

@@ -28,6 +28,14 @@ the memo never hits) for compute() of both and for ``VllmStepPlanner.bind()``'s
 ``--host-only``: the correctness check and the eager host rows alone (no graph timing), about 15 s.
 ``--attention``: only the attention rows: the vLLM step with attention=("flashinfer", "varlen")
 against the step without, graph mode, on/off, after checking both against the reference.
+``--num-blocks-mem uva``: only the rows of ``num_blocks`` in pinned host memory read through UVA
+(vLLM's layout: one ``[G, max_num_reqs]`` int32 array, ``cupyx.empty_pinned``) against the same
+step with ``num_blocks`` in device memory, graph mode, decode 64/1024/4096 and mixed, G = 1, 2;
+beside them ``uva-floor`` (CUDA source below, an instrument): one launch reading the same UVA
+words in the same dependent order (idx_mapping[b] -> num_blocks[g][r] of every group) and storing
+them, nothing else. Prints uva/device and uva/floor; exit status 1 if both exceed their bounds
+(uva <= 1.2x device or <= 1.3x the floor, whichever allows more). Every implementation, the floor
+included, is checked first. ``--num-blocks-mem device`` (the default): the rows above.
 """
 
 from __future__ import annotations
@@ -79,6 +87,30 @@ extern "C" __global__ void vllm_min(const int* __restrict__ idx,   // [n] int32,
     if (G > 1) s1[t] = b;
 }
 """
+
+# The uva-floor (--num-blocks-mem uva): per batch entry b, the row r = idx[b] (device memory), then
+# every group's num_blocks[g][r] (pinned host memory, through UVA; all issued before the stores).
+UVA_FLOOR_SOURCE = r"""
+extern "C" __global__ void uva_floor(const int* __restrict__ idx,  // [n] int32: batch b -> row r; -1 dummy
+                                     unsigned long long nb_addr,   // device address of [G, stride] int32 (UVA)
+                                     long long stride,             // elements between two groups' rows
+                                     int G, int n,
+                                     int* __restrict__ out) {      // [G, n] int32: num_blocks[g][r], 0 dummy
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n) return;
+    const int* __restrict__ nb = reinterpret_cast<const int*>(nb_addr);
+    const int r = idx[b];
+    int v[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+        if (g < G && r >= 0) v[g] = nb[g * stride + r];
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+        if (g < G) out[(long long)g * n + b] = v[g];
+}
+"""
+#: --num-blocks-mem uva: UVA num_blocks may cost this much more than device num_blocks, or than the floor.
+UVA_BOUNDS = (1.2, 1.3)
 
 SHAPES = ("decode:64", "decode:1024", "decode:4096", "mixed:256:16384")
 GROUPS = ((16,), (16, 64))
@@ -166,10 +198,18 @@ def main(argv=None):
         action="store_true",
         help="only the attention rows: the vLLM step with attention metadata (flashinfer + varlen) on vs off",
     )
+    ap.add_argument(
+        "--num-blocks-mem",
+        choices=("device", "uva"),
+        default="device",
+        help="uva: only num_blocks in pinned host memory (UVA) against device memory and the uva-floor, graph mode",
+    )
     a = ap.parse_args(argv)
     stream = cupy.cuda.Stream(non_blocking=True)
     if a.attention:
         return attention_rows(a, stream)
+    if a.num_blocks_mem == "uva":
+        return uva_rows(a, stream)
     rows = []
     with stream:
         for shape_text in a.shape or SHAPES:
@@ -443,6 +483,103 @@ def attention_rows(a, stream) -> int:
         with open(a.json, "w") as fh:
             json.dump({"device": dev.decode() if isinstance(dev, bytes) else dev, "attention_rows": rows}, fh, indent=2)
     return 0
+
+
+def uva_rows(a, stream) -> int:
+    """``--num-blocks-mem uva``: the vLLM step with ``num_blocks`` in pinned host memory (UVA) against
+    the step with it in device memory, and the uva-floor, graph mode; each first checked."""
+    from kvaddr.measure.vllm_workload import pinned_num_blocks
+    from kvaddr.validation import mapped_pointer
+
+    rows, missed = [], False
+    fn = cupy.RawModule(code=UVA_FLOOR_SOURCE).get_function("uva_floor")
+    with stream:
+        for shape_text in a.shape or SHAPES:
+            for groups in GROUPS:
+                bs = make_batch_set(VllmWorkload(block_sizes=groups, input_sets=1), parse_shape(shape_text))
+                x = bs.inputs[0]
+                ref = vllm_step_reference(bs.config, **x, num_reqs_padded=bs.num_reqs_padded).outputs
+                d = {k: cupy.asarray(x[k]) for k in NAMES[:3]}
+                d["block_tables"] = [cupy.asarray(t) for t in x["block_tables"]]
+                stacked = np.stack(x["num_blocks"]).astype(np.int32)  # vLLM's layout: one [G, rows] array
+                nb_dev = cupy.asarray(stacked)
+                # the pinned array and a CuPy array at its device pointer (vLLM's CUDA view of its pinned
+                # tensor): the view is timed (a CuPy array: compute()'s memo holds); both are checked
+                nb_host, nb_uva = pinned_num_blocks(stacked)
+                kw = dict(
+                    max_num_reqs=bs.config.max_num_reqs,
+                    max_num_batched_tokens=bs.config.max_num_batched_tokens,
+                    block_sizes=list(groups),
+                    widths=list(bs.config.widths),
+                )
+                dev, uva = VllmStepPlanner(**kw), VllmStepPlanner(**kw)
+                stream.synchronize()
+
+                def run(planner, nb):
+                    return planner.compute(
+                        d["idx_mapping"],
+                        d["query_start_loc"],
+                        d["num_computed_tokens"],
+                        d["block_tables"],
+                        nb,
+                        bs.num_reqs_padded,
+                        stream=stream,
+                    )
+
+                pinned = VllmStepPlanner(**kw)
+                for name, planner, nb in (("device", dev, nb_dev), ("uva", uva, nb_uva), ("pinned", pinned, nb_host)):
+                    for _ in range(2):
+                        out = run(planner, nb)
+                        stream.synchronize()
+                        for f in ("positions", "seq_lens", "slot_mappings", "dcp_local_seq_lens"):
+                            assert np.array_equal(getattr(out, f).get(), getattr(ref, f)), (name, f)
+                        for g, t in enumerate(out.input_block_tables):
+                            assert np.array_equal(t.get(), ref.input_block_tables[g]), (name, g)
+                        assert planner.errors(stream)[0] == 0, name
+                # the floor: its outputs are num_blocks[g][idx[b]] (0 for a dummy entry)
+                idx_h = x["idx_mapping"].astype(np.int32)
+                n, G = len(idx_h), len(groups)
+                idx32 = cupy.asarray(idx_h)
+                floor_out = cupy.full((G, max(n, 1)), -7, np.int32)
+                addr = mapped_pointer("num_blocks", nb_host.ctypes.data)
+                fargs = (idx32, np.uint64(addr), np.int64(stacked.shape[1]), np.int32(G), np.int32(n), floor_out)
+
+                def run_floor():
+                    fn(((n + 255) // 256,), (256,), fargs, stream=stream)
+
+                run_floor()
+                stream.synchronize()
+                want = np.where(idx_h >= 0, stacked[:, np.maximum(idx_h, 0)], 0)
+                assert np.array_equal(floor_out.get()[:, :n], want), "uva-floor"
+                t_dev = graph_time_per_copy(lambda: run(dev, nb_dev), stream, a.copies, a.replays)
+                t_uva = graph_time_per_copy(lambda: run(uva, nb_uva), stream, a.copies, a.replays)
+                t_floor = graph_time_per_copy(run_floor, stream, a.copies, a.replays)
+                r_dev, r_floor = t_uva / t_dev, t_uva / t_floor
+                ok = r_dev <= UVA_BOUNDS[0] or r_floor <= UVA_BOUNDS[1]
+                missed |= not ok
+                rows.append(
+                    dict(
+                        shape=shape_text,
+                        groups=list(groups),
+                        num_reqs=bs.num_reqs,
+                        graph_us=dict(num_blocks_device=t_dev, num_blocks_uva=t_uva, uva_floor=t_floor),
+                        uva_vs_device=r_dev,
+                        uva_vs_floor=r_floor,
+                        within_bound=ok,
+                    )
+                )
+                print(
+                    f"{shape_text:>16} G={len(groups)}  graph us: num_blocks device {t_dev:6.2f}  uva {t_uva:6.2f}  "
+                    f"uva-floor {t_floor:6.2f}  | uva/device {r_dev:5.2f} (bound {UVA_BOUNDS[0]})  "
+                    f"uva/floor {r_floor:5.2f} (bound {UVA_BOUNDS[1]})  {'PASS' if ok else 'FAIL'}",
+                    flush=True,
+                )
+    if a.json:
+        dev_name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        with open(a.json, "w") as fh:
+            name = dev_name.decode() if isinstance(dev_name, bytes) else dev_name
+            json.dump({"device": name, "num_blocks_uva_rows": rows}, fh, indent=2)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def fake_cupy_array_class():
 
 
 def install_fake_cupy():
-    """A ``cupy`` module just big enough for ``StepPlanner.__init__`` and ``compute()``: arrays are
+    """A ``cupy`` module just big enough for ``StepPlanner.__init__`` and ``compute()`` (and the vLLM
+    planner's): arrays are
     the slot-based stand-ins above, ``launchKernel`` a no-op; returns the no-op."""
     ndarray = fake_cupy_array_class()
 
@@ -290,6 +291,79 @@ def vllm_vs_core(ndarray, bsz, n, repeats, only_memo=False) -> dict:
     return rows
 
 
+def vllm_new_paths(ndarray, bsz, n, repeats) -> dict:
+    """The vLLM step's host paths for an engine that passes two ints, or fresh slices every step:
+    ``bind(state, idx_mapping=buffer, query_start_loc=buffer)`` then ``launch(num_reqs,
+    num_reqs_padded, stream)``; and (with torch installed) ``bind(state).launch(slices)`` and
+    ``compute(slices, state)`` with torch CPU tensors posing as device -1's (the torch batch check
+    built with ``require_cuda=False``: the two ``is_cuda`` reads of the real check are not timed),
+    8 sets of fresh slices of two persistent buffers taken in turn, the stream an int handle or a
+    torch stream object new at every call (a stand-in of ``torch.cuda.Stream`` with ``cuda_stream``;
+    8 made beforehand, in turn). One and two groups, interleaved sample by sample."""
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from kvaddr.engines.vllm_bound import torch_batch_check
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    M, T, stream = max(bsz, 1), 256, 0x1234
+    calls = {}
+
+    class Stream:  # torch.cuda.Stream's stand-in: a new object per torch.cuda.current_stream() call
+        def __init__(self, h):
+            self.cuda_stream = h
+
+    Stream.__module__ = "torch.cuda.streams"
+    for G in (1, 2):
+        sizes, widths = [16, 64][:G], [32, 8][:G]
+        nct, tables, nbs = ndarray((M,)), [ndarray((M, w)) for w in widths], ndarray((G, M))
+        pb = VllmStepPlanner(M, T, sizes, widths)
+        bb = pb.bind(nct, tables, nbs, idx_mapping=ndarray((M,)), query_start_loc=ndarray((M + 1,)))
+        calls[f"vLLM G={G}, bind(batch buffers): launch(num_reqs, num_reqs_padded), stream=handle"] = lambda b=bb: (
+            b.launch(bsz, bsz, stream)
+        )
+        objects = itertools.cycle([Stream(stream) for _ in range(8)])
+        calls[f"vLLM G={G}, bind(batch buffers): launch(num_reqs, num_reqs_padded), torch stream object"] = (
+            lambda b=bb, c=objects: b.launch(bsz, bsz, next(c))
+        )
+        if torch is None:
+            continue
+        ibuf, qbuf = torch.zeros(M, dtype=torch.int32), torch.zeros(M + 1, dtype=torch.int32)
+        fast = torch_batch_check(M, -1, torch.int32, torch.int64, require_cuda=False)
+        key = (torch.Tensor, torch.Tensor)
+        bound = VllmStepPlanner(M, T, sizes, widths).bind(nct, tables, nbs)
+        bound._fast_checks[key] = fast
+        pc = VllmStepPlanner(M, T, sizes, widths)
+        for _ in range(2):  # two checked calls over the state: compute() binds it for fresh batch objects
+            pc.compute(ndarray((bsz,)), ndarray((bsz + 1,)), nct, tables, nbs, bsz, stream=stream)
+        pc._state_bound._fast_checks[key] = fast
+        for label, obj in (("bind(): launch", bound), ("compute()", pc)):
+            slices = itertools.cycle([(ibuf[:bsz], qbuf[: bsz + 1]) for _ in range(8)])
+            streams = itertools.cycle([Stream(stream) for _ in range(8)])
+            if obj is bound:
+                fn = lambda o=obj, c=slices: o.launch(*next(c), bsz, stream=stream)  # noqa: E731
+                fs = lambda o=obj, c=slices, s=streams: o.launch(*next(c), bsz, stream=next(s))  # noqa: E731
+            else:
+                st = (nct, tables, nbs)
+                fn = lambda o=obj, c=slices, st=st: o.compute(*next(c), *st, bsz, stream=stream)  # noqa: E731
+                fs = lambda o=obj, c=slices, s=streams, st=st: o.compute(  # noqa: E731
+                    *next(c), *st, bsz, stream=next(s)
+                )
+            calls[f"vLLM G={G}, {label}, fresh torch slices, stream=handle"] = fn
+            calls[f"vLLM G={G}, {label}, fresh torch slices, torch stream object"] = fs
+    if torch is not None:
+        ibuf, qbuf = torch.zeros(M, dtype=torch.int32), torch.zeros(M + 1, dtype=torch.int32)
+        calls["torch alone: 2 slices (the engine's cost, no kvaddr call)"] = lambda: (ibuf[:bsz], qbuf[: bsz + 1])
+    samples = {k: [] for k in calls}
+    for fn in calls.values():
+        per_call_us(fn, min(n, 500), 1)
+    for _ in range(repeats):
+        for k, fn in calls.items():
+            samples[k].append(per_call_us(fn, n, 1)[0])
+    return {k: (statistics.median(v), v) for k, v in samples.items()}
+
+
 def load_tree_as(tree: str, name: str = "kvaddr_base"):
     """Another checkout's ``kvaddr`` package (``tree``: its repository root, e.g. ``git archive REV |
     tar -x -C DIR``) importable as ``name`` beside this one: copied to a temporary directory with its
@@ -461,6 +535,7 @@ def main(argv=None) -> int:
     if args.ab_tree:
         return _print(ab_tree(args.ab_tree, ndarray, bsz, args.n, args.repeats), args)
     rows.update(vllm_vs_core(ndarray, bsz, args.n, args.repeats))
+    rows.update(vllm_new_paths(ndarray, bsz, args.n, args.repeats))
     if args.vllm_only:
         return _print(rows, args)
     rows["launchKernel stand-in (no-op, 11 args)"] = per_call_us(

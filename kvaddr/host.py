@@ -78,11 +78,13 @@ class StreamResolver:
     """The raw ``cudaStream_t`` of a call's ``stream`` argument, cheaply on the hot path.
 
     A raw int is used as is; None is CuPy's current stream; a CuPy or torch stream object
-    seen last time gives its remembered handle (their handles never change); anything else
-    goes through :func:`kvaddr.validation.stream_handle`.
+    seen last time gives its remembered handle (their handles never change); a new object of
+    the torch stream class seen last (``torch.cuda.current_stream()`` builds one per call)
+    gives its ``cuda_stream`` int, one attribute read; anything else goes through
+    :func:`kvaddr.validation.stream_handle`.
     """
 
-    __slots__ = ("_current", "_obj", "_ptr")
+    __slots__ = ("_current", "_obj", "_ptr", "_torch_cls")
 
     def __init__(self) -> None:
         import cupy
@@ -90,6 +92,7 @@ class StreamResolver:
         self._current = cupy.cuda.get_current_stream
         self._obj: Any = None
         self._ptr = 0
+        self._torch_cls: Any = None  # a torch stream class whose cuda_stream is its handle
 
     def __call__(self, stream: Any) -> int:
         if stream.__class__ is int:
@@ -98,8 +101,14 @@ class StreamResolver:
             return self._current().ptr
         if stream is self._obj:
             return self._ptr
+        cls = stream.__class__
+        if cls is self._torch_cls:
+            return stream.cuda_stream
         handle = stream_handle(stream)
-        if type(stream).__module__.startswith(("cupy", "torch")):
+        mod = cls.__module__
+        if mod.startswith("torch") and getattr(stream, "cuda_stream", None).__class__ is int:
+            self._torch_cls = cls  # (torch.cuda.Stream, ExternalStream: cuda_stream is the handle)
+        if mod.startswith(("cupy", "torch")):
             self._obj, self._ptr = stream, handle
         return handle
 

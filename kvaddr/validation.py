@@ -155,6 +155,61 @@ def describe(name: str, x) -> ArrayInfo:
     )
 
 
+#: ``ArrayInfo.device`` of pinned host memory read through its device pointer (UVA): every device
+#: may read it, so no device check applies (as for an empty array).
+MAPPED_DEVICE = -2
+
+
+def mapped_pointer(name: str, ptr: int) -> int:
+    """The device pointer of host address ``ptr`` in pinned (page-locked, mapped) host memory, which
+    a kernel reads through unified virtual addressing; 0 for 0. Raises TypeError naming ``name``
+    for pageable host memory (no device may read it)."""
+    if ptr == 0:
+        return 0
+    from cupy.cuda import runtime
+
+    try:
+        attrs = runtime.pointerGetAttributes(ptr)
+    except Exception:  # (older drivers refuse pageable host pointers outright)
+        attrs = None
+    dptr = 0 if attrs is None else int(getattr(attrs, "devicePointer", 0) or 0)
+    kind = -1 if attrs is None else getattr(attrs, "type", getattr(attrs, "memoryType", -1))
+    if kind != getattr(runtime, "memoryTypeHost", 1) or dptr == 0:
+        raise TypeError(
+            f"{name} must be a CUDA array or pinned host memory (torch pin_memory(), "
+            f"cupyx.empty_pinned), got pageable host memory"
+        )
+    return dptr
+
+
+def describe_mapped(name: str, x) -> ArrayInfo:
+    """:func:`describe`, also accepting pinned host memory that kernels read through UVA: a pinned
+    torch CPU tensor (``pin_memory()``), a NumPy array in pinned memory (``cupyx.empty_pinned``) or
+    a ``__cuda_array_interface__`` view of pinned host memory. Its info then holds the memory's
+    device pointer and device :data:`MAPPED_DEVICE` (readable from every device). Device arrays
+    are described as :func:`describe` does; pageable host memory raises TypeError naming ``name``."""
+    cls = type(x)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of(cls)
+    if kind == _TORCH and not x.is_cuda:
+        if x.device.type != "cpu" or not x.is_pinned():
+            raise TypeError(
+                f"{name} must be a CUDA array or pinned host memory (torch pin_memory(), cupyx.empty_pinned), "
+                f"got a torch tensor in pageable memory on {x.device}"
+            )
+        info = _torch_info(x)
+        return info._replace(ptr=mapped_pointer(name, info.ptr), device=MAPPED_DEVICE)
+    if isinstance(x, np.ndarray):
+        info = host_info(x)
+        ptr = x.__array_interface__["data"][0] if x.size else 0
+        return info._replace(ptr=mapped_pointer(name, ptr), device=MAPPED_DEVICE, obj=x)
+    info = describe(name, x)
+    if info.device == -1:  # a __cuda_array_interface__ object over host memory
+        return info._replace(ptr=mapped_pointer(name, info.ptr), device=MAPPED_DEVICE)
+    return info
+
+
 def _cupy_signature(x) -> tuple:
     m = x.data
     return (m.ptr, m.device_id, x.shape, x.strides, x.dtype)

@@ -80,12 +80,16 @@ exits 3): kvaddr's one-launch step (kvaddr.engines.vllm) against a faithful
 reimplementation of vLLM Model Runner V2's three launches (positions and
 seq_lens; the block-table gather; the slot mappings). Both are checked
 against the NumPy reference first, then timed in the same modes; the table
-gives the saving per step. Shapes: --batch N is decode:N (N requests of one
+gives the saving per step. In eager mode two more rows give the host time of
+the one launch bound to the request state and the batch buffers (two ints a
+step) and of compute() on fresh slices of the batch buffers every step.
+--num-blocks-mem uva keeps num_blocks in pinned host memory read through UVA
+(vLLM's layout). Shapes: --batch N is decode:N (N requests of one
 token); --shape adds decode:N or mixed:N:T (N requests carrying about T
 tokens, a sixteenth of them prefill chunks); by default decode:64,
 decode:1024, decode:4096 and mixed:256:16384. Only with --engine vllm:
 --groups (a block size per KV-cache group), --dcp, --dummy-fraction,
---sliding-window. Only with the core engine: --spec-tokens, --prefill,
+--sliding-window, --num-blocks-mem. Only with the core engine: --spec-tokens, --prefill,
 --block-size, --layers, --caches, --model, --step-ms, --save, --profile.
 Either kind given with the other engine exits 2. --json writes the
 kvaddr.profile.vllm report (docs/json-schema.md).
@@ -420,6 +424,14 @@ def attention_groups(ctx, param, value):
     default=0,
     show_default=True,
     help="[--engine vllm] Sliding-window reach R of the last group (two or more groups). 0: none.",
+)
+@click.option(
+    "--num-blocks-mem",
+    type=click.Choice(["device", "uva"]),
+    default="device",
+    show_default=True,
+    help="[--engine vllm] Where num_blocks lives: device memory, or pinned host memory read through UVA "
+    "(vLLM's layout), for every implementation.",
 )
 @mode_option()
 @click.option(

@@ -32,7 +32,7 @@ from kvaddr.engines.vllm_config import (
 from kvaddr.engines.vllm_errors import VllmAddressingError
 from kvaddr.errors import clean_error_records
 from kvaddr.host import ErrorRecords, Memo, StreamResolver
-from kvaddr.validation import describe, memo_guard, repeats, signature_getter
+from kvaddr.validation import describe, describe_mapped, memo_guard, repeats, signature_getter
 
 if TYPE_CHECKING:
     from kvaddr.engines.vllm_bound import BoundVllmStep
@@ -103,6 +103,70 @@ def check_batch(idx_mapping, query_start_loc, max_num_reqs: int, device: int) ->
         device=device,
     )
     return idx, qsl
+
+
+def check_batch_buffers(idx_mapping, query_start_loc, device: int) -> tuple:
+    """The persistent batch buffers a binding takes (:meth:`VllmStepPlanner.bind`), checked once:
+    ``idx_mapping`` int32 or int64 ``[rows]`` and ``query_start_loc`` int32 ``[rows' >= 1]``,
+    contiguous, on ``device``; ``(idx pointer, its length, idx is int64, qsl pointer, its length)``."""
+    idx = check_vector(
+        "idx_mapping",
+        describe("idx_mapping", idx_mapping),
+        dtypes=_IDX_DTYPES,
+        shape_text="(rows,) (the persistent buffer; a step uses its first num_reqs entries)",
+        device=device,
+    )
+    qsl = check_vector(
+        "query_start_loc",
+        describe("query_start_loc", query_start_loc),
+        min_length=1,
+        shape_text="(rows + 1,) (the persistent buffer; a step uses its first num_reqs + 1 entries)",
+        device=device,
+    )
+    return idx.ptr, idx.shape[0], idx.dtype == INT64, qsl.ptr, qsl.shape[0]
+
+
+def _ndim(x) -> int:
+    """Dimensions of an array-like (its ``shape``, or its ``__cuda_array_interface__``'s); 0 if neither."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        cai = getattr(x, "__cuda_array_interface__", None)
+        shape = cai.get("shape", ()) if isinstance(cai, dict) else ()
+    return len(shape)
+
+
+def _describe_num_blocks(name: str, x):
+    """``num_blocks`` described: a device array as :func:`~kvaddr.validation.describe` does, or
+    pinned host memory (a torch ``pin_memory()`` tensor, a ``cupyx.empty_pinned`` array, a
+    ``__cuda_array_interface__`` view of pinned host memory), which the kernel reads through UVA
+    (:func:`~kvaddr.validation.describe_mapped`: its device pointer); pageable host memory raises
+    TypeError naming the argument."""
+    try:
+        info = describe(name, x)
+    except TypeError:
+        return describe_mapped(name, x)  # host memory: pinned, or the message naming the argument
+    return describe_mapped(name, x) if info.device == -1 else info
+
+
+class _Items:
+    """A bound list's items, equal to another only item by item by identity (never by value)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items):
+        self.items = tuple(items)
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, _Items)
+            and len(other.items) == len(self.items)
+            and all(a is b for a, b in zip(self.items, other.items))
+        )
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"items at {[hex(id(x)) for x in self.items]}"
 
 
 class VllmStepParams(ctypes.Structure):
@@ -610,8 +674,8 @@ class VllmStepPlanner:
         cfg, dev, tx = self.config, self.device, self._texts
         M, G = cfg.max_num_reqs, cfg.num_groups
         nbs = per_group("num_blocks", num_blocks, G, allow_stacked=True)
-        if len(nbs) == 1 and (G > 1 or len(getattr(nbs[0], "shape", ())) == 2):
-            info = describe("num_blocks", nbs[0])
+        if len(nbs) == 1 and (G > 1 or _ndim(nbs[0]) == 2):
+            info = _describe_num_blocks("num_blocks", nbs[0])
             if info.dtype != INT32 or len(info.shape) != 2 or info.shape[0] != G or info.shape[1] < M:
                 raise ValueError(
                     f"num_blocks must be int32 with shape ({G}, rows >= {M}) or a sequence of {G} arrays, "
@@ -631,7 +695,8 @@ class VllmStepPlanner:
             ptrs = []
             for g, nb in enumerate(nbs):
                 name = tx["nb_names"][g]
-                ptrs.append(check_vector(name, describe(name, nb), min_length=M, shape_text=tx["rows"], device=dev).ptr)
+                info = _describe_num_blocks(name, nb)
+                ptrs.append(check_vector(name, info, min_length=M, shape_text=tx["rows"], device=dev).ptr)
         return nbs, ptrs
 
     def _check_state(self, num_computed_tokens, block_tables, num_blocks) -> tuple:
@@ -641,11 +706,33 @@ class VllmStepPlanner:
         tables = per_group("block_tables", block_tables, self.config.num_groups, allow_stacked=False)
         return nct, [self._check_table(g, t) for g, t in enumerate(tables)], self._check_num_blocks(num_blocks)[1]
 
-    def bind(self, num_computed_tokens, block_tables, num_blocks, *, stream=None) -> BoundVllmStep:
-        """Bind vLLM's persistent request state once; the returned
-        :class:`~kvaddr.engines.vllm_bound.BoundVllmStep` then takes only the step's
-        ``idx_mapping``, ``query_start_loc``, ``num_reqs_padded`` and stream
-        (``bound.launch(idx_mapping, query_start_loc, num_reqs_padded, stream=s)``).
+    def bind(
+        self,
+        num_computed_tokens,
+        block_tables,
+        num_blocks,
+        *,
+        idx_mapping=None,
+        query_start_loc=None,
+        stream=None,
+        debug: bool = False,
+    ) -> BoundVllmStep:
+        """Bind vLLM's persistent request state once (and, optionally, its batch buffers).
+
+        Two forms:
+
+        * ``bound = planner.bind(nct, tables, num_blocks)``: a
+          :class:`~kvaddr.engines.vllm_bound.BoundVllmStep`; each step then passes its batch,
+          ``bound.launch(idx_mapping, query_start_loc, num_reqs_padded, stream=s)`` (fresh slices
+          welcome: checked in full at every launch, cheaply);
+        * ``bound = planner.bind(nct, tables, num_blocks, idx_mapping=idx_buf,
+          query_start_loc=qsl_buf)``: a :class:`~kvaddr.engines.vllm_bound.BoundVllmBatch` over
+          the whole persistent batch buffers too; each step then passes two ints and a stream,
+          ``bound.launch(num_reqs, num_reqs_padded, s)``, and the kernel reads
+          ``idx_buf[:num_reqs]`` and ``qsl_buf[:num_reqs + 1]``. Only the two ints are checked per
+          launch (ranges); ``debug=True`` or :meth:`BoundVllmBatch.check_bound
+          <kvaddr.engines.vllm_bound.BoundVllmStep.check_bound>` compares every bound array with
+          what was bound.
 
         Parameters
         ----------
@@ -653,16 +740,27 @@ class VllmStepPlanner:
         block_tables : sequence of G int32 [rows >= max_num_reqs, width_g] device arrays
             (one array for one group); the last dim contiguous.
         num_blocks : sequence of G int32 [rows >= max_num_reqs], or one int32 [G, rows]
-            The same arrays, checked the same way, as :meth:`compute` takes; checked now, and
-            again at a launch where one's signature (pointer, device, shape, strides, dtype) or
-            an item of a list given here changed since (a ``resize_``, ``set_``, a CuPy ``shape``
-            setter, a list item replaced).
+            The same arrays, checked the same way, as :meth:`compute` takes (``num_blocks`` may be
+            pinned host memory read through UVA, as vLLM keeps it: a torch ``pin_memory()`` tensor,
+            a ``cupyx.empty_pinned`` array or a ``__cuda_array_interface__`` view of pinned host
+            memory). With the first form they are checked again at a launch where one's signature
+            (pointer, device, shape, strides, dtype) or an item of a list given here changed since
+            (a ``resize_``, ``set_``, a CuPy ``shape`` setter, a list item replaced).
+        idx_mapping : int32 or int64 [rows] device array, optional
+            vLLM's persistent ``idx_mapping`` buffer, whole (contiguous); with ``query_start_loc``.
+        query_start_loc : int32 [rows' >= 1] device array, optional
+            vLLM's persistent ``query_start_loc`` buffer, whole (contiguous); with ``idx_mapping``.
+            A launch accepts ``num_reqs`` up to ``min(rows, rows' - 1, max_num_reqs)``.
         stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
             The launches' default stream (CuPy's current stream at each launch if None).
+        debug : bool, default False
+            Every launch first describes every bound array again and raises ValueError naming one
+            whose pointer, shape, strides, dtype or device changed since ``bind`` (or a bound
+            list's item replaced): :meth:`~kvaddr.engines.vllm_bound.BoundVllmStep.check_bound`.
 
         Returns
         -------
-        BoundVllmStep
+        BoundVllmStep or BoundVllmBatch
             Holds references to the bound arrays (and the lists given); writes this planner's
             outputs (the same buffers as :meth:`compute`, ``out=`` tensors where given) with
             its own copy of the kernel's parameter block. Bind again when the engine replaces a
@@ -671,15 +769,37 @@ class VllmStepPlanner:
         Raises
         ------
         TypeError, ValueError
-            A bound array fails a check (the message names it, as compute()'s does); the
-            planner is not a one-launch one (``VllmThreeLaunch``).
+            A bound array fails a check (the message names it, as compute()'s does); only one of
+            ``idx_mapping`` and ``query_start_loc`` given; the planner is not a one-launch one
+            (``VllmThreeLaunch``).
         """
-        from kvaddr.engines.vllm_bound import BoundVllmStep
+        from kvaddr.engines.vllm_bound import BoundVllmBatch
 
         step = self._fns.get("step")
         if not self._one_launch or type(step) is not kernel_loader.Launcher or step._fast is None:
             raise TypeError(f"bind needs a one-launch VllmStepPlanner, got {type(self).__name__}")
-        return BoundVllmStep(
+        if (idx_mapping is None) != (query_start_loc is None):
+            missing = "query_start_loc" if query_start_loc is None else "idx_mapping"
+            raise TypeError(f"bind takes idx_mapping and query_start_loc together; {missing} is missing")
+        state = (num_computed_tokens, block_tables, num_blocks)
+        if idx_mapping is None:
+            return self._make_binding(state, stream=stream, debug=debug)
+        return self._make_binding(
+            state,
+            stream=stream,
+            debug=debug,
+            cls=BoundVllmBatch,
+            idx_mapping=idx_mapping,
+            query_start_loc=query_start_loc,
+            check_batch_buffers=lambda i, q: check_batch_buffers(i, q, self.device),
+        )
+
+    def _make_binding(self, state, *, stream, debug, check_state=None, cls=None, **extra):
+        """A binding of ``state`` (``BoundVllmStep`` or ``cls``) with its own copy of the parameter block."""
+        from kvaddr.engines.vllm_bound import BoundVllmStep
+
+        step = self._fns["step"]
+        return (cls or BoundVllmStep)(
             planner=self,
             params=VllmStepParams.from_buffer_copy(self._params),
             launch_kernel=step._fast,
@@ -688,18 +808,55 @@ class VllmStepPlanner:
             max_num_reqs=self.config.max_num_reqs,
             device=self.device,
             outputs=self.outputs,
-            check_state=self._check_state,
+            check_state=check_state or self._check_state,
             check_batch=check_batch,
             plan=self._plan,
-            num_computed_tokens=num_computed_tokens,
-            block_tables=block_tables,
-            num_blocks=num_blocks,
+            num_computed_tokens=state[0],
+            block_tables=state[1],
+            num_blocks=state[2],
             stream=stream,
+            describe_bound=self._describe_bound,
+            debug=debug,
+            **extra,
         )
+
+    def _describe_bound(
+        self, num_computed_tokens, block_tables, num_blocks, idx_mapping=None, query_start_loc=None
+    ) -> dict:
+        """Every bound array's signature ``(pointer, shape, strides, dtype, device)`` by argument name
+        (``block_tables[g]``, ``num_blocks[g]``), and each bound list's items by identity (a
+        binding's :meth:`check_bound <kvaddr.engines.vllm_bound.BoundVllmStep.check_bound>`)."""
+        out: dict = {}
+
+        def add(name, x, mapped=False):
+            # CuPy arrays and torch tensors: the memo's signature read (validation.signature_getter);
+            # other objects: described (as the checks describe them)
+            getter = signature_getter((x,))
+            if getter is not None:
+                ptr, dev, shape, strides, dtype = getter(x)
+                out[name] = (ptr, tuple(shape), tuple(strides), dtype, dev)
+                return
+            info = (_describe_num_blocks if mapped else describe)(name, x)
+            out[name] = (info.ptr, tuple(info.shape), tuple(info.strides), info.dtype, info.device)
+
+        add("num_computed_tokens", num_computed_tokens)
+        for label, value, mapped in (("block_tables", block_tables, False), ("num_blocks", num_blocks, True)):
+            if isinstance(value, (list, tuple)):
+                out[f"{label} (the list's items)"] = _Items(value)
+                for g, v in enumerate(value):
+                    add(f"{label}[{g}]" if len(value) > 1 else label, v, mapped)
+            else:
+                add(label, value, mapped)
+        if idx_mapping is not None:
+            add("idx_mapping", idx_mapping)
+            add("query_start_loc", query_start_loc)
+        return out
 
     def forget_inputs(self) -> None:
         """Drop the remembered inputs (the next call checks every array again)."""
         self._memo = self._last_args = None
+        self._state_bound = self._last_state = None  # compute()'s binding of the request state
+        self._last_idx = None  # the idx_mapping object of the last call
         self._seen_nct = self._seen_nb = None
         self._seen_tables = [None] * self.config.num_groups
 
@@ -713,6 +870,7 @@ class VllmStepPlanner:
     def memoize_checks(self, on: bool) -> None:
         self._memoize = bool(on)
         self._memo = self._last_args = None
+        self._state_bound = self._last_state = self._last_idx = None
 
     @staticmethod
     def auto_pair_lanes(pairs: int) -> int:
@@ -790,8 +948,13 @@ class VllmStepPlanner:
         num_blocks counts by its items); once two checked calls in a row had the same objects,
         later calls with those objects, each array with an unchanged pointer, device, shape,
         strides and dtype, skip them (they would pass again) and launch from the parameter block as it is, with only
-        ``num_reqs_padded`` and the stream taken per call. The planner keeps a reference to
-        the last inputs. ``memoize_checks = False`` checks every call.
+        ``num_reqs_padded`` and the stream taken per call. Once two checked calls in a row had
+        the same request state (``num_computed_tokens``, ``block_tables``, ``num_blocks``),
+        later calls with that state unchanged and new batch objects (vLLM's fresh slices
+        ``idx_mapping[:num_reqs]``, ``query_start_loc[:num_reqs + 1]``) check the batch alone,
+        as :meth:`BoundVllmStep.launch <kvaddr.engines.vllm_bound.BoundVllmStep.launch>` does
+        (CuPy arrays and torch tensors read straight from their attributes). The planner keeps
+        a reference to the last inputs. ``memoize_checks = False`` checks every call.
         """
         stream = self._stream(stream)
         # Fast path: the same argument objects as the last checked call, each array's signature
@@ -817,9 +980,29 @@ class VllmStepPlanner:
             else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
                 m.launch_kernel(m.function, m.blocks, 1, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
             return self.outputs
-        n, padded = self._prepare(
-            idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
-        )
+        # New batch objects over the request state of the calls before (vLLM's fresh slices of its
+        # batch buffers every step): a private binding of that state (its own parameter block, see
+        # _bind_compute_state) checks and launches the batch as BoundVllmStep.launch does.
+        # (The batch object of the call before, passed again, takes the checked path, which makes
+        # the memo above when the objects repeat.)
+        sb = self._state_bound
+        if (
+            sb is not None
+            and idx_mapping is not self._last_idx
+            and sb._same(num_computed_tokens, block_tables, num_blocks)
+        ):
+            self._last_idx = idx_mapping
+            if m is not None:  # (a memo that missed: its batch objects are not these)
+                self._memo = self._last_args = None
+            return sb._launch_slices(idx_mapping, query_start_loc, num_reqs_padded, stream)
+        self._last_idx = idx_mapping
+        try:
+            n, padded = self._prepare(
+                idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, num_reqs_padded
+            )
+        except Exception:  # a failed check leaves nothing remembered (the binding of the state included)
+            self._state_bound = self._last_state = None
+            raise
         grid = self.grid(padded, n)
         self._fns["step"](grid, THREADS, stream)
         self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
@@ -828,7 +1011,33 @@ class VllmStepPlanner:
                 num_reqs_padded,
                 padded,
             )  # (another kind, e.g. a NumPy int: checked on the next call)
+        self._bind_compute_state(num_computed_tokens, block_tables, num_blocks)
         return self.outputs
+
+    def _bind_compute_state(self, num_computed_tokens, block_tables, num_blocks) -> None:
+        """After a checked call: when its request state repeats the checked call before's objects
+        (``validation.repeats``), bind it (:meth:`bind`, checked again once) for compute()'s path of
+        new batch objects. The binding's guard holds the state's objects and signatures; it launches
+        from its own parameter block, so the planner's (compute()'s checked path and memo) and the
+        binding's never hold each other's batch. Not with ``memoize_checks = False``, nor for state
+        without a cheap signature (the binding's guard is None: every call is checked)."""
+        state, last = (num_computed_tokens, block_tables, num_blocks), self._last_state
+        self._last_state = state
+        if not self._memoize or not repeats(state, last):
+            return
+        step = self._fns.get("step")
+        if type(step) is not kernel_loader.Launcher or step._fast is None:
+            return  # (a launcher without the fast launch: every call is checked)
+        # The state was checked by this call (_prepare) and its pointers are in the planner's block:
+        # the binding takes them as they are the first time (its later re-checks are its own).
+        p, G = self._params, self.config.num_groups
+        checked = [
+            (p.num_computed_tokens, [(p.block_table[g], p.table_stride[g]) for g in range(G)], list(p.num_blocks[:G]))
+        ]
+        sb = self._make_binding(
+            state, stream=None, debug=False, check_state=lambda *a: checked.pop() if checked else self._check_state(*a)
+        )
+        self._state_bound = sb if sb._same is not None else None
 
     def _remember(self, idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid) -> None:
         """Memoise the inputs just checked and launched, for compute()'s fast path, when they

@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING
 
 from kvaddr.engines.vllm_config import INT32, INT64, VllmStepOutputs, check_num_reqs_padded
 from kvaddr.host import StreamResolver
-from kvaddr.validation import array_kind, memo_guard, stream_handle
+from kvaddr.validation import array_kind, check_int, memo_guard, stream_handle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["BoundVllmStep"]
+__all__ = ["BoundVllmBatch", "BoundVllmStep"]
 
 _NAMES = ("num_computed_tokens", "block_tables", "num_blocks")
 
@@ -86,24 +86,46 @@ def cupy_batch_check(max_num_reqs: int, device: int) -> Callable:
     return check
 
 
-def torch_batch_check(max_num_reqs: int, device: int, int32, int64) -> Callable:
+def torch_batch_check(max_num_reqs: int, device: int, int32, int64, *, require_cuda: bool = True) -> Callable:
     """:func:`cupy_batch_check` for torch tensors (``int32``, ``int64``: torch's dtypes): CUDA
-    tensors (``is_cuda``) on ``device``, strides in elements."""
+    tensors (``is_cuda``) on ``device``.
+
+    A fresh slice of a persistent buffer (vLLM's ``idx_mapping[:num_reqs]``) is a new tensor
+    every step, so nothing about it can be remembered; the check reads the fewest attributes
+    that decide ``check_batch``'s checks, each a C-level read without a tuple or a
+    ``torch.Size`` built: ``dtype`` (identity), ``dim()``, ``numel()`` (the length of a 1-D
+    tensor), ``is_contiguous()`` (for 1-D: one entry, or a stride of one element), ``is_cuda``,
+    ``get_device()``, ``data_ptr()``. A slice of another buffer or a strided view is judged by
+    its own attributes like any tensor (a strided view is not contiguous, so it is refused).
+    ``require_cuda=False`` drops the ``is_cuda`` reads (for timing the check on CPU tensors
+    posing as a device's, ``device=-1``; never for launches)."""
     M, dev = max_num_reqs, device
 
-    def check(idx, qsl):
-        sh, dt = idx.shape, idx.dtype
-        if len(sh) != 1 or (dt is not int32 and dt is not int64):
-            return None
-        n = sh[0]
-        if n > M or (n > 1 and idx.stride(0) != 1):
-            return None
-        qs = qsl.shape
-        if len(qs) != 1 or qs[0] != n + 1 or qsl.dtype is not int32 or (n > 0 and qsl.stride(0) != 1):
-            return None
-        if not (idx.is_cuda and qsl.is_cuda) or idx.get_device() != dev or qsl.get_device() != dev:
-            return None
-        return idx.data_ptr(), n, dt is int64, qsl.data_ptr()
+    if require_cuda:
+
+        def check(idx, qsl):
+            dt = idx.dtype
+            if (dt is not int32 and dt is not int64) or qsl.dtype is not int32 or idx.dim() != 1 or qsl.dim() != 1:
+                return None
+            n = idx.numel()
+            if n > M or qsl.numel() != n + 1 or not (idx.is_contiguous() and qsl.is_contiguous()):
+                return None
+            if not (idx.is_cuda and qsl.is_cuda) or idx.get_device() != dev or qsl.get_device() != dev:
+                return None
+            return idx.data_ptr(), n, dt is int64, qsl.data_ptr()
+
+    else:
+
+        def check(idx, qsl):
+            dt = idx.dtype
+            if (dt is not int32 and dt is not int64) or qsl.dtype is not int32 or idx.dim() != 1 or qsl.dim() != 1:
+                return None
+            n = idx.numel()
+            if n > M or qsl.numel() != n + 1 or not (idx.is_contiguous() and qsl.is_contiguous()):
+                return None
+            if idx.get_device() != dev or qsl.get_device() != dev:
+                return None
+            return idx.data_ptr(), n, dt is int64, qsl.data_ptr()
 
     return check
 
@@ -112,7 +134,9 @@ class BoundVllmStep:
     """The vLLM step bound to persistent request state: :meth:`launch` checks the batch and launches.
 
     Built by :meth:`kvaddr.engines.vllm.VllmStepPlanner.bind` (see there for the parameters);
-    not meant to be built directly.
+    not meant to be built directly. With the batch buffers bound too (``bind(...,
+    idx_mapping=, query_start_loc=)``) the binding is a :class:`BoundVllmBatch`, whose
+    :meth:`~BoundVllmBatch.launch` takes two ints.
 
     Attributes
     ----------
@@ -128,10 +152,13 @@ class BoundVllmStep:
         "_args_ptr",
         "_check_batch",
         "_check_state",
+        "_debug",
+        "_describe",
         "_device",
         "_fast",
         "_fast_checks",
         "_fptr",
+        "_infos",
         "_lanes",
         "_launch",
         "_max_num_reqs",
@@ -166,6 +193,8 @@ class BoundVllmStep:
         block_tables,
         num_blocks,
         stream=None,
+        describe_bound: Callable | None = None,
+        debug: bool = False,
     ):
         self.planner = planner
         self.params = params  # this binding's own copy of the planner's parameter block
@@ -176,6 +205,8 @@ class BoundVllmStep:
         self._check_state = check_state  # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], [ptr])
         self._check_batch = check_batch  # (idx_mapping, query_start_loc, M, device) -> (ArrayInfo, ArrayInfo)
         self._plan = plan  # (num_reqs_padded, num_reqs) -> (blocks, lanes per pair)
+        self._describe = describe_bound  # {name: signature} of the bound arrays (check_bound)
+        self._debug = bool(debug)
         self._lanes = params.pair_lanes  # the lanes in this binding's parameter block
         self._plans: dict = {}  # num_reqs -> (blocks, lanes)
         self._stream = None if stream is None else stream_handle(stream)
@@ -189,6 +220,7 @@ class BoundVllmStep:
         self._written = None  # the batch fields last written into the parameter block
         self._state = (num_computed_tokens, block_tables, num_blocks)
         self._same = None
+        self._infos = None
         self._bind_state()
 
     def _fast_check(self, idx_mapping, query_start_loc) -> tuple:
@@ -224,14 +256,39 @@ class BoundVllmStep:
             P.block_table[g] = ptr  # [rows >= M, W_g], int32
             P.table_stride[g] = stride  # int64, elements
         for g, ptr in enumerate(nbs):
-            P.num_blocks[g] = ptr  # [rows >= M], int32
+            P.num_blocks[g] = ptr  # [rows >= M], int32, device memory or pinned host memory (UVA)
+        self._infos = self._describe_all()  # check_bound's: every bound array's signature now
         # (None: no cheap signature, or a list/tuple subclass: checked again at every launch)
         self._same = memo_guard(self._state)
+
+    def _describe_all(self) -> dict:
+        """``{argument name: (pointer, shape, strides, dtype, device), or the items of a bound list}``."""
+        return self._describe(*self._state)
 
     @property
     def bound(self) -> dict:
         """The bound request state by argument name (the objects given to ``bind``)."""
         return dict(zip(_NAMES, self._state))
+
+    @property
+    def debug(self) -> bool:
+        """Whether every launch runs :meth:`check_bound` first (``bind(..., debug=True)``)."""
+        return self._debug
+
+    def check_bound(self) -> None:
+        """Describe every bound array again; raise ValueError naming one that changed since ``bind``.
+
+        Detects an in-place change of a bound array (torch's ``resize_``, ``set_``,
+        ``as_strided_``; CuPy's ``shape`` setter) and an item of a bound list replaced: the
+        array's pointer, shape, strides, dtype or device, or the list's items, differ from what
+        was bound. Costs one ``describe`` per array; ``bind(..., debug=True)`` runs it before
+        every launch. Nothing is re-bound: bind again after a deliberate change.
+        """
+        now = self._describe_all()
+        for name, was in self._infos.items():
+            got = now.get(name)
+            if got != was:
+                raise ValueError(f"{name} changed since bind (was {_sig_text(was)}, now {_sig_text(got)}): bind again")
 
     def launch(
         self, idx_mapping, query_start_loc, num_reqs_padded: int | None = None, *, stream=None
@@ -248,6 +305,8 @@ class BoundVllmStep:
             The batch's graph size, ``num_reqs <= . <= max_num_reqs`` (default num_reqs).
         stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
             Where to launch; the stream given to ``bind`` by default, else CuPy's current stream.
+            A torch stream object new at every call (``torch.cuda.current_stream()``) costs one
+            attribute read.
 
         Returns
         -------
@@ -258,16 +317,27 @@ class BoundVllmStep:
         Notes
         -----
         ``idx_mapping`` and ``query_start_loc`` are checked in full at every launch (the checks
-        and messages of ``compute()``); the bound arrays are checked again only when one's
-        signature or a bound list's items changed (see the module's docstring).
+        and messages of ``compute()``), CuPy arrays and torch tensors read straight from their
+        attributes (a fresh slice of a buffer every step costs the same as the same object);
+        the bound arrays are checked again only when one's signature or a bound list's items
+        changed (see the module's docstring), and with ``debug=True`` every launch runs
+        :meth:`check_bound` (which raises instead).
         """
         # Stream: a raw handle as is; the bound default; else as every planner resolves one.
         if stream.__class__ is not int:
             stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
+        if self._debug:
+            self.check_bound()
         # The bound request state: the same signatures (and list items) as when it was checked.
         same = self._same
         if same is None or not same(*self._state):
             self._bind_state()
+        return self._launch_slices(idx_mapping, query_start_loc, num_reqs_padded, stream)
+
+    def _launch_slices(self, idx_mapping, query_start_loc, num_reqs_padded, stream: int) -> VllmStepOutputs:
+        """The batch checked and launched, the bound state taken as it is (``stream``: a raw handle).
+        :meth:`launch`'s body after the state's guard; ``VllmStepPlanner.compute`` calls it
+        after its own test of the state."""
         # The batch: every check, every launch. CuPy arrays and torch tensors are read straight
         # (cupy_batch_check / torch_batch_check: check_batch's checks, inline); anything else, or a
         # failed check, goes through check_batch (describe + check_vector), which raises the message.
@@ -301,5 +371,107 @@ class BoundVllmStep:
             if plan[1] and plan[1] != self._lanes:  # the gather's lanes per pair, by num_reqs
                 P.pair_lanes = self._lanes = plan[1]
             self._written = written
+        self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
+        return self._outputs
+
+
+def _sig_text(sig) -> str:
+    if sig is None:
+        return "missing"
+    if isinstance(sig, tuple) and len(sig) == 5:
+        ptr, shape, strides, dtype, dev = sig
+        return f"pointer {ptr:#x} shape {shape} strides {strides} {dtype} device {dev}"
+    return repr(sig)
+
+
+class BoundVllmBatch(BoundVllmStep):
+    """The vLLM step bound to the request state AND the batch buffers: :meth:`launch` takes two ints.
+
+    vLLM's ``idx_mapping`` and ``query_start_loc`` are slices ``[:num_reqs]`` and
+    ``[:num_reqs + 1]`` of persistent buffers. Bound whole (``VllmStepPlanner.bind(...,
+    idx_mapping=buffer, query_start_loc=buffer)``), they are checked once, like the request
+    state, and their pointers written into this binding's parameter block; a step is then
+    ``launch(num_reqs, num_reqs_padded, stream)``: the two ints are checked (ranges), the
+    struct's two counts written, and ``cuLaunchKernel`` called. Nothing else is described,
+    converted or compared per launch: an in-place change of a bound array (a ``resize_``, a
+    list item replaced) is not seen, except by :meth:`check_bound` and with ``debug=True``
+    (then every launch runs it and raises ValueError naming the array). Built by
+    :meth:`~kvaddr.engines.vllm.VllmStepPlanner.bind`; not meant to be built directly.
+
+    Attributes
+    ----------
+    max_num_reqs : int
+        The largest ``num_reqs`` :meth:`launch` accepts: the bound ``idx_mapping``'s length,
+        ``len(query_start_loc) - 1`` and the planner's ``max_num_reqs``, whichever is least.
+    """
+
+    __slots__ = ("_batch", "_n", "_padded", "max_num_reqs")
+
+    def __init__(self, *, idx_mapping, query_start_loc, check_batch_buffers: Callable, **kw):
+        self._batch = (idx_mapping, query_start_loc)
+        super().__init__(**kw)
+        ip, n_idx, is64, qp, n_qsl = check_batch_buffers(idx_mapping, query_start_loc)
+        P = self.params
+        P.idx_mapping = ip  # [rows], int32 or int64: the batch is its first num_reqs entries
+        P.idx_is_64 = is64
+        P.query_start_loc = qp  # [rows + 1], int32: the batch's are its first num_reqs + 1 entries
+        self.max_num_reqs = min(n_idx, n_qsl - 1, self._max_num_reqs)
+        self._n = self._padded = None  # the counts last written (None: not yet)
+
+    def _describe_all(self) -> dict:
+        return self._describe(*self._state, *self._batch)
+
+    @property
+    def bound(self) -> dict:
+        """The bound request state and batch buffers by argument name (the objects given to ``bind``)."""
+        return {**dict(zip(_NAMES, self._state)), "idx_mapping": self._batch[0], "query_start_loc": self._batch[1]}
+
+    def launch(self, num_reqs: int, num_reqs_padded: int | None = None, stream=None) -> VllmStepOutputs:
+        """One step's inputs for vLLM in one kernel launch: the bound buffers' first ``num_reqs``
+        batch entries over the bound request state.
+
+        Parameters
+        ----------
+        num_reqs : int
+            Requests this step, ``0 <= num_reqs <=`` :attr:`max_num_reqs`: the batch is
+            ``idx_mapping[:num_reqs]`` and ``query_start_loc[:num_reqs + 1]`` of the bound buffers
+            (their contents as the stream finds them when the kernel runs).
+        num_reqs_padded : int, optional
+            The batch's graph size, ``num_reqs <= . <= planner.config.max_num_reqs`` (default
+            num_reqs): gathered rows up to it (and those an earlier step filled) are zeroed.
+        stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
+            Where to launch; the stream given to ``bind`` by default, else CuPy's current stream.
+
+        Returns
+        -------
+        VllmStepOutputs
+            The planner's persistent output buffers, as :meth:`VllmStepPlanner.compute` returns them.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``num_reqs`` or ``num_reqs_padded`` is not an int in its range (the message names it);
+            with ``debug=True``, a bound array changed since ``bind`` (:meth:`check_bound`).
+        """
+        plan = self._plans.get(num_reqs) if num_reqs.__class__ is int else None
+        if plan is None:  # a count not launched before (or not an int): checked once
+            n = check_int("num_reqs", num_reqs, lo=0, hi=self.max_num_reqs)
+            plan = self._plans[n] = self._plan(n, n)
+            num_reqs = n
+        if num_reqs_padded is None:
+            num_reqs_padded = num_reqs
+        elif num_reqs_padded.__class__ is not int or not num_reqs <= num_reqs_padded <= self._max_num_reqs:
+            num_reqs_padded = check_num_reqs_padded(num_reqs_padded, num_reqs, self._max_num_reqs)
+        if stream.__class__ is not int:
+            stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
+        if self._debug:
+            self.check_bound()
+        if num_reqs != self._n:
+            P = self.params
+            P.num_reqs = self._n = num_reqs
+            if plan[1] != self._lanes:  # the gather's lanes per pair, by num_reqs
+                P.pair_lanes = self._lanes = plan[1]
+        if num_reqs_padded != self._padded:
+            self.params.num_reqs_padded = self._padded = num_reqs_padded
         self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
         return self._outputs

@@ -222,6 +222,31 @@ __device__ __forceinline__ bool vllm_token_guess(const VllmStepParams& p, int t,
 // every group's slot. DCP: the step may have sharded groups (cp_size > 1); without it the
 // sharded path is not compiled, so a group's block index costs one division (ptxas would
 // if-convert the sharded path's four divisions into every group's code).
+// Load order: num_blocks[g][r] (possibly pinned host memory read through UVA, a PCIe round trip)
+// is issued first, then num_computed_tokens[r]; every group's block id is then loaded as soon as
+// the position is known (a column inside the row's width: in bounds whatever num_blocks says),
+// before num_blocks is compared, so the num_blocks latency overlaps the block-table read instead
+// of preceding it. The comparisons and the stores follow, all loads being issued (a store could
+// alias a table, so no load may follow one).
+// Group g's block index and offset of position pos (valid, slots enabled); whether the token is local.
+template <bool DCP>
+__device__ __forceinline__ bool vllm_token_index(const VllmStepParams& p, int g, int flags, long long pos,
+                                                 unsigned int& idx, unsigned int& off) {
+    const unsigned int up = (unsigned int)pos;
+    const unsigned int B = (unsigned int)p.block_size[g];
+    if (DCP && (flags & VLLM_GROUP_SHARDED)) {
+        const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
+        const unsigned int vbs = B * cp;
+        idx = up / vbs;
+        const unsigned int vo = up - idx * vbs;
+        off = (vo / (il * cp)) * il + vo % il;
+        return ((vo / il) % cp) == (unsigned int)p.cp_rank;
+    }
+    idx = up / B;
+    off = up - idx * B;
+    return true;
+}
+
 template <bool DCP>
 __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
@@ -240,44 +265,40 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
             }
         }
     }
+    // Every group's block id, loaded when its index is inside the row, before num_blocks is needed.
+    int blks[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+        if (g >= p.num_groups) break;
+        const int flags = p.group_flags[g];
+        if (valid && (flags & VLLM_GROUP_SLOTS)) {
+            unsigned int idx, off;
+            if (vllm_token_index<DCP>(p, g, flags, pos, idx, off) && (long long)idx < (long long)p.width[g])
+                blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
+        }
+    }
     p.positions[t] = pos;
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         long long slot = -1;
         const int flags = p.group_flags[g];
-        if (valid && (flags & VLLM_GROUP_SLOTS)) {
-            const unsigned int up = (unsigned int)pos;
-            const unsigned int B = (unsigned int)p.block_size[g];
-            unsigned int idx, off;
-            bool local = true;
-            if (DCP && (flags & VLLM_GROUP_SHARDED)) {
-                const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
-                const unsigned int vbs = B * cp;
-                idx = up / vbs;
-                const unsigned int vo = up - idx * vbs;
-                local = ((vo / il) % cp) == (unsigned int)p.cp_rank;
-                off = (vo / (il * cp)) * il + vo % il;
+        unsigned int idx = 0, off = 0;
+        if (valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, pos, idx, off)) {
+            const int nb = nbs[g];
+            if ((long long)idx >= (long long)p.width[g]) {
+                err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
+            } else if ((long long)idx >= (long long)nb) {
+                err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
             } else {
-                idx = up / B;
-                off = up - idx * B;
-            }
-            if (local) {
-                const int nb = nbs[g];
-                if ((long long)idx >= (long long)p.width[g]) {
-                    err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
-                } else if ((long long)idx >= (long long)nb) {
-                    err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
+                const int blk = blks[g];
+                if (blk < 0) {
+                    err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
                 } else {
-                    const int blk = p.block_table[g][r * p.table_stride[g] + idx];
-                    if (blk < 0) {
-                        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
-                    } else {
-                        slot = (long long)blk * (long long)B + off;
-                        if (p.slot_is_32 && slot > VLLM_INT_MAX) {
-                            err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
-                            slot = -1;
-                        }
+                    slot = (long long)blk * (long long)p.block_size[g] + off;
+                    if (p.slot_is_32 && slot > VLLM_INT_MAX) {
+                        err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
+                        slot = -1;
                     }
                 }
             }
@@ -334,7 +355,7 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
 // error is detected here (vllm_request_row checks num_blocks).
 __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
                                                  int lanes) {
-    int nbc = 0, first = 0, fill = 0;
+    int nbc = 0, first = 0, fill = 0, spec = 0;
     int* __restrict__ out = 0;
     int* __restrict__ fill_at = 0;
     const int* __restrict__ src = 0;
@@ -355,12 +376,29 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
         const int nct = p.num_computed_tokens[rr];
         src = vllm_pick(p.block_table, g) + (long long)rr * vllm_pick(p.table_stride, g);
         const bool good = rok && nct >= 0 && q0 >= 0 && q1 >= q0;
-        nbc = good ? (nb < 0 ? 0 : (nb > W ? W : nb)) : 0;
+        const int B = vllm_pick(p.block_size, g);
         const int reach = vllm_pick(p.sliding_window_reach, g);
         if (good && reach > 0) {
-            const long long f = ((long long)nct - reach) / vllm_pick(p.block_size, g);
+            const long long f = ((long long)nct - reach) / B;
             first = f < 0 ? 0 : (int)(f > W ? W : f);
         }
+        // The entries the row's length after this step needs (num_blocks is at least that for a good
+        // request), within the first chunk and the width: loaded below before num_blocks arrives.
+        if (good) {
+            const long long pages = ((long long)nct + ((long long)q1 - q0) + B - 1) / B;
+            const int cap = W < VLLM_GATHER_LOADS * lanes ? W : VLLM_GATHER_LOADS * lanes;
+            spec = pages < cap ? (int)pages : cap;
+        }
+        nbc = good ? (nb < 0 ? 0 : (nb > W ? W : nb)) : 0;
+    }
+    // num_blocks (possibly pinned host memory read through UVA, a PCIe round trip) decides how many
+    // entries the row has; the first chunk's entries below `spec` (columns inside the row: in
+    // bounds) are loaded before it is compared, so its latency overlaps the block-table read.
+    int v0[VLLM_GATHER_LOADS];
+#pragma unroll
+    for (int k = 0; k < VLLM_GATHER_LOADS; ++k) {
+        const int j = lanes * k + sub;
+        v0[k] = (j < spec && j >= first) ? src[j] : 0;
     }
     // Entries [0, max(nbc, fill)): VLLM_GATHER_LOADS loads in flight per lane before any store.
     const int end = nbc > fill ? nbc : fill;
@@ -369,7 +407,7 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
 #pragma unroll
         for (int k = 0; k < VLLM_GATHER_LOADS; ++k) {
             const int j = j0 + lanes * k + sub;
-            v[k] = (j < nbc && j >= first) ? src[j] : 0;
+            v[k] = (j < nbc && j >= first) ? (j < spec ? v0[k] : src[j]) : 0;
         }
 #pragma unroll
         for (int k = 0; k < VLLM_GATHER_LOADS; ++k) {

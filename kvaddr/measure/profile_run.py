@@ -554,7 +554,7 @@ ENGINE_ONLY = {
         "attention",
         "kv_indices_capacity",
     ),
-    "vllm": ("shapes", "groups", "dcp", "dummy_fraction", "sliding_window"),
+    "vllm": ("shapes", "groups", "dcp", "dummy_fraction", "sliding_window", "num_blocks_mem"),
 }
 
 #: ``kind, lo, hi`` of each setting, checked by :meth:`ProfileConfig.validate` (and when read back from a
@@ -577,6 +577,7 @@ SETTING_RULES = {
     "dcp": ("dcp", None, None),
     "dummy_fraction": ("float", 0.0, 8.0),
     "sliding_window": ("int", 0, MAX_CONTEXT),
+    "num_blocks_mem": ("choice", ("device", "uva"), None),
     "mode": ("choice", MODE_CHOICES, None),
     "step_ms": ("float", 0.0, math.inf),
     "device": ("choice", DEVICE_CHOICES, None),
@@ -702,6 +703,9 @@ class ProfileConfig:
         [vllm] Dummy (CUDA-graph padding) requests added per real request.
     sliding_window : int
         [vllm] Sliding-window reach of the last group (needs 2+ groups; 0: none).
+    num_blocks_mem : {"device", "uva"}
+        [vllm] Where ``num_blocks`` lives: device memory, or pinned host memory read through UVA
+        (vLLM's layout).
     mode : {"eager", "graph", "both"} or None
         GPU launch mode(s); the CPU path has eager only.
     step_ms : float or None
@@ -746,6 +750,7 @@ class ProfileConfig:
     dcp: tuple = (1, 0, 1)
     dummy_fraction: float = 0.0
     sliding_window: int = 0
+    num_blocks_mem: str = "device"
     mode: str | None = None
     step_ms: float | None = None
     json_path: str | None = None
@@ -920,6 +925,7 @@ class ProfileConfig:
             sliding_window_reach=self.sliding_window,
             input_sets=self.input_sets,
             seed=self.seed,
+            num_blocks_mem=self.num_blocks_mem,
         )
 
     def _validate_vllm(self) -> None:

@@ -38,7 +38,16 @@ from kvaddr.measure.vllm_workload import DEFAULT_SHAPES, VllmBatchSet, VllmWorkl
 VLLM_KIND = "kvaddr.profile.vllm"
 ONE = "vllm-one-launch"
 THREE = "vllm-three-launch"
+#: Eager only: the one launch bound to the request state and the batch buffers, two ints per step
+#: (``bind(..., idx_mapping=, query_start_loc=)``, then ``launch(num_reqs, num_reqs_padded)``).
+BOUND = "vllm-one-launch-bound"
+#: Eager only: ``compute()`` with new slices of the batch buffers every step (vLLM's call).
+FRESH = "vllm-one-launch-fresh-slices"
 STRATEGIES = (THREE, ONE)
+#: Every row of a report, in order (the floor last).
+ROW_ORDER = (THREE, ONE, BOUND, FRESH)
+#: ``--num-blocks-mem``: where ``num_blocks`` lives (device memory, or pinned host memory through UVA).
+NUM_BLOCKS_MEMS = ("device", "uva")
 SENTINEL = 0x5A5A5A5A
 INPUT_NAMES = ("idx_mapping", "query_start_loc", "num_computed_tokens", "block_tables", "num_blocks")
 
@@ -72,6 +81,9 @@ class VllmProfileOptions:
     sliding_window_reach : int
         R of the last group when there are 2+ groups (``--sliding-window``).
     input_sets, seed : int
+    num_blocks_mem : str
+        ``"device"`` or ``"uva"``: ``num_blocks`` in pinned host memory read through UVA, as vLLM
+        keeps it (``--num-blocks-mem``), for every implementation.
     """
 
     shapes: tuple = DEFAULT_SHAPES
@@ -84,6 +96,11 @@ class VllmProfileOptions:
     sliding_window_reach: int = 0
     input_sets: int = 4
     seed: int = 0
+    num_blocks_mem: str = "device"
+
+    def __post_init__(self):
+        if self.num_blocks_mem not in NUM_BLOCKS_MEMS:
+            raise ValueError(f"num_blocks_mem must be one of {NUM_BLOCKS_MEMS}, got {self.num_blocks_mem!r}")
 
     def workload(self) -> VllmWorkload:
         return VllmWorkload(
@@ -111,6 +128,7 @@ class VllmProfileOptions:
             "sliding_window_reach": self.sliding_window_reach,
             "input_sets": self.input_sets,
             "seed": self.seed,
+            "num_blocks_mem": self.num_blocks_mem,
         }
 
 
@@ -217,6 +235,10 @@ def run_vllm_profile(
                 d = {
                     k: ([cupy.asarray(a) for a in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()
                 }
+                if options.num_blocks_mem == "uva":  # vLLM's layout: one [G, rows] array in pinned host memory
+                    from kvaddr.measure.vllm_workload import pinned_num_blocks
+
+                    d["num_blocks"] = pinned_num_blocks(np.stack(x["num_blocks"]), device_id)[1]
                 inputs.append(tuple(d[k] for k in INPUT_NAMES) + (bs.num_reqs_padded,))
             stream.synchronize()
             kw = dict(
@@ -244,6 +266,11 @@ def run_vllm_profile(
                 mask, _ = impl.errors(stream)
                 if mask:
                     raise CheckFailed(f"{name} ({shape.name}): the device error record is not clean (bits {mask})")
+            host_paths = (
+                _host_path_inputs(cupy, VllmStepPlanner(**kw), VllmStepPlanner(**kw), inputs, refs, stream, shape.name)
+                if "eager" in modes
+                else {}
+            )
             result = VllmShapeResult(shape.name, bs.num_reqs, bs.config.max_num_batched_tokens, bs)
             result.checks = {
                 "status": "passed",
@@ -253,14 +280,14 @@ def run_vllm_profile(
                 "sentinel_refill": True,
                 "graph_replays": "graph" in modes,
             }
-            prepared.append((result, impls, inputs, refs))
+            prepared.append((result, impls, inputs, refs, host_paths))
 
         timer = GpuTimer(stream)
 
         def floor_step(*_args):
             empty((1,), (1,), (), 0, stream)
 
-        for result, impls, inputs, refs in prepared:
+        for result, impls, inputs, refs, host_paths in prepared:
             for mode in modes:
                 for name, impl in impls.items():
                     if progress is not None:
@@ -280,6 +307,10 @@ def run_vllm_profile(
                     if progress is not None:
                         progress.advance()
                 if mode == "eager":
+                    for name, (step, args) in host_paths.items():
+                        if progress is not None:
+                            progress.start(f"{result.shape}: {name} ({mode})")
+                        result.measurements.extend(timer.measure_eager(name, step, args, budget, lambda: 1))
                     result.measurements.extend(timer.measure_eager(FLOOR, floor_step, inputs, budget, lambda: 1))
                 else:
                     graph, _ = timer.capture(floor_step, ())
@@ -288,6 +319,51 @@ def run_vllm_profile(
                     result.measurements.append(timer.measure_graph(FLOOR, [multi], budget, 1, copies))
                     del graph, multi
     return [p[0] for p in prepared]
+
+
+def _host_path_inputs(cupy, bound_planner, fresh_planner, inputs, refs, stream, shape) -> dict:
+    """The eager host paths beside compute(), each checked on every input set first:
+    ``{name: (step, argument tuples)}``. :data:`BOUND`: one binding per input set over its own
+    persistent batch buffers (``max_num_reqs`` entries, the set's batch first), launched with two
+    ints. :data:`FRESH`: ``compute()`` with new slices ``buf[:num_reqs]`` / ``buf[:num_reqs + 1]`` of
+    those buffers at every call (four slice objects per set, taken in turn, so no call repeats
+    the objects of the call before)."""
+    bound_args, fresh_args = [], []
+    for args in inputs:
+        idx, qsl, nct, tables, nbs, padded = args
+        idx_h, qsl_h = idx.get(), qsl.get()
+        n, M = idx_h.shape[0], bound_planner.config.max_num_reqs
+        idx_buf = np.zeros(M, idx_h.dtype)
+        qsl_buf = np.full(M + 1, qsl_h[-1], np.int32)
+        idx_buf[:n], qsl_buf[: n + 1] = idx_h, qsl_h
+        ib, qb = cupy.asarray(idx_buf), cupy.asarray(qsl_buf)
+        b = bound_planner.bind(nct, tables, nbs, idx_mapping=ib, query_start_loc=qb)
+        bound_args.append((b, n, padded))
+        fresh_args += [(ib[:n], qb[: n + 1], nct, tables, nbs, padded) for _ in range(4)]
+    stream.synchronize()
+
+    def bound_step(b, n, padded):
+        return b.launch(n, padded, stream)
+
+    def fresh_step(*args):
+        return fresh_planner.compute(*args, stream=stream)
+
+    for name, planner, step, arg_sets, per_set in (
+        (BOUND, bound_planner, bound_step, bound_args, 1),
+        (FRESH, fresh_planner, fresh_step, fresh_args, 4),
+    ):
+        # every call after a sentinel fill, twice round (compute()'s third call on is the path of fresh
+        # batch objects; each call finds the device state of another set's call before it)
+        for j, a in enumerate(arg_sets * 2):
+            k = (j % len(arg_sets)) // per_set
+            _poison(planner.outputs)
+            out = step(*a)
+            stream.synchronize()
+            _outputs_equal(name, f"eager, {shape}, input set {k}", out, refs[k])
+        mask, _ = planner.errors(stream)
+        if mask:
+            raise CheckFailed(f"{name} ({shape}): the device error record is not clean (bits {mask})")
+    return {BOUND: (bound_step, bound_args), FRESH: (fresh_step, fresh_args)}
 
 
 def _measure_graph(timer, name, impl, step, inputs, refs, shape, budget) -> Measurement:
@@ -313,7 +389,7 @@ def vllm_rows(section: dict) -> list:
     base = section.get(THREE)
     floor = section.get(FLOOR)
     out = []
-    for name in (THREE, ONE, FLOOR):
+    for name in (*ROW_ORDER, FLOOR):
         m = section.get(name)
         if m is None:
             continue

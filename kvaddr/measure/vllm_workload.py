@@ -210,3 +210,24 @@ def make_batch_set(workload: VllmWorkload, shape: VllmShape) -> VllmBatchSet:
             )
         )
     return VllmBatchSet(shape, config, n, padded, inputs)
+
+
+def pinned_num_blocks(num_blocks, device: int | None = None) -> tuple:
+    """``num_blocks`` as vLLM keeps it: one int32 ``[G, rows]`` array in pinned host memory that
+    kernels read through UVA. Returns ``(host, view)``: the pinned NumPy array
+    (``cupyx.empty_pinned``, holding ``num_blocks``) and a CuPy array over the same memory at its
+    device pointer (as vLLM's CUDA view of its pinned tensor), on ``device`` (the current one by
+    default). Keep ``host`` alive while ``view`` is used (``view`` holds it too)."""
+    import cupy
+    import cupyx
+
+    from kvaddr.validation import mapped_pointer
+
+    a = np.ascontiguousarray(np.asarray(num_blocks, dtype=I32))
+    host = cupyx.empty_pinned(a.shape, I32)
+    host[...] = a
+    dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
+    addr = mapped_pointer("num_blocks", host.ctypes.data)
+    mem = cupy.cuda.UnownedMemory(addr, max(host.nbytes, 1), host, dev)
+    view = cupy.ndarray(a.shape, I32, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    return host, view

@@ -94,7 +94,9 @@ class _Stream:
 
 
 def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
-    """Install the fake; returns a namespace with ``launches`` and ``names`` (kernel name -> fake pointer)."""
+    """Install the fake; returns a namespace with ``launches``, ``names`` (kernel name -> fake pointer)
+    and ``pin(array, device_offset=0)`` (marks a NumPy array's memory pinned host memory, whose device
+    pointer is its address + device_offset, for ``cudaPointerGetAttributes``)."""
     launches = []
     names: dict = {}
     by_ptr: dict = {}
@@ -111,9 +113,25 @@ def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
             on_launch(by_ptr[fptr], arg0, gx, gy)
 
     stream = _Stream()
+    pinned: dict = {}  # host address of a pinned allocation -> (its length in bytes, its device pointer)
+
+    def pointer_attributes(ptr):
+        """cudaPointerGetAttributes for host memory: pinned (registered with ``pin``) or pageable."""
+        for start, (size, dptr) in pinned.items():
+            if start <= ptr < start + size:
+                return types.SimpleNamespace(type=1, device=0, devicePointer=dptr + (ptr - start), hostPointer=ptr)
+        return types.SimpleNamespace(type=0, device=-2, devicePointer=0, hostPointer=0)
+
+    def pin(a: np.ndarray, device_offset: int = 0) -> np.ndarray:
+        """Mark NumPy array ``a``'s memory pinned; its device pointer is its address + device_offset."""
+        pinned[a.ctypes.data] = (max(a.nbytes, 1), a.ctypes.data + device_offset)
+        return a
+
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        runtime=types.SimpleNamespace(
+            getDevice=lambda: 0, pointerGetAttributes=pointer_attributes, memoryTypeHost=1, memoryTypeDevice=2
+        ),
         Device=_Dev,
         Stream=_Stream,
         get_current_stream=lambda: stream,
@@ -136,7 +154,7 @@ def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
     monkeypatch.setattr(
         kernel_loader, "load_kernels", lambda ks, device_id=None: {k: get_function(k, device_id) for k in ks}
     )
-    return types.SimpleNamespace(launches=launches, names=names)
+    return types.SimpleNamespace(launches=launches, names=names, pin=pin)
 
 
 def on_fake(x):

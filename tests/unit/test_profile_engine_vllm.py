@@ -178,6 +178,19 @@ def test_vllm_defaults_and_every_vllm_option(captured):
     assert (o.block_sizes, o.cp_size, o.cp_rank, o.cp_interleave) == ((16, 64), 4, 3, 8)
     assert (o.dummy_fraction, o.context, o.sliding_window_reach, o.seed, o.input_sets) == (0.5, (1, 99), 256, 7, 3)
     assert c.mode == "graph"
+    assert c.num_blocks_mem == o.num_blocks_mem == "device"  # the default
+
+
+def test_num_blocks_mem(captured, no_gpu):
+    r = invoke("profile", "--engine", "vllm", "--num-blocks-mem", "uva")
+    assert r.exit_code == 0, r.output
+    c = captured[0]
+    assert c.num_blocks_mem == "uva" and c.vllm_options().num_blocks_mem == "uva"
+    assert c.vllm_options().as_dict()["num_blocks_mem"] == "uva"
+    r = invoke("profile", "--engine", "vllm", "--num-blocks-mem", "host")
+    assert r.exit_code == 2 and "'host' is not one of 'device', 'uva'" in r.output
+    r = invoke("profile", "--device", "cpu", "--budget", "0", "--num-blocks-mem", "uva")  # the core engine: no
+    assert r.exit_code == 2, r.output
 
 
 def test_the_core_engine_is_unchanged(captured):

@@ -542,6 +542,15 @@ def test_torch_tensors_take_the_torch_batch_check(fake, monkeypatch):
         def get_device(self):
             return self.dev if self.is_cuda else -1
 
+        def dim(self):
+            return self.a.ndim
+
+        def numel(self):
+            return self.a.size
+
+        def is_contiguous(self):  # (torch's rule: a dim of size 1 has any stride)
+            return self.a.flags.c_contiguous
+
     Tensor.__module__ = "torch"
     from kvaddr import validation
 

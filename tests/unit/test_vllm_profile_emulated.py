@@ -18,6 +18,8 @@ def test_profile_checks_then_times_both_and_reports(emulated_gpu):
     from rich.console import Console
 
     from kvaddr.measure.vllm_profile import (
+        BOUND,
+        FRESH,
         ONE,
         THREE,
         VllmProfileOptions,
@@ -37,8 +39,11 @@ def test_profile_checks_then_times_both_and_reports(emulated_gpu):
         got = {(m.strategy, m.mode, m.clock) for m in r.measurements}
         for name in (ONE, THREE):
             assert {(name, "graph", "gpu"), (name, "eager", "host"), (name, "eager", "gpu")} <= got
+        for name in (BOUND, FRESH):  # the host paths beside compute(): eager only, checked first
+            assert {(name, "eager", "host"), (name, "eager", "gpu")} <= got
+            assert (name, "graph", "gpu") not in got
         launches = {m.strategy: m.launches_per_step for m in r.measurements}
-        assert launches[ONE] == 1 and launches[THREE] == 3
+        assert launches[ONE] == 1 and launches[THREE] == 3 and launches[BOUND] == launches[FRESH] == 1
         assert len(savings(r)) == 3
     doc = vllm_document(results, opts, {"device": "cuda"})
     assert doc["shapes"][1]["input_sets"][0]["dummies"] == 2
