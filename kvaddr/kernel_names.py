@@ -18,6 +18,8 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     *(f"step_wide_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
     "vllm_step<false>",
     "vllm_step<true>",
+    "vllm_draft_step<false>",
+    "vllm_draft_step<true>",
 )
 
 BASELINE_KERNELS: tuple[str, ...] = (

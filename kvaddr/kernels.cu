@@ -12,6 +12,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/step.cuh"
 #include "kernels/vllm.cuh"
+#include "kernels/spec.cuh"
 #ifdef KV_BASELINES
 #include "kernels/baselines.cuh"
 #endif

@@ -21,7 +21,13 @@ def instantiations() -> str:
     """A translation unit: kernels.cu and an explicit instantiation of every LIBRARY_KERNELS entry."""
     lines = [f'#include "{kernel_loader.SOURCE_PATH}"']
     for expr in LIBRARY_KERNELS:
-        params = "VllmStepParams" if expr.startswith("vllm_") else "KvStepParams"
+        params = (
+            "VllmDraftParams"
+            if expr.startswith("vllm_draft_")
+            else "VllmStepParams"
+            if expr.startswith("vllm_")
+            else "KvStepParams"
+        )
         lines.append(f"template __global__ void {expr}(const {params});")
     return "\n".join(lines) + "\n"
 
