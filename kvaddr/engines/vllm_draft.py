@@ -205,6 +205,9 @@ class VllmDraftPlanner:
         and dtypes of :class:`VllmDraftOutputs`); the planner allocates the others.
     device : int, optional
         CUDA device ordinal (the current device by default).
+    error_records : device array, optional
+        Caller-owned memory for the error records: int64 or uint64, C-contiguous, shape
+        :meth:`error_records_shape` (cleared here; the planner allocates them by default).
 
     Examples
     --------
@@ -235,6 +238,7 @@ class VllmDraftPlanner:
         kv_indices_capacity: int | None = None,
         out=None,
         device: int | None = None,
+        error_records=None,
     ):
         import cupy
 
@@ -325,7 +329,27 @@ class VllmDraftPlanner:
                     raise ValueError(f"out[{name!r}] must be on CUDA device {self.device}")
                 arrays[name], ptrs[name] = x, info.ptr
             rec = clean_error_records(records)
-            self._records = cupy.asarray(rec)
+            if error_records is None:
+                self._records = cupy.asarray(rec)
+            else:
+                info = describe("error_records", error_records)
+                if info.dtype not in (INT64, np.dtype(np.uint64)) or tuple(info.shape) != rec.shape:
+                    raise ValueError(
+                        f"error_records must be an int64 or uint64 device array of shape {rec.shape}, "
+                        f"got {info.dtype} {tuple(info.shape)}"
+                    )
+                check_matrix(
+                    "error_records",
+                    info,
+                    dtypes=(info.dtype,),
+                    min_rows=rec.shape[0],
+                    cols=2,
+                    shape_text=str(rec.shape),
+                    device=self.device,
+                )
+                self._records_owner = error_records
+                self._records = cupy.asarray(error_records).view(cupy.uint64)
+                self._records.set(rec)
             self._errors = ErrorRecords(self._records, rec, self.device, DraftAddressingError)
             cupy.cuda.get_current_stream().synchronize()
         self.outputs = VllmDraftOutputs(**arrays)
@@ -343,6 +367,15 @@ class VllmDraftPlanner:
         p.max_seqlen_k = ptrs["max_seqlen_k"]
         p.errors = self._records.data.ptr
         self._launcher = kernel_loader.Launcher(fn, p, by_value=True)
+
+    @staticmethod
+    def error_records_shape(max_num_reqs: int, num_speculative_steps: int, num_groups: int, attention: bool) -> tuple:
+        """``(R, 2)``: one record per warp of the request blocks (and of the attention blocks,
+        ``(k - 1) * num_groups`` of them with attention metadata)."""
+        blocks = -(-(int(max_num_reqs) + 1) // THREADS)
+        if attention:
+            blocks += (int(num_speculative_steps) - 1) * int(num_groups)
+        return (blocks * WARPS, 2)
 
     # -- checks ---------------------------------------------------------------------
     def _check_state(self, lengths, min_len: int, block_tables, num_blocks, verify_slot_mappings) -> dict:

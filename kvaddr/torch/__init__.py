@@ -30,6 +30,11 @@ num_blocks, num_reqs_padded, out, layout) -> ()``
     the error records packed), ``layout`` = :attr:`VllmStepBuffers.layout`. :func:`vllm_step` calls
     it and returns the views (:mod:`kvaddr.torch.vllm_ops`).
 
+``torch.ops.kvaddr.vllm_draft_into(idx_mapping, query_start_loc, seq_lens, num_rejected, num_sampled,
+block_tables, num_blocks, verify_slot_mappings, out, layout) -> ()``
+    The draft forwards' addressing after a verify step (docs/spec-decode.md) into ``out`` =
+    :attr:`VllmDraftBuffers.storage`; :func:`vllm_draft` calls it (:mod:`kvaddr.torch.vllm_draft_ops`).
+
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
 
@@ -43,18 +48,21 @@ from kvaddr.torch.ops import (
     workspace_errors,
     workspace_size,
 )
+from kvaddr.torch.vllm_draft_ops import VllmDraftBuffers, vllm_draft
 from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
 
 # torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).
 
 __all__ = [
     "StepBuffers",
+    "VllmDraftBuffers",
     "VllmStepBuffers",
     "clear_cache",
     "reset_workspace_errors",
     "set_autograd_fallthrough",
     "set_debug",
     "step",
+    "vllm_draft",
     "vllm_step",
     "workspace_errors",
     "workspace_size",
