@@ -65,7 +65,8 @@ from kvaddr.validation import INT32_MAX, check_int
 
 #: ``num_rejected[b]`` outside ``[0, qe - qs - 1]`` (more rejected than drafted), or
 #: ``num_sampled[b]`` inconsistent with it (negative; > 0 with
-#: ``num_sampled + num_rejected != qe - qs``; 0 with ``num_rejected != 0``): request b is skipped.
+#: ``num_sampled + num_rejected != qe - qs``, except 1 with ``num_rejected`` 0: a prefill's last
+#: chunk, which samples one token and drafted none; 0 with ``num_rejected != 0``): request b is skipped.
 VERR_NUM_REJECTED = 1024
 
 #: The reasons of every bit the draft reference sets.
@@ -339,7 +340,12 @@ def vllm_draft_reference(
     qsl_bad = (qs < 0) | (qe < qs)
     short = ~qsl_bad & (seq_t < qlen)
     rej_bad = ~qsl_bad & (
-        (rej < 0) | (rej > qlen - 1) | (smp < 0) | ((smp > 0) & (smp + rej != qlen)) | ((smp == 0) & (rej != 0))
+        (rej < 0)
+        | (rej > qlen - 1)
+        | (smp < 0)
+        | ((smp > 1) & (smp + rej != qlen))
+        | ((smp == 1) & (rej != 0) & (rej + 1 != qlen))
+        | ((smp == 0) & (rej != 0))
     )
     cap_bad = ~qsl_bad & (qe > T)
     record(VERR_ROW_INDEX, row_bad)
@@ -471,7 +477,7 @@ def _draft_attention(
     record(VERR_BLOCK_INDEX, has & (pages[:n] > W), j, g)
     record(VERR_PAST_NUM_BLOCKS, has & (pages[:n] <= W) & (pages[:n] > nb), j, g)
     start = xp[:n]
-    record(VERR_KV_INDICES_CAPACITY, has & (start <= N) & (N < np.minimum(start + pages[:n], INT32_MAX)), j, g)
+    record(VERR_KV_INDICES_CAPACITY, has & (start <= N) & (np.minimum(start + pages[:n], INT32_MAX) > N), j, g)
     neg = np.zeros(n, dtype=bool)
     for b in np.flatnonzero(has):
         c = np.arange(int(pages[b]), dtype=np.int64)

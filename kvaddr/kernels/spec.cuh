@@ -92,7 +92,8 @@ __device__ __forceinline__ VdraftReq vdraft_request(const VllmDraftParams& p, in
     const bool row_bad = q.r < -1 || q.r >= p.num_rows;
     const bool qsl_bad = q.qs < 0 || q.qe < q.qs;
     const bool shrt = !qsl_bad && seq < qlen;
-    const bool rej_bad = !qsl_bad && (rej < 0 || rej > qlen - 1 || smp < 0 || (smp > 0 && smp + rej != qlen) ||
+    const bool rej_bad = !qsl_bad && (rej < 0 || rej > qlen - 1 || smp < 0 || (smp > 1 && smp + rej != qlen) ||
+                                      (smp == 1 && rej != 0 && rej + 1 != qlen) ||
                                       (smp == 0 && rej != 0));
     if (record) {
         if (row_bad) err.add(VLLM_ERR_ROW_INDEX, 5, 0, b, 0);

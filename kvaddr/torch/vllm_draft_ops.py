@@ -74,7 +74,7 @@ class _Layout:
         self.sizes = {name: int(np.prod(shape)) for name, shape, _ in self.fields}
         off, self.offsets = 16 * self.records, {}
         off = -(-off // _ALIGN) * _ALIGN
-        for name, shape, dt in self.fields:
+        for name, _shape, dt in self.fields:
             self.offsets[name] = off
             off = -(-(off + dt.itemsize * self.sizes[name]) // _ALIGN) * _ALIGN
         self.words = max(off // 8, 1)

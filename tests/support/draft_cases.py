@@ -39,7 +39,7 @@ def draft_case(
         if rng.random() < prefill_share:
             q = int(rng.integers(1, 6))
             s = int(rng.integers(q, max_model_len + 1))
-            r, a = 0, 0
+            r, a = 0, int(rng.integers(0, 2))  # a chunk, or a prefill's last chunk (samples one token)
         else:
             q = k + 1
             if rng.random() < near_end_share:
