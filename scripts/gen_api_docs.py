@@ -44,6 +44,7 @@ IMPORTED_MODULES = (
     "kvaddr.dsa_reference",
     "kvaddr.engines.vllm",
     "kvaddr.engines.vllm_bound",
+    "kvaddr.engines.vllm_draft",
     "kvaddr.engines.vllm_config",
     "kvaddr.engines.vllm_reference",
     "kvaddr.engines.vllm_errors",
