@@ -38,4 +38,8 @@ BASELINE_KERNELS: tuple[str, ...] = (
     "kvaddr_vllm3_prepare",
     "kvaddr_vllm3_gather",
     "kvaddr_vllm3_slots",
+    "kvaddr_draft_first",
+    "kvaddr_draft_prepare",
+    "kvaddr_draft_slots",
+    "kvaddr_draft_meta",
 )

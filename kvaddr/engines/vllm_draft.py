@@ -112,6 +112,8 @@ class VllmDraftParams(ctypes.Structure):
         ("token_blocks", _I32),
         ("attention", _I32),
         ("kv_indices_capacity", _I32),
+        ("base_step", _I32),
+        ("base_group", _I32),
     ]
 
 

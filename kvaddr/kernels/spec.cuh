@@ -65,6 +65,8 @@ struct VllmDraftParams {
     int token_blocks;                  // the last token_blocks blocks (or 0): first_slots
     int attention;                     // VLLM_ATTN_* bits written (vllm_draft_step<true>)
     int kv_indices_capacity;           // N, entries of each (step, group) row of kv_indices
+    int base_step;                     // the per-step baseline's draft step (1..steps); unused by vllm_draft_step
+    int base_group;                    // the per-step baseline's group; unused by vllm_draft_step
 };
 
 // One request's verify-step facts (vdraft_request).
@@ -161,42 +163,51 @@ __device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g
     return (long long)blk * B + off;
 }
 
-// Batch row b in [0, max_num_reqs]: last_token_indices[b] and, for every draft step, its
-// query_start_loc entry, position, seq_len, DCP local length and each group's slot.
-__device__ __forceinline__ void vdraft_row(const VllmDraftParams& p, int b, VllmErr& err) {
-    const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps, G = p.num_groups;
-    const long long qn = (long long)(b < n ? b : n);
-    for (int j = 0; j < S; ++j) p.query_start_loc_out[(long long)j * (M + 1) + b] = (int)qn;
-    if (b >= M) return;
+// Row b < max_num_reqs of draft step j (1-based) for request facts q: position, seq_len, DCP
+// local length and, with slots, each group's slot (errors at (j, b, g)).
+__device__ __forceinline__ void vdraft_row_step(const VllmDraftParams& p, int b, int j, const VdraftReq& q, bool slots,
+                                                VllmErr& err) {
+    const int M = p.max_num_reqs, G = p.num_groups;
+    const long long row = (long long)(j - 1) * M + b;
+    long long pos = 0;
+    int len = 0;
+    if (q.status == 0) {
+        pos = q.base - 1 + j;
+        pos = pos < p.max_model_len - 1 ? pos : (long long)p.max_model_len - 1;
+        len = vdraft_len(p, q, j);
+    }
+    p.positions[row] = pos;
+    p.seq_lens_out[row] = len;
+    p.dcp_local_seq_lens[row] = vdraft_dcp_len(p, len);
+    if (!slots) return;
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+        if (g >= G) break;
+        const long long slot = q.status == 0 ? vdraft_slot(p, g, q.r, pos, j, b, err) : -1;
+        p.slot_mappings[((long long)(j - 1) * G + g) * M + b] = slot;
+    }
+}
+
+// Request b's facts (status 2, zeros, for b >= num_reqs), with its per-request errors.
+__device__ __forceinline__ VdraftReq vdraft_row_request(const VllmDraftParams& p, int b, bool record, VllmErr& err) {
     VdraftReq q;
     q.status = 2;
     q.r = 0;
     q.qs = q.qe = q.base = q.rej = 0;
-    long long last = 0;
-    if (b < n) {
-        q = vdraft_request(p, b, true, err);
-        if (q.status != 2) last = q.qe - q.rej - 1;  // qs + L - 1, L = (qe - qs) - num_rejected
-    }
-    p.last_token_indices[b] = last;
-    for (int j = 1; j <= S; ++j) {
-        const long long row = (long long)(j - 1) * M + b;
-        long long pos = 0;
-        int len = 0;
-        if (q.status == 0) {
-            pos = q.base - 1 + j;
-            pos = pos < p.max_model_len - 1 ? pos : (long long)p.max_model_len - 1;
-            len = vdraft_len(p, q, j);
-        }
-        p.positions[row] = pos;
-        p.seq_lens_out[row] = len;
-        p.dcp_local_seq_lens[row] = vdraft_dcp_len(p, len);
-#pragma unroll
-        for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
-            if (g >= G) break;
-            const long long slot = q.status == 0 ? vdraft_slot(p, g, q.r, pos, j, b, err) : -1;
-            p.slot_mappings[((long long)(j - 1) * G + g) * M + b] = slot;
-        }
-    }
+    if (b < p.num_reqs) q = vdraft_request(p, b, record, err);
+    return q;
+}
+
+// Batch row b in [0, max_num_reqs]: last_token_indices[b] and, for every draft step, its
+// query_start_loc entry, position, seq_len, DCP local length and each group's slot.
+__device__ __forceinline__ void vdraft_row(const VllmDraftParams& p, int b, VllmErr& err) {
+    const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps;
+    const int qn = b < n ? b : n;
+    for (int j = 0; j < S; ++j) p.query_start_loc_out[(long long)j * (M + 1) + b] = qn;
+    if (b >= M) return;
+    const VdraftReq q = vdraft_row_request(p, b, true, err);
+    p.last_token_indices[b] = q.status != 2 ? q.qe - q.rej - 1 : 0;  // qs + L - 1, L = (qe - qs) - num_rejected
+    for (int j = 1; j <= S; ++j) vdraft_row_step(p, b, j, q, true, err);
 }
 
 // Column t < max_tokens of the first draft forward's slot mappings: the verify step's slot,
@@ -403,3 +414,63 @@ __global__ void __launch_bounds__(VDRAFT_THREADS, 1) vllm_draft_step(const VllmD
         }
     }
 }
+
+#ifdef KV_BASELINES
+// ==== vLLM's per-draft-step design, re-implemented (the baseline of vllm_draft_step) ====
+// vLLM Model Runner V2's speculator prepares each draft step separately: after the verify step,
+// a launch for the sampled rows (last_token_indices), then per draft step j a launch that
+// advances positions and seq_lens, one slot-mapping launch over (requests, groups) reading those
+// positions, and the step's attention metadata (here one kernel per group; vLLM builds it on the
+// host). Same outputs as vllm_draft_step (the same helpers), no error checks. The step and group
+// come in VllmDraftParams.base_step / base_group. Grids: a thread per batch row, 128 per block.
+
+#define VDRAFT3_THREADS 128
+
+// last_token_indices (and the first forward's mask when mask_rejected: the token columns after
+// the rows), grid ceil((max_num_reqs + 1 + token columns) / 128).
+extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_first(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    const int i = blockIdx.x * VDRAFT3_THREADS + (int)threadIdx.x;
+    if (i < p.max_num_reqs) {
+        const VdraftReq q = vdraft_row_request(p, i, false, none);
+        p.last_token_indices[i] = q.status != 2 ? q.qe - q.rej - 1 : 0;
+    } else if (p.token_blocks && i - p.max_num_reqs < p.max_tokens) {
+        vdraft_first_slot(p, i - p.max_num_reqs);
+    }
+}
+
+// Draft step base_step: query_start_loc, positions, seq_lens, DCP lengths; grid ceil((M + 1) / 128).
+extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_prepare(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    const int b = blockIdx.x * VDRAFT3_THREADS + (int)threadIdx.x, M = p.max_num_reqs, j = p.base_step;
+    if (b > M) return;
+    p.query_start_loc_out[(long long)(j - 1) * (M + 1) + b] = b < p.num_reqs ? b : p.num_reqs;
+    if (b < M) vdraft_row_step(p, b, j, vdraft_row_request(p, b, false, none), false, none);
+}
+
+// Draft step base_step's slots from its positions, grid (ceil(M / 128), G).
+extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_slots(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    const int b = blockIdx.x * VDRAFT3_THREADS + (int)threadIdx.x, g = blockIdx.y, M = p.max_num_reqs;
+    const int j = p.base_step;
+    if (b >= M) return;
+    const VdraftReq q = vdraft_row_request(p, b, false, none);
+    const long long pos = p.positions[(long long)(j - 1) * M + b];
+    const long long slot = q.status == 0 ? vdraft_slot(p, g, q.r, pos, j, b, none) : -1;
+    p.slot_mappings[((long long)(j - 1) * p.num_groups + g) * M + b] = slot;
+}
+
+// Draft step base_step's attention metadata of group base_group: one block of VDRAFT_THREADS.
+extern "C" __global__ void __launch_bounds__(VDRAFT_THREADS) kvaddr_draft_meta(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    vdraft_attention_block(p, (p.base_step - 1) * p.num_groups + p.base_group, none);
+}
+#endif

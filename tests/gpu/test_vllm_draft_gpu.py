@@ -392,3 +392,26 @@ def test_toy_draft_loop_on_the_gpu(seed, k, B):
         to_device=lambda a: torch.as_tensor(np.ascontiguousarray(a), device="cuda"),
     )
     assert checks == (k - 1) * 25 * 33
+
+
+# -- the per-draft-step baseline --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_per_step_baseline_equals_the_reference(seed):
+    from kvaddr.strategies.vllm_draft_per_step import VllmDraftPerStep
+
+    rng = np.random.default_rng(2000 + seed)
+    case = draft_case(
+        rng,
+        num_reqs=[64, 1024, 300, 5][seed],
+        max_num_reqs=1100,
+        k=[3, 3, 5, 2][seed],
+        block_sizes=[(16,), (16, 64), (8, 16, 32), (4,)][seed],
+        max_model_len=4096,
+        dummy_share=0.1,
+        attention=[None, "flashinfer,varlen", "flashinfer", "varlen"][seed],
+    )
+    base = VllmDraftPerStep(**case["settings"])
+    _check(base, case, "per-step")
+    assert base.launches_per_cycle > 1
