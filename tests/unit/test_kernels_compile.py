@@ -91,6 +91,7 @@ def test_kernels_cu_only_includes_family_headers():
         '#include "kernels/attention.cuh"',
         '#include "kernels/step.cuh"',
         '#include "kernels/vllm.cuh"',
+        '#include "kernels/spec.cuh"',
         "#ifdef KV_BASELINES",
         '#include "kernels/baselines.cuh"',
         "#endif",
