@@ -114,6 +114,7 @@ class VllmDraftParams(ctypes.Structure):
         ("kv_indices_capacity", _I32),
         ("base_step", _I32),
         ("base_group", _I32),
+        ("meta_chunks", _I32),
     ]
 
 
@@ -282,7 +283,8 @@ class VllmDraftPlanner:
             if g < G:
                 p.group_flags[g] = (1 if cfg.slot_mapping_enabled[g] else 0) | (2 if cfg.sharded(g) else 0)
         p.request_blocks = -(-(M + 1) // THREADS)
-        p.attention_blocks = S * G if self._attn_bits else 0
+        p.meta_chunks = -(-(M + 1) // THREADS)
+        p.attention_blocks = S * G * p.meta_chunks if self._attn_bits else 0
         p.token_blocks = -(-T // THREADS) if self.mask_rejected else 0
         p.attention = self._attn_bits
         p.kv_indices_capacity = N or 0
@@ -372,11 +374,11 @@ class VllmDraftPlanner:
 
     @staticmethod
     def error_records_shape(max_num_reqs: int, num_speculative_steps: int, num_groups: int, attention: bool) -> tuple:
-        """``(R, 2)``: one record per warp of the request blocks (and of the attention blocks,
-        ``(k - 1) * num_groups`` of them with attention metadata)."""
+        """``(R, 2)``: one record per warp of the request blocks, ``ceil((max_num_reqs + 1) / 256)``
+        (and of the attention blocks, ``(k - 1) * num_groups`` times as many, with attention metadata)."""
         blocks = -(-(int(max_num_reqs) + 1) // THREADS)
         if attention:
-            blocks += (int(num_speculative_steps) - 1) * int(num_groups)
+            blocks += (int(num_speculative_steps) - 1) * int(num_groups) * blocks
         return (blocks * WARPS, 2)
 
     # -- checks ---------------------------------------------------------------------

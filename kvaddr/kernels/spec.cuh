@@ -61,12 +61,13 @@ struct VllmDraftParams {
     int cp_rank;                       // this rank, 0..cp_size-1
     int cp_interleave;                 // I, divides every sharded group's B
     int request_blocks;                // blocks [0, request_blocks): a thread per batch row b <= max_num_reqs
-    int attention_blocks;              // the next steps * num_groups blocks (or 0): attention metadata
+    int attention_blocks;              // the next steps * num_groups * meta_chunks blocks (or 0): attention metadata
     int token_blocks;                  // the last token_blocks blocks (or 0): first_slots
     int attention;                     // VLLM_ATTN_* bits written (vllm_draft_step<true>)
     int kv_indices_capacity;           // N, entries of each (step, group) row of kv_indices
     int base_step;                     // the per-step baseline's draft step (1..steps); unused by vllm_draft_step
     int base_group;                    // the per-step baseline's group; unused by vllm_draft_step
+    int meta_chunks;                   // attention blocks per (step, group): ceil((max_num_reqs + 1) / VDRAFT_THREADS)
 };
 
 // One request's verify-step facts (vdraft_request).
@@ -238,12 +239,14 @@ __device__ __forceinline__ void vdraft_first_slot(const VllmDraftParams& p, int 
 }
 
 // ---- attention metadata of the draft steps (vllm_draft_step<true>) ----
-// Block (step j, group g) walks the batch rows [0, max_num_reqs] in chunks of VDRAFT_THREADS:
-// per chunk a block scan of (pages, L) continues the running sums (kv_indptr, cu_seqlens_k; rows
-// past num_reqs have L = 0, so they repeat the total), then the chunk's rows copy their pages
-// into kv_indices (vdraft_attn_copy), a warp per row. Then -1 pads kv_indices from the total to
-// N. The per-row parts (vdraft_attn_len, vdraft_attn_row, vdraft_attn_copy) hold every rule;
-// the entry holds only the scan.
+// meta_chunks blocks per (step j, group g); block (j, g, c) owns the batch rows
+// [c * VDRAFT_THREADS, +VDRAFT_THREADS) of [0, max_num_reqs]. Pass 1: every thread sums the
+// (pages, L) of the rows before its block's and of all rows (rows past num_reqs have L = 0) and
+// the largest L; a block reduction gives the block's carries and the totals. Pass 2: a block scan
+// of its rows continues the carries (kv_indptr, cu_seqlens_k), then its rows copy their pages into
+// kv_indices (vdraft_attn_copy), a warp per row, and the block pads its share of kv_indices past
+// the total with -1. The per-row parts (vdraft_attn_len, vdraft_attn_row, vdraft_attn_copy) hold
+// every rule; the entry holds only the sums and the scan.
 
 // Row b's KV length L for step j (1-based) in group g (DCP share for a sharded group), 0 for a
 // dummy, skipped or padding row; its row index r.
@@ -305,82 +308,103 @@ __device__ __forceinline__ void vdraft_attn_copy(const VllmDraftParams& p, int j
     p.kv_indices[((long long)(j - 1) * p.num_groups + g) * N + xp + c] = v;
 }
 
-// Block (j, g) of the attention metadata, see above.
-__device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p, int m, VllmErr& err) {
-    __shared__ int s_start[VDRAFT_THREADS], s_pages[VDRAFT_THREADS], s_wp[VDRAFT_WARPS], s_wl[VDRAFT_WARPS];
-    __shared__ int s_row[VDRAFT_THREADS];
+// Block c of (step j, group g), m = (j - 1) * num_groups + g, see above.
+__device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p, int m, int c, VllmErr& err) {
+    __shared__ int s_start[VDRAFT_THREADS], s_pages[VDRAFT_THREADS], s_row[VDRAFT_THREADS];
+    __shared__ int s_wp[VDRAFT_WARPS], s_wl[VDRAFT_WARPS], s_sum[5][VDRAFT_WARPS];
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int G = p.num_groups, M = p.max_num_reqs, N = p.kv_indices_capacity;
+    const int G = p.num_groups, M = p.max_num_reqs, N = p.kv_indices_capacity, n = p.num_reqs;
     const int j = 1 + m / G, g = m - (j - 1) * G;
     const int B = vllm_pick(p.block_size, g);
     const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
-    int carry_p = 0, carry_l = 0, max_l = 0;
+    const int base = c * VDRAFT_THREADS;
+    // pass 1: sums before this block's rows, totals, the largest L
+    int bp = 0, bl = 0, tp = 0, tl = 0, ml = 0;
 #pragma unroll 1
-    for (int base = 0; base <= M; base += VDRAFT_THREADS) {
-        const int b = base + tid;
+    for (int b = tid; b < n; b += VDRAFT_THREADS) {
         long long r = 0;
-        const int L = b <= M ? vdraft_attn_len(p, j, g, b, r) : 0;
+        const int L = vdraft_attn_len(p, j, g, b, r);
         const int P = kv_pages(L, B);
-        max_l = max(max_l, L);
-        int ip = P, il = L;
+        if (b < base) {
+            bp = kv_sat_add_nn(bp, P);
+            bl = kv_sat_add_nn(bl, L);
+        }
+        tp = kv_sat_add_nn(tp, P);
+        tl = kv_sat_add_nn(tl, L);
+        ml = max(ml, L);
+    }
 #pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const int yp = __shfl_up_sync(0xffffffffu, ip, off), yl = __shfl_up_sync(0xffffffffu, il, off);
-            if (lane >= off) {
-                ip = kv_sat_add_nn(ip, yp);
-                il = kv_sat_add_nn(il, yl);
-            }
+    for (int off = 16; off > 0; off >>= 1) {
+        bp = kv_sat_add_nn(bp, __shfl_xor_sync(0xffffffffu, bp, off));
+        bl = kv_sat_add_nn(bl, __shfl_xor_sync(0xffffffffu, bl, off));
+        tp = kv_sat_add_nn(tp, __shfl_xor_sync(0xffffffffu, tp, off));
+        tl = kv_sat_add_nn(tl, __shfl_xor_sync(0xffffffffu, tl, off));
+        ml = max(ml, __shfl_xor_sync(0xffffffffu, ml, off));
+    }
+    if (lane == 0) {
+        s_sum[0][warp] = bp;
+        s_sum[1][warp] = bl;
+        s_sum[2][warp] = tp;
+        s_sum[3][warp] = tl;
+        s_sum[4][warp] = ml;
+    }
+    // pass 2: this block's rows
+    const int b = base + tid;
+    long long r = 0;
+    const int L = b <= M ? vdraft_attn_len(p, j, g, b, r) : 0;
+    const int P = kv_pages(L, B);
+    int ip = P, il = L;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int yp = __shfl_up_sync(0xffffffffu, ip, off), yl = __shfl_up_sync(0xffffffffu, il, off);
+        if (lane >= off) {
+            ip = kv_sat_add_nn(ip, yp);
+            il = kv_sat_add_nn(il, yl);
         }
-        if (lane == 31) {
-            s_wp[warp] = ip;
-            s_wl[warp] = il;
-        }
-        __syncthreads();
-        int xp = carry_p, xl = carry_l, tp = carry_p, tl = carry_l;
-        for (int w = 0; w < VDRAFT_WARPS; ++w) {
-            if (w < warp) {
-                xp = kv_sat_add_nn(xp, s_wp[w]);
-                xl = kv_sat_add_nn(xl, s_wl[w]);
-            }
-            tp = kv_sat_add_nn(tp, s_wp[w]);
-            tl = kv_sat_add_nn(tl, s_wl[w]);
-        }
-        int ep = __shfl_up_sync(0xffffffffu, ip, 1), el = __shfl_up_sync(0xffffffffu, il, 1);
-        if (lane == 0) ep = el = 0;
-        xp = kv_sat_add_nn(xp, ep);  // exclusive prefixes of row b
-        xl = kv_sat_add_nn(xl, el);
-        if (b <= M) vdraft_attn_row(p, j, g, b, L, r, xp, xl, err);
+    }
+    if (lane == 31) {
+        s_wp[warp] = ip;
+        s_wl[warp] = il;
+    }
+    __syncthreads();
+    int xp = 0, xl = 0, total_p = 0, max_l = 0;
+    for (int w = 0; w < VDRAFT_WARPS; ++w) {
+        xp = kv_sat_add_nn(xp, s_sum[0][w]);
+        xl = kv_sat_add_nn(xl, s_sum[1][w]);
+        total_p = kv_sat_add_nn(total_p, s_sum[2][w]);
+        max_l = max(max_l, s_sum[4][w]);
+    }
+    for (int w = 0; w < warp; ++w) {
+        xp = kv_sat_add_nn(xp, s_wp[w]);
+        xl = kv_sat_add_nn(xl, s_wl[w]);
+    }
+    int ep = __shfl_up_sync(0xffffffffu, ip, 1), el = __shfl_up_sync(0xffffffffu, il, 1);
+    if (lane == 0) ep = el = 0;
+    xp = kv_sat_add_nn(xp, ep);  // exclusive prefixes of row b
+    xl = kv_sat_add_nn(xl, el);
+    if (b <= M) vdraft_attn_row(p, j, g, b, L, r, xp, xl, err);
+    if (fi) {
         s_start[tid] = xp;
-        s_pages[tid] = (fi && b < p.num_reqs) ? P : 0;
+        s_pages[tid] = b < n ? P : 0;
         s_row[tid] = (int)r;
         __syncthreads();
-        if (fi) {
-            for (int i = warp; i < VDRAFT_THREADS; i += VDRAFT_WARPS) {
-                const int cnt = s_pages[i];
-                for (int c = lane; c < cnt; c += 32) vdraft_attn_copy(p, j, g, base + i, s_row[i], s_start[i], c, err);
-            }
+        for (int i = warp; i < VDRAFT_THREADS; i += VDRAFT_WARPS) {
+            const int cnt = s_pages[i];
+            for (int e = lane; e < cnt; e += 32) vdraft_attn_copy(p, j, g, base + i, s_row[i], s_start[i], e, err);
         }
-        carry_p = tp;
-        carry_l = tl;
-        __syncthreads();  // s_* are rewritten by the next chunk
-    }
-    if (fi) {
+        // this block's share of kv_indices past the total: -1
+        const int C = p.meta_chunks;
+        const int per = (int)(((long long)N + C - 1) / C);
+        const int lo = (int)min((long long)c * per, (long long)N), hi = (int)min((long long)lo + per, (long long)N);
         int* out = p.kv_indices + (long long)m * N;
-        for (int e = carry_p + tid; e < N; e += VDRAFT_THREADS) out[e] = -1;
+        for (int e = max(lo, total_p) + tid; e < hi; e += VDRAFT_THREADS) out[e] = -1;
     }
-    max_l = __reduce_max_sync(0xffffffffu, max_l);
-    if (lane == 0) s_wp[warp] = max_l;
-    __syncthreads();
-    if (tid == 0 && (p.attention & VLLM_ATTN_VARLEN)) {
-        int v = 0;
-        for (int w = 0; w < VDRAFT_WARPS; ++w) v = max(v, s_wp[w]);
-        p.max_seqlen_k[m] = v;
-    }
+    if (c == 0 && tid == 0 && (p.attention & VLLM_ATTN_VARLEN)) p.max_seqlen_k[m] = max_l;
 }
 
 // The draft addressing: <<<request_blocks + attention_blocks + token_blocks, VDRAFT_THREADS>>>,
 // one parameter. Request blocks: a thread per batch row b <= max_num_reqs (vdraft_row);
-// attention blocks (ATTENTION only): one per (draft step, group); token blocks: a thread per
+// attention blocks (ATTENTION only): meta_chunks per (draft step, group); token blocks: a thread per
 // column of first_slots. Every warp of the request and attention blocks has an error record
 // of its own, merged only by a warp that found an error (sticky; the host reduces and clears).
 template <bool ATTENTION>
@@ -394,7 +418,10 @@ __global__ void __launch_bounds__(VDRAFT_THREADS, 1) vllm_draft_step(const VllmD
         const int b = blk * VDRAFT_THREADS + (int)threadIdx.x;
         if (b <= p.max_num_reqs) vdraft_row(p, b, err);
     } else if (blk < p.request_blocks + p.attention_blocks) {
-        if (ATTENTION) vdraft_attention_block(p, blk - p.request_blocks, err);
+        if (ATTENTION) {
+            const int a = blk - p.request_blocks;
+            vdraft_attention_block(p, a / p.meta_chunks, a - (a / p.meta_chunks) * p.meta_chunks, err);
+        }
     } else {
         const int t = (blk - p.request_blocks - p.attention_blocks) * VDRAFT_THREADS + (int)threadIdx.x;
         if (t < p.max_tokens) vdraft_first_slot(p, t);
@@ -466,11 +493,11 @@ extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_slots
     p.slot_mappings[((long long)(j - 1) * p.num_groups + g) * M + b] = slot;
 }
 
-// Draft step base_step's attention metadata of group base_group: one block of VDRAFT_THREADS.
+// Draft step base_step's attention metadata of group base_group: meta_chunks blocks of VDRAFT_THREADS.
 extern "C" __global__ void __launch_bounds__(VDRAFT_THREADS) kvaddr_draft_meta(const VllmDraftParams p) {
     VllmErr none;
     none.mask = 0;
     none.key = KV_NO_ERROR;
-    vdraft_attention_block(p, (p.base_step - 1) * p.num_groups + p.base_group, none);
+    vdraft_attention_block(p, (p.base_step - 1) * p.num_groups + p.base_group, (int)blockIdx.x, none);
 }
 #endif

@@ -93,5 +93,5 @@ class VllmDraftPerStep(VllmDraftPlanner):
             if self._attn_bits:
                 for g in range(self._groups):
                     P.base_group = g
-                    fns["meta"](1, META_THREADS, stream)
+                    fns["meta"](P.meta_chunks, META_THREADS, stream)
         return self.outputs

@@ -37,7 +37,8 @@ extern "C" void emu_vllm_draft(const VllmDraftParams* pp) {
         vdraft_row(p, b, e);
         merge(e);
     }
-    for (int m = 0; m < p.attention_blocks; ++m) {
+    const int meta = p.attention_blocks ? p.steps * G : 0;  // (step, group) pairs: each block chunk, serially
+    for (int m = 0; m < meta; ++m) {
         const int j = 1 + m / G, g = m - (j - 1) * G;
         const int B = vllm_pick(p.block_size, g);
         const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
@@ -75,7 +76,7 @@ def emulated_source() -> str:
     src = kernel_loader.source()
     common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
     vllm = _section(src, "// ---- kernels/vllm.cuh ----", "// ---- attention metadata of the vLLM step")
-    spec = _section(src, "// ---- kernels/spec.cuh ----", "// Block (j, g) of the attention metadata")
+    spec = _section(src, "// ---- kernels/spec.cuh ----", "// Block c of (step j, group g)")
     defs = "#define VLLM_ATTN_FLASHINFER 1\n#define VLLM_ATTN_VARLEN 2\n#define VLLM_ERR_KV_INDICES_CAPACITY 512\n"
     return PRELUDE + common + vllm + defs + spec + DRIVER
 
