@@ -165,7 +165,13 @@ def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
 
 def test_step_kernels_take_one_struct_by_value():
     for name in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
-        want = "const VllmStepParams p" if name.startswith("vllm_") else "const KvStepParams params"
+        want = (
+            "const VllmDraftParams p"
+            if name.startswith("vllm_draft_")
+            else "const VllmStepParams p"
+            if name.startswith("vllm_")
+            else "const KvStepParams params"
+        )
         assert _kernel_params(name) == [want], name
 
 
@@ -225,7 +231,7 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
 
 
 def test_kernels_live_in_their_family_headers():
-    """The library kernels are templates in step.cuh and vllm.cuh; every extern "C" kernel is a
+    """The library kernels are templates in step.cuh, vllm.cuh and spec.cuh; every extern "C" kernel is a
     baseline, in baselines.cuh (compiled only with KV_BASELINES)."""
     headers = {h.name: h.read_text() for h in (KERNELS_CU.parent / "kernels").glob("*.cuh")}
 
@@ -233,7 +239,13 @@ def test_kernels_live_in_their_family_headers():
         return sorted(name for name, text in headers.items() if re.search(pattern, text, flags=re.M))
 
     for template in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
-        want = ["vllm.cuh"] if template.startswith("vllm_") else ["step.cuh"]
+        want = (
+            ["spec.cuh"]
+            if template.startswith("vllm_draft_")
+            else ["vllm.cuh"]
+            if template.startswith("vllm_")
+            else ["step.cuh"]
+        )
         assert home(rf"^__global__ void __launch_bounds__\(.*\) {template}\(") == want, template
     for name in BASELINE_KERNELS:
         assert home(rf'^extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+{name}\(') == ["baselines.cuh"]
