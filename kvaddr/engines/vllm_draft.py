@@ -587,6 +587,8 @@ class BoundVllmDraft:
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
         self._args_ptr = ctypes.addressof(self._args)
         self._state = state
+        self._arrays = tuple(x for x in state if x is not None)  # what the guard compares
+        self._written = None  # the batch fields last written into the parameter block
         self._fast = planner._launcher._fast, planner._launcher._fptr
         self._resolve = StreamResolver()
         self._stream = None if stream is None else self._resolve(stream)
@@ -600,7 +602,7 @@ class BoundVllmDraft:
         s = self._state
         f = pl._check_state(s[:3], pl.config.max_num_reqs, s[3], s[4], s[5])
         pl._write(self.params, f)
-        self._same = memo_guard(tuple(x for x in s if x is not None))
+        self._same = memo_guard(self._arrays)
 
     def launch(self, idx_mapping, query_start_loc, *, stream=None) -> VllmDraftOutputs:
         """The draft addressing of this verify step, in one launch.
@@ -619,7 +621,7 @@ class BoundVllmDraft:
         if stream.__class__ is not int:
             stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
         same = self._same
-        if same is None or not same(*(x for x in self._state if x is not None)):
+        if same is None or not same(*self._arrays):
             self._bind_state()
         pl = self._planner
         key = (idx_mapping.__class__, query_start_loc.__class__)
@@ -632,8 +634,10 @@ class BoundVllmDraft:
         if batch is None:
             idx, qsl = check_batch(idx_mapping, query_start_loc, pl.config.max_num_reqs, pl.device)
             batch = (idx.ptr, idx.shape[0], idx.dtype == INT64, qsl.ptr)
-        P = self.params
-        P.idx_mapping, P.num_reqs, P.idx_is_64, P.query_start_loc = batch
+        if batch != self._written:  # (vLLM's slices of persistent buffers keep their pointers)
+            P = self.params
+            P.idx_mapping, P.num_reqs, P.idx_is_64, P.query_start_loc = batch
+            self._written = batch
         self._fast[0](self._fast[1], pl.grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
         return pl.outputs
 
