@@ -571,6 +571,7 @@ class BoundVllmDraft:
     __slots__ = (
         "_args",
         "_args_ptr",
+        "_arrays",
         "_checks",
         "_fast",
         "_planner",
@@ -578,6 +579,7 @@ class BoundVllmDraft:
         "_same",
         "_state",
         "_stream",
+        "_written",
         "params",
     )
 
