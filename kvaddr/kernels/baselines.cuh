@@ -384,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_slots
 }
 
 // Draft step base_step's attention metadata of group base_group: meta_chunks blocks of VDRAFT_THREADS.
-extern "C" __global__ void __launch_bounds__(VDRAFT_THREADS) kvaddr_draft_meta(const VllmDraftParams p) {
+extern "C" __global__ void __launch_bounds__(VDRAFT_THREADS, 1) kvaddr_draft_meta(const VllmDraftParams p) {
     VllmErr none;
     none.mask = 0;
     none.key = KV_NO_ERROR;
