@@ -356,6 +356,12 @@ def vllm_kernels(attention: bool) -> tuple[str, ...]:
     return (vllm_kernel(attention),)
 
 
+def vllm_draft_kernel(attention: bool) -> str:
+    """The draft-addressing kernel (:class:`~kvaddr.engines.vllm_draft.VllmDraftPlanner`):
+    ``vllm_draft_step<true>`` writes each draft step's attention metadata too."""
+    return "vllm_draft_step<true>" if attention else "vllm_draft_step<false>"
+
+
 @functools.cache
 def _known() -> frozenset:
     return frozenset(LIBRARY_KERNELS)

@@ -20,6 +20,8 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     "vllm_step<false>",
     "vllm_step<true>",
     *(f"dsa_topk_slots<{c}, {v}>" for c in ("false", "true") for v in (1, 4)),
+    "vllm_draft_step<false>",
+    "vllm_draft_step<true>",
 )
 
 BASELINE_KERNELS: tuple[str, ...] = (
@@ -40,4 +42,8 @@ BASELINE_KERNELS: tuple[str, ...] = (
     "kvaddr_vllm3_gather",
     "kvaddr_vllm3_slots",
     "kvaddr_dsa_topk_baseline",
+    "kvaddr_draft_first",
+    "kvaddr_draft_prepare",
+    "kvaddr_draft_slots",
+    "kvaddr_draft_meta",
 )

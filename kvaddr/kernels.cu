@@ -6,7 +6,8 @@
 // kernels (kvaddr/kernel_names.py's BASELINE_KERNELS), compiled only with KV_BASELINES defined.
 //
 // Semantics: docs/spec.md and kvaddr/reference.py (the oracle); the vLLM step: docs/vllm.md and
-// kvaddr/engines/vllm_reference.py.
+// kvaddr/engines/vllm_reference.py; the draft addressing: docs/spec-decode.md and
+// kvaddr/engines/spec_reference.py.
 
 #include "kernels/common.cuh"
 #include "kernels/attention.cuh"
@@ -14,6 +15,7 @@
 #include "kernels/mtp.cuh"
 #include "kernels/vllm.cuh"
 #include "kernels/dsa.cuh"
+#include "kernels/spec.cuh"
 #ifdef KV_BASELINES
 #include "kernels/baselines.cuh"
 #endif

@@ -46,6 +46,7 @@ IMPORTED_MODULES = (
     "kvaddr.engines.vllm",
     "kvaddr.engines.vllm_bound",
     "kvaddr.engines.vllm_mrv2",
+    "kvaddr.engines.vllm_draft",
     "kvaddr.engines.vllm_config",
     "kvaddr.engines.vllm_reference",
     "kvaddr.engines.vllm_errors",

@@ -44,9 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.vllm_errors import (
     VERR_BLOCK_INDEX,
     VERR_CAPACITY,
+    VERR_KV_INDICES_CAPACITY,
     VERR_NEGATIVE_BLOCK,
     VERR_NEGATIVE_COMPUTED,
     VERR_PAST_NUM_BLOCKS,
@@ -57,12 +59,14 @@ from kvaddr.engines.vllm_errors import (
     decode_vllm_error_key,
     vllm_error_key,
 )
+from kvaddr.engines.vllm_reference import dcp_local_lengths, owner_search
 from kvaddr.errors import KvaddrError
 from kvaddr.validation import INT32_MAX, check_int
 
 #: ``num_rejected[b]`` outside ``[0, qe - qs - 1]`` (more rejected than drafted), or
 #: ``num_sampled[b]`` inconsistent with it (negative; > 0 with
-#: ``num_sampled + num_rejected != qe - qs``; 0 with ``num_rejected != 0``): request b is skipped.
+#: ``num_sampled + num_rejected != qe - qs``, except 1 with ``num_rejected`` 0: a prefill's last
+#: chunk, which samples one token and drafted none; 0 with ``num_rejected != 0``): request b is skipped.
 VERR_NUM_REJECTED = 1024
 
 #: The reasons of every bit the draft reference sets.
@@ -75,10 +79,11 @@ DRAFT_ERROR_REASONS = {
     VERR_ROW_INDEX: "idx_mapping entry outside [-1, rows of the block tables)",
     VERR_NEGATIVE_COMPUTED: "seq_lens smaller than the request's verify tokens (qe - qs)",
     VERR_NUM_REJECTED: "num_rejected larger than the request's drafts, negative, or inconsistent with num_sampled",
+    VERR_KV_INDICES_CAPACITY: VLLM_ERROR_REASONS[VERR_KV_INDICES_CAPACITY],
 }
 
 #: Bits whose key names a KV-cache group.
-DRAFT_GROUP_BITS = VERR_BLOCK_INDEX | VERR_NEGATIVE_BLOCK | VERR_PAST_NUM_BLOCKS
+DRAFT_GROUP_BITS = VERR_BLOCK_INDEX | VERR_NEGATIVE_BLOCK | VERR_PAST_NUM_BLOCKS | VERR_KV_INDICES_CAPACITY
 
 #: Slot of a padding row or an unaddressable token.
 PAD_SLOT_ID = -1
@@ -124,7 +129,17 @@ class VllmDraftAddressing:
     seq_lens : int32 [k - 1, max_num_reqs]
     query_start_loc : int32 [k - 1, max_num_reqs + 1]
     slot_mappings : int64 [k - 1, G, max_num_reqs]
-        -1 past num_reqs and for an unaddressable token.
+        -1 past num_reqs, for a disabled group, another DCP rank's token and an
+        unaddressable token.
+    dcp_local_seq_lens : int32 [k - 1, max_num_reqs]
+        This DCP rank's share of ``seq_lens`` (equal to it without DCP).
+    kv_indptr, kv_indices, kv_last_page_len : int32 [k - 1, G, ...] or None
+        FlashInfer's metadata of each draft step (``attention`` with "flashinfer"):
+        ``[k-1, G, max_num_reqs + 1]``, ``[k-1, G, N]``, ``[k-1, G, max_num_reqs]``.
+    cu_seqlens_k : int32 [k - 1, G, max_num_reqs + 1] or None
+    max_seqlen_k : int32 [k - 1, G] or None
+        FlashAttention varlen's (``attention`` with "varlen"; ``seqused_k`` is
+        ``seq_lens``, or ``dcp_local_seq_lens`` for a sharded group).
     error_mask : int
     error_key : int
         See the module docstring; :data:`~kvaddr.engines.vllm_errors.VLLM_NO_ERROR_KEY` without errors.
@@ -138,6 +153,12 @@ class VllmDraftAddressing:
     slot_mappings: np.ndarray
     error_mask: int
     error_key: int
+    dcp_local_seq_lens: np.ndarray | None = None
+    kv_indptr: np.ndarray | None = None
+    kv_indices: np.ndarray | None = None
+    kv_last_page_len: np.ndarray | None = None
+    cu_seqlens_k: np.ndarray | None = None
+    max_seqlen_k: np.ndarray | None = None
 
     @property
     def first_bad(self) -> tuple[int, int, int, int] | None:
@@ -186,6 +207,13 @@ def vllm_draft_reference(
     num_blocks: ArrayLike | Sequence[ArrayLike] | None = None,
     max_num_reqs: int | None = None,
     mask_rejected: bool = False,
+    slot_mapping_enabled: bool | Sequence[bool] = True,
+    dcp_sharded: bool | Sequence[bool] = True,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    cp_interleave: int = 1,
+    attention: str | Sequence[str] | None = None,
+    kv_indices_capacity: int | None = None,
 ) -> VllmDraftAddressing:
     """Compute the draft forwards' addressing after a verify step, on the host.
 
@@ -217,7 +245,19 @@ def vllm_draft_reference(
     max_num_reqs : int, optional
         Length of the per-request outputs (>= num_reqs); default num_reqs.
     mask_rejected : bool
-        Give -1 to the rejected rows of the first forward's slot mappings.
+        Give -1 to the rejected rows of the first forward's slot mappings. A token's
+        request is found as the vLLM step finds it (:func:`~kvaddr.engines.vllm_reference.owner_search`),
+        which is its range for a non-decreasing ``query_start_loc``.
+    slot_mapping_enabled, dcp_sharded : bool or sequence of bool, default True
+        Per group: False gives the group -1 slots; False addresses it plainly on every DCP rank.
+    cp_size, cp_rank, cp_interleave : int
+        Decode context parallelism (docs/vllm.md): a sharded group's slot of another
+        rank's position is -1 (no check), this rank's is its local slot.
+    attention : str or sequence of str, optional
+        "flashinfer" and/or "varlen": each draft step's attention metadata over its
+        ``seq_lens`` (a sharded group's: ``dcp_local_seq_lens``) and each request's row.
+    kv_indices_capacity : int, optional
+        N, entries of each step's and group's ``kv_indices`` (required with "flashinfer").
 
     Returns
     -------
@@ -266,6 +306,21 @@ def vllm_draft_reference(
     R = n if max_num_reqs is None else check_int("max_num_reqs", max_num_reqs, lo=n, hi=INT32_MAX)
     if not isinstance(mask_rejected, (bool, np.bool_)):
         raise TypeError(f"mask_rejected must be a bool, got {type(mask_rejected).__name__}")
+    enabled = _flags("slot_mapping_enabled", slot_mapping_enabled, G)
+    sharded_flag = _flags("dcp_sharded", dcp_sharded, G)
+    cp = check_int("cp_size", cp_size, lo=1, hi=INT32_MAX)
+    rank = check_int("cp_rank", cp_rank, lo=0, hi=cp - 1)
+    il = check_int("cp_interleave", cp_interleave, lo=1, hi=INT32_MAX)
+    sharded = [cp > 1 and f for f in sharded_flag]
+    for g in range(G):
+        if sharded[g] and sizes[g] % il:
+            raise ValueError(f"cp_interleave ({il}) must divide block_sizes[{g}] ({sizes[g]}) of a sharded group")
+    groups = normalize_attention(attention)
+    if "page_table" in groups:
+        raise ValueError(
+            "attention for the draft steps takes 'flashinfer' and 'varlen' (their page table is the verify step's)"
+        )
+    N = check_kv_indices_capacity(groups, kv_indices_capacity)
     T = vsm.shape[1]
 
     keys: list[int] = []
@@ -285,7 +340,12 @@ def vllm_draft_reference(
     qsl_bad = (qs < 0) | (qe < qs)
     short = ~qsl_bad & (seq_t < qlen)
     rej_bad = ~qsl_bad & (
-        (rej < 0) | (rej > qlen - 1) | (smp < 0) | ((smp > 0) & (smp + rej != qlen)) | ((smp == 0) & (rej != 0))
+        (rej < 0)
+        | (rej > qlen - 1)
+        | (smp < 0)
+        | ((smp > 1) & (smp + rej != qlen))
+        | ((smp == 1) & (rej != 0) & (rej + 1 != qlen))
+        | ((smp == 0) & (rej != 0))
     )
     cap_bad = ~qsl_bad & (qe > T)
     record(VERR_ROW_INDEX, row_bad)
@@ -300,10 +360,11 @@ def vllm_draft_reference(
     last = np.zeros(R, dtype=np.int64)
     last[:n] = np.where(skipped, 0, qs + L - 1)
     first = vsm.copy()
-    if mask_rejected:
-        for b in np.flatnonzero(~skipped):
-            lo, hi = min(int(qs[b] + L[b]), T), min(int(qe[b]), T)
-            first[:, lo:hi] = PAD_SLOT_ID
+    if mask_rejected and n:
+        t = np.arange(T, dtype=np.int64)
+        owner = owner_search(qsl, t, n)
+        rejected = ~skipped[owner] & (qs[owner] <= t) & (t < qe[owner]) & (t >= qe[owner] - rej[owner])
+        first[:, rejected] = PAD_SLOT_ID
 
     P = seq_t - rej - 1
     rr = np.where(live, idx, 0)
@@ -311,21 +372,61 @@ def vllm_draft_reference(
     positions = np.zeros((steps, R), dtype=np.int64)
     out_lens = np.zeros((steps, R), dtype=np.int32)
     slots = np.full((steps, G, R), PAD_SLOT_ID, dtype=np.int64)
+    local_lens = np.zeros((steps, R), dtype=np.int32)
     qsl_j = np.minimum(np.arange(R + 1, dtype=np.int32), n)
+    fi, varlen = "flashinfer" in groups, "varlen" in groups
+    kv_indptr = np.zeros((steps, G, R + 1), dtype=np.int32) if fi else None
+    kv_indices = np.full((steps, G, N or 0), -1, dtype=np.int32) if fi else None
+    kv_last = np.zeros((steps, G, R), dtype=np.int32) if fi else None
+    cu_k = np.zeros((steps, G, R + 1), dtype=np.int32) if varlen else None
+    max_k = np.zeros((steps, G), dtype=np.int32) if varlen else None
     for j in range(1, steps + 1):
         pos = np.minimum(P + j, M - 1)
         positions[j - 1, :n] = np.where(live, pos, 0)
-        out_lens[j - 1, :n] = np.where(live, np.minimum(seq_t - rej + j, M), 0)
+        s_j = np.where(live, np.minimum(seq_t - rej + j, M), 0)
+        out_lens[j - 1, :n] = s_j
+        local_lens[j - 1, :n] = dcp_local_lengths(s_j, cp, rank, il)
         for g, (table, B, nb_all) in enumerate(zip(tables, sizes, nbs)):
-            bi = pos // B
-            e_idx = live & (bi >= table.shape[1])
-            e_nb = live & ~e_idx & (bi >= nb_all[rr])
-            read = live & ~e_idx & ~e_nb
+            if groups:
+                L_g = np.zeros(R, dtype=np.int64)
+                L_g[:n] = dcp_local_lengths(s_j, cp, rank, il) if sharded[g] else s_j
+                _draft_attention(
+                    j,
+                    g,
+                    L_g,
+                    B,
+                    table,
+                    nb_all,
+                    rr,
+                    n,
+                    N,
+                    fi,
+                    varlen,
+                    record,
+                    kv_indptr,
+                    kv_indices,
+                    kv_last,
+                    cu_k,
+                    max_k,
+                )
+            if not enabled[g]:
+                continue
+            if sharded[g]:
+                vbs = B * cp
+                bi, vo = pos // vbs, pos % vbs
+                local = (vo // il) % cp == rank
+                off = (vo // (il * cp)) * il + vo % il
+            else:
+                bi, off = pos // B, pos % B
+                local = np.ones(n, dtype=bool)
+            e_idx = live & local & (bi >= table.shape[1])
+            e_nb = live & local & ~e_idx & (bi >= nb_all[rr])
+            read = live & local & ~e_idx & ~e_nb
             blk = np.full(n, -1, dtype=np.int64)
             blk[read] = table[rr[read], bi[read]]
             e_neg = read & (blk < 0)
             ok = read & (blk >= 0)
-            slots[j - 1, g, :n] = np.where(ok, blk * B + pos % B, PAD_SLOT_ID)
+            slots[j - 1, g, :n] = np.where(ok, blk * B + off, PAD_SLOT_ID)
             record(VERR_BLOCK_INDEX, e_idx, j, g)
             record(VERR_PAST_NUM_BLOCKS, e_nb, j, g)
             record(VERR_NEGATIVE_BLOCK, e_neg, j, g)
@@ -339,4 +440,51 @@ def vllm_draft_reference(
         slot_mappings=slots,
         error_mask=mask,
         error_key=min(keys) if keys else VLLM_NO_ERROR_KEY,
+        dcp_local_seq_lens=local_lens,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        kv_last_page_len=kv_last,
+        cu_seqlens_k=cu_k,
+        max_seqlen_k=max_k,
     )
+
+
+def _flags(name: str, value, G: int) -> list[bool]:
+    vals = _per_group(name, value, G) if isinstance(value, (list, tuple)) else [value] * G
+    for g, v in enumerate(vals):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}[{g}] must be a bool, got {v!r}")
+    return [bool(v) for v in vals]
+
+
+def _draft_attention(
+    j, g, L, B, table, nb_all, rr, n, N, fi, varlen, record, kv_indptr, kv_indices, kv_last, cu_k, max_k
+) -> None:
+    """Draft step j's attention metadata of group g from the rows' KV lengths L (int64 [R])."""
+    pages = -(-L // B)
+    sat = lambda x: np.minimum(np.concatenate(([0], np.cumsum(x))), INT32_MAX)  # noqa: E731
+    if varlen:
+        cu_k[j - 1, g] = sat(L)
+        max_k[j - 1, g] = L.max(initial=0)
+    if not fi:
+        return
+    xp = sat(pages)
+    kv_indptr[j - 1, g] = xp
+    kv_last[j - 1, g] = np.where(L > 0, (L - 1) % B + 1, 0)
+    W = table.shape[1]
+    has = pages[:n] > 0
+    nb = np.where(has, nb_all[rr], 0)
+    record(VERR_BLOCK_INDEX, has & (pages[:n] > W), j, g)
+    record(VERR_PAST_NUM_BLOCKS, has & (pages[:n] <= W) & (pages[:n] > nb), j, g)
+    start = xp[:n]
+    record(VERR_KV_INDICES_CAPACITY, has & (start <= N) & (np.minimum(start + pages[:n], INT32_MAX) > N), j, g)
+    neg = np.zeros(n, dtype=bool)
+    for b in np.flatnonzero(has):
+        c = np.arange(int(pages[b]), dtype=np.int64)
+        c = c[start[b] + c < N]
+        ok = (c < W) & (c < nb[b])
+        v = np.full(c.shape[0], -1, dtype=np.int64)
+        v[ok] = table[rr[b], c[ok]]
+        neg[b] = bool((v[ok] < 0).any())
+        kv_indices[j - 1, g, start[b] + c] = np.where(v < 0, -1, v)
+    record(VERR_NEGATIVE_BLOCK, neg, j, g)

@@ -387,6 +387,66 @@ extern "C" __global__ void __launch_bounds__(KV_DSA_BASELINE_COLUMNS) kvaddr_dsa
 }
 
 // =====================================================================================
+// ==== vLLM's per-draft-step design, re-implemented (kvaddr/strategies/vllm_draft_per_step.py)
+// =====================================================================================
+// vLLM Model Runner V2's speculator prepares each draft step separately: after the verify step,
+// a launch for the sampled rows (last_token_indices), then per draft step j a launch that
+// advances positions and seq_lens, one slot-mapping launch over (requests, groups) reading those
+// positions, and the step's attention metadata (here one kernel per group; vLLM builds it on the
+// host). Same outputs as vllm_draft_step (the same helpers), no error checks. The step and group
+// come in VllmDraftParams.base_step / base_group. Grids: a thread per batch row, 128 per block.
+
+#define VDRAFT3_THREADS 128
+
+// last_token_indices (and the first forward's mask when mask_rejected: the token columns after
+// the rows), grid ceil((max_num_reqs + 1 + token columns) / 128).
+extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_first(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    const int i = blockIdx.x * VDRAFT3_THREADS + (int)threadIdx.x;
+    if (i < p.max_num_reqs) {
+        const VdraftReq q = vdraft_row_request(p, i, false, none);
+        p.last_token_indices[i] = q.status != 2 ? q.qe - q.rej - 1 : 0;
+    } else if (p.token_blocks && i - p.max_num_reqs < p.max_tokens) {
+        vdraft_first_slot(p, i - p.max_num_reqs);
+    }
+}
+
+// Draft step base_step: query_start_loc, positions, seq_lens, DCP lengths; grid ceil((M + 1) / 128).
+extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_prepare(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    const int b = blockIdx.x * VDRAFT3_THREADS + (int)threadIdx.x, M = p.max_num_reqs, j = p.base_step;
+    if (b > M) return;
+    p.query_start_loc_out[(long long)(j - 1) * (M + 1) + b] = b < p.num_reqs ? b : p.num_reqs;
+    if (b < M) vdraft_row_step(p, b, j, vdraft_row_request(p, b, false, none), false, none);
+}
+
+// Draft step base_step's slots from its positions, grid (ceil(M / 128), G).
+extern "C" __global__ void __launch_bounds__(VDRAFT3_THREADS) kvaddr_draft_slots(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    const int b = blockIdx.x * VDRAFT3_THREADS + (int)threadIdx.x, g = blockIdx.y, M = p.max_num_reqs;
+    const int j = p.base_step;
+    if (b >= M) return;
+    const VdraftReq q = vdraft_row_request(p, b, false, none);
+    const long long pos = p.positions[(long long)(j - 1) * M + b];
+    const long long slot = q.status == 0 ? vdraft_slot(p, g, q.r, pos, j, b, none) : -1;
+    p.slot_mappings[((long long)(j - 1) * p.num_groups + g) * M + b] = slot;
+}
+
+// Draft step base_step's attention metadata of group base_group: meta_chunks blocks of VDRAFT_THREADS.
+extern "C" __global__ void __launch_bounds__(VDRAFT_THREADS, 1) kvaddr_draft_meta(const VllmDraftParams p) {
+    VllmErr none;
+    none.mask = 0;
+    none.key = KV_NO_ERROR;
+    vdraft_attention_block(p, (p.base_step - 1) * p.num_groups + p.base_group, (int)blockIdx.x, none);
+}
+
+// =====================================================================================
 // ==== vLLM's three-launch design, re-implemented (kvaddr/strategies/vllm_three_launch.py)
 // =====================================================================================
 //

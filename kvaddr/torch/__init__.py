@@ -39,6 +39,10 @@ num_tokens, batch_id_per_token, position_ids, seq_lens_kv, slot_mapping, error_r
     Every MTP substep's addressing (docs/spec-decode.md) in one launch into ``[k, ...]`` tensors
     (:class:`DraftStepBuffers`); :func:`draft_steps` calls it and returns the views
     (:mod:`kvaddr.torch.mtp_ops`).
+``torch.ops.kvaddr.vllm_draft_into(idx_mapping, query_start_loc, seq_lens, num_rejected, num_sampled,
+block_tables, num_blocks, verify_slot_mappings, out, layout) -> ()``
+    The draft forwards' addressing after a verify step (docs/spec-decode.md) into ``out`` =
+    :attr:`VllmDraftBuffers.storage`; :func:`vllm_draft` calls it (:mod:`kvaddr.torch.vllm_draft_ops`).
 
 Layer: torch. May import the library and :mod:`kvaddr.engines` only (tests/unit/test_layering.py).
 """
@@ -55,6 +59,7 @@ from kvaddr.torch.ops import (
     workspace_errors,
     workspace_size,
 )
+from kvaddr.torch.vllm_draft_ops import VllmDraftBuffers, vllm_draft
 from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
 
 # torch.ops.kvaddr.vllm_step_into is registered by importing kvaddr.torch.vllm_ops (above).
@@ -62,6 +67,7 @@ from kvaddr.torch.vllm_ops import VllmStepBuffers, vllm_step
 __all__ = [
     "DraftStepBuffers",
     "StepBuffers",
+    "VllmDraftBuffers",
     "VllmStepBuffers",
     "clear_cache",
     "draft_errors",
@@ -71,6 +77,7 @@ __all__ = [
     "set_autograd_fallthrough",
     "set_debug",
     "step",
+    "vllm_draft",
     "vllm_step",
     "workspace_errors",
     "workspace_size",

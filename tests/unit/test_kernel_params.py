@@ -170,11 +170,13 @@ def test_baseline_argument_structs_match_the_kernel_signatures(kernel, args):
 
 def test_step_kernels_take_one_struct_by_value():
     for name in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
-        want = "const VllmStepParams p" if name.startswith("vllm_") else "const KvStepParams params"
-        if name.startswith("dsa_"):
-            want = "const KvDsaTopkParams p"
-        if name.startswith("mtp_"):
-            want = "const KvMtpParams params"
+        structs = {
+            "vllm_draft_": "const VllmDraftParams p",
+            "vllm_": "const VllmStepParams p",
+            "dsa_": "const KvDsaTopkParams p",
+            "mtp_": "const KvMtpParams params",
+        }
+        want = next((s for prefix, s in structs.items() if name.startswith(prefix)), "const KvStepParams params")
         assert _kernel_params(name) == [want], name
 
 
@@ -247,7 +249,7 @@ def test_error_bits_are_named_defines_equal_to_errors_py():
 
 
 def test_kernels_live_in_their_family_headers():
-    """The library kernels are templates in step.cuh, vllm.cuh and dsa.cuh; every extern "C" kernel is a
+    """The library kernels are templates in step.cuh, vllm.cuh, spec.cuh, dsa.cuh and mtp.cuh; every extern "C" kernel is a
     baseline, in baselines.cuh (compiled only with KV_BASELINES)."""
     headers = {h.name: h.read_text() for h in (KERNELS_CU.parent / "kernels").glob("*.cuh")}
 
@@ -255,7 +257,7 @@ def test_kernels_live_in_their_family_headers():
         return sorted(name for name, text in headers.items() if re.search(pattern, text, flags=re.M))
 
     for template in sorted({e.split("<")[0] for e in LIBRARY_KERNELS}):
-        homes = {"vllm_": "vllm.cuh", "dsa_": "dsa.cuh", "mtp_": "mtp.cuh"}
+        homes = {"vllm_draft_": "spec.cuh", "vllm_": "vllm.cuh", "dsa_": "dsa.cuh", "mtp_": "mtp.cuh"}
         want = [next((h for prefix, h in homes.items() if template.startswith(prefix)), "step.cuh")]
         assert home(rf"^__global__ void __launch_bounds__\(.*\) {template}\(") == want, template
     for name in BASELINE_KERNELS:

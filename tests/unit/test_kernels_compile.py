@@ -21,11 +21,13 @@ def instantiations() -> str:
     """A translation unit: kernels.cu and an explicit instantiation of every LIBRARY_KERNELS entry."""
     lines = [f'#include "{kernel_loader.SOURCE_PATH}"']
     for expr in LIBRARY_KERNELS:
-        params = "VllmStepParams" if expr.startswith("vllm_") else "KvStepParams"
-        if expr.startswith("dsa_"):
-            params = "KvDsaTopkParams"
-        if expr.startswith("mtp_"):
-            params = "KvMtpParams"
+        structs = {
+            "vllm_draft_": "VllmDraftParams",
+            "vllm_": "VllmStepParams",
+            "dsa_": "KvDsaTopkParams",
+            "mtp_": "KvMtpParams",
+        }
+        params = next((s for prefix, s in structs.items() if expr.startswith(prefix)), "KvStepParams")
         lines.append(f"template __global__ void {expr}(const {params});")
     return "\n".join(lines) + "\n"
 
@@ -91,6 +93,7 @@ def test_kernels_cu_only_includes_family_headers():
         '#include "kernels/mtp.cuh"',
         '#include "kernels/vllm.cuh"',
         '#include "kernels/dsa.cuh"',
+        '#include "kernels/spec.cuh"',
         "#ifdef KV_BASELINES",
         '#include "kernels/baselines.cuh"',
         "#endif",

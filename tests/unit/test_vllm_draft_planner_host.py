@@ -1,0 +1,138 @@
+"""VllmDraftPlanner's host side behind a fake CuPy (launches run the CPU emulation of the kernel,
+tests/support/vllm_draft_emulator.py): every argument check names
+its argument, the constructor refuses bad settings, ``bind()`` checks the persistent arrays once
+and ``launch`` the batch (a bad batch launches nothing), and the launch geometry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support import vllm_draft_emulator
+from tests.support.vllm_fake_cupy import FakeArray
+
+pytestmark = pytest.mark.skipif(vllm_draft_emulator.CXX is None, reason="no C++ compiler: kernel emulation skipped")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return vllm_draft_emulator.install(monkeypatch)
+
+
+def _planner(**kw):
+    from kvaddr.engines.vllm_draft import VllmDraftPlanner
+
+    args = dict(
+        max_num_reqs=4,
+        max_num_batched_tokens=16,
+        num_speculative_steps=3,
+        block_sizes=[4],
+        widths=[5],
+        max_model_len=20,
+        mask_rejected=True,
+    )
+    args.update(kw)
+    return VllmDraftPlanner(**args)
+
+
+def _inputs(n=2):
+    return dict(
+        idx_mapping=FakeArray(np.arange(n, dtype=np.int32)),
+        query_start_loc=FakeArray(np.arange(0, 4 * n + 1, 4, dtype=np.int32)),
+        seq_lens=FakeArray(np.full(n, 9, dtype=np.int32)),
+        num_rejected=FakeArray(np.zeros(n, dtype=np.int32)),
+        num_sampled=FakeArray(np.full(n, 4, dtype=np.int32)),
+        block_tables=[FakeArray(np.zeros((4, 5), dtype=np.int32))],
+        num_blocks=[FakeArray(np.full(4, 5, dtype=np.int32))],
+        verify_slot_mappings=FakeArray(np.zeros((1, 8), dtype=np.int64)),
+    )
+
+
+def test_one_launch_with_the_planned_grid(fake):
+    p = _planner(attention="flashinfer,varlen", kv_indices_capacity=32)
+    p.compute(**_inputs())
+    (launch,) = fake.launches
+    assert launch["name"] == "vllm_draft_step<true>"
+    # request blocks ceil(5 / 256) + attention blocks (k - 1) * G + token blocks ceil(16 / 256)
+    assert launch["grid"] == (1 + 2 + 1, 1, 1) and launch["block"] == 256
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (dict(idx_mapping=FakeArray(np.zeros(2, dtype=np.float32))), TypeError, "idx_mapping"),
+        (dict(idx_mapping=FakeArray(np.zeros(5, dtype=np.int32))), ValueError, "max_num_reqs"),
+        (dict(query_start_loc=FakeArray(np.zeros(2, dtype=np.int32))), ValueError, "query_start_loc"),
+        (dict(seq_lens=FakeArray(np.zeros(1, dtype=np.int32))), ValueError, "seq_lens"),
+        (dict(num_rejected=FakeArray(np.zeros(2, dtype=np.int64))), TypeError, "num_rejected"),
+        (dict(num_sampled=FakeArray(np.zeros((2, 1), dtype=np.int32))), ValueError, "num_sampled"),
+        (dict(block_tables=[FakeArray(np.zeros((4, 6), dtype=np.int32))]), ValueError, "block_tables"),
+        (dict(block_tables=[]), ValueError, "block_tables"),
+        (dict(num_blocks=[FakeArray(np.zeros(4, dtype=np.int64))]), TypeError, "num_blocks"),
+        (dict(verify_slot_mappings=FakeArray(np.zeros((1, 17), dtype=np.int64))), ValueError, "verify_slot_mappings"),
+        (dict(verify_slot_mappings=FakeArray(np.zeros((2, 8), dtype=np.int64))), ValueError, "verify_slot_mappings"),
+        (dict(verify_slot_mappings=None), ValueError, "verify_slot_mappings"),
+    ],
+)
+def test_bad_arguments_name_themselves_and_launch_nothing(fake, change, error, match):
+    p = _planner()
+    x = _inputs()
+    x.update(change)
+    with pytest.raises(error, match=match):
+        p.compute(**x)
+    assert fake.launches == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(num_speculative_steps=0), "num_speculative_steps"),
+        (dict(max_model_len=0), "max_model_len"),
+        (dict(attention="page_table"), "page table"),
+        (dict(attention="flashinfer"), "kv_indices_capacity"),
+        (dict(mask_rejected=1), "mask_rejected"),
+        (dict(out={"positions": FakeArray(np.zeros((2, 5), dtype=np.int64))}), "positions"),
+        (dict(out={"kv_indptr": FakeArray(np.zeros((2, 1, 5), dtype=np.int32))}), "kv_indptr"),
+        (dict(out={"nothing": FakeArray(np.zeros(1, dtype=np.int32))}), "nothing"),
+        (dict(block_sizes=[4, 4], widths=[5]), "widths"),
+    ],
+)
+def test_bad_settings(fake, kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        _planner(**kw)
+
+
+def test_out_arrays_are_used_as_given(fake):
+    pos = FakeArray(np.zeros((2, 4), dtype=np.int64))
+    p = _planner(out={"positions": pos})
+    assert p.outputs.positions is pos
+    assert p._params.positions == pos.a.ctypes.data
+
+
+def test_bind_checks_once_and_launch_checks_the_batch(fake):
+    p = _planner()
+    x = _inputs()
+    state = dict(
+        seq_lens=FakeArray(np.full(4, 9, dtype=np.int32)),
+        num_rejected=FakeArray(np.zeros(4, dtype=np.int32)),
+        num_sampled=FakeArray(np.full(4, 4, dtype=np.int32)),
+    )
+    bound = p.bind(
+        **state,
+        block_tables=x["block_tables"],
+        num_blocks=x["num_blocks"],
+        verify_slot_mappings=x["verify_slot_mappings"],
+    )
+    bound.launch(x["idx_mapping"], x["query_start_loc"])
+    bound.launch(x["idx_mapping"], x["query_start_loc"], stream=99)
+    assert [L["stream"] for L in fake.launches][1] == 99
+    with pytest.raises(TypeError, match="idx_mapping"):
+        bound.launch(FakeArray(np.zeros(2, dtype=np.float64)), x["query_start_loc"])
+    assert len(fake.launches) == 2
+    with pytest.raises(ValueError, match="seq_lens"):  # bound arrays shorter than max_num_reqs
+        p.bind(FakeArray(np.zeros(3, dtype=np.int32)), state["num_rejected"], state["num_sampled"], x["block_tables"])
+    # a bound array changed in place is checked again at the next launch
+    state["seq_lens"].a = np.zeros(2, dtype=np.int32)
+    with pytest.raises(ValueError, match="seq_lens"):
+        bound.launch(x["idx_mapping"], x["query_start_loc"])
+    assert len(fake.launches) == 2
