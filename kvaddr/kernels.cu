@@ -9,6 +9,7 @@
 // kvaddr/engines/vllm_reference.py.
 
 #include "kernels/common.cuh"
+#include "kernels/dsa_step.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/step.cuh"
 #include "kernels/vllm.cuh"

@@ -685,6 +685,10 @@ union KvSharedAll {
 // num_meta > 0) write the attention metadata (kv_meta_block).
 template <typename PosT>
 __global__ void __launch_bounds__(KV_THREADS, 2) step_multiblock(const KvStepParams params) {
+    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
+        kv_dsa_block(params);
+        return;
+    }
     const KvStepParams& p = params;
     __shared__ KvSharedAll sh;
     if (p.num_meta > 0) {  // attention outputs: the blocks after the token blocks write them
@@ -1262,6 +1266,10 @@ __device__ __forceinline__ void kv_wide_tokens_records(const KvStepParams& p) {
 // The small-batch step: <<<ceil(C / T), T>>>, T <= KV_SB_THREADS, one parameter.
 template <int G, typename PosT>
 __global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParams params) {
+    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
+        kv_dsa_block(params);
+        return;
+    }
     KvStepParams r;
     kv_params_in_registers<G>(params, r);
     kv_small_tokens<G, PosT>(r);
@@ -1272,6 +1280,10 @@ __global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParam
 // blocks' path); the token blocks are step_small's.
 template <int G, typename PosT>
 __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvStepParams params) {
+    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
+        kv_dsa_block(params);
+        return;
+    }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
     if ((u64)blockIdx.x * T >= C) {
         kv_meta_small<G>(params);
@@ -1286,6 +1298,10 @@ __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvSt
 // it for one_block_max_requests < bsz <= wide_max_requests without attention outputs.
 template <int G, typename PosT, int R>
 __global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
+    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
+        kv_dsa_block(params);
+        return;
+    }
     KvStepParams r;
     kv_params_in_registers<G>(params, r);
     kv_wide_tokens_records<G, PosT, R>(r);
@@ -1296,6 +1312,10 @@ __global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams 
 // division on the token blocks' path); the token blocks are step_wide<G, PosT, 4>'s.
 template <int G, typename PosT>
 __global__ void __launch_bounds__(KV_W_MAX / 4, 1) step_wide_attention(const KvStepParams params) {
+    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
+        kv_dsa_block(params);
+        return;
+    }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;
     if ((u64)blockIdx.x * T >= C) {
         kv_meta_wide<G, 4>(params);
