@@ -19,6 +19,7 @@ from kvaddr import kernel_loader
 from kvaddr.dsa_reference import indexer_cache_offsets, indexer_metadata
 from kvaddr.outputs import DSA_FIELDS
 from kvaddr.reference import step_addressing
+from tests.support.dsa_cases import dsa_case
 from tests.support.dsa_step_model import run_dsa_blocks
 from tests.support.meta_kernel_model import _view
 
@@ -105,19 +106,8 @@ def fake_planner(monkeypatch):
     return StepPlanner, launches
 
 
-def _case(rng, bsz, *, n=1, decodes=None, width=64, B=64, max_pos=3000, idle=0.0, bad=0.0, neg_block=0.0):
-    """Lengths and a table: decodes (n tokens) first, then prefill chunks (> n tokens)."""
-    nd = rng.integers(0, bsz + 1) if decodes is None else decodes
-    q = np.concatenate([np.full(nd, n), rng.integers(n + 1, n + 40, bsz - nd)]).astype(np.int32)
-    dec = rng.integers(0, max_pos, bsz).astype(np.int32)
-    if idle:
-        q[rng.random(bsz) < idle] = 0
-    if bad:
-        dec[rng.random(bsz) < bad] = -3
-    table = rng.integers(0, 1 << 20, (max(bsz, 1), width)).astype(np.int32)
-    if neg_block:
-        table[rng.random(table.shape) < neg_block] = -1
-    return dec, q, table
+def _case(rng, bsz, *, B=64, **kw):
+    return dsa_case(rng, bsz, **kw)
 
 
 def _expect(dec, q, tables, sizes, C, M, **kw):
@@ -149,8 +139,10 @@ def test_struct_fields_and_second_row(fake_planner):
     assert out.dsa.req_id_per_token is p.batch_id_per_token
     assert out.dsa.value_offsets.dtype == np.int64 and out.dsa.ks.dtype == np.int32
     assert out.dsa.cu_seq_lens.shape == (9,)
-    _compare(out.dsa, _expect(dec, q, [table, table], [64, 64], 16, 8, dsa_decode_len=2, dsa_value_bytes=96,
-                              dsa_scale_bytes=8))
+    _compare(
+        out.dsa,
+        _expect(dec, q, [table, table], [64, 64], 16, 8, dsa_decode_len=2, dsa_value_bytes=96, dsa_scale_bytes=8),
+    )
 
 
 def test_off_is_one_row_and_no_outputs(fake_planner):
@@ -204,10 +196,10 @@ def test_worked_example(fake_planner):
     ],
 )
 def test_batches_against_reference(fake_planner, bsz, M, C, n):
-    StepPlanner, launches = fake_planner
+    StepPlanner, _ = fake_planner
     rng = np.random.default_rng(bsz + C)
     p = StepPlanner(M, C, [64, 64], dsa=True, dsa_decode_len=n)
-    decodes = bsz if C <= bsz * n + 1 else None
+    decodes = bsz if bsz * n + 1 >= C else None
     dec, q, table = _case(rng, bsz, n=n, decodes=decodes)
     # keep the tokens within a few capacities (some steps overflow C: those tokens are dropped)
     while q.sum() > 2 * C:
