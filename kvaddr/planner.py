@@ -152,6 +152,7 @@ class StepPlanner:
             attention=self.attention,
             kv_indices_capacity=self.kv_indices_capacity,
             sms=sms,
+            dsa=self.dsa,
         )
         rec = dispatch.step_records(cfg)
         self._num_chunks, self._max_tiles, self._num_meta = rec.chunks, rec.tiles, rec.num_meta
@@ -529,7 +530,10 @@ class StepPlanner:
         if m is not None and m.same(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder):
             bsz = m.size
             if m.launch_kernel is None:
-                m.launcher(m.blocks, m.threads, stream, self._grid_y)
+                if self.dsa:  # the DSA blocks: the grid's second row
+                    m.launcher(m.blocks, m.threads, stream, 2)
+                else:
+                    m.launcher(m.blocks, m.threads, stream)
             else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
                 m.launch_kernel(m.function, m.blocks, self._grid_y, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
             if m.extra is not None:  # page_table: rows [0, bsz) of these tables (a binding may have set others)
@@ -538,7 +542,10 @@ class StepPlanner:
             return self._outputs(bsz) if out is None or m.extra is not None else out
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
         launcher, blocks, threads = self._launch_plan(bsz)
-        launcher(blocks, threads, stream, self._grid_y)
+        if self.dsa:  # the DSA blocks: the grid's second row
+            launcher(blocks, threads, stream, 2)
+        else:
+            launcher(blocks, threads, stream)
         return self._outputs(bsz)
 
     def bind(

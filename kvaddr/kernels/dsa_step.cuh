@@ -7,34 +7,36 @@
 // which read the lengths themselves and wait for no block. Without DSA outputs the grid has one
 // row and the only cost is the blockIdx.y test at entry.
 //
-// DSA block k owns the tokens [k * per, min((k + 1) * per, C)), per = ceil(C / gridDim.x). It walks
-// the requests KV_DSA_TILE at a time (one request per thread of the first KV_DSA_TILE threads): a
-// block scan of three sums at once, carried from tile to tile:
+// DSA block k owns the tokens [lo, hi) = [k * per, min((k + 1) * per, C)), per = ceil(C / gridDim.x).
+// It walks the requests T * R at a time (a tile; thread i holds the R consecutive requests
+// [i * R, i * R + R) of the tile in registers, all loads issued at once; R is the kernel's, so that
+// one tile covers the batches the kernel runs: R = 1 for step_small, the step's own R for
+// step_wide, 16 for step_multiblock's 4096-request tiles). A thread sums its requests, a block scan
+// of the thread totals gives each thread its prefixes, for three sums at once, carried from tile
+// to tile:
 //   * the request's tokens n (0 for a bad request: a negative length), whose prefix is the
 //     request's first token (the step's cu_seqlens_q, saturating as the step's);
 //   * for a prefill (n > dsa_decode_len), its seq_len = seq_lens_decoder + n, whose prefix over the
 //     prefills is the request's ks (cu_seq_lens over the prefills);
 //   * for a prefill, 1: its ordinal among the prefills, where block 0 writes cu_seq_lens.
-// The tile's prefixes go to shared memory; every thread then takes the block's tokens inside the
-// tile's token range (consecutive threads, consecutive tokens: coalesced stores), binary-searches
-// its request there, and writes (position p = seq_lens_decoder + (t - start), slot s in cache
-// dsa_cache with blk = s / B, off = s % B):
+// Then each thread walks its R requests again (the prefixes in registers) and writes the tokens of
+// each that lie in [lo, hi): up to KV_DSA_SHORT of them itself (a decode's one token, MTP's n), a
+// longer run with its whole warp (a ballot per request slot, then 32 lanes over consecutive
+// tokens: coalesced stores, no thread left with a long prefill alone). For token t of request b
+// at position p = seq_lens_decoder + (t - start), slot s in cache dsa_cache (blk = s / B,
+// off = s % B):
 //   ctx = p + 1;  ks / ke = the prefill's ks and ks + p + 1 (0 and 0 for a decode token);
 //   value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S
 // (-1 and -1 when the token's block index is past the row or its block id is negative: the step's
 // token blocks record those errors, the DSA blocks record none). Tokens [min(total, C), C) of the
 // block are padding (-1, -1, 0, 0, 0); block 0 writes cu_seq_lens[P .. max_requests] = the total of
-// the P prefills' seq_lens. Every element of every DSA output is written on every launch.
-// Blocks of any T (a multiple of 32 up to 1024): threads past KV_DSA_TILE load no request.
+// the P prefills' seq_lens. Every element of every DSA output is written on every launch. Shared
+// memory: the block scan's warp totals only.
 
-#define KV_DSA_TILE 256
-#define KV_DSA_WARPS 8  // KV_DSA_TILE / 32
+#define KV_DSA_SHORT 4  // tokens in range a thread writes alone; more: its warp together
 
 struct KvDsaShared {
-    int start[KV_DSA_TILE];  // first token of the tile's request k
-    int dec[KV_DSA_TILE];    // its seq_lens_decoder
-    int ks[KV_DSA_TILE];     // its ks (a prefill), -1 (a decode)
-    int sums[3][KV_DSA_WARPS];
+    int sums[3][32];  // per warp: tokens, prefill seq_lens, prefills
 };
 
 // One token's DSA outputs (t < C): request b with seq_lens_decoder d, first token start, ks
@@ -69,53 +71,59 @@ __device__ __forceinline__ void kv_dsa_pad(const KvStepParams& p, int t) {
     p.dsa_ke[t] = 0;
 }
 
-// DSA block blockIdx.x of the grid's second row (see the section comment).
+// Request b's tokens [a, z) (a < z, inside this block's range) by one thread.
+__device__ __forceinline__ void kv_dsa_run(const KvStepParams& p, int a, int z, int b, int d, int start, int ks,
+                                           const int* table, i64 stride, int width, int B) {
+    for (int t = a; t < z; ++t) kv_dsa_token(p, t, b, d, start, ks, table, stride, width, B);
+}
+
+// DSA block blockIdx.x of the grid's second row (see the section comment), R requests per thread.
+template <int R>
 __device__ void kv_dsa_block(const KvStepParams& p) {
     __shared__ KvDsaShared s;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x, warps = T >> 5;
     const int k = blockIdx.x, nb = gridDim.x, bsz = p.bsz, C = p.capacity, thr = p.dsa_decode_len;
     const int per = (int)(((i64)C + nb - 1) / nb);
     const int lo = (int)min((i64)k * per, (i64)C), hi = (int)min((i64)lo + per, (i64)C);
-    const int tile = T < KV_DSA_TILE ? T : KV_DSA_TILE;  // requests per tile (a multiple of 32)
-    const int tile_warps = tile >> 5;
     const int* table;
     i64 stride;
     int width, B;
     kv_meta_cache(p, p.dsa_cache, table, stride, width, B);
     int carry_tok = 0, carry_pre = 0, carry_cnt = 0;
-    for (int base = 0; base < bsz; base += tile) {
-        const int b = base + tid;
-        int d = 0, n = 0;
-        if (tid < tile && b < bsz) {
-            d = p.seq_lens_decoder[b];
-            n = p.seq_lens_this_time[b];
-        }
-        const bool bad = (d < 0) | (n < 0);
-        const int ne = bad ? 0 : n;
-        const bool pre = !bad && n > thr;
-        int x1 = ne, x2 = pre ? kv_sat_add(d, n) : 0, x3 = pre ? 1 : 0;
+    for (int base = 0; base < bsz; base += T * R) {
+        const int first = base + tid * R;  // this thread's first request
+        int d[R], n[R];
 #pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const int y1 = __shfl_up_sync(0xffffffffu, x1, off);
-            const int y2 = __shfl_up_sync(0xffffffffu, x2, off);
-            const int y3 = __shfl_up_sync(0xffffffffu, x3, off);
-            if (lane >= off) {
-                x1 = kv_sat_add(x1, y1);
-                x2 = kv_sat_add(x2, y2);
-                x3 += y3;
+        for (int u = 0; u < R; ++u) {
+            d[u] = n[u] = 0;
+            if (first + u < bsz) {
+                d[u] = p.seq_lens_decoder[first + u];
+                n[u] = p.seq_lens_this_time[first + u];
             }
         }
-        int e1 = __shfl_up_sync(0xffffffffu, x1, 1), e2 = __shfl_up_sync(0xffffffffu, x2, 1),
-            e3 = __shfl_up_sync(0xffffffffu, x3, 1);  // exclusive prefixes within the warp
-        if (lane == 0) e1 = e2 = e3 = 0;
-        if (lane == 31 && warp < tile_warps) {
-            s.sums[0][warp] = x1;
-            s.sums[1][warp] = x2;
-            s.sums[2][warp] = x3;
+        int x1 = 0, x2 = 0, x3 = 0;  // this thread's sums
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const bool bad = (d[u] < 0) | (n[u] < 0);
+            const bool pre = !bad && n[u] > thr;
+            x1 = kv_sat_add(x1, bad ? 0 : n[u]);
+            x2 = kv_sat_add(x2, pre ? kv_sat_add(d[u], n[u]) : 0);
+            x3 += pre ? 1 : 0;
+        }
+        int i1 = kv_warp_inclusive(x1), i2 = kv_warp_inclusive(x2), i3 = x3;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, i3, off);
+            if (lane >= off) i3 += y;
+        }
+        if (lane == 31) {
+            s.sums[0][warp] = i1;
+            s.sums[1][warp] = i2;
+            s.sums[2][warp] = i3;
         }
         __syncthreads();
         int b1 = 0, b2 = 0, b3 = 0, t1 = 0, t2 = 0, t3 = 0;
-        for (int w = 0; w < tile_warps; ++w) {
+        for (int w = 0; w < warps; ++w) {
             const int w1 = s.sums[0][w], w2 = s.sums[1][w], w3 = s.sums[2][w];
             if (w < warp) {
                 b1 = kv_sat_add(b1, w1);
@@ -126,29 +134,41 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
             t2 = kv_sat_add(t2, w2);
             t3 += w3;
         }
-        const int start = kv_sat_add(carry_tok, kv_sat_add(b1, e1));
-        const int ks = kv_sat_add(carry_pre, kv_sat_add(b2, e2));
-        const int ord = carry_cnt + b3 + e3;
-        if (tid < tile && b < bsz) {
-            s.start[tid] = start;
-            s.dec[tid] = d;
-            s.ks[tid] = pre ? ks : -1;
+        __syncthreads();  // the warp totals read before the next tile writes them
+        // this thread's exclusive prefixes: the carry, the warps before, the lanes before
+        int e1 = __shfl_up_sync(0xffffffffu, i1, 1), e2 = __shfl_up_sync(0xffffffffu, i2, 1),
+            e3 = __shfl_up_sync(0xffffffffu, i3, 1);
+        if (lane == 0) e1 = e2 = e3 = 0;
+        int start = kv_sat_add(carry_tok, kv_sat_add(b1, e1));
+        int ks = kv_sat_add(carry_pre, kv_sat_add(b2, e2));
+        int ord = carry_cnt + b3 + e3;
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const int b = first + u;
+            const bool bad = (d[u] < 0) | (n[u] < 0);
+            const bool pre = !bad && n[u] > thr;
+            const int end = kv_sat_add(start, bad ? 0 : n[u]);
             if (k == 0 && pre && ord < p.dsa_cu_len) p.dsa_cu_seq_lens[ord] = ks;
-        }
-        const int count = min(tile, bsz - base);
-        const int tile_end = kv_sat_add(carry_tok, t1);
-        __syncthreads();
-        const int a = max(lo, carry_tok), z = min(hi, tile_end);
-        for (int t = a + tid; t < z; t += T) {
-            int l = 0, h = count;  // largest j with s.start[j] <= t (s.start[0] = carry_tok <= t)
-            while (h - l > 1) {
-                const int mid = (l + h) >> 1;
-                if (s.start[mid] <= t) l = mid; else h = mid;
+            const int a = max(start, lo), z = min(end, hi);
+            const int kk = pre ? ks : -1;
+            const bool longer = z - a > KV_DSA_SHORT;
+            if (z > a && !longer) kv_dsa_run(p, a, z, b, d[u], start, kk, table, stride, width, B);
+            unsigned int todo = __ballot_sync(0xffffffffu, longer);
+            while (todo) {  // the warp writes each lane's long run together
+                const int from = __ffs(todo) - 1;
+                todo &= todo - 1;
+                const int la = __shfl_sync(0xffffffffu, a, from), lz = __shfl_sync(0xffffffffu, z, from);
+                const int lb = __shfl_sync(0xffffffffu, b, from), ld = __shfl_sync(0xffffffffu, d[u], from);
+                const int ls = __shfl_sync(0xffffffffu, start, from), lk = __shfl_sync(0xffffffffu, kk, from);
+                for (int t = la + lane; t < lz; t += 32) kv_dsa_token(p, t, lb, ld, ls, lk, table, stride, width, B);
             }
-            kv_dsa_token(p, t, base + l, s.dec[l], s.start[l], s.ks[l], table, stride, width, B);
+            if (pre) {
+                ks = kv_sat_add(ks, kv_sat_add(d[u], n[u]));
+                ++ord;
+            }
+            start = end;
         }
-        __syncthreads();  // the tile's shared prefixes read before the next tile's
-        carry_tok = tile_end;
+        carry_tok = kv_sat_add(carry_tok, t1);
         carry_pre = kv_sat_add(carry_pre, t2);
         carry_cnt += t3;
     }

@@ -683,10 +683,10 @@ union KvSharedAll {
 // <<<token blocks + num_meta, KV_THREADS>>>, one parameter. Every field is read by name, the
 // caches gathered into registers (KvCaches). The blocks after the token blocks (when
 // num_meta > 0) write the attention metadata (kv_meta_block).
-template <typename PosT>
+template <typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_THREADS, 2) step_multiblock(const KvStepParams params) {
-    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
-        kv_dsa_block(params);
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<16>(params);
         return;
     }
     const KvStepParams& p = params;
@@ -1264,10 +1264,10 @@ __device__ __forceinline__ void kv_wide_tokens_records(const KvStepParams& p) {
 // ---- the kernels of the small and wide steps ----
 
 // The small-batch step: <<<ceil(C / T), T>>>, T <= KV_SB_THREADS, one parameter.
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParams params) {
-    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
-        kv_dsa_block(params);
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<1>(params);
         return;
     }
     KvStepParams r;
@@ -1278,10 +1278,10 @@ __global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParam
 // The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS). A
 // block is a metadata block (kv_meta_small) iff blockIdx.x * T >= C (no division on the token
 // blocks' path); the token blocks are step_small's.
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvStepParams params) {
-    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
-        kv_dsa_block(params);
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<1>(params);
         return;
     }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
@@ -1296,10 +1296,10 @@ __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvSt
 
 // The step across blocks: <<<ceil(C / T), T>>>, T <= KV_W_MAX / R, one parameter; the planner runs
 // it for one_block_max_requests < bsz <= wide_max_requests without attention outputs.
-template <int G, typename PosT, int R>
+template <int G, typename PosT, int R, bool DSA = false>
 __global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
-    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
-        kv_dsa_block(params);
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<R>(params);
         return;
     }
     KvStepParams r;
@@ -1310,10 +1310,10 @@ __global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams 
 // The step across blocks with attention outputs (R = 4): <<<ceil(C / T) + M, T>>>,
 // T <= KV_W_MAX / 4. A block is a metadata block (kv_meta_wide) iff blockIdx.x * T >= C (no
 // division on the token blocks' path); the token blocks are step_wide<G, PosT, 4>'s.
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_W_MAX / 4, 1) step_wide_attention(const KvStepParams params) {
-    if (blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): a second grid row when asked for
-        kv_dsa_block(params);
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<4>(params);
         return;
     }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;

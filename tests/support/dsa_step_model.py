@@ -4,11 +4,13 @@ It reads the launch's ``KvStepParams`` (kernel_loader.StepParams) as ``kv_dsa_bl
 host memory the pointers address (fake device arrays that are NumPy buffers), with the launch
 geometry ``(blocks, threads)`` the planner chose, and writes the DSA outputs there: the grid's
 second row is ``blocks`` DSA blocks; block k owns the tokens ``[k * per, min((k + 1) * per, C))``
-with ``per = ceil(C / blocks)``; it walks the requests ``min(threads, KV_DSA_TILE)`` at a time,
-carrying three saturating prefixes (tokens, the prefills' seq_lens, the prefills' count) from
-tile to tile, writes the tokens of its range inside each tile's token range (each one's request
-found as the largest one whose first token is <= t), then pads its tokens past the total;
-block 0 writes ``cu_seq_lens``.
+with ``per = ceil(C / blocks)``; it walks the requests ``threads * R`` at a time (thread i holding
+the tile's requests ``[i * R, i * R + R)``), carrying three saturating prefixes (tokens, the
+prefills' seq_lens, the prefills' count) from tile to tile; each thread, in request order, writes
+the tokens of each of its requests inside the block's range (itself, or with its warp for a run
+longer than KV_DSA_SHORT: the same values), then the block pads its tokens past the total;
+block 0 writes ``cu_seq_lens``. ``R`` is the kernel's (:func:`per_thread`). Returns how many
+times each token was written (every token exactly once over the blocks).
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ import numpy as np
 
 from tests.support.meta_kernel_model import _sat, _view
 
-DSA_TILE = 256
+
+
+def per_thread(kernel: str) -> int:
+    """R of a DSA kernel: 1 for step_small*, step_wide's own R, 4 for step_wide_attention, 16 for
+    step_multiblock (kvaddr/kernels/step.cuh's kv_dsa_block<R> calls)."""
+    family, args = kernel.split("<", 1)
+    if family.startswith("step_small"):
+        return 1
+    if family == "step_wide":
+        return int(args.split(",")[2])
+    return 4 if family == "step_wide_attention" else 16
 
 
 def _excl_sat(vals, carry):
@@ -35,8 +47,9 @@ def _table_entry(P, g, b, idx):
     return int(_view(ptr, 1)[0])
 
 
-def run_dsa_blocks(P, blocks: int, threads: int) -> None:
-    """Run the ``blocks`` DSA blocks of a launch with ``threads`` threads per block."""
+def run_dsa_blocks(P, blocks: int, threads: int, R: int = 1) -> np.ndarray:
+    """Run the ``blocks`` DSA blocks of a launch with ``threads`` threads per block, R requests
+    per thread; returns the write count of each token."""
     assert P.dsa == 1 and threads % 32 == 0 and 32 <= threads <= 1024, (P.dsa, threads)
     bsz, C, n_dec = P.bsz, P.capacity, P.dsa_decode_len
     g = P.dsa_cache
@@ -50,8 +63,9 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> None:
     ke_out = _view(P.dsa_ke, C)
     ctx_out = _view(P.dsa_ctx, C)
     cu_out = _view(P.dsa_cu_seq_lens, P.dsa_cu_len)
-    tile = min(threads, DSA_TILE)
+    tile = threads * R
     per = -(-C // blocks)
+    writes = np.zeros(C, np.int64)
     for k in range(blocks):
         lo = min(k * per, C)
         hi = min(lo + per, C)
@@ -71,24 +85,34 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> None:
                 if k == 0 and pre[j] and ordinal < P.dsa_cu_len:
                     cu_out[ordinal] = ks[j]
                 ordinal += 1 if pre[j] else 0
-            for t in range(max(lo, carry_tok), min(hi, tile_end)):
-                j = max(i for i in range(count) if start[i] <= t)
-                b = base + j
-                pos = d[j] + (t - start[j])
-                ctx = _sat(d[j], t - start[j] + 1)
-                idx, off = divmod(pos, B)
-                v = s = -1
-                if idx < width:
-                    blk = _table_entry(P, g, b, idx)
-                    if blk >= 0:
-                        v = blk * B * (V + S) + off * V
-                        s = blk * B * (V + S) + B * V + off * S
-                value[t], scale[t], ctx_out[t] = v, s, ctx
-                ks_out[t] = ks[j] if pre[j] else 0
-                ke_out[t] = _sat(ks[j], ctx) if pre[j] else 0
+            for j in range(count):  # thread j // R's request j % R, in request order
+                for t in range(max(lo, start[j]), min(hi, _sat(start[j], ne[j]))):
+                    _token(P, t, base + j, d[j], start[j], ks[j] if pre[j] else -1, writes, g, width, B, V, S)
             carry_tok, carry_pre, carry_cnt = tile_end, pre_end, ordinal
         for t in range(max(lo, min(carry_tok, C)), hi):
+            writes[t] += 1
             value[t] = scale[t] = -1
             ctx_out[t] = ks_out[t] = ke_out[t] = 0
         if k == 0:
             cu_out[carry_cnt:] = carry_pre
+    return writes
+
+
+def _token(P, t, b, d, start, ks, writes, g, width, B, V, S):
+    """kv_dsa_token: token t of request b (ks -1: a decode)."""
+    C = P.capacity
+    writes[t] += 1
+    pos = d + (t - start)
+    ctx = _sat(d, t - start + 1)
+    idx, off = divmod(pos, B)
+    v = s = -1
+    if idx < width:
+        blk = _table_entry(P, g, b, idx)
+        if blk >= 0:
+            v = blk * B * (V + S) + off * V
+            s = blk * B * (V + S) + B * V + off * S
+    _view(P.dsa_value_offsets, C, np.int64)[t] = v
+    _view(P.dsa_scale_offsets, C, np.int64)[t] = s
+    _view(P.dsa_ctx, C)[t] = ctx
+    _view(P.dsa_ks, C)[t] = ks if ks >= 0 else 0
+    _view(P.dsa_ke, C)[t] = _sat(ks, ctx) if ks >= 0 else 0

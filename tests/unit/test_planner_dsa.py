@@ -20,7 +20,7 @@ from kvaddr.dsa_reference import indexer_cache_offsets, indexer_metadata
 from kvaddr.outputs import DSA_FIELDS
 from kvaddr.reference import step_addressing
 from tests.support.dsa_cases import dsa_case
-from tests.support.dsa_step_model import run_dsa_blocks
+from tests.support.dsa_step_model import per_thread, run_dsa_blocks
 from tests.support.meta_kernel_model import _view
 
 
@@ -97,7 +97,9 @@ def fake_planner(monkeypatch):
             ref = step_addressing(dec.copy(), q.copy(), [np.zeros((max(bsz, 1), 1), np.int32)], [1], P.capacity)
             _view(P.batch_id_per_token, P.capacity)[:] = ref.outputs.batch_id_per_token
             if grid_y == 2:
-                run_dsa_blocks(P, grid, block)
+                assert self.fn.endswith(", true>"), self.fn  # the kernel's DSA instantiation
+                writes = run_dsa_blocks(P, grid, block, per_thread(self.fn))
+                assert (writes == 1).all(), np.flatnonzero(writes != 1)[:8]  # every token once
             launches.append((self.fn, grid, block, grid_y))
 
     monkeypatch.setattr(kernel_loader, "Launcher", FakeLauncher)
@@ -152,6 +154,7 @@ def test_off_is_one_row_and_no_outputs(fake_planner):
     dec, q, table = _case(np.random.default_rng(1), 4)
     out = p.compute(_dev(dec), _dev(q), _dev(table))
     assert launches[-1][3] == 1 and out.dsa is None
+    assert not launches[-1][0].endswith(", true>")
 
 
 def test_bad_options(fake_planner):
@@ -185,18 +188,19 @@ def test_worked_example(fake_planner):
 
 
 @pytest.mark.parametrize(
-    "bsz, M, C, n",
+    "bsz, M, C, n, family",
     [
-        (0, 4, 8, 1),  # empty batch: all padding
-        (64, 64, 64, 1),  # decode 64: step_small
-        (37, 40, 300, 3),  # MTP n = 3, mixed, non-power-of-two
-        (300, 300, 2000, 1),  # step_wide, more than a tile of requests
-        (1030, 1100, 4000, 2),  # > 1024 requests
-        (4200, 4300, 4400, 1),  # step_multiblock
+        (0, 4, 8, 1, "step_small"),  # empty batch: all padding
+        (64, 64, 64, 1, "step_small"),  # decode 64
+        (37, 40, 300, 3, "step_small"),  # MTP n = 3, mixed, non-power-of-two
+        (300, 300, 2000, 1, "step_wide"),  # more requests than threads
+        (1030, 1100, 4000, 2, "step_wide"),  # > 1024 requests
+        (4200, 4300, 4400, 1, "step_multiblock"),  # two tiles of 4096 requests
+        (9000, 9000, 9500, 1, "step_multiblock"),  # three
     ],
 )
-def test_batches_against_reference(fake_planner, bsz, M, C, n):
-    StepPlanner, _ = fake_planner
+def test_batches_against_reference(fake_planner, bsz, M, C, n, family):
+    StepPlanner, launches = fake_planner
     rng = np.random.default_rng(bsz + C)
     p = StepPlanner(M, C, [64, 64], dsa=True, dsa_decode_len=n)
     decodes = bsz if bsz * n + 1 >= C else None
@@ -207,6 +211,7 @@ def test_batches_against_reference(fake_planner, bsz, M, C, n):
         if decodes is None and (q > n).sum():
             q[np.flatnonzero(q > n)[-1]] = n
     out = p.compute(_dev(dec), _dev(q), _dev(table))
+    assert launches[-1][0].split("<")[0] == family, launches[-1]
     _compare(out.dsa, _expect(dec, q, [table, table], [64, 64], C, M, dsa_decode_len=n))
 
 
