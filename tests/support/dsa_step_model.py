@@ -20,7 +20,6 @@ import numpy as np
 from tests.support.meta_kernel_model import _sat, _view
 
 
-
 def per_thread(kernel: str) -> int:
     """R of a DSA kernel: 1 for step_small*, step_wide's own R, 4 for step_wide_attention, 16 for
     step_multiblock (kvaddr/kernels/step.cuh's kv_dsa_block<R> calls)."""
