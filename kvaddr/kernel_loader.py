@@ -265,7 +265,7 @@ class StepParams(ctypes.Structure):
         ("dsa_cu_seq_lens", _U64),  # [max_requests + 1], int32: prefix of the prefills' seq_lens
         ("dsa", _I32),  # int32: 1 = write the DSA outputs (a second grid row)
         ("dsa_cache", _I32),  # int32: the indexer cache's index
-        ("dsa_decode_len", _I32),  # int32: n, decodes run 1..n tokens
+        ("dsa_decode_len", _I32),  # int32: n, a decode runs 1 to n tokens
         ("dsa_value_bytes", _I32),  # int32: V
         ("dsa_scale_bytes", _I32),  # int32: S
         ("dsa_cu_len", _I32),  # int32: entries of dsa_cu_seq_lens

@@ -197,3 +197,16 @@ def test_bound_step():
     ref = step_addressing(dec, q, table, 64, 512, dsa=True, max_requests=64)
     for f in DSA_FIELDS:
         np.testing.assert_array_equal(getattr(out.dsa, f).get(), getattr(ref.outputs.dsa, f), err_msg=f)
+
+
+def test_doc_snippet_prints_what_it_says():
+    import contextlib
+    import io
+
+    from tests.support.docs import DOCS, expected_prints, snippet
+
+    code = snippet((DOCS / "dsa.md").read_text(), "dsa-step-gpu")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(code, "docs/dsa.md", "exec"), {})
+    assert [line.strip() for line in buf.getvalue().splitlines()] == expected_prints(code, explanations=False)
