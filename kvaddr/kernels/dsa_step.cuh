@@ -11,7 +11,8 @@
 // It walks the requests T * R at a time (a tile; thread i holds the R consecutive requests
 // [i * R, i * R + R) of the tile in registers, all loads issued at once; R is the kernel's, so that
 // one tile covers the batches the kernel runs: R = 1 for step_small, the step's own R for
-// step_wide, 16 for step_multiblock's 4096-request tiles). A thread sums its requests, a block scan
+// step_wide, 16 for step_multiblock's 4096-request tiles; step_wide_attention, whose blocks of up
+// to 1024 threads leave 64 registers, takes R = 1 and T requests per tile). A thread sums its requests, a block scan
 // of the thread totals gives each thread its prefixes, for three sums at once, carried from tile
 // to tile:
 //   * the request's tokens n (0 for a bad request: a negative length), whose prefix is the
@@ -34,6 +35,10 @@
 // memory: the block scan's warp totals only.
 
 #define KV_DSA_SHORT 4  // tokens in range a thread writes alone; more: its warp together
+// The widest block of the DSA instantiations of step_small and step_wide: the dispatch table
+// launches them with at most 256 threads (kvaddr/dispatch.py), so their launch bounds leave the
+// DSA blocks the registers they need (the kernels without DSA keep theirs).
+#define KV_DSA_SMALL_THREADS 256
 
 struct KvDsaShared {
     int sums[3][32];  // per warp: tokens, prefill seq_lens, prefills
@@ -74,6 +79,7 @@ __device__ __forceinline__ void kv_dsa_pad(const KvStepParams& p, int t) {
 // Request b's tokens [a, z) (a < z, inside this block's range) by one thread.
 __device__ __forceinline__ void kv_dsa_run(const KvStepParams& p, int a, int z, int b, int d, int start, int ks,
                                            const int* table, i64 stride, int width, int B) {
+#pragma unroll 1
     for (int t = a; t < z; ++t) kv_dsa_token(p, t, b, d, start, ks, table, stride, width, B);
 }
 
@@ -160,6 +166,7 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
                 const int la = __shfl_sync(0xffffffffu, a, from), lz = __shfl_sync(0xffffffffu, z, from);
                 const int lb = __shfl_sync(0xffffffffu, b, from), ld = __shfl_sync(0xffffffffu, d[u], from);
                 const int ls = __shfl_sync(0xffffffffu, start, from), lk = __shfl_sync(0xffffffffu, kk, from);
+#pragma unroll 1
                 for (int t = la + lane; t < lz; t += 32) kv_dsa_token(p, t, lb, ld, ls, lk, table, stride, width, B);
             }
             if (pre) {

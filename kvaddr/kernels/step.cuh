@@ -684,7 +684,7 @@ union KvSharedAll {
 // caches gathered into registers (KvCaches). The blocks after the token blocks (when
 // num_meta > 0) write the attention metadata (kv_meta_block).
 template <typename PosT, bool DSA = false>
-__global__ void __launch_bounds__(KV_THREADS, 2) step_multiblock(const KvStepParams params) {
+__global__ void __launch_bounds__(KV_THREADS, DSA ? 1 : 2) step_multiblock(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
         kv_dsa_block<16>(params);
         return;
@@ -1265,7 +1265,7 @@ __device__ __forceinline__ void kv_wide_tokens_records(const KvStepParams& p) {
 
 // The small-batch step: <<<ceil(C / T), T>>>, T <= KV_SB_THREADS, one parameter.
 template <int G, typename PosT, bool DSA = false>
-__global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParams params) {
+__global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_SB_THREADS, 1) step_small(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
         kv_dsa_block<1>(params);
         return;
@@ -1297,7 +1297,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvSt
 // The step across blocks: <<<ceil(C / T), T>>>, T <= KV_W_MAX / R, one parameter; the planner runs
 // it for one_block_max_requests < bsz <= wide_max_requests without attention outputs.
 template <int G, typename PosT, int R, bool DSA = false>
-__global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
+__global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
         kv_dsa_block<R>(params);
         return;
@@ -1313,7 +1313,7 @@ __global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams 
 template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_W_MAX / 4, 1) step_wide_attention(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
-        kv_dsa_block<4>(params);
+        kv_dsa_block<1>(params);
         return;
     }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;

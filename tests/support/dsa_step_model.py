@@ -21,14 +21,14 @@ from tests.support.meta_kernel_model import _sat, _view
 
 
 def per_thread(kernel: str) -> int:
-    """R of a DSA kernel: 1 for step_small*, step_wide's own R, 4 for step_wide_attention, 16 for
+    """R of a DSA kernel: 1 for step_small* and step_wide_attention, step_wide's own R, 16 for
     step_multiblock (kvaddr/kernels/step.cuh's kv_dsa_block<R> calls)."""
     family, args = kernel.split("<", 1)
     if family.startswith("step_small"):
         return 1
     if family == "step_wide":
         return int(args.split(",")[2])
-    return 4 if family == "step_wide_attention" else 16
+    return 1 if family == "step_wide_attention" else 16
 
 
 def _excl_sat(vals, carry):

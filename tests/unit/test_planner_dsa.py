@@ -265,3 +265,24 @@ def test_reference_matches_indexer_metadata(nd, npf, n, seed):
     np.testing.assert_array_equal(d.value_offsets, off.value)
     np.testing.assert_array_equal(d.scale_offsets, off.scale)
     assert (d.ks[: nd * n] == 0).all() and (d.ke[: nd * n] == 0).all()
+
+
+@pytest.mark.parametrize("attention", [None, "varlen"])
+@pytest.mark.parametrize("M", [1, 64, 256, 300, 1024, 2048, 4096, 5000])
+@pytest.mark.parametrize("C", [1, 64, 4096, 65536])
+def test_dispatch_keeps_the_dsa_kernels_within_their_launch_bounds(M, C, attention):
+    """step_small and step_wide's DSA instantiations are compiled for at most
+    KV_DSA_SMALL_THREADS threads per block (their launch bounds): the dispatch table never
+    launches them wider, at any batch size."""
+    from kvaddr import dispatch
+    from kvaddr.attention_reference import normalize_attention
+
+    limit = kernel_loader.constants()["KV_DSA_SMALL_THREADS"]
+    groups = normalize_attention(attention)
+    cfg = dispatch.StepConfig(2, True, C, M, groups, None, 132, dsa=True)
+    for bsz in sorted({0, 1, M // 2, M - 1, M, 256, 257, 512, 513, 1024, 1025, 2048, 2049} & set(range(M + 1))):
+        launch = dispatch.step_launch(cfg, bsz)
+        assert launch.kernel.endswith(", true>"), launch
+        if launch.kernel.startswith(("step_small<", "step_wide<")):
+            assert launch.threads <= limit, (bsz, launch)
+        assert launch.kernel in dispatch.step_kernels(cfg), launch
