@@ -21,6 +21,10 @@ above 4096             ``step_multiblock``        ceil(C / 256) token blocks, th
                                                   ceil(bsz / 4096) scan tiles (+ metadata)
 =====================  =========================  ======================================
 
+With DSA outputs (``StepConfig.dsa``) each kernel is its ``DSA = true`` instantiation (the name
+with ``, true`` appended), launched by the planner with a second grid row of as many DSA blocks
+(kvaddr/kernels/dsa_step.cuh); the grid above is its first row.
+
 Pure Python over a frozen configuration: no CuPy, no device (the CPU tests run it).
 """
 

@@ -29,6 +29,8 @@
 //     every request (one per thread); G caches as a template parameter.
 //   * step_wide<G, PosT, R> / step_wide_attention<G, PosT>: bsz <= KV_W_MAX, every block holds every
 //     request (R per thread).
+// DSA outputs (KvStepParams::dsa, docs/dsa.md): each kernel's DSA = true instantiation, launched
+// with a second grid row of DSA blocks (dsa_step.cuh); row 0 is the kernel above, unchanged.
 // Errors: sticky per-warp records (mask, first-bad key). Only a warp that found an error writes: it
 // merges into its own record with atomicOr (mask) and atomicMin (key), so a record holds every
 // error since the host last cleared it; a clean warp writes nothing and no kernel clears.
