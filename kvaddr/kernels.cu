@@ -9,8 +9,8 @@
 // kvaddr/engines/vllm_reference.py.
 
 #include "kernels/common.cuh"
-#include "kernels/dsa_step.cuh"
 #include "kernels/attention.cuh"
+#include "kernels/dsa_step.cuh"
 #include "kernels/step.cuh"
 #include "kernels/vllm.cuh"
 #ifdef KV_BASELINES

@@ -84,8 +84,8 @@ def test_kernels_cu_only_includes_family_headers():
     code = [line for line in kernel_loader.SOURCE_PATH.read_text().splitlines() if line and not line.startswith("//")]
     assert code == [
         '#include "kernels/common.cuh"',
-        '#include "kernels/dsa_step.cuh"',
         '#include "kernels/attention.cuh"',
+        '#include "kernels/dsa_step.cuh"',
         '#include "kernels/step.cuh"',
         '#include "kernels/vllm.cuh"',
         "#ifdef KV_BASELINES",
