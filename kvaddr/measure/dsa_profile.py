@@ -79,7 +79,7 @@ extern "C" __global__ void dsa_convert_per_layer(const int* __restrict__ topk, c
 }
 """
 
-# kvaddr's conversion until its library op is connected here: one block per token, the context
+# kvaddr's conversion (register_conversion replaces it with another): one block per token, the context
 # checked, valid entries counted in the block.
 _CHECKED_SOURCE = r"""
 extern "C" __global__ void dsa_convert_checked(const int* __restrict__ topk, const int* __restrict__ req,
@@ -237,7 +237,7 @@ def _graph_time(launch: Callable, stream, copies: int, replays: int) -> float:
 
     try:
         return _captured_time(launch, stream, copies, replays)
-    except cupy.cuda.runtime.CUDARuntimeError:
+    except Exception:  # a launch that allocates, or anything else capture refuses
         stream.synchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     samples = []
@@ -257,9 +257,18 @@ def _captured_time(launch: Callable, stream, copies: int, replays: int) -> float
     launch()
     stream.synchronize()
     stream.begin_capture()
-    for _ in range(copies):
-        launch()
-    graph = stream.end_capture()
+    failed = None
+    try:
+        for _ in range(copies):
+            launch()
+    except Exception as exc:  # end the capture first, then report it
+        failed = exc
+    try:
+        graph = stream.end_capture()
+    except Exception as exc:
+        failed = failed or exc
+    if failed is not None:
+        raise failed
     graph.launch(stream)
     stream.synchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
