@@ -481,7 +481,8 @@ class StepPlanner:
         """Check the inputs; return ``(bsz, args)``: the kernel's one argument, this
         planner's KvStepParams struct, as RawKernel arguments (a one-tuple holding a
         ``CPointer`` to the struct, for launching the bare RawKernel as the benchmark
-        does). The struct is the planner's own: the next call rewrites it."""
+        does). The struct is the planner's own: the next call rewrites it. A planner with
+        ``dsa=True`` runs its kernel on a grid of two rows: ``(blocks, 2)``."""
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
         return bsz, kernel_loader.function_args(self._params, by_value=True)
 
