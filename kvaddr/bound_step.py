@@ -64,6 +64,7 @@ class BoundStep:
         "__weakref__",
         "_bsz_default",
         "_debug",
+        "_grid_y",
         "_infos",
         "_launch_kernel",
         "_names",
@@ -94,6 +95,7 @@ class BoundStep:
         debug: bool = False,
         launch_kernel: Callable | None = None,
         hold: bool = True,
+        grid_y: int = 1,
     ):
         dec = check_info("seq_lens_decoder", describe("seq_lens_decoder", seq_lens_decoder), ndim=1, device=device)
         rows = dec.shape[0]
@@ -156,6 +158,7 @@ class BoundStep:
 
             launch_kernel = driver.launchKernel
         self._launch_kernel = launch_kernel
+        self._grid_y = grid_y  # 2: the planner's DSA blocks run as the grid's second row
         self._plans: dict = {}  # bsz -> (fptr, blocks, threads), filled by launch()
 
     def grid(self, bsz: int) -> int:
@@ -197,7 +200,7 @@ class BoundStep:
         elif stream.__class__ is not int:
             stream = stream_handle(stream)
         self.params.bsz = bsz
-        self._launch_kernel(plan[0], plan[1], 1, 1, plan[2], 1, 1, 0, stream, self._params_ptr, 0)
+        self._launch_kernel(plan[0], plan[1], self._grid_y, 1, plan[2], 1, 1, 0, stream, self._params_ptr, 0)
         out = self._outputs
         return None if out is None else out(bsz)
 

@@ -21,6 +21,10 @@ above 4096             ``step_multiblock``        ceil(C / 256) token blocks, th
                                                   ceil(bsz / 4096) scan tiles (+ metadata)
 =====================  =========================  ======================================
 
+With DSA outputs (``StepConfig.dsa``) each kernel is its ``DSA = true`` instantiation (the name
+with ``, true`` appended), launched by the planner with a second grid row of as many DSA blocks
+(kvaddr/kernels/dsa_step.cuh); the grid above is its first row.
+
 Pure Python over a frozen configuration: no CuPy, no device (the CPU tests run it).
 """
 
@@ -31,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvaddr import kernel_loader
-from kvaddr.kernel_names import LIBRARY_KERNELS
+from kvaddr.kernel_names import LIBRARY_KERNELS, with_dsa
 
 _C = kernel_loader.constants()
 #: Threads per block of ``step_multiblock`` and of the attention variants' blocks at most.
@@ -144,6 +148,9 @@ class StepConfig:
         N with "flashinfer", else None.
     sms : int
         Streaming multiprocessors of the device (sizes ``step_multiblock``'s metadata blocks).
+    dsa : bool
+        DSA outputs asked for: every kernel is its ``DSA = true`` instantiation, launched with a
+        second grid row of as many DSA blocks (kvaddr/kernels/dsa_step.cuh).
     """
 
     num_caches: int
@@ -153,6 +160,7 @@ class StepConfig:
     attention: tuple = ()
     kv_indices_capacity: int | None = None
     sms: int = 132
+    dsa: bool = False
     #: ``(E, meta_per_cache, num_meta)`` of ``step_multiblock`` (see attention_meta_geometry).
     meta: tuple = field(init=False)
 
@@ -246,7 +254,15 @@ def multiblock_blocks(cfg: StepConfig, bsz: int) -> int:
 
 
 def step_launch(cfg: StepConfig, bsz: int) -> Launch:
-    """The launch of the core step for ``bsz`` requests (``0 <= bsz <= cfg.max_requests``)."""
+    """The launch of the core step for ``bsz`` requests (``0 <= bsz <= cfg.max_requests``); with
+    ``cfg.dsa`` the kernel's DSA instantiation (the grid's second row is the planner's)."""
+    launch = _step_launch(cfg, bsz)
+    if cfg.dsa:
+        return Launch(with_dsa(launch.kernel), launch.blocks, launch.threads)
+    return launch
+
+
+def _step_launch(cfg: StepConfig, bsz: int) -> Launch:
     G, pos = cfg.num_caches, cfg.pos
     if bsz <= cfg.small_max_bsz:
         name = "step_small_attention" if cfg.has_meta else "step_small"
@@ -270,10 +286,11 @@ def step_kernels(cfg: StepConfig) -> tuple[str, ...]:
             for r in WIDE_PER_THREAD:
                 # R serves bsz up to r x WIDE_THREADS (the last R the rest)
                 if lo <= cfg.wide_max_bsz:
-                    out.append(f"step_wide<{cfg.num_caches}, {cfg.pos}, {r}>")
+                    name = f"step_wide<{cfg.num_caches}, {cfg.pos}, {r}>"
+                    out.append(with_dsa(name) if cfg.dsa else name)
                     lo = max(lo, r * WIDE_THREADS + 1)
     if cfg.max_requests > cfg.wide_max_bsz:
-        out.append(f"step_multiblock<{cfg.pos}>")
+        out.append(step_launch(cfg, cfg.max_requests).kernel)
     return tuple(dict.fromkeys(out))
 
 

@@ -256,6 +256,19 @@ class StepParams(ctypes.Structure):
         ("meta_per_cache", _I32),  # int32: metadata blocks per cache (>= 1 with attention)
         ("meta_entries", _I32),  # int32: E, kv_indices entries per metadata block
         ("num_meta", _I32),  # int32: metadata blocks after the token blocks (0 when off)
+        # -- DSA outputs (docs/dsa.md; 0 / null when off) --
+        ("dsa_value_offsets", _U64),  # [capacity], int64: indexer-cache byte offset of the values (-1 pad)
+        ("dsa_scale_offsets", _U64),  # [capacity], int64: indexer-cache byte offset of the scale (-1 pad)
+        ("dsa_ks", _U64),  # [capacity], int32: prefill token's first key; 0 decode / padding
+        ("dsa_ke", _U64),  # [capacity], int32: ks + position + 1 (prefill), else 0
+        ("dsa_ctx", _U64),  # [capacity], int32: position + 1; 0 padding
+        ("dsa_cu_seq_lens", _U64),  # [max_requests + 1], int32: prefix of the prefills' seq_lens
+        ("dsa", _I32),  # int32: 1 = write the DSA outputs (a second grid row)
+        ("dsa_cache", _I32),  # int32: the indexer cache's index
+        ("dsa_decode_len", _I32),  # int32: n, a decode runs 1 to n tokens
+        ("dsa_value_bytes", _I32),  # int32: V
+        ("dsa_scale_bytes", _I32),  # int32: S
+        ("dsa_cu_len", _I32),  # int32: entries of dsa_cu_seq_lens
     ]
 
 

@@ -10,12 +10,24 @@ from __future__ import annotations
 _POS = ("long long", "int")
 _CACHES = range(5)
 
-LIBRARY_KERNELS: tuple[str, ...] = (
+_STEP_KERNELS: tuple[str, ...] = (
     *(f"step_multiblock<{pos}>" for pos in _POS),
     *(f"step_small<{g}, {pos}>" for pos in _POS for g in _CACHES),
     *(f"step_small_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
     *(f"step_wide<{g}, {pos}, {r}>" for r in (4, 8, 16) for pos in _POS for g in _CACHES),
     *(f"step_wide_attention<{g}, {pos}>" for pos in _POS for g in _CACHES),
+)
+
+
+def with_dsa(kernel: str) -> str:
+    """The core-step kernel ``kernel`` that also writes the DSA outputs (its ``DSA = true``
+    instantiation: a second grid row of DSA blocks, kvaddr/kernels/dsa_step.cuh)."""
+    return kernel[:-1] + ", true>"
+
+
+LIBRARY_KERNELS: tuple[str, ...] = (
+    *_STEP_KERNELS,
+    *(with_dsa(k) for k in _STEP_KERNELS if "<0," not in k),  # DSA needs a cache
     *(f"mtp_step<{pos}>" for pos in _POS),
     "vllm_step<false>",
     "vllm_step<true>",

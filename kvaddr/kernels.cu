@@ -11,6 +11,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/attention.cuh"
+#include "kernels/dsa_step.cuh"
 #include "kernels/step.cuh"
 #include "kernels/mtp.cuh"
 #include "kernels/vllm.cuh"

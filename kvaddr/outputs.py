@@ -76,6 +76,8 @@ class StepOutputs:
     slot_mapping: Any
     #: The attention metadata (:class:`AttentionOutputs`) when the step was asked for it, else None.
     attention: Any = None
+    #: DeepSeek-V3.2 sparse attention's addressing (:class:`DsaOutputs`) when asked for, else None.
+    dsa: Any = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in OUTPUT_FIELDS}
@@ -128,3 +130,49 @@ class AttentionOutputs:
     def as_dict(self) -> dict:
         """The fields that are not None."""
         return {name: getattr(self, name) for name in ATTENTION_FIELDS if getattr(self, name) is not None}
+
+
+#: Fields of :class:`DsaOutputs`, in order.
+DSA_FIELDS = ("value_offsets", "scale_offsets", "ks", "ke", "ctx", "cu_seq_lens", "req_id_per_token")
+
+
+@dataclass
+class DsaOutputs:
+    """DeepSeek-V3.2 sparse attention's per-step addressing (docs/dsa.md), NumPy or CuPy arrays.
+
+    Token ``t`` of request ``b`` at position ``p`` (``seq_lens_decoder[b] + i``), slot ``s``
+    in the indexer cache (block size ``B``, ``blk = s // B``, ``off = s % B``), ``V`` value
+    and ``S`` scale bytes per token. A request running ``1 <= q <= n`` tokens is a decode,
+    one running more a prefill; C is the capacity.
+
+    Attributes
+    ----------
+    value_offsets : int64 [C]
+        ``blk * B * (V + S) + off * V``: where the token's indexer-key values start in its
+        layer's indexer cache; -1 for padding and bad tokens.
+    scale_offsets : int64 [C]
+        ``blk * B * (V + S) + B * V + off * S``; -1 for padding and bad tokens.
+    ks : int32 [C]
+        A prefill token's first key: ``cu_seq_lens[i]`` of its prefill ``i``; 0 for decode
+        tokens and padding.
+    ke : int32 [C]
+        ``ks + p + 1`` (exclusive) for a prefill token; 0 for decode tokens and padding.
+    ctx : int32 [C]
+        ``p + 1``, the token's context length (a decode's ``ctx[b, j]``); 0 for padding.
+    cu_seq_lens : int32 [max_requests + 1]
+        ``[0, cumsum(seq_len)]`` over the P prefills in batch order
+        (``seq_len = seq_lens_decoder + seq_lens_this_time``); entries past P repeat the total.
+    req_id_per_token : int32 [C]
+        Each token's batch row (``batch_id_per_token``, the same buffer); -1 for padding.
+    """
+
+    value_offsets: Any = None
+    scale_offsets: Any = None
+    ks: Any = None
+    ke: Any = None
+    ctx: Any = None
+    cu_seq_lens: Any = None
+    req_id_per_token: Any = None
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in DSA_FIELDS}

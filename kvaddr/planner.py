@@ -14,7 +14,7 @@ from kvaddr.device import require_cuda
 from kvaddr.dispatch import attention_meta_geometry
 from kvaddr.errors import AddressingError, clean_error_records
 from kvaddr.host import ErrorRecords, Memo, StreamResolver
-from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
+from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, DsaOutputs, StepOutputs
 from kvaddr.validation import (
     INT32_MAX,
     MAX_REQUESTS,
@@ -71,6 +71,20 @@ class StepPlanner:
         :meth:`compute_draft_steps`, which writes all k substeps' outputs (each one
         :meth:`compute`'s) in one launch into buffers with a leading ``[k]``
         dimension (docs/spec-decode.md). None (default) allocates nothing for it.
+    dsa : bool, default False
+        Also write DeepSeek-V3.2 sparse attention's per-step addressing in the same launch
+        (docs/dsa.md): each token's indexer-cache byte offsets (values and scale), its
+        context length, the prefill key ranges ``ks`` / ``ke`` and the prefills'
+        ``cu_seq_lens`` (``StepOutputs.dsa``). False (default) costs nothing.
+    dsa_cache : int, optional
+        The indexer cache among ``block_sizes`` (its table and B address the offsets); the
+        last cache by default.
+    dsa_decode_len : int, default 1
+        n, the query tokens of a decode (1 + speculative tokens): a request running
+        1 to n tokens is a decode, one running more a prefill.
+    dsa_value_bytes, dsa_scale_bytes : int, default 128 and 4
+        V and S, the value and scale bytes of one token in the indexer cache, whose blocks
+        hold ``[B * V | B * S]``.
 
     Examples
     --------
@@ -96,6 +110,11 @@ class StepPlanner:
         attention: str | Sequence[str] | None = None,
         kv_indices_capacity: int | None = None,
         draft_steps: int | None = None,
+        dsa: bool = False,
+        dsa_cache: int | None = None,
+        dsa_decode_len: int = 1,
+        dsa_value_bytes: int = 128,
+        dsa_scale_bytes: int = 4,
     ) -> None:
         require_cuda(device)  # NoCudaDevice, one sentence, without CuPy, a driver or a GPU
         import cupy
@@ -115,6 +134,18 @@ class StepPlanner:
         self.kv_indices_capacity = check_kv_indices_capacity(self.attention, kv_indices_capacity)
         if ("flashinfer" in self.attention or "page_table" in self.attention) and self.num_caches == 0:
             raise ValueError("attention 'flashinfer' and 'page_table' need at least one cache (block_sizes is empty)")
+        if not isinstance(dsa, (bool, np.bool_)):
+            raise TypeError(f"dsa must be a bool, got {dsa!r}")
+        #: DSA outputs asked for (docs/dsa.md): the launch's second grid row writes them.
+        self.dsa = bool(dsa)
+        if self.dsa:
+            if self.num_caches == 0:
+                raise ValueError("dsa needs at least one cache (block_sizes is empty): the indexer cache's")
+            last = self.num_caches - 1
+            self.dsa_cache = last if dsa_cache is None else check_int("dsa_cache", dsa_cache, lo=0, hi=last)
+            self.dsa_decode_len = check_int("dsa_decode_len", dsa_decode_len, lo=1, hi=INT32_MAX)
+            self.dsa_value_bytes = check_int("dsa_value_bytes", dsa_value_bytes, lo=1, hi=1 << 20)
+            self.dsa_scale_bytes = check_int("dsa_scale_bytes", dsa_scale_bytes, lo=1, hi=1 << 20)
         sms = 132
         if self.attention:
             props = cupy.cuda.runtime.getDeviceProperties(self.device)
@@ -128,11 +159,17 @@ class StepPlanner:
             attention=self.attention,
             kv_indices_capacity=self.kv_indices_capacity,
             sms=sms,
+            dsa=self.dsa,
         )
         rec = dispatch.step_records(cfg)
         self._num_chunks, self._max_tiles, self._num_meta = rec.chunks, rec.tiles, rec.num_meta
         #: k of :meth:`compute_draft_steps` (None: the planner has no MTP substeps).
         self.draft_steps = None if draft_steps is None else check_int("draft_steps", draft_steps, lo=1, hi=1024)
+        if self.draft_steps is not None and self.dsa:
+            raise ValueError(
+                "draft_steps and dsa=True cannot be combined: the MTP substeps do not write the DSA outputs "
+                "(build the draft model's planner without dsa)"
+            )
         num_records = rec.records
         kernels = dispatch.step_kernels(cfg)
         if self.draft_steps is not None:
@@ -150,6 +187,7 @@ class StepPlanner:
             self.seq_lens_kv = cupy.zeros(self.max_requests, dtype=np.int32)
             self.slot_mapping = cupy.full((self.num_caches, C), -1, dtype=np.int64)
             self._attention_buffers(cupy, consts)
+            self._dsa_buffers(cupy)
             # Sticky records, one per warp of the largest launch of any kernel above: cleared
             # here, then only by errors() / check() / clear_errors().
             clean = clean_error_records(num_records).reshape(-1)
@@ -180,6 +218,7 @@ class StepPlanner:
         P.tile_state = self._state.data.ptr  # [4], uint32
         P.tile_status = self._tile_status.data.ptr  # [max(max_tiles, 1)], uint64
         self._attention_params(P)
+        self._dsa_params(P)
         # Views of the per-cache arrays (sharing P's memory): written per call without
         # building a new ctypes array view each time.
         self._p_tables, self._p_strides, self._p_widths = P.block_tables, P.table_stride, P.max_blocks
@@ -232,6 +271,52 @@ class StepPlanner:
     @property
     def launches_per_step(self) -> int:
         return 1
+
+    # -- DSA outputs (docs/dsa.md) -------------------------------------------
+    def _dsa_buffers(self, cupy) -> None:
+        """Allocate the DSA outputs when asked for."""
+        C = self.capacity
+        self._grid_y = 2 if self.dsa else 1
+        self.dsa_value_offsets = self.dsa_scale_offsets = None
+        self.dsa_ks = self.dsa_ke = self.dsa_ctx = self.dsa_cu_seq_lens = None
+        if self.dsa:
+            self.dsa_value_offsets = cupy.full(C, -1, dtype=np.int64)
+            self.dsa_scale_offsets = cupy.full(C, -1, dtype=np.int64)
+            self.dsa_ks = cupy.zeros(C, dtype=np.int32)
+            self.dsa_ke = cupy.zeros(C, dtype=np.int32)
+            self.dsa_ctx = cupy.zeros(C, dtype=np.int32)
+            self.dsa_cu_seq_lens = cupy.zeros(self.max_requests + 1, dtype=np.int32)
+
+    def _dsa_params(self, P) -> None:
+        """The DSA fields of the kernel's parameter struct (fixed at construction)."""
+        if not self.dsa:
+            return  # dsa = 0 and null pointers: one grid row
+        P.dsa_value_offsets = self.dsa_value_offsets.data.ptr  # [C], int64
+        P.dsa_scale_offsets = self.dsa_scale_offsets.data.ptr  # [C], int64
+        P.dsa_ks = self.dsa_ks.data.ptr  # [C], int32
+        P.dsa_ke = self.dsa_ke.data.ptr  # [C], int32
+        P.dsa_ctx = self.dsa_ctx.data.ptr  # [C], int32
+        P.dsa_cu_seq_lens = self.dsa_cu_seq_lens.data.ptr  # [max_requests + 1], int32
+        P.dsa = 1  # int32
+        P.dsa_cache = self.dsa_cache  # int32
+        P.dsa_decode_len = self.dsa_decode_len  # int32: n
+        P.dsa_value_bytes = self.dsa_value_bytes  # int32: V
+        P.dsa_scale_bytes = self.dsa_scale_bytes  # int32: S
+        P.dsa_cu_len = self.max_requests + 1  # int32
+
+    def _dsa_outputs(self):
+        """DsaOutputs views (None when off)."""
+        if not self.dsa:
+            return None
+        return DsaOutputs(
+            value_offsets=self.dsa_value_offsets,
+            scale_offsets=self.dsa_scale_offsets,
+            ks=self.dsa_ks,
+            ke=self.dsa_ke,
+            ctx=self.dsa_ctx,
+            cu_seq_lens=self.dsa_cu_seq_lens,
+            req_id_per_token=self.batch_id_per_token,  # the same buffer, no copy
+        )
 
     # -- attention outputs (docs/attention.md) ------------------------------
     def _attention_buffers(self, cupy, consts) -> None:
@@ -317,6 +402,7 @@ class StepPlanner:
                 seq_lens_kv=self.seq_lens_kv[:bsz],
                 slot_mapping=self.slot_mapping,
                 attention=self._attention_outputs(bsz),
+                dsa=self._dsa_outputs(),
             )
         if self._page_table_key is not None:
             out.attention.page_table = self._page_table
@@ -425,7 +511,8 @@ class StepPlanner:
         """Check the inputs; return ``(bsz, args)``: the kernel's one argument, this
         planner's KvStepParams struct, as RawKernel arguments (a one-tuple holding a
         ``CPointer`` to the struct, for launching the bare RawKernel as the benchmark
-        does). The struct is the planner's own: the next call rewrites it."""
+        does). The struct is the planner's own: the next call rewrites it. A planner with
+        ``dsa=True`` runs its kernel on a grid of two rows: ``(blocks, 2)``."""
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
         return bsz, kernel_loader.function_args(self._params, by_value=True)
 
@@ -474,16 +561,22 @@ class StepPlanner:
         if m is not None and m.same(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder):
             bsz = m.size
             if m.launch_kernel is None:
-                m.launcher(m.blocks, m.threads, stream)
+                if self.dsa:  # the DSA blocks: the grid's second row
+                    m.launcher(m.blocks, m.threads, stream, 2)
+                else:
+                    m.launcher(m.blocks, m.threads, stream)
             else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
-                m.launch_kernel(m.function, m.blocks, 1, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
+                m.launch_kernel(m.function, m.blocks, self._grid_y, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
             if m.extra is not None:  # page_table: rows [0, bsz) of these tables (a binding may have set others)
                 self._set_page_table(m.extra, bsz)
             out = self._views.get(bsz)
             return self._outputs(bsz) if out is None or m.extra is not None else out
         bsz = self._prepare(seq_lens_decoder, seq_lens_this_time, block_tables, seq_lens_encoder)
         launcher, blocks, threads = self._launch_plan(bsz)
-        launcher(blocks, threads, stream)
+        if self.dsa:  # the DSA blocks: the grid's second row
+            launcher(blocks, threads, stream, 2)
+        else:
+            launcher(blocks, threads, stream)
         return self._outputs(bsz)
 
     def bind(
@@ -542,6 +635,7 @@ class StepPlanner:
             stream=stream,
             outputs=outputs,
             debug=debug,
+            grid_y=self._grid_y,
         )
 
     # -- MTP substeps (kvaddr/mtp.py, kvaddr/kernels/mtp.cuh) ----------------------------

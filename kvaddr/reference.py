@@ -39,7 +39,7 @@ from kvaddr.errors import (
     decode_error_key,
     error_key,
 )
-from kvaddr.outputs import PAD_SLOT_ID, StepOutputs
+from kvaddr.outputs import PAD_SLOT_ID, DsaOutputs, StepOutputs
 from kvaddr.validation import check_host_array, check_int, check_lengths, normalize_caches
 
 
@@ -93,6 +93,12 @@ def step_addressing(
     position_dtype: DTypeLike = np.int64,
     attention: str | Sequence[str] | None = None,
     kv_indices_capacity: int | None = None,
+    dsa: bool = False,
+    dsa_cache: int | None = None,
+    dsa_decode_len: int = 1,
+    dsa_value_bytes: int = 128,
+    dsa_scale_bytes: int = 4,
+    max_requests: int | None = None,
 ) -> ReferenceResult:
     """Compute one step's addressing on the host.
 
@@ -118,6 +124,12 @@ def step_addressing(
         (docs/attention.md); None (default) asks for none and changes nothing.
     kv_indices_capacity : int, optional
         N, the entries of each cache's ``kv_indices``; required with "flashinfer".
+    dsa, dsa_cache, dsa_decode_len, dsa_value_bytes, dsa_scale_bytes : optional
+        DSA outputs (``outputs.dsa``, :func:`dsa_step_outputs`), as
+        :class:`~kvaddr.planner.StepPlanner` takes them.
+    max_requests : int, optional
+        Rows of ``outputs.dsa.cu_seq_lens`` minus one (the planner's ``max_requests``); bsz
+        by default.
 
     Returns
     -------
@@ -203,9 +215,108 @@ def step_addressing(
         seq_lens_kv=kv,
         slot_mapping=slots,
     )
+    if dsa:
+        if not sizes:
+            raise ValueError("dsa needs at least one cache (block_sizes is empty): the indexer cache's")
+        last = len(sizes) - 1
+        g = last if dsa_cache is None else check_int("dsa_cache", dsa_cache, lo=0, hi=last)
+        outputs.dsa = dsa_step_outputs(
+            dec,
+            q,
+            batch,
+            positions,
+            slots[g],
+            sizes[g],
+            bsz if max_requests is None else check_int("max_requests", max_requests, lo=max(bsz, 1)),
+            decode_len=dsa_decode_len,
+            value_bytes=dsa_value_bytes,
+            scale_bytes=dsa_scale_bytes,
+        )
     if not groups:
         return ReferenceResult(outputs, mask, min(keys) if keys else NO_ERROR_KEY)
     att = attention_reference.attention_metadata(outputs.cu_seqlens_q, kv, tables, sizes, groups, kv_indices_capacity)
     outputs.attention = att.outputs
     keys += [error_key(*r) for r in att.records]
     return ReferenceResult(outputs, mask | att.error_mask, min(keys) if keys else NO_ERROR_KEY)
+
+
+def dsa_step_outputs(
+    seq_lens_decoder: ArrayLike,
+    seq_lens_this_time: ArrayLike,
+    batch_id_per_token: ArrayLike,
+    position_ids: ArrayLike,
+    slots: ArrayLike,
+    block_size: int,
+    max_requests: int,
+    *,
+    decode_len: int = 1,
+    value_bytes: int = 128,
+    scale_bytes: int = 4,
+) -> DsaOutputs:
+    """DeepSeek-V3.2 sparse attention's per-step addressing from a step's outputs (docs/dsa.md).
+
+    Parameters
+    ----------
+    seq_lens_decoder, seq_lens_this_time : int [bsz]
+        The step's inputs; a request with a negative one runs no tokens.
+    batch_id_per_token, position_ids : int [C]
+        The step's outputs (-1 / 0 for padding).
+    slots : int [C]
+        The step's slot mapping of the indexer cache (-1 for padding and bad tokens).
+    block_size : int
+        B of the indexer cache.
+    max_requests : int
+        ``cu_seq_lens`` has ``max_requests + 1`` entries (>= bsz).
+    decode_len : int, default 1
+        n: a request running ``1 <= q <= n`` tokens is a decode, one running more a prefill.
+    value_bytes, scale_bytes : int, default 128 and 4
+        V and S of the indexer cache's ``[B * V | B * S]`` blocks.
+
+    Returns
+    -------
+    DsaOutputs
+        NumPy arrays (:class:`~kvaddr.outputs.DsaOutputs`).
+
+    Examples
+    --------
+    A decode at position 6 and a prefill chunk at positions 2, 3, 4 (B = 4, slots from the
+    table rows ``[5, 2]`` and ``[9, 3]``):
+
+    >>> d = dsa_step_outputs([6, 2], [1, 3], [0, 1, 1, 1, -1], [6, 2, 3, 4, 0], [10, 38, 39, 12, -1], 4, 2)
+    >>> d.ctx.tolist(), d.ks.tolist(), d.ke.tolist(), d.cu_seq_lens.tolist()
+    ([7, 3, 4, 5, 0], [0, 0, 0, 0, 0], [0, 3, 4, 5, 0], [0, 5, 5])
+    >>> d.value_offsets[:2].tolist(), d.scale_offsets[:2].tolist()
+    ([1312, 5008], [1576, 5272])
+    """
+    from kvaddr.dsa_reference import indexer_cache_offsets
+
+    dec = np.asarray(seq_lens_decoder, dtype=np.int64)
+    q = np.asarray(seq_lens_this_time, dtype=np.int64)
+    batch = np.asarray(batch_id_per_token, dtype=np.int64)
+    pos = np.asarray(position_ids, dtype=np.int64)
+    n = check_int("decode_len", decode_len, lo=1)
+    M = check_int("max_requests", max_requests, lo=dec.shape[0])
+    real = batch >= 0
+    off = indexer_cache_offsets(slots, block_size, value_bytes=value_bytes, scale_bytes=scale_bytes)
+    bad = (dec < 0) | (q < 0)
+    prefill = ~bad & (q > n)
+    lens = np.where(prefill, np.minimum(dec + q, INT32_MAX), 0)
+    before = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)  # prefix over requests
+    P = int(prefill.sum())
+    cu = np.full(M + 1, min(int(before[-1]), INT32_MAX), dtype=np.int64)
+    cu[:P] = before[:-1][prefill]
+    ctx = np.where(real, np.minimum(pos + 1, INT32_MAX), 0)
+    b = np.where(real, batch, 0)
+    is_pre = real & prefill[b] if dec.size else np.zeros_like(real)
+    ks = np.where(is_pre, np.minimum(before[b], INT32_MAX), 0)
+    ke = np.where(is_pre, np.minimum(ks + ctx, INT32_MAX), 0)
+    i32 = np.int32
+    return DsaOutputs(
+        value_offsets=off.value,
+        scale_offsets=off.scale,
+        ks=ks.astype(i32),
+        ke=ke.astype(i32),
+        ctx=ctx.astype(i32),
+        cu_seq_lens=np.minimum(cu, INT32_MAX).astype(i32),
+        req_id_per_token=batch.astype(i32),
+    )

@@ -489,11 +489,22 @@ def attention_groups(ctx, param, value):
     help="Entries of flashinfer's kv_indices per cache [default: the workload's bound, the most pages any "
     "input set needs: every call writes all N entries].",
 )
+@click.option(
+    "--dsa",
+    is_flag=True,
+    help="DeepSeek-V3.2 sparse attention instead (docs/dsa.md): per decode step (each --batch), the indexer "
+    "metadata and every layer's top-k -> slots conversion (K = 2048), the per-layer design against kvaddr's "
+    "(the metadata in the step's launch), every output checked first. Needs a GPU.",
+)
 @profile_option("profile")
 @click.pass_context
 @guarded("profile")
 def profile(ctx, **options):
     started = time.perf_counter()
+    if options.pop("dsa"):
+        dsa_report(ctx, options)
+        err_console().print(f"kvaddr profile: done in {time.perf_counter() - started:.1f} s")
+        return
     options = engine_settings(ctx, options)
     order = tuple("shapes" if n == "batches" and options["engine"] == "vllm" else n for n in ctx.params)
     config = validated(ProfileConfig(**options, option_order=order))
@@ -502,6 +513,37 @@ def profile(ctx, **options):
     refuse_graph_mode_without_gpu(config)
     profile_and_report(config, stdout_json=config.json_path == "-")
     err_console().print(f"kvaddr profile: done in {time.perf_counter() - started:.1f} s")
+
+
+def dsa_report(ctx, options: dict) -> None:
+    """``kvaddr profile --dsa``: DSA addressing per decode step (kvaddr.measure.dsa_profile)."""
+
+    from kvaddr.measure import dsa_profile
+    from kvaddr.measure.workload import PRESETS
+
+    if options.get("engine", "core") != "core":
+        raise click.BadParameter("--dsa profiles the core step", param_hint="'--engine'")
+    preset = PRESETS[options["model"]]
+    layers = options["layers"] if options.get("layers") is not None else preset.num_layers
+    sizes = options.get("block_sizes") or (preset.block_size,)
+    from kvaddr.measure.environment import use_gpu
+
+    if options.get("device") == "cpu":
+        raise click.BadParameter("--dsa times CUDA kernels: leave out --device cpu", param_hint="'--device'")
+    use_cuda, reason = use_gpu(options.get("device"))
+    if not use_cuda:
+        raise Abort(
+            EXIT_ENV, f"--dsa: the conversions and the step run on a GPU, and no CUDA device was found ({reason})"
+        )
+    rows = dsa_profile.run_dsa_profile(tuple(options["batches"]), layers=layers, block_size=sizes[-1])
+    click.echo(dsa_profile.format_rows(rows))
+    if options.get("json_path"):
+        text = json.dumps({"dsa": [r.as_dict() for r in rows]}, indent=1)
+        if options["json_path"] == "-":
+            click.echo(text)
+        else:
+            with open(options["json_path"], "w") as f:
+                f.write(text + "\n")
 
 
 # ----------------------------------------------------------------------------- info

@@ -473,7 +473,7 @@ exits 2 naming the option.
 
 #: Options of `kvaddr profile` that sweep does not take: it has its own --json, and it sweeps the core
 #: engine's batch sizes (not --engine vllm's shapes).
-_NOT_SHARED = ("json_path", "engine", *ENGINE_ONLY["vllm"])
+_NOT_SHARED = ("json_path", "engine", "dsa", *ENGINE_ONLY["vllm"])  # --dsa is profile's own report
 
 
 def _sweep_params(profile_command) -> list:

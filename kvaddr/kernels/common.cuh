@@ -86,8 +86,24 @@ struct KvStepParams {
     int meta_per_cache;                      // int32: metadata blocks per cache (>= 1 when attention != 0)
     int meta_entries;                        // int32: E, kv_indices entries each metadata block writes
     int num_meta;                            // int32: metadata blocks after the token blocks (0 when off)
+    // -- DSA outputs (dsa_step.cuh, docs/dsa.md; written every launch when dsa != 0, else null) --
+    i64* dsa_value_offsets;                  // [capacity], int64: byte offset of the token's indexer-key
+                                             // values in the indexer cache, -1 for padding / bad
+    i64* dsa_scale_offsets;                  // [capacity], int64: byte offset of its scale, -1 padding / bad
+    int* dsa_ks;                             // [capacity], int32: prefill token's first key (cu_seq_lens of
+                                             // its prefill); 0 for decode tokens and padding
+    int* dsa_ke;                             // [capacity], int32: ks + position + 1 (prefill tokens), else 0
+    int* dsa_ctx;                            // [capacity], int32: position + 1 (context length), 0 padding
+    int* dsa_cu_seq_lens;                    // [max_requests + 1], int32: [0, cumsum(seq_lens)] over the
+                                             // prefills in batch order, the total repeated past them
+    int dsa;                                 // int32: 1 = write the DSA outputs (grid row blockIdx.y = 1)
+    int dsa_cache;                           // int32: the indexer cache's index g (its table and B)
+    int dsa_decode_len;                      // int32: n; a request with 1 <= q <= n tokens is a decode
+    int dsa_value_bytes;                     // int32: V, value bytes per token (128)
+    int dsa_scale_bytes;                     // int32: S, scale bytes per token (4)
+    int dsa_cu_len;                          // int32: entries of dsa_cu_seq_lens (max_requests + 1)
 };
-static_assert(sizeof(KvStepParams) == 20 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 10 * 4,
+static_assert(sizeof(KvStepParams) == 26 * 8 + KV_MAX_CACHES * (8 + 4 + 4) + 16 * 4,
               "KvStepParams has no padding (the ctypes mirror assumes the C layout)");
 static_assert(alignof(KvStepParams) == 8, "KvStepParams is 8-byte aligned");
 static_assert(KV_MAX_CACHES == 4, "the struct, the ctypes mirror and the planner assume 4 caches");

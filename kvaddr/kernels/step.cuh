@@ -29,6 +29,8 @@
 //     every request (one per thread); G caches as a template parameter.
 //   * step_wide<G, PosT, R> / step_wide_attention<G, PosT>: bsz <= KV_W_MAX, every block holds every
 //     request (R per thread).
+// DSA outputs (KvStepParams::dsa, docs/dsa.md): each kernel's DSA = true instantiation, launched
+// with a second grid row of DSA blocks (dsa_step.cuh); row 0 is the kernel above, unchanged.
 // Errors: sticky per-warp records (mask, first-bad key). Only a warp that found an error writes: it
 // merges into its own record with atomicOr (mask) and atomicMin (key), so a record holds every
 // error since the host last cleared it; a clean warp writes nothing and no kernel clears.
@@ -683,8 +685,12 @@ union KvSharedAll {
 // <<<token blocks + num_meta, KV_THREADS>>>, one parameter. Every field is read by name, the
 // caches gathered into registers (KvCaches). The blocks after the token blocks (when
 // num_meta > 0) write the attention metadata (kv_meta_block).
-template <typename PosT>
-__global__ void __launch_bounds__(KV_THREADS, 2) step_multiblock(const KvStepParams params) {
+template <typename PosT, bool DSA = false>
+__global__ void __launch_bounds__(KV_THREADS, DSA ? 1 : 2) step_multiblock(const KvStepParams params) {
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<16>(params);
+        return;
+    }
     const KvStepParams& p = params;
     __shared__ KvSharedAll sh;
     if (p.num_meta > 0) {  // attention outputs: the blocks after the token blocks write them
@@ -1260,8 +1266,12 @@ __device__ __forceinline__ void kv_wide_tokens_records(const KvStepParams& p) {
 // ---- the kernels of the small and wide steps ----
 
 // The small-batch step: <<<ceil(C / T), T>>>, T <= KV_SB_THREADS, one parameter.
-template <int G, typename PosT>
-__global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParams params) {
+template <int G, typename PosT, bool DSA = false>
+__global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_SB_THREADS, 1) step_small(const KvStepParams params) {
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<1>(params);
+        return;
+    }
     KvStepParams r;
     kv_params_in_registers<G>(params, r);
     kv_small_tokens<G, PosT>(r);
@@ -1270,8 +1280,12 @@ __global__ void __launch_bounds__(KV_SB_THREADS, 1) step_small(const KvStepParam
 // The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS). A
 // block is a metadata block (kv_meta_small) iff blockIdx.x * T >= C (no division on the token
 // blocks' path); the token blocks are step_small's.
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvStepParams params) {
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<1>(params);
+        return;
+    }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
     if ((u64)blockIdx.x * T >= C) {
         kv_meta_small<G>(params);
@@ -1284,8 +1298,12 @@ __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvSt
 
 // The step across blocks: <<<ceil(C / T), T>>>, T <= KV_W_MAX / R, one parameter; the planner runs
 // it for one_block_max_requests < bsz <= wide_max_requests without attention outputs.
-template <int G, typename PosT, int R>
-__global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
+template <int G, typename PosT, int R, bool DSA = false>
+__global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<R>(params);
+        return;
+    }
     KvStepParams r;
     kv_params_in_registers<G>(params, r);
     kv_wide_tokens_records<G, PosT, R>(r);
@@ -1294,8 +1312,12 @@ __global__ void __launch_bounds__(KV_W_MAX / R, 1) step_wide(const KvStepParams 
 // The step across blocks with attention outputs (R = 4): <<<ceil(C / T) + M, T>>>,
 // T <= KV_W_MAX / 4. A block is a metadata block (kv_meta_wide) iff blockIdx.x * T >= C (no
 // division on the token blocks' path); the token blocks are step_wide<G, PosT, 4>'s.
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_W_MAX / 4, 1) step_wide_attention(const KvStepParams params) {
+    if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
+        kv_dsa_block<1>(params);
+        return;
+    }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;
     if ((u64)blockIdx.x * T >= C) {
         kv_meta_wide<G, 4>(params);

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvaddr.outputs import StepOutputs
+from kvaddr.outputs import OUTPUT_FIELDS, StepOutputs
 from tests.support.skips import cuda_torch_skip_reason, torch_skip_reason  # noqa: F401  (the torch-op tests import them from here)
 
 
@@ -54,7 +54,7 @@ def run_op(case, device, *, position_dtype=None, max_requests=None, buffers=None
     out = step(dec, q, tables if case["block_sizes"] else [], buffers)
     if device != "cpu":
         torch.cuda.synchronize()
-    host = StepOutputs(*(getattr(out, f).cpu().numpy() for f in StepOutputs.__dataclass_fields__ if f != "attention"))
+    host = StepOutputs(*(getattr(out, f).cpu().numpy() for f in OUTPUT_FIELDS))
     return host, buffers.errors(), buffers
 
 

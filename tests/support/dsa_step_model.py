@@ -1,0 +1,117 @@
+"""A step-by-step Python model of the DSA blocks of the core step (kvaddr/kernels/dsa_step.cuh).
+
+It reads the launch's ``KvStepParams`` (kernel_loader.StepParams) as ``kv_dsa_block`` does, from
+host memory the pointers address (fake device arrays that are NumPy buffers), with the launch
+geometry ``(blocks, threads)`` the planner chose, and writes the DSA outputs there: the grid's
+second row is ``blocks`` DSA blocks; block k owns the tokens ``[k * per, min((k + 1) * per, C))``
+with ``per = ceil(C / blocks)``; it walks the requests ``threads * R`` at a time (thread i holding
+the tile's requests ``[i * R, i * R + R)``), carrying three saturating prefixes (tokens, the
+prefills' seq_lens, the prefills' count) from tile to tile; each thread, in request order, writes
+the tokens of each of its requests inside the block's range (itself, or with its warp for a run
+longer than KV_DSA_SHORT: the same values), then the block pads its tokens past the total;
+block 0 writes ``cu_seq_lens``. ``R`` is the kernel's (:func:`per_thread`). Returns how many
+times each token was written (every token exactly once over the blocks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.support.meta_kernel_model import _sat, _view
+
+
+def per_thread(kernel: str) -> int:
+    """R of a DSA kernel: 1 for step_small* and step_wide_attention, step_wide's own R, 16 for
+    step_multiblock (kvaddr/kernels/step.cuh's kv_dsa_block<R> calls)."""
+    family, args = kernel.split("<", 1)
+    if family.startswith("step_small"):
+        return 1
+    if family == "step_wide":
+        return int(args.split(",")[2])
+    return 1 if family == "step_wide_attention" else 16
+
+
+def _excl_sat(vals, carry):
+    """Exclusive saturating prefixes of ``vals`` after ``carry`` and the saturating total."""
+    out = []
+    run = carry
+    for v in vals:
+        out.append(run)
+        run = _sat(run, int(v))
+    return out, run
+
+
+def _table_entry(P, g, b, idx):
+    ptr = int(P.block_tables[g]) + (b * int(P.table_stride[g]) + idx) * 4
+    return int(_view(ptr, 1)[0])
+
+
+def run_dsa_blocks(P, blocks: int, threads: int, R: int = 1) -> np.ndarray:
+    """Run the ``blocks`` DSA blocks of a launch with ``threads`` threads per block, R requests
+    per thread; returns the write count of each token."""
+    assert P.dsa == 1 and threads % 32 == 0 and 32 <= threads <= 1024, (P.dsa, threads)
+    bsz, C, n_dec = P.bsz, P.capacity, P.dsa_decode_len
+    g = P.dsa_cache
+    width, B = int(P.max_blocks[g]), int(P.block_size[g])
+    V, S = P.dsa_value_bytes, P.dsa_scale_bytes
+    dec = _view(P.seq_lens_decoder, bsz)
+    q = _view(P.seq_lens_this_time, bsz)
+    value = _view(P.dsa_value_offsets, C, np.int64)
+    scale = _view(P.dsa_scale_offsets, C, np.int64)
+    ks_out = _view(P.dsa_ks, C)
+    ke_out = _view(P.dsa_ke, C)
+    ctx_out = _view(P.dsa_ctx, C)
+    cu_out = _view(P.dsa_cu_seq_lens, P.dsa_cu_len)
+    tile = threads * R
+    per = -(-C // blocks)
+    writes = np.zeros(C, np.int64)
+    for k in range(blocks):
+        lo = min(k * per, C)
+        hi = min(lo + per, C)
+        carry_tok = carry_pre = carry_cnt = 0
+        for base in range(0, bsz, tile):
+            count = min(tile, bsz - base)
+            d = [int(x) for x in dec[base : base + count]]
+            n = [int(x) for x in q[base : base + count]]
+            bad = [(a < 0) or (c < 0) for a, c in zip(d, n)]
+            ne = [0 if bd else c for bd, c in zip(bad, n)]
+            pre = [(not bd) and c > n_dec for bd, c in zip(bad, n)]
+            lens = [_sat(a, c) if p else 0 for a, c, p in zip(d, n, pre)]
+            start, tile_end = _excl_sat(ne, carry_tok)
+            ks, pre_end = _excl_sat(lens, carry_pre)
+            ordinal = carry_cnt
+            for j in range(count):
+                if k == 0 and pre[j] and ordinal < P.dsa_cu_len:
+                    cu_out[ordinal] = ks[j]
+                ordinal += 1 if pre[j] else 0
+            for j in range(count):  # thread j // R's request j % R, in request order
+                for t in range(max(lo, start[j]), min(hi, _sat(start[j], ne[j]))):
+                    _token(P, t, base + j, d[j], start[j], ks[j] if pre[j] else -1, writes, g, width, B, V, S)
+            carry_tok, carry_pre, carry_cnt = tile_end, pre_end, ordinal
+        for t in range(max(lo, min(carry_tok, C)), hi):
+            writes[t] += 1
+            value[t] = scale[t] = -1
+            ctx_out[t] = ks_out[t] = ke_out[t] = 0
+        if k == 0:
+            cu_out[carry_cnt:] = carry_pre
+    return writes
+
+
+def _token(P, t, b, d, start, ks, writes, g, width, B, V, S):
+    """kv_dsa_token: token t of request b (ks -1: a decode)."""
+    C = P.capacity
+    writes[t] += 1
+    pos = d + (t - start)
+    ctx = _sat(d, t - start + 1)
+    idx, off = divmod(pos, B)
+    v = s = -1
+    if idx < width:
+        blk = _table_entry(P, g, b, idx)
+        if blk >= 0:
+            v = blk * B * (V + S) + off * V
+            s = blk * B * (V + S) + B * V + off * S
+    _view(P.dsa_value_offsets, C, np.int64)[t] = v
+    _view(P.dsa_scale_offsets, C, np.int64)[t] = s
+    _view(P.dsa_ctx, C)[t] = ctx
+    _view(P.dsa_ks, C)[t] = ks if ks >= 0 else 0
+    _view(P.dsa_ke, C)[t] = _sat(ks, ctx) if ks >= 0 else 0
