@@ -37,6 +37,20 @@ WARPS = THREADS // 32
 #: VLLM_ATTN_* bits of kernels.cu.
 ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 
+#: Attention blocks the launch aims at (meta_rows): enough to spread the page copies over the GPU,
+#: few enough that each block's scan of every request's length stays cheap.
+META_BLOCKS = 512
+
+
+def meta_rows(max_num_reqs: int, steps: int, num_groups: int) -> int:
+    """Batch rows per attention block: the smallest power of two in [8, 256] with at most
+    :data:`META_BLOCKS` attention blocks over the ``steps * num_groups`` (step, group) pairs."""
+    rows = 8
+    while rows < THREADS and max(steps, 1) * num_groups * -(-(max_num_reqs + 1) // rows) > META_BLOCKS:
+        rows *= 2
+    return rows
+
+
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
@@ -115,6 +129,7 @@ class VllmDraftParams(ctypes.Structure):
         ("base_step", _I32),
         ("base_group", _I32),
         ("meta_chunks", _I32),
+        ("meta_rows", _I32),
     ]
 
 
@@ -283,7 +298,8 @@ class VllmDraftPlanner:
             if g < G:
                 p.group_flags[g] = (1 if cfg.slot_mapping_enabled[g] else 0) | (2 if cfg.sharded(g) else 0)
         p.request_blocks = -(-(M + 1) // THREADS)
-        p.meta_chunks = -(-(M + 1) // THREADS)
+        p.meta_rows = meta_rows(M, S, G)
+        p.meta_chunks = -(-(M + 1) // p.meta_rows)
         p.attention_blocks = S * G * p.meta_chunks if self._attn_bits else 0
         p.token_blocks = -(-T // THREADS) if self.mask_rejected else 0
         p.attention = self._attn_bits
@@ -375,10 +391,12 @@ class VllmDraftPlanner:
     @staticmethod
     def error_records_shape(max_num_reqs: int, num_speculative_steps: int, num_groups: int, attention: bool) -> tuple:
         """``(R, 2)``: one record per warp of the request blocks, ``ceil((max_num_reqs + 1) / 256)``
-        (and of the attention blocks, ``(k - 1) * num_groups`` times as many, with attention metadata)."""
-        blocks = -(-(int(max_num_reqs) + 1) // THREADS)
+        (and, with attention metadata, of the ``(k - 1) * num_groups * ceil((max_num_reqs + 1) /
+        meta_rows)`` attention blocks, :func:`meta_rows`)."""
+        M, S, G = int(max_num_reqs), int(num_speculative_steps) - 1, int(num_groups)
+        blocks = -(-(M + 1) // THREADS)
         if attention:
-            blocks += (int(num_speculative_steps) - 1) * int(num_groups) * blocks
+            blocks += S * G * -(-(M + 1) // meta_rows(M, S, G))
         return (blocks * WARPS, 2)
 
     # -- checks ---------------------------------------------------------------------

@@ -67,7 +67,8 @@ struct VllmDraftParams {
     int kv_indices_capacity;           // N, entries of each (step, group) row of kv_indices
     int base_step;                     // the per-step baseline's draft step (1..steps); unused by vllm_draft_step
     int base_group;                    // the per-step baseline's group; unused by vllm_draft_step
-    int meta_chunks;                   // attention blocks per (step, group): ceil((max_num_reqs + 1) / VDRAFT_THREADS)
+    int meta_chunks;                   // attention blocks per (step, group): ceil((max_num_reqs + 1) / meta_rows)
+    int meta_rows;                     // batch rows per attention block: a power of two in [8, VDRAFT_THREADS]
 };
 
 // One request's verify-step facts (vdraft_request).
@@ -240,7 +241,8 @@ __device__ __forceinline__ void vdraft_first_slot(const VllmDraftParams& p, int 
 
 // ---- attention metadata of the draft steps (vllm_draft_step<true>) ----
 // meta_chunks blocks per (step j, group g); block (j, g, c) owns the batch rows
-// [c * VDRAFT_THREADS, +VDRAFT_THREADS) of [0, max_num_reqs]. Pass 1: every thread sums the
+// [c * meta_rows, +meta_rows) of [0, max_num_reqs] (the host picks meta_rows so that the grid has
+// a few hundred attention blocks: the page copies, the bulk of the work, spread over the GPU). Pass 1: every thread sums the
 // (pages, L) of the rows before its block's and of all rows (rows past num_reqs have L = 0) and
 // the largest L; a block reduction gives the block's carries and the totals. Pass 2: a block scan
 // of its rows continues the carries (kv_indptr, cu_seqlens_k), then its rows copy their pages into
@@ -317,7 +319,7 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     const int j = 1 + m / G, g = m - (j - 1) * G;
     const int B = vllm_pick(p.block_size, g);
     const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
-    const int base = c * VDRAFT_THREADS;
+    const int R = p.meta_rows, base = c * R;
     // pass 1: sums before this block's rows, totals, the largest L
     int bp = 0, bl = 0, tp = 0, tl = 0, ml = 0;
 #pragma unroll 1
@@ -350,8 +352,9 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     }
     // pass 2: this block's rows
     const int b = base + tid;
+    const bool own = tid < R && b <= M;  // a row of this block
     long long r = 0;
-    const int L = b <= M ? vdraft_attn_len(p, j, g, b, r) : 0;
+    const int L = own ? vdraft_attn_len(p, j, g, b, r) : 0;
     const int P = kv_pages(L, B);
     int ip = P, il = L;
 #pragma unroll
@@ -382,13 +385,13 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     if (lane == 0) ep = el = 0;
     xp = kv_sat_add_nn(xp, ep);  // exclusive prefixes of row b
     xl = kv_sat_add_nn(xl, el);
-    if (b <= M) vdraft_attn_row(p, j, g, b, L, r, xp, xl, err);
+    if (own) vdraft_attn_row(p, j, g, b, L, r, xp, xl, err);
     if (fi) {
         s_start[tid] = xp;
-        s_pages[tid] = b < n ? P : 0;
+        s_pages[tid] = own && b < n ? P : 0;
         s_row[tid] = (int)r;
         __syncthreads();
-        for (int i = warp; i < VDRAFT_THREADS; i += VDRAFT_WARPS) {
+        for (int i = warp; i < R; i += VDRAFT_WARPS) {
             const int cnt = s_pages[i];
             for (int e = lane; e < cnt; e += 32) vdraft_attn_copy(p, j, g, base + i, s_row[i], s_start[i], e, err);
         }

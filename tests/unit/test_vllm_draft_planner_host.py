@@ -136,3 +136,18 @@ def test_bind_checks_once_and_launch_checks_the_batch(fake):
     with pytest.raises(ValueError, match="seq_lens"):
         bound.launch(x["idx_mapping"], x["query_start_loc"])
     assert len(fake.launches) == 2
+
+
+def test_meta_rows_spread_the_attention_blocks():
+    from kvaddr.engines.vllm_draft import META_BLOCKS, VllmDraftPlanner, meta_rows
+
+    assert meta_rows(64, 2, 1) == 8  # 9 chunks per (step, group)
+    assert meta_rows(4096, 2, 1) == 32  # 129 chunks * 2 <= 512
+    assert meta_rows(100000, 7, 4) == 256  # capped at one row per thread
+    for M, S, G in ((1, 1, 1), (300, 3, 2), (1025, 2, 1), (5000, 1, 3)):
+        rows = meta_rows(M, S, G)
+        assert 8 <= rows <= 256 and rows & (rows - 1) == 0
+        assert rows == 256 or S * G * -(-(M + 1) // rows) <= META_BLOCKS
+        assert rows == 8 or S * G * -(-(M + 1) // (rows // 2)) > META_BLOCKS
+    shape = VllmDraftPlanner.error_records_shape(64, 3, 1, True)
+    assert shape == ((1 + 2 * 9) * 8, 2)
