@@ -22,14 +22,14 @@ import numpy as np
 from kvaddr import dispatch, kernel_loader
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.spec_reference import DraftAddressingError
-from kvaddr.engines.vllm import check_batch
+from kvaddr.engines.vllm import check_batch, check_batch_buffers
 from kvaddr.engines.vllm_bound import cupy_batch_check, torch_batch_check
 from kvaddr.engines.vllm_config import INT32, INT64, VLLM_MAX_GROUPS, VllmStepConfig, check_matrix, check_vector
 from kvaddr.errors import clean_error_records
 from kvaddr.host import ErrorRecords, StreamResolver
 from kvaddr.validation import INT32_MAX, array_kind, check_int, describe, memo_guard
 
-__all__ = ["BoundVllmDraft", "VllmDraftOutputs", "VllmDraftParams", "VllmDraftPlanner"]
+__all__ = ["BoundVllmDraft", "BoundVllmDraftBatch", "VllmDraftOutputs", "VllmDraftParams", "VllmDraftPlanner"]
 
 #: Threads per block of the draft kernel (VDRAFT_THREADS in kvaddr/kernels/spec.cuh).
 THREADS = 256
@@ -534,8 +534,10 @@ class VllmDraftPlanner:
         num_blocks=None,
         verify_slot_mappings=None,
         *,
+        idx_mapping=None,
+        query_start_loc=None,
         stream=None,
-    ) -> BoundVllmDraft:
+    ) -> BoundVllmDraft | BoundVllmDraftBatch:
         """Bind the persistent arrays once; :meth:`BoundVllmDraft.launch` then takes the verify
         step's ``idx_mapping`` and ``query_start_loc`` only.
 
@@ -543,12 +545,19 @@ class VllmDraftPlanner:
         ``[>= max_num_reqs]`` buffers (the engine's, indexed by batch row); the others as for
         :meth:`compute`. They are checked now, and again at a launch where one's signature
         (pointer, device, shape, strides, dtype) or a bound list's items changed.
+
+        With ``idx_mapping`` and ``query_start_loc`` (vLLM's persistent batch buffers, int32 or
+        int64 ``[rows]`` and int32 ``[>= rows + 1]``), they are bound too and the result is a
+        :class:`BoundVllmDraftBatch`, whose ``launch(num_reqs)`` takes one int.
         """
         if not self._launcher.fast:
             raise TypeError("bind needs CuPy's driver.launchKernel")
-        return BoundVllmDraft(
-            self, (seq_lens, num_rejected, num_sampled, block_tables, num_blocks, verify_slot_mappings), stream
-        )
+        state = (seq_lens, num_rejected, num_sampled, block_tables, num_blocks, verify_slot_mappings)
+        if idx_mapping is None and query_start_loc is None:
+            return BoundVllmDraft(self, state, stream)
+        if idx_mapping is None or query_start_loc is None:
+            raise ValueError("bind takes idx_mapping and query_start_loc together (the batch buffers), or neither")
+        return BoundVllmDraftBatch(self, state, stream, idx_mapping=idx_mapping, query_start_loc=query_start_loc)
 
     def errors(self, stream=None) -> tuple[int, int]:
         """Synchronise; ``(error_mask, first_bad_key)`` of every launch since the last read, then
@@ -658,6 +667,97 @@ class BoundVllmDraft:
             P = self.params
             P.idx_mapping, P.num_reqs, P.idx_is_64, P.query_start_loc = batch
             self._written = batch
+        self._fast[0](self._fast[1], pl.grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
+        return pl.outputs
+
+
+class BoundVllmDraftBatch(BoundVllmDraft):
+    """The draft addressing bound to the persistent arrays AND the batch buffers: :meth:`launch`
+    takes one int.
+
+    vLLM's ``idx_mapping`` and ``query_start_loc`` are slices ``[:num_reqs]`` and
+    ``[:num_reqs + 1]`` of persistent buffers. Bound whole (``VllmDraftPlanner.bind(...,
+    idx_mapping=buffer, query_start_loc=buffer)``), they are checked once with the other bound
+    arrays and their pointers written into this binding's parameter block; a verify step is then
+    ``launch(num_reqs)``: the int checked (once per value), the struct's count written when it
+    changed, and ``cuLaunchKernel`` called. Nothing is described or compared per launch: an
+    in-place change of a bound array is not seen, except by :meth:`check_bound` (bind again
+    after a deliberate change). Built by :meth:`VllmDraftPlanner.bind`.
+
+    Attributes
+    ----------
+    max_num_reqs : int
+        The largest ``num_reqs`` :meth:`launch` accepts: the bound ``idx_mapping``'s length,
+        ``len(query_start_loc) - 1`` and the planner's ``max_num_reqs``, whichever is least.
+    """
+
+    __slots__ = ("_batch", "_counts", "_n", "max_num_reqs")
+
+    def __init__(self, planner: VllmDraftPlanner, state: tuple, stream=None, *, idx_mapping, query_start_loc):
+        super().__init__(planner, state, stream)
+        self._batch = (idx_mapping, query_start_loc)
+        ip, n_idx, is64, qp, n_qsl = check_batch_buffers(idx_mapping, query_start_loc, planner.device)
+        P = self.params
+        P.idx_mapping = ip  # [rows], int32 or int64: the batch is its first num_reqs entries
+        P.idx_is_64 = int(is64)
+        P.query_start_loc = qp  # [>= rows + 1], int32: the batch's are its first num_reqs + 1 entries
+        P.num_reqs = 0
+        self._n = 0  # the count last written
+        self.max_num_reqs = min(n_idx, n_qsl - 1, planner.config.max_num_reqs)
+        self._counts = frozenset()  # the counts already checked
+        self._same = memo_guard(self._arrays + self._batch)
+
+    def check_bound(self) -> None:
+        """Raise ValueError when a bound array (or a bound list's item) changed since ``bind``:
+        its pointer, shape, strides, dtype or device."""
+        same = self._same
+        if same is not None:
+            if not same(*self._arrays, *self._batch):
+                raise ValueError(
+                    "a bound array changed since bind (pointer, shape, strides, dtype or device): bind again"
+                )
+            return
+        pl, s, P = self._planner, self._state, self.params  # no cheap guard: every check again
+        f = pl._check_state(s[:3], pl.config.max_num_reqs, s[3], s[4], s[5])
+        probe = VllmDraftParams.from_buffer_copy(P)
+        pl._write(probe, f)
+        ip, n_idx, is64, qp, n_qsl = check_batch_buffers(*self._batch, pl.device)
+        if (
+            bytes(probe) != bytes(P)
+            or (ip, int(is64), qp) != (P.idx_mapping, P.idx_is_64, P.query_start_loc)
+            or min(n_idx, n_qsl - 1, pl.config.max_num_reqs) != self.max_num_reqs
+        ):
+            raise ValueError("a bound array changed since bind (pointer, shape or dtype): bind again")
+
+    def launch(self, num_reqs: int, *, stream=None) -> VllmDraftOutputs:
+        """The draft addressing of the verify step over the bound buffers' first ``num_reqs``
+        batch entries, in one launch.
+
+        Parameters
+        ----------
+        num_reqs : int
+            Requests of the verify step, ``0 <= num_reqs <=`` :attr:`max_num_reqs`.
+        stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
+            The stream given to ``bind`` by default, else CuPy's current stream.
+
+        Returns
+        -------
+        VllmDraftOutputs
+            The planner's persistent outputs.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``num_reqs`` is not an int in ``[0, max_num_reqs]``.
+        """
+        if num_reqs not in self._counts or num_reqs.__class__ is not int:
+            num_reqs = check_int("num_reqs", num_reqs, lo=0, hi=self.max_num_reqs)
+            self._counts = self._counts | {num_reqs}
+        if stream.__class__ is not int:
+            stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
+        if num_reqs != self._n:
+            self.params.num_reqs = self._n = num_reqs
+        pl = self._planner
         self._fast[0](self._fast[1], pl.grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
         return pl.outputs
 

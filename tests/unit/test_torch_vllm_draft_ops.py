@@ -81,7 +81,7 @@ def test_opcheck():
 def test_views_see_torch_dtypes_and_python_ints_only():
     """views() runs inside torch.compile: a NumPy dtype there is a dict key Dynamo cannot hash on
     some torch versions (NumpyDTypeVariable), so the packing it reads holds none."""
-    _case_, s = _case()
+    _, s = _case()
     buf = VllmDraftBuffers(**s, device="cpu")
 
     def plain(x):
