@@ -71,6 +71,18 @@ struct VllmDraftParams {
     int meta_rows;                     // batch rows per attention block: a power of two in [8, VDRAFT_THREADS]
 };
 
+// A load through the read-only (non-coherent) path: every input of the draft kernel stays
+// unchanged while it runs, so the compiler may issue these loads ahead of the outputs' stores
+// (the steps' table lookups of a row then overlap instead of following one another).
+template <typename T>
+__device__ __forceinline__ T vdraft_ld(const T* ptr) {
+#ifdef __CUDA_ARCH__
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
+}
+
 // One request's verify-step facts (vdraft_request).
 struct VdraftReq {
     long long r;       // row (idx_mapping[b])
@@ -81,17 +93,18 @@ struct VdraftReq {
 };
 
 __device__ __forceinline__ long long vdraft_row_of(const VllmDraftParams& p, int b) {
-    return p.idx_is_64 ? reinterpret_cast<const long long*>(p.idx_mapping)[b]
-                       : (long long)reinterpret_cast<const int*>(p.idx_mapping)[b];
+    return p.idx_is_64 ? vdraft_ld(reinterpret_cast<const long long*>(p.idx_mapping) + b)
+                       : (long long)vdraft_ld(reinterpret_cast<const int*>(p.idx_mapping) + b);
 }
 
 // Request b < num_reqs: its facts; with record, its per-request errors (keyed at step 0).
 __device__ __forceinline__ VdraftReq vdraft_request(const VllmDraftParams& p, int b, bool record, VllmErr& err) {
     VdraftReq q;
     q.r = vdraft_row_of(p, b);
-    q.qs = p.query_start_loc[b];
-    q.qe = p.query_start_loc[b + 1];
-    const long long seq = p.seq_lens[b], rej = p.num_rejected[b], smp = p.num_sampled[b];
+    q.qs = vdraft_ld(p.query_start_loc + b);
+    q.qe = vdraft_ld(p.query_start_loc + b + 1);
+    const long long seq = vdraft_ld(p.seq_lens + b), rej = vdraft_ld(p.num_rejected + b),
+                    smp = vdraft_ld(p.num_sampled + b);
     const long long qlen = q.qe - q.qs;
     const bool row_bad = q.r < -1 || q.r >= p.num_rows;
     const bool qsl_bad = q.qs < 0 || q.qe < q.qs;
@@ -147,17 +160,18 @@ __device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g
         off = up - idx * B;
     }
     const int W = vllm_pick(p.width, g);
-    const int* nbp = vllm_pick(p.num_blocks, g);
-    const long long nb = nbp ? (long long)nbp[r] : (long long)W;
     if ((long long)idx >= (long long)W) {
         err.add(VLLM_ERR_BLOCK_INDEX, 0, step, b, g);
         return -1;
     }
+    // the table entry (in bounds: idx < W) and num_blocks loaded together, then checked
+    const int blk = vdraft_ld(vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g) + idx);
+    const int* nbp = vllm_pick(p.num_blocks, g);
+    const long long nb = nbp ? (long long)vdraft_ld(nbp + r) : (long long)W;
     if ((long long)idx >= nb) {
         err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, step, b, g);
         return -1;
     }
-    const int blk = vllm_pick(p.block_table, g)[r * vllm_pick(p.table_stride, g) + idx];
     if (blk < 0) {
         err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, step, b, g);
         return -1;
@@ -209,6 +223,7 @@ __device__ __forceinline__ void vdraft_row(const VllmDraftParams& p, int b, Vllm
     if (b >= M) return;
     const VdraftReq q = vdraft_row_request(p, b, true, err);
     p.last_token_indices[b] = q.status != 2 ? q.qe - q.rej - 1 : 0;  // qs + L - 1, L = (qe - qs) - num_rejected
+#pragma unroll 4
     for (int j = 1; j <= S; ++j) vdraft_row_step(p, b, j, q, true, err);
 }
 
