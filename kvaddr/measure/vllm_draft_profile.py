@@ -176,8 +176,8 @@ def measure(options, spec_tokens: int, budget_s: float = 1.0, device: int = 0) -
                     if not np.array_equal(got_one[f], getattr(want, f)):
                         raise CheckFailed(f"the one-launch draft addressing differs from the reference in {f} ({text})")
                 one.check(stream)
-                t_one = _graph_time(lambda one=one: one.compute(*args, stream=stream), stream, budget_s)
-                t_per = _graph_time(lambda per=per: per.compute(*args, stream=stream), stream, budget_s)
+                t_one = _graph_time(lambda one=one, a=args: one.compute(*a, stream=stream), stream, budget_s)
+                t_per = _graph_time(lambda per=per, a=args: per.compute(*a, stream=stream), stream, budget_s)
                 row[label] = {
                     "kvaddr": {"launches": 1, "us": t_one},
                     "per_step": {"launches": per.launches_per_cycle, "us": t_per},
