@@ -482,3 +482,40 @@ def test_per_step_baseline_equals_the_reference(seed):
     base = VllmDraftPerStep(**case["settings"])
     _check(base, case, "per-step")
     assert base.launches_per_cycle > 1
+
+
+def test_profile_rows_check_then_time_both_designs():
+    """kvaddr.measure.vllm_draft_profile (``kvaddr profile --engine vllm --spec-tokens k``): a row per
+    shape, the one launch checked equal to vLLM's per-draft-step design and to the reference, both
+    timed with and without attention metadata."""
+    from kvaddr.measure import vllm_draft_profile
+    from kvaddr.measure.vllm_profile import VllmProfileOptions
+
+    opts = VllmProfileOptions(shapes=("decode:64", "mixed:300:4000"), block_sizes=(16, 64), context=(128, 4096))
+    section = vllm_draft_profile.measure(opts, 3, budget_s=0.05)
+    assert section["spec_tokens"] == 3 and [r["shape"] for r in section["rows"]] == ["decode:64", "mixed:300:4000"]
+    for r in section["rows"]:
+        for label, launches in (("addressing", 1 + 2 * 2), ("metadata", 1 + 2 * (2 + 2))):
+            m = r[label]
+            assert m["kvaddr"]["us"] > 0 and m["per_step"]["us"] > 0 and m["per_step"]["launches"] == launches
+            assert m["saving_us"] == pytest.approx(m["per_step"]["us"] - m["kvaddr"]["us"])
+
+
+def test_profile_command_with_spec_tokens_on_the_vllm_engine(tmp_path):
+    """``kvaddr profile --engine vllm --spec-tokens 3``: the report's draft_steps rows and their lines."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kvaddr import cli
+
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(
+        cli.cli,
+        ["profile", "--engine", "vllm", "--batch", "64", "--spec-tokens", "3", "--budget", "0.05",
+         "--mode", "graph", "--input-sets", "1", "--json", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["options"]["spec_tokens"] == 3 and [x["shape"] for x in doc["draft_steps"]["rows"]] == ["decode:64"]
+    assert "vLLM draft addressing, 3 draft tokens per verify step" in r.output
