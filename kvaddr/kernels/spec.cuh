@@ -337,7 +337,7 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     const int R = p.meta_rows, base = c * R;
     // pass 1: sums before this block's rows, totals, the largest L
     int bp = 0, bl = 0, tp = 0, tl = 0, ml = 0;
-#pragma unroll 1
+#pragma unroll 4  // (independent rows: their loads overlap)
     for (int b = tid; b < n; b += VDRAFT_THREADS) {
         long long r = 0;
         const int L = vdraft_attn_len(p, j, g, b, r);
