@@ -313,10 +313,10 @@ __device__ __forceinline__ void vdraft_attn_copy(const VllmDraftParams& p, int j
     if ((long long)xp + c >= N) return;
     const int W = vllm_pick(p.width, g);
     const int* nbp = vllm_pick(p.num_blocks, g);
-    const long long nb = nbp ? (long long)nbp[r] : (long long)W;
+    const long long nb = nbp ? (long long)vdraft_ld(nbp + r) : (long long)W;
     int v = -1;
     if (c < W && (long long)c < nb) {
-        v = vllm_pick(p.block_table, g)[r * vllm_pick(p.table_stride, g) + c];
+        v = vdraft_ld(vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g) + c);
         if (v < 0) {
             err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, j, b, g);
             v = -1;
@@ -408,6 +408,7 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
         __syncthreads();
         for (int i = warp; i < R; i += VDRAFT_WARPS) {
             const int cnt = s_pages[i];
+#pragma unroll 4  // (read-only loads: the next entries' loads go ahead of this one's store)
             for (int e = lane; e < cnt; e += 32) vdraft_attn_copy(p, j, g, base + i, s_row[i], s_start[i], e, err);
         }
         // this block's share of kv_indices past the total: -1
