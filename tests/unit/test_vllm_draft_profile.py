@@ -77,3 +77,63 @@ def test_render_reports_the_saving_per_cycle():
         in text
     )
     assert "decode:64 with attention metadata" in text and "saving 12.00 us" in text
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """The draft kernels emulated behind the fake CuPy (every launch runs the one-launch emulation,
+    so the per-step design's launches end with the same outputs); timing by a stand-in that calls
+    the cycle and returns its number of calls."""
+    from tests.support import vllm_draft_emulator
+
+    if vllm_draft_emulator.CXX is None:
+        pytest.skip("no C++ compiler: kernel emulation skipped")
+    fake = vllm_draft_emulator.install(monkeypatch)
+    cupy = __import__("sys").modules["cupy"]
+
+    class Stream(cupy.cuda.Stream):  # (CuPy's constructor takes non_blocking)
+        def __init__(self, non_blocking=False):
+            pass
+
+    monkeypatch.setattr(cupy.cuda, "Stream", Stream)
+    calls = []
+
+    def timer(fn, stream, budget_s):
+        before = len(fake.launches)
+        fn()
+        calls.append(len(fake.launches) - before)
+        return float(calls[-1])
+
+    monkeypatch.setattr(vllm_draft_profile, "_graph_time", timer)
+    return calls
+
+
+def test_measure_checks_then_times_both_designs(emulated):
+    from kvaddr.measure.vllm_profile import VllmProfileOptions
+
+    opts = VllmProfileOptions(shapes=("decode:20", "mixed:40:600"), block_sizes=(16, 32), context=(50, 400))
+    section = vllm_draft_profile.measure(opts, 3, budget_s=0.0)
+    assert section["spec_tokens"] == 3 and [r["shape"] for r in section["rows"]] == ["decode:20", "mixed:40:600"]
+    for r in section["rows"]:
+        # the stand-in timer returns the launches of one cycle: 1 against 1 + 2 (k - 1) (+ G per step)
+        assert r["addressing"]["kvaddr"]["us"] == 1 and r["addressing"]["per_step"]["us"] == 5
+        assert r["metadata"]["kvaddr"]["us"] == 1 and r["metadata"]["per_step"]["us"] == 9
+        assert r["metadata"]["per_step"]["launches"] == 9 and r["addressing"]["saving_us"] == 4
+    assert emulated == [1, 5, 1, 9] * 2
+
+
+def test_measure_refuses_designs_that_differ(emulated, monkeypatch):
+    from kvaddr.errors import CheckFailed
+    from kvaddr.measure.vllm_profile import VllmProfileOptions
+    from kvaddr.strategies.vllm_draft_per_step import VllmDraftPerStep
+
+    compute = VllmDraftPerStep.compute
+
+    def off_by_one(self, *a, **kw):
+        out = compute(self, *a, **kw)
+        out.positions.a[0, 0] += 1
+        return out
+
+    monkeypatch.setattr(VllmDraftPerStep, "compute", off_by_one)
+    with pytest.raises(CheckFailed, match="per-draft-step design differs from the one launch in positions"):
+        vllm_draft_profile.measure(VllmProfileOptions(shapes=("decode:8",)), 2, budget_s=0.0)
