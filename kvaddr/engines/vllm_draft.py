@@ -691,7 +691,7 @@ class BoundVllmDraftBatch(BoundVllmDraft):
         ``len(query_start_loc) - 1`` and the planner's ``max_num_reqs``, whichever is least.
     """
 
-    __slots__ = ("_batch", "_counts", "_n", "max_num_reqs")
+    __slots__ = ("_batch", "_counts", "_fn", "_fp", "_grid", "_n", "_outputs", "max_num_reqs")
 
     def __init__(self, planner: VllmDraftPlanner, state: tuple, stream=None, *, idx_mapping, query_start_loc):
         super().__init__(planner, state, stream)
@@ -706,6 +706,8 @@ class BoundVllmDraftBatch(BoundVllmDraft):
         self.max_num_reqs = min(n_idx, n_qsl - 1, planner.config.max_num_reqs)
         self._counts = frozenset()  # the counts already checked
         self._same = memo_guard(self._arrays + self._batch)
+        self._fn, self._fp = self._fast  # cuLaunchKernel and the function (no lookups per launch)
+        self._grid, self._outputs = planner.grid, planner.outputs
 
     def check_bound(self) -> None:
         """Raise ValueError when a bound array (or a bound list's item) changed since ``bind``:
@@ -757,9 +759,8 @@ class BoundVllmDraftBatch(BoundVllmDraft):
             stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
         if num_reqs != self._n:
             self.params.num_reqs = self._n = num_reqs
-        pl = self._planner
-        self._fast[0](self._fast[1], pl.grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
-        return pl.outputs
+        self._fn(self._fp, self._grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
+        return self._outputs
 
 
 def _fast_batch_check(idx, qsl, max_num_reqs: int, device: int):
