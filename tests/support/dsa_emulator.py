@@ -102,7 +102,7 @@ def emulated_source() -> str:
     common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
     dsa = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "dsa.cuh").read_text()
     base = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "baselines.cuh").read_text()
-    baseline = _section(base, "// ==== The engines' top-k -> slot conversion", "// ==== vLLM's three-launch design")
+    baseline = _section(base, "// ==== The engines' top-k -> slot conversion", "// ==== vLLM's per-draft-step design")
     return PRELUDE + EXTRA_PRELUDE + common + dsa + baseline + DRIVER
 
 
