@@ -21,7 +21,8 @@ among decodes), one KV-cache group (B = 16):
 
 Every implementation is first checked against the NumPy reference on the same batch. Printed
 ratios: draft/step, draft/floor, per-step/draft (and with attention). Eager: host time per
-call of ``BoundVllmDraft.launch`` against an empty CuPy ``RawKernel`` launch, interleaved.
+call of ``BoundVllmDraft.launch(idx_mapping, query_start_loc)`` and of the batch-buffer binding's
+``BoundVllmDraftBatch.launch(num_reqs)`` against an empty CuPy ``RawKernel`` launch, interleaved.
 """
 
 from __future__ import annotations
@@ -262,10 +263,17 @@ def section_vllm(a, stream) -> list:
             seq_p = cupy.asarray(np.resize(x["seq_lens"], M))
             rej_p, smp_p = cupy.asarray(np.resize(x["num_rejected"], M)), cupy.asarray(np.resize(x["num_sampled"], M))
             bound = draft.bind(seq_p, rej_p, smp_p, tables, nbs, d["verify_slot_mappings"])
+            batch = draft.bind(
+                seq_p, rej_p, smp_p, tables, nbs, d["verify_slot_mappings"], idx_mapping=idx_d, query_start_loc=qsl_d
+            )
+            batch.launch(n, stream=stream.ptr)
+            stream.synchronize()
+            _same(draft.outputs, want, fields, "batch binding")
             empty = cupy.RawKernel('extern "C" __global__ void e() {}', "e")
             h = host_times(
                 dict(
                     bound=lambda: bound.launch(idx_d, qsl_d, stream=stream.ptr),
+                    batch=lambda: batch.launch(n, stream=stream.ptr),
                     empty=lambda: empty((1,), (1,), ()),  # (on the current stream: this one)
                 ),
                 stream,
@@ -273,11 +281,19 @@ def section_vllm(a, stream) -> list:
                 a.host_samples,
             )
             rows.append(
-                dict(shape=shape, host_us_bound=h["bound"], host_us_empty=h["empty"], ratio=h["bound"] / h["empty"])
+                dict(
+                    shape=shape,
+                    host_us_bound=h["bound"],
+                    host_us_batch=h["batch"],
+                    host_us_empty=h["empty"],
+                    ratio=h["bound"] / h["empty"],
+                    batch_ratio=h["batch"] / h["empty"],
+                )
             )
             print(
-                f"{'eager host':>12}  bound launch {h['bound']:.2f} us  empty CuPy launch {h['empty']:.2f} us  "
-                f"bound/empty {h['bound'] / h['empty']:.2f}",
+                f"{'eager host':>12}  bound launch(idx, qsl) {h['bound']:.2f} us  batch-bound launch(n) "
+                f"{h['batch']:.2f} us  empty CuPy launch {h['empty']:.2f} us  bound/empty "
+                f"{h['bound'] / h['empty']:.2f}  batch-bound/empty {h['batch'] / h['empty']:.2f}",
                 flush=True,
             )
     return rows

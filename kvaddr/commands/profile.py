@@ -89,7 +89,10 @@ token); --shape adds decode:N or mixed:N:T (N requests carrying about T
 tokens, a sixteenth of them prefill chunks); by default decode:64,
 decode:1024, decode:4096 and mixed:256:16384. Only with --engine vllm:
 --groups (a block size per KV-cache group), --dcp, --dummy-fraction,
---sliding-window, --num-blocks-mem. Only with the core engine: --spec-tokens, --prefill,
+--sliding-window, --num-blocks-mem. --spec-tokens K with --engine vllm adds
+the draft forwards of each verify step: vLLM's per-draft-step design against
+kvaddr's one launch, checked equal, GPU time per cycle under CUDA graphs.
+Only with the core engine: --prefill,
 --block-size, --layers, --caches, --model, --step-ms, --save, --profile.
 Either kind given with the other engine exits 2. --json writes the
 kvaddr.profile.vllm report (docs/json-schema.md).
@@ -377,7 +380,9 @@ def attention_groups(ctx, param, value):
     default=0,
     show_default=True,
     help="Speculative (MTP) tokens per decode request: each runs 1 + N tokens. On a GPU the report adds "
-    "the MTP draft model's N substeps per cycle: FastDeploy's per-substep design against one launch.",
+    "the MTP draft model's N substeps per cycle: FastDeploy's per-substep design against one launch. "
+    "With --engine vllm: the draft forwards' addressing per verify+drafts cycle, vLLM's per-draft-step "
+    "design against one launch (the step's timings are unchanged).",
 )
 @click.option(
     "--prefill",

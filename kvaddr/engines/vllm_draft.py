@@ -22,20 +22,34 @@ import numpy as np
 from kvaddr import dispatch, kernel_loader
 from kvaddr.attention_reference import check_kv_indices_capacity, normalize_attention
 from kvaddr.engines.spec_reference import DraftAddressingError
-from kvaddr.engines.vllm import check_batch
+from kvaddr.engines.vllm import check_batch, check_batch_buffers
 from kvaddr.engines.vllm_bound import cupy_batch_check, torch_batch_check
 from kvaddr.engines.vllm_config import INT32, INT64, VLLM_MAX_GROUPS, VllmStepConfig, check_matrix, check_vector
 from kvaddr.errors import clean_error_records
 from kvaddr.host import ErrorRecords, StreamResolver
 from kvaddr.validation import INT32_MAX, array_kind, check_int, describe, memo_guard
 
-__all__ = ["BoundVllmDraft", "VllmDraftOutputs", "VllmDraftParams", "VllmDraftPlanner"]
+__all__ = ["BoundVllmDraft", "BoundVllmDraftBatch", "VllmDraftOutputs", "VllmDraftParams", "VllmDraftPlanner"]
 
 #: Threads per block of the draft kernel (VDRAFT_THREADS in kvaddr/kernels/spec.cuh).
 THREADS = 256
 WARPS = THREADS // 32
 #: VLLM_ATTN_* bits of kernels.cu.
 ATTN_BITS = {"flashinfer": 1, "varlen": 2}
+
+#: Attention blocks the launch aims at (meta_rows): enough to spread the page copies over the GPU,
+#: few enough that each block's scan of every request's length stays cheap.
+META_BLOCKS = 512
+
+
+def meta_rows(max_num_reqs: int, steps: int, num_groups: int) -> int:
+    """Batch rows per attention block: the smallest power of two in [8, 256] with at most
+    :data:`META_BLOCKS` attention blocks over the ``steps * num_groups`` (step, group) pairs."""
+    rows = 8
+    while rows < THREADS and max(steps, 1) * num_groups * -(-(max_num_reqs + 1) // rows) > META_BLOCKS:
+        rows *= 2
+    return rows
+
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -115,6 +129,7 @@ class VllmDraftParams(ctypes.Structure):
         ("base_step", _I32),
         ("base_group", _I32),
         ("meta_chunks", _I32),
+        ("meta_rows", _I32),
     ]
 
 
@@ -283,7 +298,8 @@ class VllmDraftPlanner:
             if g < G:
                 p.group_flags[g] = (1 if cfg.slot_mapping_enabled[g] else 0) | (2 if cfg.sharded(g) else 0)
         p.request_blocks = -(-(M + 1) // THREADS)
-        p.meta_chunks = -(-(M + 1) // THREADS)
+        p.meta_rows = meta_rows(M, S, G)
+        p.meta_chunks = -(-(M + 1) // p.meta_rows)
         p.attention_blocks = S * G * p.meta_chunks if self._attn_bits else 0
         p.token_blocks = -(-T // THREADS) if self.mask_rejected else 0
         p.attention = self._attn_bits
@@ -375,10 +391,12 @@ class VllmDraftPlanner:
     @staticmethod
     def error_records_shape(max_num_reqs: int, num_speculative_steps: int, num_groups: int, attention: bool) -> tuple:
         """``(R, 2)``: one record per warp of the request blocks, ``ceil((max_num_reqs + 1) / 256)``
-        (and of the attention blocks, ``(k - 1) * num_groups`` times as many, with attention metadata)."""
-        blocks = -(-(int(max_num_reqs) + 1) // THREADS)
+        (and, with attention metadata, of the ``(k - 1) * num_groups * ceil((max_num_reqs + 1) /
+        meta_rows)`` attention blocks, :func:`meta_rows`)."""
+        M, S, G = int(max_num_reqs), int(num_speculative_steps) - 1, int(num_groups)
+        blocks = -(-(M + 1) // THREADS)
         if attention:
-            blocks += (int(num_speculative_steps) - 1) * int(num_groups) * blocks
+            blocks += S * G * -(-(M + 1) // meta_rows(M, S, G))
         return (blocks * WARPS, 2)
 
     # -- checks ---------------------------------------------------------------------
@@ -516,8 +534,10 @@ class VllmDraftPlanner:
         num_blocks=None,
         verify_slot_mappings=None,
         *,
+        idx_mapping=None,
+        query_start_loc=None,
         stream=None,
-    ) -> BoundVllmDraft:
+    ) -> BoundVllmDraft | BoundVllmDraftBatch:
         """Bind the persistent arrays once; :meth:`BoundVllmDraft.launch` then takes the verify
         step's ``idx_mapping`` and ``query_start_loc`` only.
 
@@ -525,12 +545,19 @@ class VllmDraftPlanner:
         ``[>= max_num_reqs]`` buffers (the engine's, indexed by batch row); the others as for
         :meth:`compute`. They are checked now, and again at a launch where one's signature
         (pointer, device, shape, strides, dtype) or a bound list's items changed.
+
+        With ``idx_mapping`` and ``query_start_loc`` (vLLM's persistent batch buffers, int32 or
+        int64 ``[rows]`` and int32 ``[>= rows + 1]``), they are bound too and the result is a
+        :class:`BoundVllmDraftBatch`, whose ``launch(num_reqs)`` takes one int.
         """
         if not self._launcher.fast:
             raise TypeError("bind needs CuPy's driver.launchKernel")
-        return BoundVllmDraft(
-            self, (seq_lens, num_rejected, num_sampled, block_tables, num_blocks, verify_slot_mappings), stream
-        )
+        state = (seq_lens, num_rejected, num_sampled, block_tables, num_blocks, verify_slot_mappings)
+        if idx_mapping is None and query_start_loc is None:
+            return BoundVllmDraft(self, state, stream)
+        if idx_mapping is None or query_start_loc is None:
+            raise ValueError("bind takes idx_mapping and query_start_loc together (the batch buffers), or neither")
+        return BoundVllmDraftBatch(self, state, stream, idx_mapping=idx_mapping, query_start_loc=query_start_loc)
 
     def errors(self, stream=None) -> tuple[int, int]:
         """Synchronise; ``(error_mask, first_bad_key)`` of every launch since the last read, then
@@ -642,6 +669,98 @@ class BoundVllmDraft:
             self._written = batch
         self._fast[0](self._fast[1], pl.grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
         return pl.outputs
+
+
+class BoundVllmDraftBatch(BoundVllmDraft):
+    """The draft addressing bound to the persistent arrays AND the batch buffers: :meth:`launch`
+    takes one int.
+
+    vLLM's ``idx_mapping`` and ``query_start_loc`` are slices ``[:num_reqs]`` and
+    ``[:num_reqs + 1]`` of persistent buffers. Bound whole (``VllmDraftPlanner.bind(...,
+    idx_mapping=buffer, query_start_loc=buffer)``), they are checked once with the other bound
+    arrays and their pointers written into this binding's parameter block; a verify step is then
+    ``launch(num_reqs)``: the int checked (once per value), the struct's count written when it
+    changed, and ``cuLaunchKernel`` called. Nothing is described or compared per launch: an
+    in-place change of a bound array is not seen, except by :meth:`check_bound` (bind again
+    after a deliberate change). Built by :meth:`VllmDraftPlanner.bind`.
+
+    Attributes
+    ----------
+    max_num_reqs : int
+        The largest ``num_reqs`` :meth:`launch` accepts: the bound ``idx_mapping``'s length,
+        ``len(query_start_loc) - 1`` and the planner's ``max_num_reqs``, whichever is least.
+    """
+
+    __slots__ = ("_batch", "_counts", "_fn", "_fp", "_grid", "_n", "_outputs", "max_num_reqs")
+
+    def __init__(self, planner: VllmDraftPlanner, state: tuple, stream=None, *, idx_mapping, query_start_loc):
+        super().__init__(planner, state, stream)
+        self._batch = (idx_mapping, query_start_loc)
+        ip, n_idx, is64, qp, n_qsl = check_batch_buffers(idx_mapping, query_start_loc, planner.device)
+        P = self.params
+        P.idx_mapping = ip  # [rows], int32 or int64: the batch is its first num_reqs entries
+        P.idx_is_64 = int(is64)
+        P.query_start_loc = qp  # [>= rows + 1], int32: the batch's are its first num_reqs + 1 entries
+        P.num_reqs = 0
+        self._n = 0  # the count last written
+        self.max_num_reqs = min(n_idx, n_qsl - 1, planner.config.max_num_reqs)
+        self._counts = frozenset()  # the counts already checked
+        self._same = memo_guard(self._arrays + self._batch)
+        self._fn, self._fp = self._fast  # cuLaunchKernel and the function (no lookups per launch)
+        self._grid, self._outputs = planner.grid, planner.outputs
+
+    def check_bound(self) -> None:
+        """Raise ValueError when a bound array (or a bound list's item) changed since ``bind``:
+        its pointer, shape, strides, dtype or device."""
+        same = self._same
+        if same is not None:
+            if not same(*self._arrays, *self._batch):
+                raise ValueError(
+                    "a bound array changed since bind (pointer, shape, strides, dtype or device): bind again"
+                )
+            return
+        pl, s, P = self._planner, self._state, self.params  # no cheap guard: every check again
+        f = pl._check_state(s[:3], pl.config.max_num_reqs, s[3], s[4], s[5])
+        probe = VllmDraftParams.from_buffer_copy(P)
+        pl._write(probe, f)
+        ip, n_idx, is64, qp, n_qsl = check_batch_buffers(*self._batch, pl.device)
+        if (
+            bytes(probe) != bytes(P)
+            or (ip, int(is64), qp) != (P.idx_mapping, P.idx_is_64, P.query_start_loc)
+            or min(n_idx, n_qsl - 1, pl.config.max_num_reqs) != self.max_num_reqs
+        ):
+            raise ValueError("a bound array changed since bind (pointer, shape or dtype): bind again")
+
+    def launch(self, num_reqs: int, *, stream=None) -> VllmDraftOutputs:
+        """The draft addressing of the verify step over the bound buffers' first ``num_reqs``
+        batch entries, in one launch.
+
+        Parameters
+        ----------
+        num_reqs : int
+            Requests of the verify step, ``0 <= num_reqs <=`` :attr:`max_num_reqs`.
+        stream : CuPy stream, torch stream, raw handle or ``__cuda_stream__`` object, optional
+            The stream given to ``bind`` by default, else CuPy's current stream.
+
+        Returns
+        -------
+        VllmDraftOutputs
+            The planner's persistent outputs.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``num_reqs`` is not an int in ``[0, max_num_reqs]``.
+        """
+        if num_reqs not in self._counts or num_reqs.__class__ is not int:
+            num_reqs = check_int("num_reqs", num_reqs, lo=0, hi=self.max_num_reqs)
+            self._counts = self._counts | {num_reqs}
+        if stream.__class__ is not int:
+            stream = self._stream if stream is None and self._stream is not None else self._resolve(stream)
+        if num_reqs != self._n:
+            self.params.num_reqs = self._n = num_reqs
+        self._fn(self._fp, self._grid, 1, 1, THREADS, 1, 1, 0, stream, self._args_ptr, 0)
+        return self._outputs
 
 
 def _fast_batch_check(idx, qsl, max_num_reqs: int, device: int):

@@ -67,8 +67,21 @@ struct VllmDraftParams {
     int kv_indices_capacity;           // N, entries of each (step, group) row of kv_indices
     int base_step;                     // the per-step baseline's draft step (1..steps); unused by vllm_draft_step
     int base_group;                    // the per-step baseline's group; unused by vllm_draft_step
-    int meta_chunks;                   // attention blocks per (step, group): ceil((max_num_reqs + 1) / VDRAFT_THREADS)
+    int meta_chunks;                   // attention blocks per (step, group): ceil((max_num_reqs + 1) / meta_rows)
+    int meta_rows;                     // batch rows per attention block: a power of two in [8, VDRAFT_THREADS]
 };
+
+// A load through the read-only (non-coherent) path: every input of the draft kernel stays
+// unchanged while it runs, so the compiler may issue these loads ahead of the outputs' stores
+// (the steps' table lookups of a row then overlap instead of following one another).
+template <typename T>
+__device__ __forceinline__ T vdraft_ld(const T* ptr) {
+#ifdef __CUDA_ARCH__
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
+}
 
 // One request's verify-step facts (vdraft_request).
 struct VdraftReq {
@@ -80,17 +93,18 @@ struct VdraftReq {
 };
 
 __device__ __forceinline__ long long vdraft_row_of(const VllmDraftParams& p, int b) {
-    return p.idx_is_64 ? reinterpret_cast<const long long*>(p.idx_mapping)[b]
-                       : (long long)reinterpret_cast<const int*>(p.idx_mapping)[b];
+    return p.idx_is_64 ? vdraft_ld(reinterpret_cast<const long long*>(p.idx_mapping) + b)
+                       : (long long)vdraft_ld(reinterpret_cast<const int*>(p.idx_mapping) + b);
 }
 
 // Request b < num_reqs: its facts; with record, its per-request errors (keyed at step 0).
 __device__ __forceinline__ VdraftReq vdraft_request(const VllmDraftParams& p, int b, bool record, VllmErr& err) {
     VdraftReq q;
     q.r = vdraft_row_of(p, b);
-    q.qs = p.query_start_loc[b];
-    q.qe = p.query_start_loc[b + 1];
-    const long long seq = p.seq_lens[b], rej = p.num_rejected[b], smp = p.num_sampled[b];
+    q.qs = vdraft_ld(p.query_start_loc + b);
+    q.qe = vdraft_ld(p.query_start_loc + b + 1);
+    const long long seq = vdraft_ld(p.seq_lens + b), rej = vdraft_ld(p.num_rejected + b),
+                    smp = vdraft_ld(p.num_sampled + b);
     const long long qlen = q.qe - q.qs;
     const bool row_bad = q.r < -1 || q.r >= p.num_rows;
     const bool qsl_bad = q.qs < 0 || q.qe < q.qs;
@@ -146,17 +160,18 @@ __device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g
         off = up - idx * B;
     }
     const int W = vllm_pick(p.width, g);
-    const int* nbp = vllm_pick(p.num_blocks, g);
-    const long long nb = nbp ? (long long)nbp[r] : (long long)W;
     if ((long long)idx >= (long long)W) {
         err.add(VLLM_ERR_BLOCK_INDEX, 0, step, b, g);
         return -1;
     }
+    // the table entry (in bounds: idx < W) and num_blocks loaded together, then checked
+    const int blk = vdraft_ld(vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g) + idx);
+    const int* nbp = vllm_pick(p.num_blocks, g);
+    const long long nb = nbp ? (long long)vdraft_ld(nbp + r) : (long long)W;
     if ((long long)idx >= nb) {
         err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, step, b, g);
         return -1;
     }
-    const int blk = vllm_pick(p.block_table, g)[r * vllm_pick(p.table_stride, g) + idx];
     if (blk < 0) {
         err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, step, b, g);
         return -1;
@@ -208,6 +223,7 @@ __device__ __forceinline__ void vdraft_row(const VllmDraftParams& p, int b, Vllm
     if (b >= M) return;
     const VdraftReq q = vdraft_row_request(p, b, true, err);
     p.last_token_indices[b] = q.status != 2 ? q.qe - q.rej - 1 : 0;  // qs + L - 1, L = (qe - qs) - num_rejected
+#pragma unroll 4
     for (int j = 1; j <= S; ++j) vdraft_row_step(p, b, j, q, true, err);
 }
 
@@ -240,7 +256,8 @@ __device__ __forceinline__ void vdraft_first_slot(const VllmDraftParams& p, int 
 
 // ---- attention metadata of the draft steps (vllm_draft_step<true>) ----
 // meta_chunks blocks per (step j, group g); block (j, g, c) owns the batch rows
-// [c * VDRAFT_THREADS, +VDRAFT_THREADS) of [0, max_num_reqs]. Pass 1: every thread sums the
+// [c * meta_rows, +meta_rows) of [0, max_num_reqs] (the host picks meta_rows so that the grid has
+// a few hundred attention blocks: the page copies, the bulk of the work, spread over the GPU). Pass 1: every thread sums the
 // (pages, L) of the rows before its block's and of all rows (rows past num_reqs have L = 0) and
 // the largest L; a block reduction gives the block's carries and the totals. Pass 2: a block scan
 // of its rows continues the carries (kv_indptr, cu_seqlens_k), then its rows copy their pages into
@@ -296,10 +313,10 @@ __device__ __forceinline__ void vdraft_attn_copy(const VllmDraftParams& p, int j
     if ((long long)xp + c >= N) return;
     const int W = vllm_pick(p.width, g);
     const int* nbp = vllm_pick(p.num_blocks, g);
-    const long long nb = nbp ? (long long)nbp[r] : (long long)W;
+    const long long nb = nbp ? (long long)vdraft_ld(nbp + r) : (long long)W;
     int v = -1;
     if (c < W && (long long)c < nb) {
-        v = vllm_pick(p.block_table, g)[r * vllm_pick(p.table_stride, g) + c];
+        v = vdraft_ld(vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g) + c);
         if (v < 0) {
             err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, j, b, g);
             v = -1;
@@ -317,10 +334,10 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     const int j = 1 + m / G, g = m - (j - 1) * G;
     const int B = vllm_pick(p.block_size, g);
     const bool fi = (p.attention & VLLM_ATTN_FLASHINFER) != 0;
-    const int base = c * VDRAFT_THREADS;
+    const int R = p.meta_rows, base = c * R;
     // pass 1: sums before this block's rows, totals, the largest L
     int bp = 0, bl = 0, tp = 0, tl = 0, ml = 0;
-#pragma unroll 1
+#pragma unroll 4  // (independent rows: their loads overlap)
     for (int b = tid; b < n; b += VDRAFT_THREADS) {
         long long r = 0;
         const int L = vdraft_attn_len(p, j, g, b, r);
@@ -350,8 +367,9 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     }
     // pass 2: this block's rows
     const int b = base + tid;
+    const bool own = tid < R && b <= M;  // a row of this block
     long long r = 0;
-    const int L = b <= M ? vdraft_attn_len(p, j, g, b, r) : 0;
+    const int L = own ? vdraft_attn_len(p, j, g, b, r) : 0;
     const int P = kv_pages(L, B);
     int ip = P, il = L;
 #pragma unroll
@@ -382,14 +400,15 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
     if (lane == 0) ep = el = 0;
     xp = kv_sat_add_nn(xp, ep);  // exclusive prefixes of row b
     xl = kv_sat_add_nn(xl, el);
-    if (b <= M) vdraft_attn_row(p, j, g, b, L, r, xp, xl, err);
+    if (own) vdraft_attn_row(p, j, g, b, L, r, xp, xl, err);
     if (fi) {
         s_start[tid] = xp;
-        s_pages[tid] = b < n ? P : 0;
+        s_pages[tid] = own && b < n ? P : 0;
         s_row[tid] = (int)r;
         __syncthreads();
-        for (int i = warp; i < VDRAFT_THREADS; i += VDRAFT_WARPS) {
+        for (int i = warp; i < R; i += VDRAFT_WARPS) {
             const int cnt = s_pages[i];
+#pragma unroll 4  // (read-only loads: the next entries' loads go ahead of this one's store)
             for (int e = lane; e < cnt; e += 32) vdraft_attn_copy(p, j, g, base + i, s_row[i], s_start[i], e, err);
         }
         // this block's share of kv_indices past the total: -1

@@ -542,7 +542,6 @@ VLLM_DEFAULT_CONTEXT = tuple(VllmWorkload().context)
 ENGINE_ONLY = {
     "core": (
         "batches",
-        "spec_tokens",
         "prefill",
         "block_sizes",
         "layers",
@@ -1144,5 +1143,12 @@ def _run_vllm(config: ProfileConfig, progress: Progress, started: float) -> dict
     head = {k: doc[k] for k in ("schema_version", "kind", "created_utc")}
     rest = {k: v for k, v in doc.items() if k not in head and k != "options" and k != "environment"}
     doc = {**head, "options": config.recorded_options(), "environment": environment, "settings": settings, **rest}
+    if config.spec_tokens > 0:
+        # After each verify step, the draft model's forwards: vLLM's per-draft-step design against
+        # kvaddr's one launch, checked equal, timed per cycle (kvaddr.measure.vllm_draft_profile).
+        from kvaddr.measure import vllm_draft_profile
+
+        progress.note(f"vLLM draft addressing: {config.spec_tokens} draft tokens per cycle, checked, then timed ...")
+        doc["draft_steps"] = vllm_draft_profile.measure(options, config.spec_tokens, config.budget)
     doc["wall_s"] = round(time.perf_counter() - started, 3)
     return doc

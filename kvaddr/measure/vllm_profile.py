@@ -488,6 +488,10 @@ def render_vllm_report(console, doc: dict) -> None:
                 soft_wrap=True,
             )
         console.print()
+    if doc.get("draft_steps"):
+        from kvaddr.measure.vllm_draft_profile import render
+
+        render(console, doc["draft_steps"])
 
 
 def vllm_document(results: Sequence[VllmShapeResult], options: VllmProfileOptions, environment: dict) -> dict:

@@ -41,7 +41,9 @@ SCHEMA = (
 )
 _ALIGN = 256
 _NO_ERROR_I64 = VLLM_NO_ERROR_KEY - (1 << 64) if VLLM_NO_ERROR_KEY >= 1 << 63 else VLLM_NO_ERROR_KEY
-_T = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+# (torch dtype, itemsize) by NumPy dtype: the packing is computed with NumPy dtypes, but views()
+# (traced by torch.compile) sees only torch dtypes and python ints.
+_T = {np.dtype(np.int64): (torch.int64, 8), np.dtype(np.int32): (torch.int32, 4)}
 
 
 class _Layout:
@@ -70,22 +72,25 @@ class _Layout:
             ("cu_seqlens_k", (S, G, M + 1), i32) if "varlen" in att else None,
             ("max_seqlen_k", (S, G), i32) if "varlen" in att else None,
         ]
-        self.fields = [f for f in fields if f is not None]
-        self.sizes = {name: int(np.prod(shape)) for name, shape, _ in self.fields}
+        fields = [f for f in fields if f is not None]
+        self.sizes = {name: int(np.prod(shape)) for name, shape, _ in fields}
         off, self.offsets = 16 * self.records, {}
         off = -(-off // _ALIGN) * _ALIGN
-        for name, _shape, dt in self.fields:
+        for name, _shape, dt in fields:
             self.offsets[name] = off
             off = -(-(off + dt.itemsize * self.sizes[name]) // _ALIGN) * _ALIGN
         self.words = max(off // 8, 1)
+        # (name, shape, torch dtype, first element, element count): python ints and torch dtypes only
+        self.fields = tuple(
+            (name, tuple(int(x) for x in shape), _T[dt][0], self.offsets[name] // _T[dt][1], self.sizes[name])
+            for name, shape, dt in fields
+        )
 
     def views(self, out: torch.Tensor) -> tuple[dict, torch.Tensor]:
         """``({field: view of out}, records int64 [R, 2])`` (fake tensors too)."""
         res = {}
-        for name, shape, dt in self.fields:
-            flat = out.view(_T[dt])
-            a = self.offsets[name] // dt.itemsize
-            res[name] = flat[a : a + self.sizes[name]].view(shape)
+        for name, shape, dt, a, n in self.fields:
+            res[name] = out.view(dt)[a : a + n].view(shape)
         return res, out[: 2 * self.records].view(self.records, 2)
 
 

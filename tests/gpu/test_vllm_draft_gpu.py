@@ -203,6 +203,73 @@ def test_bind_launch_equals_compute_and_follows_new_contents():
     assert planner.errors() == (want.error_mask, want.error_key)
 
 
+@pytest.mark.parametrize("attention", [None, "flashinfer,varlen"])
+def test_batch_binding_launch_num_reqs_equals_the_reference(attention):
+    """bind(..., idx_mapping=, query_start_loc=) over persistent batch buffers longer than the
+    batch: launch(num_reqs) for several counts, eagerly and replayed from a CUDA graph."""
+    import cupy
+
+    rng = np.random.default_rng(21)
+    M = 300
+    stream = cupy.cuda.Stream(non_blocking=True)
+    base = draft_case(rng, num_reqs=M, max_num_reqs=M, attention=attention, max_tokens=4 * M, max_model_len=400)
+    s = base["settings"]
+    planner = VllmDraftPlanner(**s)
+    idx_buf = cupy.full(M, 7, dtype=cupy.int32)
+    qsl_buf = cupy.full(M + 1, 5, dtype=cupy.int32)
+    per = {k: cupy.zeros(M, dtype=cupy.int32) for k in ("seq_lens", "num_rejected", "num_sampled")}
+    x = base["inputs"]
+    tables, nbs = _dev(x["block_tables"]), _dev(x["num_blocks"])
+    vsm = cupy.zeros((len(s["block_sizes"]), s["max_num_batched_tokens"]), dtype=cupy.int64)  # bound whole
+    bound = planner.bind(
+        per["seq_lens"], per["num_rejected"], per["num_sampled"], tables, nbs, vsm,
+        idx_mapping=idx_buf, query_start_loc=qsl_buf, stream=stream,
+    )  # fmt: skip
+    assert bound.max_num_reqs == M
+
+    def load(n):
+        """A new verify step of n requests written into the bound buffers (tables cropped or
+        padded with -1 to the bound widths, as a scheduler's persistent tables are)."""
+        case = draft_case(rng, num_reqs=n, max_num_reqs=M, attention=attention, max_tokens=4 * M, max_model_len=400)
+        case["settings"] = s
+        c = case["inputs"]
+        c["block_tables"] = [
+            np.pad(t, ((0, 0), (0, max(w - t.shape[1], 0))), constant_values=-1)[:, :w]
+            for t, w in zip(c["block_tables"], s["widths"])
+        ]
+        for dev_t, t in zip(tables, c["block_tables"]):
+            dev_t.set(np.ascontiguousarray(t), stream=stream)
+        for dev_n, nb in zip(nbs, c["num_blocks"]):
+            dev_n.set(nb, stream=stream)
+        idx_buf[:n].set(c["idx_mapping"].astype(np.int32), stream=stream)
+        qsl_buf[: n + 1].set(c["query_start_loc"], stream=stream)
+        for k in per:
+            per[k][:n].set(c[k], stream=stream)
+        vsm.set(c["verify_slot_mappings"], stream=stream)  # [G, max_tokens = 4 M], as bound
+        return case
+
+    for n in (M, 17, 0, 200):
+        case = load(n)
+        with stream:
+            bound.launch(n)
+        stream.synchronize()
+        want = reference(case)
+        compare(_host(planner.outputs), want, f"batch binding n={n}")
+        assert planner.errors(stream) == (want.error_mask, want.error_key)
+    with stream:
+        bound.launch(40)  # warm up the count outside capture
+        stream.begin_capture()
+        bound.launch(40)
+        graph = stream.end_capture()
+    for _ in range(3):
+        case = load(40)
+        graph.launch(stream)
+        stream.synchronize()
+        want = reference(case)
+        compare(_host(planner.outputs), want, "batch binding replay")
+        assert planner.errors(stream) == (want.error_mask, want.error_key)
+
+
 def test_bad_arguments_name_themselves():
     case = draft_case(np.random.default_rng(12), num_reqs=5, max_num_reqs=8)
     planner = VllmDraftPlanner(**case["settings"])
@@ -415,3 +482,40 @@ def test_per_step_baseline_equals_the_reference(seed):
     base = VllmDraftPerStep(**case["settings"])
     _check(base, case, "per-step")
     assert base.launches_per_cycle > 1
+
+
+def test_profile_rows_check_then_time_both_designs():
+    """kvaddr.measure.vllm_draft_profile (``kvaddr profile --engine vllm --spec-tokens k``): a row per
+    shape, the one launch checked equal to vLLM's per-draft-step design and to the reference, both
+    timed with and without attention metadata."""
+    from kvaddr.measure import vllm_draft_profile
+    from kvaddr.measure.vllm_profile import VllmProfileOptions
+
+    opts = VllmProfileOptions(shapes=("decode:64", "mixed:300:4000"), block_sizes=(16, 64), context=(128, 4096))
+    section = vllm_draft_profile.measure(opts, 3, budget_s=0.05)
+    assert section["spec_tokens"] == 3 and [r["shape"] for r in section["rows"]] == ["decode:64", "mixed:300:4000"]
+    for r in section["rows"]:
+        for label, launches in (("addressing", 1 + 2 * 2), ("metadata", 1 + 2 * (2 + 2))):
+            m = r[label]
+            assert m["kvaddr"]["us"] > 0 and m["per_step"]["us"] > 0 and m["per_step"]["launches"] == launches
+            assert m["saving_us"] == pytest.approx(m["per_step"]["us"] - m["kvaddr"]["us"])
+
+
+def test_profile_command_with_spec_tokens_on_the_vllm_engine(tmp_path):
+    """``kvaddr profile --engine vllm --spec-tokens 3``: the report's draft_steps rows and their lines."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kvaddr import cli
+
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(
+        cli.cli,
+        ["profile", "--engine", "vllm", "--batch", "64", "--spec-tokens", "3", "--budget", "0.05",
+         "--mode", "graph", "--input-sets", "1", "--json", str(out)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["options"]["spec_tokens"] == 3 and [x["shape"] for x in doc["draft_steps"]["rows"]] == ["decode:64"]
+    assert "vLLM draft addressing, 3 draft tokens per verify step" in r.output

@@ -86,7 +86,6 @@ def test_a_vllm_option_with_the_core_engine_is_a_usage_error(no_gpu, option):
 @pytest.mark.parametrize(
     "option",
     [
-        ["--spec-tokens", "1"],
         ["--prefill", "1:16"],
         ["--block-size", "16"],
         ["--layers", "2"],

@@ -136,3 +136,73 @@ def test_bind_checks_once_and_launch_checks_the_batch(fake):
     with pytest.raises(ValueError, match="seq_lens"):
         bound.launch(x["idx_mapping"], x["query_start_loc"])
     assert len(fake.launches) == 2
+
+
+def test_meta_rows_spread_the_attention_blocks():
+    from kvaddr.engines.vllm_draft import META_BLOCKS, VllmDraftPlanner, meta_rows
+
+    assert meta_rows(64, 2, 1) == 8  # 9 chunks per (step, group)
+    assert meta_rows(4096, 2, 1) == 32  # 129 chunks * 2 <= 512
+    assert meta_rows(100000, 7, 4) == 256  # capped at one row per thread
+    for M, S, G in ((1, 1, 1), (300, 3, 2), (1025, 2, 1), (5000, 1, 3)):
+        rows = meta_rows(M, S, G)
+        assert 8 <= rows <= 256 and rows & (rows - 1) == 0
+        assert rows == 256 or S * G * -(-(M + 1) // rows) <= META_BLOCKS
+        assert rows == 8 or S * G * -(-(M + 1) // (rows // 2)) > META_BLOCKS
+    shape = VllmDraftPlanner.error_records_shape(64, 3, 1, True)
+    assert shape == ((1 + 2 * 9) * 8, 2)
+
+
+def _snapshot(out):
+    return {k: np.array(v.a) for k, v in out.as_dict().items() if v is not None}
+
+
+def test_batch_binding_launches_with_one_int(fake):
+    from kvaddr.engines.vllm_draft import BoundVllmDraftBatch
+
+    p = _planner(attention="flashinfer,varlen", kv_indices_capacity=32)
+    rng = np.random.default_rng(3)
+    rows = 4
+    idx_buf = FakeArray(np.array([2, 0, 3, 1], dtype=np.int32))
+    qsl_buf = FakeArray(np.array([0, 4, 8, 12, 16], dtype=np.int32))
+    acc = rng.integers(0, 4, size=rows)
+    state = dict(
+        seq_lens=FakeArray(rng.integers(4, 16, size=rows).astype(np.int32)),
+        num_rejected=FakeArray((3 - acc).astype(np.int32)),
+        num_sampled=FakeArray((acc + 1).astype(np.int32)),
+        block_tables=[FakeArray(rng.integers(0, 50, size=(4, 5)).astype(np.int32))],
+        num_blocks=[FakeArray(np.full(4, 5, dtype=np.int32))],
+        verify_slot_mappings=FakeArray(rng.integers(0, 200, size=(1, 16)).astype(np.int64)),
+    )
+    bound = p.bind(**state, idx_mapping=idx_buf, query_start_loc=qsl_buf)
+    assert isinstance(bound, BoundVllmDraftBatch) and bound.max_num_reqs == 4
+    for n in (3, 0, 4, 3):
+        got = _snapshot(bound.launch(n, stream=7))
+        p.compute(
+            FakeArray(idx_buf.a[:n].copy()),
+            FakeArray(qsl_buf.a[: n + 1].copy()),
+            **state,
+        )
+        want = _snapshot(p.outputs)
+        assert got.keys() == want.keys()
+        for k in got:
+            assert np.array_equal(got[k], want[k]), (n, k)
+    assert fake.launches[0]["stream"] == 7 and fake.launches[0]["name"] == "vllm_draft_step<true>"
+    assert p.errors()[0] == 0
+    before = len(fake.launches)
+    for bad, err in ((5, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(err, match="num_reqs"):
+            bound.launch(bad)
+    assert len(fake.launches) == before
+    bound.check_bound()
+    with pytest.raises(ValueError, match="together"):
+        p.bind(**state, idx_mapping=idx_buf)
+    with pytest.raises(TypeError, match="idx_mapping"):
+        p.bind(**state, idx_mapping=FakeArray(np.zeros(4, np.float32)), query_start_loc=qsl_buf)
+    short = p.bind(**state, idx_mapping=idx_buf, query_start_loc=FakeArray(np.zeros(3, np.int32)))
+    assert short.max_num_reqs == 2
+    with pytest.raises(ValueError, match="num_reqs"):
+        short.launch(3)
+    state["seq_lens"].a = np.zeros(2, dtype=np.int32)  # changed in place: seen by check_bound only
+    with pytest.raises(ValueError, match="bind again|seq_lens"):
+        bound.check_bound()
