@@ -33,8 +33,7 @@ from kvaddr.engines.vllm_errors import VllmAddressingError
 from kvaddr.errors import clean_error_records
 from kvaddr.host import ErrorRecords, Memo, StreamResolver
 from kvaddr.outputs import DsaOutputs
-from kvaddr.validation import INT32_MAX, check_int
-from kvaddr.validation import describe, describe_mapped, memo_guard, repeats, signature_getter
+from kvaddr.validation import INT32_MAX, check_int, describe, describe_mapped, memo_guard, repeats, signature_getter
 
 if TYPE_CHECKING:
     from kvaddr.engines.vllm_bound import BoundVllmStep

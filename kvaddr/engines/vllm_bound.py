@@ -158,6 +158,7 @@ class BoundVllmStep:
         "_fast",
         "_fast_checks",
         "_fptr",
+        "_grid_y",
         "_infos",
         "_lanes",
         "_launch",
