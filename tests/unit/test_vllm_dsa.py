@@ -207,3 +207,34 @@ def test_planner_arguments(monkeypatch):
     p = VllmStepPlanner(**kw, dsa=True)
     assert p.dsa_cache == 1 and p.kernel_name == "vllm_step<false, true>"
     assert p.outputs.dsa.cu_seq_lens.shape == (5,) and p.outputs.dsa.value_offsets.shape == (8,)
+
+
+@emulated
+@pytest.mark.parametrize("n, groups", [(1, (64,)), (2, (4, 13)), (3, (16, 64, 5))])
+def test_emulated_decodes_and_prefills(monkeypatch, n, groups):
+    """tests.support.vllm_dsa_cases' batches (the GPU tests'): decodes of n tokens, prefill chunks,
+    dummy rows, each group as the indexer cache's, the bound step too."""
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from tests.support.vllm_dsa_cases import dsa_batch
+
+    install(monkeypatch, on_launch=vllm_emulator.run)
+    rng = np.random.default_rng(n)
+    M = 60
+    cfg, state = random_case(rng, max_num_reqs=M, num_reqs=M, block_sizes=groups, max_query=40, spare_tokens=M * 8)
+    for g in range(len(groups)):
+        kw = dict(dsa_cache=g, dsa_decode_len=n)
+        p = VllmStepPlanner(**planner_kwargs(cfg), dsa=True, **kw)
+        for i, num_reqs in enumerate([M, 20, 0, M]):
+            x = dsa_batch(rng, cfg, state, num_reqs, n=n, prefill=0.3)
+            want = check(p, cfg, x, min(M, num_reqs + 3), label=f"group {g} step {i}", **kw)
+        assert (want.outputs.dsa.ke > 0).any() and (
+            want.outputs.dsa.req_id_per_token[: int(x["query_start_loc"][-1])] == -1
+        ).any()
+        f = on_fake(state)
+        bound = p.bind(f["num_computed_tokens"], f["block_tables"], f["num_blocks"])
+        x = dsa_batch(rng, cfg, state, 50, n=n, prefill=0.3)
+        fx = on_fake(x)
+        got = bound.launch(fx["idx_mapping"], fx["query_start_loc"], num_reqs_padded=M)
+        want = vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=M, dsa=True, **kw)
+        for name in DSA_FIELDS:
+            assert _host(getattr(got.dsa, name)).tolist() == getattr(want.outputs.dsa, name).tolist(), name
