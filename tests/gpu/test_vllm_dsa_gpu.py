@@ -191,3 +191,16 @@ def test_graph_replay(M):
         want = vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=M, dsa=True, dsa_decode_len=2)
         compare(p.outputs, want, f"replay {i}")
         p.clear_errors()
+
+
+def test_doc_snippet_prints_what_it_says():
+    import contextlib
+    import io
+
+    from tests.support.docs import DOCS, expected_prints, snippet
+
+    code = snippet((DOCS / "dsa.md").read_text(), "dsa-vllm-gpu")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(code, "docs/dsa.md", "exec"), {})
+    assert [line.strip() for line in buf.getvalue().splitlines()] == expected_prints(code, explanations=False)
