@@ -102,7 +102,10 @@ def emulated_source() -> str:
     common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
     dsa = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "dsa.cuh").read_text()
     base = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "baselines.cuh").read_text()
-    baseline = _section(base, "// ==== The engines' top-k -> slot conversion", "// ==== vLLM's three-launch design")
+    # the baseline's section: up to the next section's heading rule, whichever section follows
+    start = base.index("// ==== The engines' top-k -> slot conversion")
+    rule = "// " + "=" * 85 + "\n// ==== "
+    baseline = base[start : base.index(rule, start)]
     return PRELUDE + EXTRA_PRELUDE + common + dsa + baseline + DRIVER
 
 
