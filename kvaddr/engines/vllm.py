@@ -965,7 +965,8 @@ class VllmStepPlanner:
     def grid(self, num_reqs_padded: int, num_reqs: int | None = None) -> int:
         """Blocks of the one launch for a batch of ``num_reqs`` requests (default: the
         padded size) padded to ``num_reqs_padded`` rows (also writes the gather's lanes per
-        pair into the parameter block)."""
+        pair into the parameter block). With ``dsa=True`` the launch has two grid rows of
+        this many blocks: ``(grid, 2)``."""
         grid, lanes = self._plan(num_reqs_padded, num_reqs)
         p = self._params
         if lanes and p.pair_lanes != lanes:
