@@ -9,12 +9,13 @@
 // always has tokens, also writes cu_seq_lens). A thread finds its token's owner as the step's token blocks do (the
 // guess min(t, n - 1), then vllm_owner_search: the same owner for any query_start_loc, even a
 // decreasing one), and the token is valid when the step's is (t < num_tokens, the owner's range
-// holds t, a real row, num_computed_tokens >= 0). The block then walks the batch VLLM_THREADS
-// requests at a time: a thread per request computes whether it is a prefill (a good request
-// running more than dsa_decode_len tokens) and its seq_len (num_computed_tokens + its tokens,
-// saturating as seq_lens), a block scan gives each prefill its ks (the seq_lens of the prefills
-// before it) and its ordinal, staged in shared memory for the tile, and a token whose owner lies
-// in the tile reads its ks there. For a valid token t of request b at position p, slot s of group
+// holds t, a real row, num_computed_tokens >= 0). The block then walks the batch
+// VLLM_THREADS * VLLM_DSA_R requests at a time (a tile; VLLM_DSA_R consecutive requests a thread,
+// every load issued before any is used): a thread computes whether each of its requests is a
+// prefill (a good request running more than dsa_decode_len tokens) and its seq_len
+// (num_computed_tokens + its tokens, saturating as seq_lens), a block scan of the thread sums
+// gives each prefill its ks (the seq_lens of the prefills before it) and its ordinal, staged in
+// shared memory for the tile, and a token whose owner lies in the tile reads its ks there. For a valid token t of request b at position p, slot s of group
 // dsa_group (blk = s / B, off = s % B; the step's slot mapping of that group, -1 included):
 //   value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S  (s < 0: -1)
 //   ctx = p + 1;  ks, ke = the prefill's ks and ks + ctx (0 and 0 for a decode token);
@@ -92,22 +93,29 @@ __device__ __forceinline__ void vllm_dsa_locate(const VllmStepParams& p, int t, 
     slot = s;
 }
 
-// Request b < num_reqs: whether it is a prefill and, if so, its seq_len (else 0).
-__device__ __forceinline__ int vllm_dsa_prefill_len(const VllmStepParams& p, int b) {
-    const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
-    const long long r = vllm_row_of(p, b);
-    if (r < 0 || r >= p.max_num_reqs || q0 < 0 || q1 < q0) return -1;
-    const int nct = p.num_computed_tokens[r];
-    if (nct < 0 || q1 - q0 <= p.dsa_decode_len) return -1;
+// A request's prefill length from its loads (range [q0, q1), row r, num_computed_tokens nct, read
+// only for a row in range): its seq_len (saturating) when it is a good request running more than
+// dsa_decode_len tokens, else -1.
+__device__ __forceinline__ int vllm_dsa_prefill(const VllmStepParams& p, int q0, int q1, long long r, int nct) {
+    if (r < 0 || r >= p.max_num_reqs || q0 < 0 || q1 < q0 || nct < 0 || q1 - q0 <= p.dsa_decode_len) return -1;
     const long long s = (long long)nct + ((long long)q1 - q0);
     return (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
 }
 
+// Request b < num_reqs's prefill length (vllm_dsa_prefill with its own loads).
+__device__ __forceinline__ int vllm_dsa_prefill_len(const VllmStepParams& p, int b) {
+    const long long r = vllm_row_of(p, b);
+    const int nct = (r >= 0 && r < p.max_num_reqs) ? p.num_computed_tokens[r] : 0;
+    return vllm_dsa_prefill(p, p.query_start_loc[b], p.query_start_loc[b + 1], r, nct);
+}
+
 // ---- the DSA block of the vLLM step (row 1 of vllm_step<ATTENTION, true>'s grid) ----
 
+#define VLLM_DSA_R 8  // consecutive requests per thread in a tile (all their loads in flight)
+
 __device__ void vllm_dsa_block(const VllmStepParams& p) {
-    __shared__ int tile_ks[VLLM_THREADS];  // ks of the tile's requests (-1: not a prefill)
-    __shared__ int red[2][VLLM_WARPS];     // per warp: seq_len sum, prefill count
+    __shared__ int tile_ks[VLLM_THREADS * VLLM_DSA_R];  // ks of the tile's requests (-1: not a prefill)
+    __shared__ int red[2][VLLM_WARPS];                  // per warp: seq_len sum, prefill count
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, k = (int)blockIdx.x;
     const int n = p.num_reqs;
     if (k >= p.token_blocks) return;  // (uniform) no tokens; block 0 always has some
@@ -119,10 +127,25 @@ __device__ void vllm_dsa_block(const VllmStepParams& p) {
     if (mine) vllm_dsa_locate(p, t, b, valid, pos, slot);
     int carry_len = 0, carry_cnt = 0;
 #pragma unroll 1
-    for (int base = 0; base < n; base += VLLM_THREADS) {
-        const int rb = base + tid;
-        const int len = rb < n ? vllm_dsa_prefill_len(p, rb) : -1;
-        const int x = len > 0 ? len : 0, c = len >= 0 ? 1 : 0;
+    for (int base = 0; base < n; base += VLLM_THREADS * VLLM_DSA_R) {
+        const int first = base + tid * VLLM_DSA_R;  // this thread's requests [first, first + R)
+        int q[VLLM_DSA_R + 1], nct[VLLM_DSA_R], len[VLLM_DSA_R];
+        long long r[VLLM_DSA_R];
+#pragma unroll
+        for (int u = 0; u <= VLLM_DSA_R; ++u) q[u] = first + u <= n ? p.query_start_loc[first + u] : 0;
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_R; ++u) r[u] = first + u < n ? vllm_row_of(p, first + u) : -1;
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_R; ++u) nct[u] = (r[u] >= 0 && r[u] < p.max_num_reqs) ? p.num_computed_tokens[r[u]] : 0;
+        int x = 0, c = 0;  // this thread's prefill seq_lens and prefills
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_R; ++u) {
+            len[u] = vllm_dsa_prefill(p, q[u], q[u + 1], r[u], nct[u]);
+            if (len[u] >= 0) {
+                x = kv_sat_add_nn(x, len[u]);
+                ++c;
+            }
+        }
         int ix = x, ic = c;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
@@ -146,14 +169,21 @@ __device__ void vllm_dsa_block(const VllmStepParams& p) {
             tx = kv_sat_add_nn(tx, red[0][w]);
             tc += red[1][w];
         }
-        // this request's exclusive prefixes: its ks and its ordinal among the prefills
+        // this thread's exclusive prefixes: its first request's ks and ordinal among the prefills
         int ex = __shfl_up_sync(0xffffffffu, ix, 1), ec = __shfl_up_sync(0xffffffffu, ic, 1);
         if (lane == 0) ex = ec = 0;
-        const int my_ks = kv_sat_add_nn(bx, ex), my_ord = bc + ec;
-        tile_ks[tid] = len >= 0 ? my_ks : -1;
-        if (k == 0 && len >= 0 && my_ord <= p.max_num_reqs) p.dsa_cu_seq_lens[my_ord] = my_ks;
+        int run = kv_sat_add_nn(bx, ex), ord = bc + ec;
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_R; ++u) {
+            tile_ks[tid * VLLM_DSA_R + u] = len[u] >= 0 ? run : -1;
+            if (len[u] >= 0) {
+                if (k == 0 && ord <= p.max_num_reqs) p.dsa_cu_seq_lens[ord] = run;
+                run = kv_sat_add_nn(run, len[u]);
+                ++ord;
+            }
+        }
         __syncthreads();
-        if (valid && b >= base && b < base + VLLM_THREADS) ks = tile_ks[b - base];
+        if (valid && b >= base && b - base < VLLM_THREADS * VLLM_DSA_R) ks = tile_ks[b - base];
         __syncthreads();  // the tile's ks and the warp sums are read before the next tile writes them
         carry_len = tx;
         carry_cnt = tc;
