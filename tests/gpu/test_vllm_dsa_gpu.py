@@ -46,7 +46,7 @@ def step(planner, cfg, x, padded, label, **kw):
     return want
 
 
-def case(seed, M, block_sizes, *, n=1, T=None, cp_size=1, cp_rank=0, slot_dtype=np.int64):
+def case(seed, M, block_sizes, *, n=1, T=None, cp_size=1, cp_rank=0, slot_dtype=np.int64, max_block_id=1 << 20):
     rng = np.random.default_rng(seed)
     cfg, state = random_case(
         rng,
@@ -58,6 +58,7 @@ def case(seed, M, block_sizes, *, n=1, T=None, cp_size=1, cp_rank=0, slot_dtype=
         cp_rank=cp_rank,
         slot_dtype=slot_dtype,
         spare_tokens=T or M * 8,
+        max_block_id=max_block_id,
     )
     return rng, cfg, state
 
@@ -91,7 +92,14 @@ def test_bad_inputs_dcp_and_int32_slots(seed):
 
     cp = 2 if seed % 2 else 1
     rng, cfg, state = case(
-        seed, 300, (64, 16), n=2, cp_size=cp, cp_rank=seed % cp, slot_dtype=[np.int32, np.int64][seed % 2]
+        seed,
+        300,
+        (64, 16),
+        n=2,
+        cp_size=cp,
+        cp_rank=seed % cp,
+        slot_dtype=[np.int32, np.int64][seed % 2],
+        max_block_id=(1 << 31) // 16 if seed >= 3 else 1 << 20,  # slots and offsets past 2^31
     )
     kw = dict(
         dsa_cache=seed % 2, dsa_decode_len=2, dsa_value_bytes=[128, 7][seed % 2], dsa_scale_bytes=[4, 2][seed % 2]
