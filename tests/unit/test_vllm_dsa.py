@@ -238,3 +238,26 @@ def test_emulated_decodes_and_prefills(monkeypatch, n, groups):
         want = vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=M, dsa=True, **kw)
         for name in DSA_FIELDS:
             assert _host(getattr(got.dsa, name)).tolist() == getattr(want.outputs.dsa, name).tolist(), name
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 50, 2047, 2048, 2049, 5000]), st.booleans())
+def test_block_model_equals_the_reference(seed, M, bad):
+    """The DSA block's tiles and scan (tests/support/vllm_dsa_model.py) give the reference's
+    cu_seq_lens and ks, across tile boundaries, with dummies, bad inputs and saturating sums."""
+    from tests.support.vllm_dsa_cases import dsa_batch
+    from tests.support.vllm_dsa_model import model_cu_and_ks
+
+    rng = np.random.default_rng(seed)
+    cfg, state = random_case(rng, max_num_reqs=M, num_reqs=0, block_sizes=(16,), max_query=6, spare_tokens=M * 3)
+    x = dsa_batch(rng, cfg, state, int(rng.integers(0, M + 1)), n=2, prefill=0.3, max_chunk=6)
+    if bad:
+        x = corrupt(rng, cfg, x, rate=0.05)
+    if rng.random() < 0.3:  # lengths whose sum passes 2^31 - 1
+        x["num_computed_tokens"] = np.where(x["num_computed_tokens"] >= 0, 2**30, x["num_computed_tokens"]).astype(I32)
+    want = vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, dsa=True, dsa_decode_len=2).outputs.dsa
+    cu, ks = model_cu_and_ks(
+        x["idx_mapping"], x["query_start_loc"], x["num_computed_tokens"], M, cfg.max_num_batched_tokens, 2
+    )
+    assert cu.tolist() == want.cu_seq_lens.tolist()
+    assert np.where(ks >= 0, ks, 0).tolist() == want.ks.tolist()
