@@ -1,4 +1,4 @@
-"""Benchmark of the DSA outputs of the fused step (docs/dsa.md).
+"""Benchmark of the DSA outputs of the fused step and of the vLLM step (docs/dsa.md).
 
 Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/bench_dsa_step.py [--quick] [--json FILE]
 
@@ -16,6 +16,10 @@ Floor: one kernel (CUDA source below, an instrument) that only writes the DSA ou
 same shape: every token's two int64 offsets and three int32 values and the ``max_requests + 1``
 cu_seq_lens entries, from the token index alone (no lengths, no scan, no table), timed the same
 way in the same run, with 1, 2, 4 and 8 blocks of 256 threads per SM (the fastest counts).
+
+vLLM step: the same shapes through ``VllmStepPlanner`` (two groups of B = 64, permuted request
+rows in idx_mapping) with ``dsa=True`` against without (``vllm_step<false, true>``, a second grid
+row of DSA blocks, against ``vllm_step<false>``), beside the same floor.
 
 Bound per row: on <= 1.3 x off, or on <= 1.3 x the floor, whichever is larger (both ratios
 printed). Exit status 1 if a row misses it. ``--quick``: fewer copies and replays.
@@ -96,6 +100,46 @@ def make_step(rng, decodes, n, prefills=0, chunk=(1, 1)):
     return cupy.asarray(dec), cupy.asarray(q), cupy.asarray(table), int(q.sum())
 
 
+def make_vllm_step(rng, decodes, n, prefills=0, chunk=(1, 1)):
+    """The same step for the vLLM planner: ``(planner kwargs, idx_mapping, query_start_loc, state)``;
+    request rows permuted, contexts 1k-32k, each row's blocks a permuted range of block ids."""
+    q = np.concatenate([np.full(decodes, n), rng.integers(chunk[0], chunk[1] + 1, prefills)]).astype(np.int64)
+    M = decodes + prefills
+    nct = rng.integers(1024, 32768, size=M).astype(np.int32)
+    width = int((int(nct.max()) + int(q.max())) // B + 1)
+    table = cupy.asarray(rng.permutation(M * width).astype(np.int32).reshape(M, width))
+    idx = cupy.asarray(rng.permutation(M).astype(np.int32))
+    qsl = cupy.asarray(np.concatenate([[0], np.cumsum(q)]).astype(np.int32))
+    nb = cupy.full(M, width, np.int32)
+    kw = dict(max_num_reqs=M, max_num_batched_tokens=int(q.sum()), block_sizes=[B, B], widths=[width, width])
+    return kw, idx, qsl, (cupy.asarray(nct), [table, table], [nb, nb])
+
+
+def vllm_rows(rng, shapes, stream, a):
+    from kvaddr.engines.vllm import VllmStepPlanner
+
+    rows = []
+    for label, decodes, n, prefills, chunk in shapes:
+        kw, idx, qsl, state = make_vllm_step(rng, decodes, n, prefills, chunk)
+        M, total = kw["max_num_reqs"], kw["max_num_batched_tokens"]
+        off = VllmStepPlanner(**kw)
+        on = VllmStepPlanner(**kw, dsa=True, dsa_decode_len=n)
+
+        def timed(p):
+            return bench_step.graph_time_per_copy(
+                lambda: p.compute(idx, qsl, *state, num_reqs_padded=M, stream=stream), stream, a.copies, a.replays
+            )[0]
+
+        t_off, t_on = timed(off), timed(on)
+        on.check(stream)
+        t_floor = floor_time(total, M, stream, a.copies, a.replays)
+        row = dict(shape="vLLM " + label, tokens=total, kernel=on.kernel_name, off_us=t_off, on_us=t_on)
+        row.update(floor_us=t_floor, on_off=t_on / t_off, on_floor=t_on / t_floor)
+        row["ok"] = min(row["on_off"], row["on_floor"]) <= BOUND
+        rows.append(row)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--copies", type=int, default=200)
@@ -135,6 +179,7 @@ def main(argv=None):
             row.update(floor_us=t_floor, on_off=t_on / t_off, on_floor=t_on / t_floor)
             row["ok"] = min(row["on_off"], row["on_floor"]) <= BOUND
             rows.append(row)
+        rows += vllm_rows(rng, shapes, stream, a)
 
     dev = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"device: {dev}; graph mode, {a.copies} copies per graph, median of {a.replays} replays")

@@ -363,14 +363,16 @@ def mtp_records(cfg: StepConfig, draft_steps: int) -> int:
 # -- the vLLM step --------------------------------------------------------------------------
 
 
-def vllm_kernel(attention: bool) -> str:
-    """The vLLM step's kernel: ``vllm_step<true>`` writes the attention metadata too."""
-    return "vllm_step<true>" if attention else "vllm_step<false>"
+def vllm_kernel(attention: bool, dsa: bool = False) -> str:
+    """The vLLM step's kernel: ``vllm_step<true>`` writes the attention metadata too; with
+    ``dsa`` its DSA instantiation (``vllm_step<..., true>``, launched on two grid rows)."""
+    name = "vllm_step<true>" if attention else "vllm_step<false>"
+    return with_dsa(name) if dsa else name
 
 
-def vllm_kernels(attention: bool) -> tuple[str, ...]:
+def vllm_kernels(attention: bool, dsa: bool = False) -> tuple[str, ...]:
     """The kernels a :class:`~kvaddr.engines.vllm.VllmStepPlanner` may launch."""
-    return (vllm_kernel(attention),)
+    return (vllm_kernel(attention, dsa),)
 
 
 def vllm_draft_kernel(attention: bool) -> str:

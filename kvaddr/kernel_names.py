@@ -20,8 +20,8 @@ _STEP_KERNELS: tuple[str, ...] = (
 
 
 def with_dsa(kernel: str) -> str:
-    """The core-step kernel ``kernel`` that also writes the DSA outputs (its ``DSA = true``
-    instantiation: a second grid row of DSA blocks, kvaddr/kernels/dsa_step.cuh)."""
+    """The step kernel ``kernel`` (core or vLLM) that also writes the DSA outputs (its ``DSA = true``
+    instantiation: a second grid row of DSA blocks, kvaddr/kernels/dsa_step.cuh, vllm_dsa.cuh)."""
     return kernel[:-1] + ", true>"
 
 
@@ -31,6 +31,7 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     *(f"mtp_step<{pos}>" for pos in _POS),
     "vllm_step<false>",
     "vllm_step<true>",
+    *(with_dsa(f"vllm_step<{a}>") for a in ("false", "true")),  # the vLLM step with DSA outputs
     *(f"dsa_topk_slots<{c}, {v}>" for c in ("false", "true") for v in (1, 4)),
     "vllm_draft_step<false>",
     "vllm_draft_step<true>",

@@ -15,6 +15,7 @@
 #include "kernels/step.cuh"
 #include "kernels/mtp.cuh"
 #include "kernels/vllm.cuh"
+#include "kernels/vllm_dsa.cuh"
 #include "kernels/dsa.cuh"
 #include "kernels/spec.cuh"
 #ifdef KV_BASELINES

@@ -32,7 +32,8 @@ from kvaddr.engines.vllm_config import (
 from kvaddr.engines.vllm_errors import VllmAddressingError
 from kvaddr.errors import clean_error_records
 from kvaddr.host import ErrorRecords, Memo, StreamResolver
-from kvaddr.validation import describe, describe_mapped, memo_guard, repeats, signature_getter
+from kvaddr.outputs import DsaOutputs
+from kvaddr.validation import INT32_MAX, check_int, describe, describe_mapped, memo_guard, repeats, signature_getter
 
 if TYPE_CHECKING:
     from kvaddr.engines.vllm_bound import BoundVllmStep
@@ -221,6 +222,18 @@ class VllmStepParams(ctypes.Structure):
         ("meta_blocks", _I32),
         ("meta_entries", _I32),
         ("meta_rows", _I32),
+        # DSA outputs (vllm_step<..., true>; kvaddr/kernels/vllm_dsa.cuh)
+        ("dsa_value_offsets", _P),
+        ("dsa_scale_offsets", _P),
+        ("dsa_ctx", _P),
+        ("dsa_ks", _P),
+        ("dsa_ke", _P),
+        ("dsa_cu_seq_lens", _P),
+        ("dsa_req_id", _P),
+        ("dsa_group", _I32),
+        ("dsa_decode_len", _I32),
+        ("dsa_value_bytes", _I32),
+        ("dsa_scale_bytes", _I32),
     ]
 
 
@@ -276,6 +289,19 @@ class VllmStepPlanner:
     kv_indices_capacity : int, optional
         N, the entries of each group's ``kv_indices`` (``[G, N]``); required with
         ``"flashinfer"``. More entries than N: error bit 512, entries past N dropped.
+    dsa : bool, default False
+        Also write DeepSeek-V3.2 sparse attention's per-step addressing in the same launch
+        (docs/dsa.md, "The vLLM step"; ``outputs.dsa``, a :class:`~kvaddr.outputs.DsaOutputs`):
+        each token's indexer-cache byte offsets, context length, prefill key range ``ks`` /
+        ``ke`` and batch row, and the prefills' ``cu_seq_lens``. False (default) costs nothing.
+    dsa_cache : int, optional
+        The group whose table, B and slots address the indexer cache; the last group by default.
+    dsa_decode_len : int, default 1
+        n, the query tokens of a decode (1 + speculative tokens): a request running 1 to n
+        tokens is a decode, one running more a prefill.
+    dsa_value_bytes, dsa_scale_bytes : int, default 128 and 4
+        V and S, the value and scale bytes of one token in the indexer cache, whose blocks
+        hold ``[B * V | B * S]``.
 
     Examples
     --------
@@ -310,6 +336,11 @@ class VllmStepPlanner:
         error_records=None,
         attention=None,
         kv_indices_capacity: int | None = None,
+        dsa: bool = False,
+        dsa_cache: int | None = None,
+        dsa_decode_len: int = 1,
+        dsa_value_bytes: int = 128,
+        dsa_scale_bytes: int = 4,
     ):
         import cupy
 
@@ -325,8 +356,16 @@ class VllmStepPlanner:
         self._last_args: tuple | None = None  # the last checked call's arguments (see _remember)
         self._memoize = True
         self._stream = StreamResolver()
+        if not isinstance(dsa, (bool, np.bool_)):
+            raise TypeError(f"dsa must be a bool, got {dsa!r}")
+        #: DSA outputs asked for (docs/dsa.md): the launch's second grid row writes them.
+        self.dsa = bool(dsa)
+        if self.dsa and type(self)._load_functions is not VllmStepPlanner._load_functions:
+            raise ValueError(f"dsa needs the one-launch step, not {type(self).__name__}")
+        self._grid_y = 2 if self.dsa else 1
+        self._grid_args = (2,) if self.dsa else ()  # the launchers' grid_y (others take none)
         if type(self)._load_functions is VllmStepPlanner._load_functions:
-            self.kernel_name = dispatch.vllm_kernel(bool(self._attn_bits))
+            self.kernel_name = dispatch.vllm_kernel(bool(self._attn_bits), self.dsa)
 
         self.config = cfg = VllmStepConfig(
             max_num_reqs,
@@ -343,6 +382,11 @@ class VllmStepPlanner:
         )
         self.device = cupy.cuda.runtime.getDevice() if device is None else int(device)
         M, T, G = cfg.max_num_reqs, cfg.max_num_batched_tokens, cfg.num_groups
+        if self.dsa:
+            self.dsa_cache = G - 1 if dsa_cache is None else check_int("dsa_cache", dsa_cache, lo=0, hi=G - 1)
+            self.dsa_decode_len = check_int("dsa_decode_len", dsa_decode_len, lo=1, hi=INT32_MAX)
+            self.dsa_value_bytes = check_int("dsa_value_bytes", dsa_value_bytes, lo=1, hi=1 << 20)
+            self.dsa_scale_bytes = check_int("dsa_scale_bytes", dsa_scale_bytes, lo=1, hi=1 << 20)
         self._meta_rows = meta_rows = auto_meta_rows(M, G)
         given = self._out_fields(out)
         p = self._params = VllmStepParams()
@@ -361,6 +405,7 @@ class VllmStepPlanner:
             # attention: num_groups * meta_blocks more blocks, each owning meta_rows batch rows of [0, M]
             self._meta_blocks = -(-(M + 1) // meta_rows) if self._attn_bits else 0
             self._make_attention_buffers()
+            self._make_dsa_buffers()
             rec = clean_error_records(self.error_records_shape(M, T, attention_blocks=G * self._meta_blocks)[0])
             self._clean_records = rec
             if error_records is None:
@@ -400,6 +445,7 @@ class VllmStepPlanner:
         p.token_blocks = -(-T // THREADS)
         p.request_blocks = -(-M // THREADS)
         self._set_attention_params()
+        self._set_dsa_params()
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.
@@ -462,7 +508,7 @@ class VllmStepPlanner:
 
     def _load_functions(self) -> dict:
         """The launchers of this planner's kernels (the dispatch table's, compiled now)."""
-        (name,) = dispatch.vllm_kernels(bool(self._attn_bits))
+        (name,) = dispatch.vllm_kernels(bool(self._attn_bits), self.dsa)
         fn = kernel_loader.load_kernels((name,), self.device)[name]
         return {"step": kernel_loader.Launcher(fn, self._params, by_value=True)}
 
@@ -513,6 +559,40 @@ class VllmStepPlanner:
             p.cu_seqlens_k = a.cu_seqlens_k.data.ptr
             p.max_seqlen = self._max_seqlen.data.ptr
 
+    def _make_dsa_buffers(self) -> None:
+        """The DSA outputs' buffers (planner-owned, persistent; docs/dsa.md)."""
+        import cupy
+
+        if not self.dsa:
+            return
+        M, T = self.config.max_num_reqs, self.config.max_num_batched_tokens
+        self.outputs.dsa = DsaOutputs(
+            value_offsets=cupy.full(T, -1, dtype=np.int64),
+            scale_offsets=cupy.full(T, -1, dtype=np.int64),
+            ks=cupy.zeros(T, dtype=np.int32),
+            ke=cupy.zeros(T, dtype=np.int32),
+            ctx=cupy.zeros(T, dtype=np.int32),
+            cu_seq_lens=cupy.zeros(M + 1, dtype=np.int32),
+            req_id_per_token=cupy.full(T, -1, dtype=np.int32),
+        )
+
+    def _set_dsa_params(self) -> None:
+        """The DSA fields of the parameter struct (fixed at construction; null without dsa)."""
+        if not self.dsa:
+            return
+        p, d = self._params, self.outputs.dsa
+        p.dsa_value_offsets = d.value_offsets.data.ptr  # [T], int64
+        p.dsa_scale_offsets = d.scale_offsets.data.ptr  # [T], int64
+        p.dsa_ctx = d.ctx.data.ptr  # [T], int32
+        p.dsa_ks = d.ks.data.ptr  # [T], int32
+        p.dsa_ke = d.ke.data.ptr  # [T], int32
+        p.dsa_cu_seq_lens = d.cu_seq_lens.data.ptr  # [M + 1], int32
+        p.dsa_req_id = d.req_id_per_token.data.ptr  # [T], int32
+        p.dsa_group = self.dsa_cache
+        p.dsa_decode_len = self.dsa_decode_len
+        p.dsa_value_bytes = self.dsa_value_bytes
+        p.dsa_scale_bytes = self.dsa_scale_bytes
+
     @property
     def meta_rows(self) -> int:
         """Batch rows per attention metadata block (fixed at construction: it sizes the grid)."""
@@ -526,7 +606,7 @@ class VllmStepPlanner:
             out = out.as_dict()
         if not isinstance(out, dict):
             raise TypeError(f"out must be a VllmStepOutputs or a dict of output arrays, got {type(out).__name__}")
-        unknown = set(out) - (set(VllmStepOutputs.__dataclass_fields__) - {"attention"})
+        unknown = set(out) - (set(VllmStepOutputs.__dataclass_fields__) - {"attention", "dsa"})
         if unknown:
             raise ValueError(f"out has unknown fields {sorted(unknown)}")
         return {k: v for k, v in out.items() if v is not None}
@@ -885,7 +965,8 @@ class VllmStepPlanner:
     def grid(self, num_reqs_padded: int, num_reqs: int | None = None) -> int:
         """Blocks of the one launch for a batch of ``num_reqs`` requests (default: the
         padded size) padded to ``num_reqs_padded`` rows (also writes the gather's lanes per
-        pair into the parameter block)."""
+        pair into the parameter block). With ``dsa=True`` the launch has two grid rows of
+        this many blocks: ``(grid, 2)``."""
         grid, lanes = self._plan(num_reqs_padded, num_reqs)
         p = self._params
         if lanes and p.pair_lanes != lanes:
@@ -976,9 +1057,9 @@ class VllmStepPlanner:
                 last[1] = self._params.num_reqs_padded = m.size if num_reqs_padded is None else num_reqs_padded
                 last[0] = num_reqs_padded
             if m.launch_kernel is None:
-                m.launcher(m.blocks, m.threads, stream)
+                m.launcher(m.blocks, m.threads, stream, *self._grid_args)
             else:  # cuLaunchKernel straight (Launcher.__call__'s fast branch, inlined)
-                m.launch_kernel(m.function, m.blocks, 1, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
+                m.launch_kernel(m.function, m.blocks, self._grid_y, 1, m.threads, 1, 1, 0, stream, m.params_ptr, 0)
             return self.outputs
         # New batch objects over the request state of the calls before (vLLM's fresh slices of its
         # batch buffers every step): a private binding of that state (its own parameter block, see
@@ -1004,7 +1085,7 @@ class VllmStepPlanner:
             self._state_bound = self._last_state = None
             raise
         grid = self.grid(padded, n)
-        self._fns["step"](grid, THREADS, stream)
+        self._fns["step"](grid, THREADS, stream, *self._grid_args)
         self._remember(idx_mapping, query_start_loc, num_computed_tokens, block_tables, num_blocks, n, grid)
         if self._memo is not None and (num_reqs_padded is None or num_reqs_padded.__class__ is int):
             self._memo.extra[:] = (

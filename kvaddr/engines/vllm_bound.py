@@ -158,6 +158,7 @@ class BoundVllmStep:
         "_fast",
         "_fast_checks",
         "_fptr",
+        "_grid_y",
         "_infos",
         "_lanes",
         "_launch",
@@ -199,6 +200,7 @@ class BoundVllmStep:
         self.planner = planner
         self.params = params  # this binding's own copy of the planner's parameter block
         self._launch = launch_kernel  # cupy.cuda.driver.launchKernel
+        self._grid_y = getattr(planner, "_grid_y", 1)  # 2: the planner's DSA blocks run as the grid's second row
         self._fptr, self._threads = int(fptr), int(threads)
         self._max_num_reqs, self._device = max_num_reqs, device
         self._outputs = outputs
@@ -371,7 +373,7 @@ class BoundVllmStep:
             if plan[1] and plan[1] != self._lanes:  # the gather's lanes per pair, by num_reqs
                 P.pair_lanes = self._lanes = plan[1]
             self._written = written
-        self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
+        self._launch(self._fptr, plan[0], self._grid_y, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
         return self._outputs
 
 
@@ -473,5 +475,5 @@ class BoundVllmBatch(BoundVllmStep):
                 P.pair_lanes = self._lanes = plan[1]
         if num_reqs_padded != self._padded:
             self.params.num_reqs_padded = self._padded = num_reqs_padded
-        self._launch(self._fptr, plan[0], 1, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
+        self._launch(self._fptr, plan[0], self._grid_y, 1, self._threads, 1, 1, 0, stream, self._args_ptr, 0)
         return self._outputs

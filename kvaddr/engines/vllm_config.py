@@ -174,6 +174,9 @@ class VllmStepOutputs:
     #: The attention metadata (:class:`VllmAttentionOutputs`) when the planner was built with
     #: ``attention=``; None otherwise. Not an ``out=`` field (the planner owns those buffers).
     attention: Any = None
+    #: The DSA outputs (:class:`~kvaddr.outputs.DsaOutputs`, docs/dsa.md) when the planner was
+    #: built with ``dsa=True``; None otherwise. Not an ``out=`` field (the planner owns them).
+    dsa: Any = None
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in OUTPUT_FIELDS}

@@ -63,8 +63,8 @@ from kvaddr.engines.vllm_errors import (
     VllmAddressingError,
     vllm_error_key,
 )
-from kvaddr.outputs import PAD_PAGE_ID
-from kvaddr.validation import INT32_MAX, host_info
+from kvaddr.outputs import PAD_PAGE_ID, DsaOutputs
+from kvaddr.validation import INT32_MAX, check_int, host_info
 
 PAD_SLOT_ID = -1
 
@@ -198,6 +198,11 @@ def vllm_step_reference(
     num_reqs_padded: int | None = None,
     attention=None,
     kv_indices_capacity: int | None = None,
+    dsa: bool = False,
+    dsa_cache: int | None = None,
+    dsa_decode_len: int = 1,
+    dsa_value_bytes: int = 128,
+    dsa_scale_bytes: int = 4,
 ) -> VllmReferenceResult:
     """Compute a vLLM step on the host.
 
@@ -218,6 +223,11 @@ def vllm_step_reference(
         (:func:`vllm_attention_metadata`); None or empty: none.
     kv_indices_capacity : int, optional
         N, the entries of each group's ``kv_indices`` (required with "flashinfer").
+    dsa : bool, default False
+        Also compute the DSA outputs (``outputs.dsa``, :func:`vllm_dsa_reference`) with
+        ``dsa_cache`` (the group; the last by default), ``dsa_decode_len``,
+        ``dsa_value_bytes`` and ``dsa_scale_bytes``, as :class:`~kvaddr.engines.vllm.VllmStepPlanner`
+        takes them.
 
     Returns
     -------
@@ -343,6 +353,23 @@ def vllm_step_reference(
         input_block_tables=tuple(gathered),
         dcp_local_seq_lens=dcp,
     )
+    if dsa:
+        g = G - 1 if dsa_cache is None else check_int("dsa_cache", dsa_cache, lo=0, hi=G - 1)
+        tok_b = np.full(T, -1, dtype=np.int64)
+        tok_b[:num_tokens] = np.where(valid, b, -1)
+        outputs.dsa = vllm_dsa_reference(
+            seq_lens[:n],
+            qlen,
+            good,
+            tok_b,
+            positions,
+            slots[g],
+            config.block_sizes[g],
+            M,
+            decode_len=dsa_decode_len,
+            value_bytes=dsa_value_bytes,
+            scale_bytes=dsa_scale_bytes,
+        )
     attn_errors = (0, VLLM_NO_ERROR_KEY)
     if groups:
         outputs.attention, a_mask, a_key = vllm_attention_metadata(config, c, outputs, groups, N)
@@ -351,6 +378,84 @@ def vllm_step_reference(
         if a_mask:
             keys.append(a_key)
     return VllmReferenceResult(outputs, num_tokens, mask, min(keys) if keys else VLLM_NO_ERROR_KEY, attn_errors)
+
+
+def vllm_dsa_reference(
+    seq_lens,
+    query_lens,
+    good,
+    req_id_per_token,
+    positions,
+    slots,
+    block_size: int,
+    max_num_reqs: int,
+    *,
+    decode_len: int = 1,
+    value_bytes: int = 128,
+    scale_bytes: int = 4,
+) -> DsaOutputs:
+    """The vLLM step's DSA outputs (docs/dsa.md, "The vLLM step") from its inputs and outputs.
+
+    Parameters
+    ----------
+    seq_lens, query_lens : int [num_reqs]
+        The step's ``seq_lens[:num_reqs]`` and each request's ``qsl[b+1] - qsl[b]``.
+    good : bool [num_reqs]
+        A real request with good inputs (a real row, ``num_computed_tokens >= 0``, a good range).
+    req_id_per_token : int [T]
+        The owner b of each valid token (the step's owner search), -1 elsewhere.
+    positions : int [T]
+        The step's positions.
+    slots : int [T]
+        The step's slot mapping of the indexer cache's group (-1: none).
+    block_size : int
+        B of that group.
+    max_num_reqs : int
+        ``cu_seq_lens`` has ``max_num_reqs + 1`` entries.
+    decode_len : int, default 1
+        n: a good request running ``q <= n`` tokens is a decode, one running more a prefill.
+    value_bytes, scale_bytes : int, default 128 and 4
+
+    Returns
+    -------
+    DsaOutputs
+        NumPy arrays; the offsets are :func:`kvaddr.dsa_reference.indexer_cache_offsets` of
+        ``slots`` (valid tokens only), ``ctx = position + 1``, ``ks`` / ``ke`` over the
+        prefills' ``cu_seq_lens``; invalid tokens -1, -1, 0, 0, 0, -1.
+    """
+    from kvaddr.dsa_reference import indexer_cache_offsets
+
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    q = np.asarray(query_lens, dtype=np.int64)
+    good = np.asarray(good, dtype=bool)
+    req = np.asarray(req_id_per_token, dtype=np.int64)
+    pos = np.asarray(positions, dtype=np.int64)
+    n = check_int("decode_len", decode_len, lo=1)
+    M = int(max_num_reqs)
+    real = req >= 0
+    sl = np.where(real, np.asarray(slots, dtype=np.int64), -1)
+    off = indexer_cache_offsets(sl, block_size, value_bytes=value_bytes, scale_bytes=scale_bytes)
+    prefill = good & (q > n)
+    lens = np.where(prefill, seq, 0)
+    before = np.minimum(np.concatenate([[0], np.cumsum(lens)]), INT32_MAX)  # saturating prefix
+    P = int(prefill.sum())
+    cu = np.full(M + 1, int(before[-1]), dtype=np.int64)
+    cu[:P] = before[:-1][prefill]
+    ctx = np.where(real, np.minimum(pos + 1, INT32_MAX), 0)
+    b = np.where(real, req, 0)
+    is_pre = real & prefill[b] if q.size else np.zeros_like(real)
+    ks = np.where(is_pre, before[b] if q.size else 0, 0)
+    ke = np.where(is_pre, np.minimum(ks + ctx, INT32_MAX), 0)
+    i32 = np.int32
+    return DsaOutputs(
+        value_offsets=off.value,
+        scale_offsets=off.scale,
+        ks=ks.astype(i32),
+        ke=ke.astype(i32),
+        ctx=ctx.astype(i32),
+        cu_seq_lens=cu.astype(i32),
+        req_id_per_token=np.where(real, req, -1).astype(i32),
+    )
 
 
 def attention_lengths(config: VllmStepConfig, outputs: VllmStepOutputs, g: int) -> np.ndarray:

@@ -82,6 +82,18 @@ struct VllmStepParams {
     int meta_blocks;                   // metadata blocks per group: ceil((max_num_reqs + 1) / meta_rows)
     int meta_entries;                  // kv_indices entries each metadata block pads: ceil(N / meta_blocks)
     int meta_rows;                     // batch rows per metadata block: block k owns [k * meta_rows, +meta_rows)
+    // -- DSA outputs (vllm_step<ATTENTION, true> only; vllm_dsa.cuh) --
+    long long* dsa_value_offsets;      // [max_tokens], int64: indexer-cache byte offset of the token's values; -1
+    long long* dsa_scale_offsets;      // [max_tokens], int64: byte offset of its scale; -1
+    int* dsa_ctx;                      // [max_tokens], int32: position + 1; 0
+    int* dsa_ks;                       // [max_tokens], int32: a prefill token's first key; 0
+    int* dsa_ke;                       // [max_tokens], int32: ks + ctx for a prefill token; 0
+    int* dsa_cu_seq_lens;              // [max_num_reqs + 1], int32: over the prefills in batch order
+    int* dsa_req_id;                   // [max_tokens], int32: the token's batch row; -1
+    int dsa_group;                     // the group whose slots address the indexer cache (0..num_groups-1)
+    int dsa_decode_len;                // n: a request running 1..n tokens is a decode, more a prefill
+    int dsa_value_bytes;               // V: value bytes per token (128)
+    int dsa_scale_bytes;               // S: scale bytes per token (4)
 };
 
 // a[g] for a runtime g, with compile-time indices only.
@@ -700,9 +712,16 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
 
 // The vLLM step: <<<token_blocks + request_blocks + gather blocks (+ num_groups * meta_blocks with
 // ATTENTION), VLLM_THREADS>>>, one parameter. ATTENTION: the last num_groups * meta_blocks blocks
-// of the grid write the attention metadata (vllm_attention_block).
-template <bool ATTENTION>
+// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows,
+// row 1 writing the DSA outputs (vllm_dsa_block); row 0 is the step above, unchanged.
+__device__ void vllm_dsa_block(const VllmStepParams& p);  // vllm_dsa.cuh
+
+template <bool ATTENTION, bool DSA = false>
 __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p) {
+    if (DSA && blockIdx.y != 0) {  // DSA: the grid's second row (vllm_dsa.cuh), no error record
+        vllm_dsa_block(p);
+        return;
+    }
     __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block searches
     VllmErr err;
     err.mask = 0;

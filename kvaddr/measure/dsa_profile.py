@@ -6,17 +6,17 @@ the indexer cache's block size B, two designs:
 * **per-layer** (what engines run today): the indexer metadata built after the step by a chain
   of array operations, several launches (context lengths, the prefills' ``cu_seq_lens``,
   ``ks`` / ``ke``, the indexer-cache value and scale offsets from the slot mapping), then in
-  every layer the top-k -> slots conversion with the per-layer conversion;
+  every layer the top-k -> slots conversion of the engines' design
+  (:class:`~kvaddr.strategies.dsa_topk.BaselineTopkSlots`: a program per token and 128 columns,
+  no context check, no counts);
 * **kvaddr**: the indexer metadata written in the step's own launch (``StepPlanner(dsa=True)``:
   the step with the outputs on, minus the step without), then in every layer kvaddr's
-  conversion.
+  conversion (:class:`~kvaddr.strategies.dsa_topk.KvaddrTopkSlots`, :func:`kvaddr.dsa.topk_to_slots`:
+  checked, with valid counts).
 
-A conversion is pluggable: a :class:`TopkConversion` holds a name and ``build(T, K, B)``, which
-returns ``launch(topk, req_id, table, ctx, slots, counts, stream)`` writing int32 slots
-``[T, K]`` and valid counts ``[T]`` (kvaddr.dsa_reference.topk_to_slots is their oracle). The
-registry :data:`CONVERSIONS` holds one per design; :func:`register_conversion` replaces one.
-Before any time is taken, every design's metadata and every conversion are checked equal to the
-NumPy references on the step being timed.
+Before any time is taken, every design's metadata and both conversions are checked equal to the
+NumPy references on the step being timed (:func:`check_conversion`: the slots, and kvaddr's
+counts and clean error record).
 
 The timing is graph mode: N copies of one call captured in a CUDA graph, the replay time over N
 (median of R replays, CUDA events).
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
-    "CONVERSIONS",
+    "CONVERSION_ABOUT",
     "DsaProfileRow",
-    "TopkConversion",
+    "check_conversion",
+    "conversions",
     "engine_metadata",
     "random_topk",
-    "register_conversion",
     "run_dsa_profile",
 ]
 
@@ -44,121 +44,36 @@ __all__ = [
 TOPK = 2048
 
 
-@dataclass(frozen=True)
-class TopkConversion:
-    """A top-k -> slots conversion to time: ``build(T, K, B)`` returns
-    ``launch(topk, req_id, table, ctx, slots, counts, stream)`` (CuPy arrays: topk int32 [T, K],
-    req_id int32 [T], table int32 [rows, W], ctx int32 [T]; writes slots int32 [T, K] and counts
-    int32 [T]; stream a CuPy stream)."""
-
-    name: str
-    build: Callable[[int, int, int], Callable]
-    #: What the conversion is, for the report.
-    about: str = ""
-
-
-# The per-layer design's conversion: one program per token and 128 columns, a table lookup per
-# entry, -1 for an unused entry or a block index past the row, no context check; counts are a
-# row reduction after it.
-_PER_LAYER_SOURCE = r"""
-extern "C" __global__ void dsa_convert_per_layer(const int* __restrict__ topk, const int* __restrict__ req,
-                                                 const int* __restrict__ table, long long stride, int width,
-                                                 int B, int T, int K, int* __restrict__ slots,
-                                                 int* __restrict__ counts) {
-    const int t = blockIdx.x;
-    const int c = blockIdx.y * 128 + threadIdx.x;
-    if (t >= T || c >= K) return;
-    const int p = topk[(long long)t * K + c];
-    int s = -1;
-    if (p >= 0) {
-        const int idx = p / B;
-        if (idx < width) s = table[(long long)req[t] * stride + idx] * B + p % B;
-    }
-    slots[(long long)t * K + c] = s;
-    if (s >= 0) atomicAdd(counts + t, 1);
-}
-"""
-
-# kvaddr's conversion (register_conversion replaces it with another): one block per token, the context
-# checked, valid entries counted in the block.
-_CHECKED_SOURCE = r"""
-extern "C" __global__ void dsa_convert_checked(const int* __restrict__ topk, const int* __restrict__ req,
-                                               const int* __restrict__ table, long long stride, int width,
-                                               int B, int T, int K, const int* __restrict__ ctx,
-                                               int* __restrict__ slots, int* __restrict__ counts) {
-    __shared__ int warp_counts[32];
-    const int t = blockIdx.x;
-    if (t >= T) return;
-    const int r = req[t], cx = ctx[t];
-    int n = 0;
-    for (int c = threadIdx.x; c < K; c += blockDim.x) {
-        const int p = topk[(long long)t * K + c];
-        int s = -1;
-        if (p >= 0 && p < cx) {
-            const int idx = p / B;
-            if (idx < width) {
-                const int blk = table[(long long)r * stride + idx];
-                if (blk >= 0) s = blk * B + p % B;
-            }
-        }
-        slots[(long long)t * K + c] = s;
-        n += s >= 0;
-    }
-    for (int off = 16; off > 0; off >>= 1) n += __shfl_xor_sync(0xffffffffu, n, off);
-    if ((threadIdx.x & 31) == 0) warp_counts[threadIdx.x >> 5] = n;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int total = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_counts[w];
-        counts[t] = total;
-    }
-}
-"""
-
-
-def _kernel(source: str, name: str):
-    import cupy
-
-    return cupy.RawModule(code=source).get_function(name)
-
-
-def _build_per_layer(T: int, K: int, B: int) -> Callable:
-    fn = _kernel(_PER_LAYER_SOURCE, "dsa_convert_per_layer")
-
-    def launch(topk, req_id, table, ctx, slots, counts, stream):
-        counts.fill(0)  # the engines' zeroed counts: a memset launch
-        args = (topk, req_id, table, np.int64(table.strides[0] // 4), np.int32(table.shape[1]), np.int32(B))
-        args += (np.int32(T), np.int32(K), slots, counts)
-        fn((max(T, 1), -(-K // 128)), (128,), args, stream=stream)
-
-    return launch
-
-
-def _build_checked(T: int, K: int, B: int) -> Callable:
-    fn = _kernel(_CHECKED_SOURCE, "dsa_convert_checked")
-
-    def launch(topk, req_id, table, ctx, slots, counts, stream):
-        args = (topk, req_id, table, np.int64(table.strides[0] // 4), np.int32(table.shape[1]), np.int32(B))
-        args += (np.int32(T), np.int32(K), ctx, slots, counts)
-        fn((max(T, 1),), (256,), args, stream=stream)
-
-    return launch
-
-
-#: The conversion each design runs in every layer (replace one with :func:`register_conversion`).
-CONVERSIONS: dict[str, TopkConversion] = {
-    "per-layer": TopkConversion("per-layer", _build_per_layer, "a program per token and 128 columns, no context check"),
-    "kvaddr": TopkConversion("kvaddr", _build_checked, "a block per token, the context checked, counts in the block"),
+#: What each design's conversion is, for the report (the strategies of kvaddr.strategies.dsa_topk).
+CONVERSION_ABOUT = {
+    "per-layer": "BaselineTopkSlots: the engines' design, one launch per layer, a program per token and 128 "
+    "columns, no context check, no counts",
+    "kvaddr": "KvaddrTopkSlots: kvaddr.dsa.topk_to_slots, the context, width and block ids checked, valid counts",
 }
 
 
-def register_conversion(design: str, conversion: TopkConversion) -> None:
-    """Make ``conversion`` the one ``design`` ("per-layer" or "kvaddr") runs in every layer."""
-    if design not in CONVERSIONS:
-        raise ValueError(f"design must be one of {sorted(CONVERSIONS)}, got {design!r}")
-    if not isinstance(conversion, TopkConversion):
-        raise TypeError(f"conversion must be a TopkConversion, got {type(conversion).__name__}")
-    CONVERSIONS[design] = conversion
+def conversions(max_tokens: int, K: int, B: int) -> dict:
+    """The conversion each design runs in every layer, with persistent outputs for
+    ``max_tokens`` tokens: ``{"per-layer": BaselineTopkSlots, "kvaddr": KvaddrTopkSlots}``
+    (kvaddr.strategies.dsa_topk, on CuPy's current device)."""
+    from kvaddr.strategies.dsa_topk import BaselineTopkSlots, KvaddrTopkSlots
+
+    return {"per-layer": BaselineTopkSlots(max_tokens, K, B), "kvaddr": KvaddrTopkSlots(max_tokens, K, B)}
+
+
+def check_conversion(design: str, strategy, topk, req_id, table, ctx, want, stream=None):
+    """Run ``strategy`` once and assert its slots (and, where it has them, its valid counts and a
+    clean error record) equal ``want`` (kvaddr.dsa_reference.topk_to_slots's); its outputs."""
+    from kvaddr.dsa import topk_slot_errors
+
+    out = strategy.compute(topk, req_id, table, ctx, stream=stream)
+    assert np.array_equal(np.asarray(out.slots.get()), want.slots), f"{design} conversion: slots"
+    if out.valid_counts is not None:
+        assert np.array_equal(np.asarray(out.valid_counts.get()), want.valid_counts), f"{design} conversion: counts"
+    if out.errors is not None:
+        masks, _ = topk_slot_errors(out.errors)
+        assert not np.asarray(masks).any(), f"{design} conversion: error bits {np.asarray(masks).tolist()}"
+    return out
 
 
 def random_topk(rng, positions: np.ndarray, K: int) -> np.ndarray:
@@ -362,17 +277,11 @@ def _profile_batch(rng, bsz, layers, B, K, max_ctx, stream, copies, replays) -> 
     d_topk, d_rid = cupy.asarray(topk), cupy.asarray(rid)
     d_ctx = cupy.asarray((pos + 1).astype(np.int32))
     times = {}
-    for design, conv in CONVERSIONS.items():
-        launch = conv.build(T, K, B)
-        slots = cupy.empty((T, K), np.int32)
-        counts = cupy.zeros(T, np.int32)
-        launch(d_topk, d_rid, d_table, d_ctx, slots, counts, stream)
-        stream.synchronize()
-        assert np.array_equal(slots.get(), want.slots), f"{design} conversion: slots"
-        assert np.array_equal(counts.get(), want.valid_counts), f"{design} conversion: counts"
+    for design, strategy in conversions(T, K, B).items():
+        check_conversion(design, strategy, d_topk, d_rid, d_table, d_ctx, want, stream)
 
-        def convert(launch=launch, slots=slots, counts=counts):
-            launch(d_topk, d_rid, d_table, d_ctx, slots, counts, stream)
+        def convert(strategy=strategy):
+            strategy.compute(d_topk, d_rid, d_table, d_ctx, stream=stream)
 
         times[design] = _graph_time(convert, stream, copies, replays)
     return DsaProfileRow(
@@ -383,7 +292,7 @@ def _profile_batch(rng, bsz, layers, B, K, max_ctx, stream, copies, replays) -> 
         metadata_kvaddr_us=max(t_on - t_off, 0.0),
         conversion_per_layer_us=times["per-layer"],
         conversion_kvaddr_us=times["kvaddr"],
-        conversions={k: c.name + ": " + c.about for k, c in CONVERSIONS.items()},
+        conversions={k: f"{k}: {v}" for k, v in CONVERSION_ABOUT.items()},
     )
 
 

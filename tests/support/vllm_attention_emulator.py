@@ -112,7 +112,7 @@ def emulated_source() -> str:
     body = vllm_emulator.emulated_source()
     body = body[len(vllm_emulator.PRELUDE) : len(body) - len(vllm_emulator.DRIVER)]
     a = src.index("// ---- attention metadata of the vLLM step")
-    b = src.index("template <bool ATTENTION>", a)
+    b = src.index("// The vLLM step: <<<", a)  # up to the kernel entry's comment
     return PRELUDE + body + src[a:b] + DRIVER
 
 

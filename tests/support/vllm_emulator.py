@@ -2,7 +2,8 @@
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
 What is emulated: the device helpers of ``vllm_step<false>`` (token guess and write,
-request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
+request row, gather pair; with its DSA row, vllm_dsa.cuh's token helpers; the source text of
+kernels.cu, unchanged) driven by a few lines
 of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record),
 and the three-launch kernels whole (their threads run in reverse order, so thread 0's
 end-of-block write comes last, as after their barrier). Not emulated: warp shuffles,
@@ -105,6 +106,33 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     (void)grid;
 }
 
+// vllm_step<false, true>'s second grid row: its device helpers (vllm_dsa.cuh: locate, prefill
+// length, token) driven as vllm_dsa_block drives them, its block scan re-stated as one serial
+// prefix over the batch (the same saturating sums and ordinals).
+extern "C" void emu_vllm_dsa(const VllmStepParams* pp) {
+    const VllmStepParams& p = *pp;
+    const int n = p.num_reqs;
+    int* ks_of = new int[n > 0 ? n : 1];
+    int total = 0, cnt = 0;
+    for (int b = 0; b < n; ++b) {
+        const int len = vllm_dsa_prefill_len(p, b);
+        ks_of[b] = len >= 0 ? total : -1;
+        if (len >= 0) {
+            p.dsa_cu_seq_lens[cnt++] = total;
+            total = kv_sat_add_nn(total, len);
+        }
+    }
+    for (int i = cnt; i <= p.max_num_reqs; ++i) p.dsa_cu_seq_lens[i] = total;
+    for (int t = 0; t < p.max_tokens; ++t) {
+        int b = 0;
+        bool valid = false;
+        long long pos = 0, slot = -1;
+        vllm_dsa_locate(p, t, b, valid, pos, slot);
+        vllm_dsa_token(p, t, valid, pos, b, valid ? ks_of[b] : -1, slot);
+    }
+    delete[] ks_of;
+}
+
 typedef void (*emu_kernel)(const VllmStepParams);
 
 static void emu_grid(emu_kernel k, const VllmStepParams* pp, unsigned int gx, unsigned int gy) {
@@ -137,6 +165,7 @@ def emulated_source() -> str:
     src = kernel_loader.source()
     common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
     vllm = _section(src, "// ---- kernels/vllm.cuh ----", "// ---- attention metadata of the vLLM step")
+    dsa = _section(src, "// ---- kernels/vllm_dsa.cuh ----", "// ---- the DSA block of the vLLM step")
     base = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "baselines.cuh").read_text()
     three = (
         _section(base, "// ==== vLLM's three-launch design", "\n#endif")
@@ -144,7 +173,7 @@ def emulated_source() -> str:
         else base[base.index("// ==== vLLM's three-launch design") :]
     )
     # return inside a void kernel called once per emulated thread is fine as is
-    return PRELUDE + common + vllm + three + DRIVER
+    return PRELUDE + common + vllm + dsa + three + DRIVER
 
 
 @functools.cache
@@ -166,6 +195,7 @@ def library():
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
     lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_vllm_dsa.argtypes = [ctypes.c_void_p]
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
 
@@ -176,6 +206,10 @@ def run(name: str, params_address: int, gx: int, gy: int) -> None:
     lib = library()
     if name == dispatch.vllm_kernel(False):
         lib.emu_vllm_step(params_address, gx)
+    elif name == dispatch.vllm_kernel(False, dsa=True):
+        lib.emu_vllm_step(params_address, gx)
+        if gy == 2:  # the DSA row
+            lib.emu_vllm_dsa(params_address)
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]
         lib.emu_vllm3(which, params_address, gx, gy)

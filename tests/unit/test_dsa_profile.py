@@ -1,7 +1,7 @@
 """kvaddr.measure.dsa_profile on the CPU (``kvaddr profile --dsa``): the per-layer design's
 indexer metadata (array operations, NumPy here) equals the NumPy reference of the step's DSA
 outputs on decode, MTP and mixed steps; the top-k rows it times stay inside each token's
-context; the conversion registry; the report; the command without a GPU. The timed GPU run is
+context; the two conversions it times (kvaddr.strategies.dsa_topk's, checked first); the report; the command without a GPU. The timed GPU run is
 tests/gpu/test_dsa_profile_gpu.py."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvaddr.measure import dsa_profile
 from kvaddr.reference import step_addressing
+from tests.support import dsa_emulator
 from tests.support.dsa_cases import dsa_case
 
 
@@ -45,19 +46,45 @@ def test_random_topk_stays_inside_the_context():
         assert (row[used.size :] == -1).all()
 
 
-def test_register_conversion():
-    before = dict(dsa_profile.CONVERSIONS)
-    try:
-        conv = dsa_profile.TopkConversion("mine", lambda T, K, B: None, "a test conversion")
-        dsa_profile.register_conversion("kvaddr", conv)
-        assert dsa_profile.CONVERSIONS["kvaddr"] is conv
-        with pytest.raises(ValueError, match="design must be one of"):
-            dsa_profile.register_conversion("other", conv)
-        with pytest.raises(TypeError, match="TopkConversion"):
-            dsa_profile.register_conversion("kvaddr", lambda T, K, B: None)
-    finally:
-        dsa_profile.CONVERSIONS.clear()
-        dsa_profile.CONVERSIONS.update(before)
+@pytest.mark.skipif(dsa_emulator.CXX is None, reason="no C++ compiler for the kernel emulator")
+@pytest.mark.parametrize("T, K, B", [(1, 2048, 64), (6, 256, 64), (9, 130, 5)])
+def test_conversions_are_the_strategies_and_checked(monkeypatch, T, K, B):
+    """The profiler times kvaddr.strategies.dsa_topk's two conversions (the kernels emulated on
+    the CPU), each checked against the reference first; a wrong one fails the check."""
+    from kvaddr.dsa_reference import topk_to_slots
+    from kvaddr.strategies.dsa_topk import BaselineTopkSlots, KvaddrTopkSlots
+    from tests.support import dsa_fake_gpu
+
+    launched = dsa_fake_gpu.install(monkeypatch)
+    rng = np.random.default_rng(T)
+    pos = rng.integers(0, 40 * B, T)
+    width = int(pos.max()) // B + 1
+    table = rng.permutation(T * width).astype(np.int32).reshape(T, width)
+    rid = np.arange(T, dtype=np.int32)
+    topk = dsa_profile.random_topk(rng, pos, K)
+    ctx = (pos + 1).astype(np.int32)
+    want = topk_to_slots(topk, rid, table, B, ctx)
+    convs = dsa_profile.conversions(T, K, B)
+    assert type(convs["per-layer"]) is BaselineTopkSlots and type(convs["kvaddr"]) is KvaddrTopkSlots
+    f = dsa_fake_gpu.on_fake
+    for design, strategy in convs.items():
+        out = dsa_profile.check_conversion(design, strategy, f(topk), f(rid), f(table), f(ctx), want)
+        assert (out.valid_counts is None) == (design == "per-layer")
+    assert {name for name, _, _ in launched} >= {"kvaddr_dsa_topk_baseline"}
+    assert any(name.startswith("dsa_topk_slots<") for name, _, _ in launched)
+    bad = want.slots.copy()
+    bad[0, 0] = 12345
+    with pytest.raises(AssertionError, match="kvaddr conversion: slots"):
+        dsa_profile.check_conversion(
+            "kvaddr",
+            convs["kvaddr"],
+            f(topk),
+            f(rid),
+            f(table),
+            f(ctx),
+            type(want)(bad, *[getattr(want, k) for k in list(want.__dataclass_fields__)[1:]]),
+        )
+    assert set(dsa_profile.CONVERSION_ABOUT) == set(convs)
 
 
 def test_format_rows():

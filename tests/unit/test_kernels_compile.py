@@ -95,6 +95,7 @@ def test_kernels_cu_only_includes_family_headers():
         '#include "kernels/step.cuh"',
         '#include "kernels/mtp.cuh"',
         '#include "kernels/vllm.cuh"',
+        '#include "kernels/vllm_dsa.cuh"',
         '#include "kernels/dsa.cuh"',
         '#include "kernels/spec.cuh"',
         "#ifdef KV_BASELINES",

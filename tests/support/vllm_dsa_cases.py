@@ -1,0 +1,45 @@
+"""Batches for the vLLM step's DSA outputs (tests/unit/test_vllm_dsa.py, tests/gpu/test_vllm_dsa_gpu.py):
+decodes of n query tokens and prefill chunks in random batch order, dummy rows among them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvaddr.engines.vllm_config import VllmStepConfig
+
+I32 = np.int32
+
+
+def dsa_batch(
+    rng: np.random.Generator,
+    cfg: VllmStepConfig,
+    state: dict,
+    num_reqs: int,
+    *,
+    n: int = 1,
+    prefill: float = 0.2,
+    max_chunk: int = 40,
+    dummy: float = 0.1,
+) -> dict:
+    """A step over ``state`` (tests.support.vllm_cases.random_case's): ``num_reqs`` requests of
+    random rows, a ``dummy`` share of them dummy (-1), a ``prefill`` share running a chunk of
+    ``n + 1`` to ``max_chunk`` tokens, the others n tokens (a decode), each within its allocated
+    blocks and the whole within the token capacity."""
+    M, T = cfg.max_num_reqs, cfg.max_num_batched_tokens
+    ids = rng.permutation(M)[:num_reqs].astype(np.int64)
+    idx = np.where(rng.random(num_reqs) < dummy, -1, ids)
+    nct = state["num_computed_tokens"].astype(np.int64)
+    q = np.where(rng.random(num_reqs) < prefill, rng.integers(n + 1, max(max_chunk, n + 1) + 1, num_reqs), n)
+    for g in range(cfg.num_groups):
+        span = cfg.block_sizes[g] * (cfg.cp_size if cfg.sharded(g) else 1)
+        cap = state["num_blocks"][g].astype(np.int64) * span - nct
+        q = np.minimum(q, np.where(idx >= 0, cap[np.maximum(idx, 0)], q))
+    q = np.maximum(q, 0)
+    qsl = np.zeros(num_reqs + 1, np.int64)
+    np.cumsum(q, out=qsl[1:])
+    over = qsl > T
+    if over.any():  # the rest runs no tokens
+        qsl[over] = T
+    out = dict(state)
+    out.update(idx_mapping=idx.astype(state["idx_mapping"].dtype), query_start_loc=qsl.astype(I32))
+    return out
