@@ -31,6 +31,7 @@
 #define KV_DSA_ERR_PAST_CONTEXT 4  // a position at or past the token's context length
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
+#define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
 
 // The conversion's one parameter, passed by value; mirrored by kvaddr/dsa.py's DsaTopkParams
 // (ctypes; tests/unit/test_dsa_kernel.py checks the layout). Pointers, then 8-byte, then 4-byte.
@@ -60,7 +61,9 @@ static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 12 * 4, "KvDsaTopkParams has no
 
 // Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
 // emulator (no warp shuffles there) every thread's count.
+#define KV_DSA_TABLE 2048  // int32 entries of staged table rows per block
 struct DsaShared {
+    int tab[KV_DSA_TABLE];  // the block's rows' table prefixes (KV_DSA_TABLE / rows per block each)
     int wsum[2][KV_WARPS];
 #ifndef __CUDA_ARCH__
     int cnt[KV_THREADS];
@@ -73,7 +76,10 @@ struct DsaLane {
     const int* table;  // the token's table row (null: a row outside the table)
     i64 row;           // layer * T + token
     int token, layer, ctx, gt;  // gt: thread within the row's threads
+    int width;         // the table row's usable width: p.width, 0 for a row outside the table
+    int tabo;          // staged: the row's table prefix at sm.tab[tabo]; -1: read from global memory
     bool active, padding;
+    int vals[KV_DSA_UNROLL * VEC];  // the current chunk's entries (chunk 0 loaded in dsa_begin)
     int packed;        // valid entries at the two places (low, high 16 bits)
     int before;        // packed valid entries of the row's earlier threads in this chunk (inclusive scan - own)
     int carry;         // valid entries of the row's earlier chunks (compacting) / this thread's total (plain)
@@ -134,7 +140,10 @@ __device__ __forceinline__ int dsa_finish(const KvDsaTopkParams& p, int code, in
 
 // Phase 0: the thread's row, token, context and table row.
 template <int VEC>
-__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
+__device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
+
+template <int VEC>
+__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln) {
     const int shift = p.row_shift;
     ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
     ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
@@ -154,13 +163,71 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>
     ln.padding = req < 0;
     ln.ctx = ctx;
     ln.table = (!ln.padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    ln.width = ln.table != nullptr ? p.width : 0;
     ln.carry = 0;
     ln.err.mask = 0u;
     ln.err.key = KV_NO_ERROR;
+    dsa_load<VEC>(p, ln, 0);
+    // Stage the table's prefix that a valid position can reach (blocks below ceil(ctx / B) and the
+    // width) in shared memory when it fits the row's share: the lookups then read shared memory,
+    // not one global gather per entry. Without DCP only (DCP maps positions to local ones).
+    ln.tabo = -1;
+    if (p.cp_size == 1 && ln.width > 0 && ln.ctx > 0) {
+        const int cap = KV_DSA_TABLE >> (KV_DSA_LOG2_THREADS - shift);
+        const unsigned int pages = p.block_shift >= 0
+            ? ((unsigned int)ln.ctx + (unsigned int)(p.block_size - 1)) >> p.block_shift
+            : (unsigned int)kv_pages(ln.ctx, p.block_size);
+        const int need = (int)min(pages, (unsigned int)ln.width);
+        if (need <= cap) {
+            ln.tabo = ((int)threadIdx.x >> shift) * cap;
+            for (int i = ln.gt; i < need; i += 1 << shift) sm.tab[ln.tabo + i] = ln.table[i];
+        }
+    }
 }
 
-// Phase 1 of chunk c (before its barrier): load the thread's entries, convert them; plain: store
-// them. Compacting: count them, scan the counts over the warp (GPU) and publish the warp's sum.
+// The thread's entries of chunk c into ln.vals (-1 past the row or for an inactive thread): every
+// load issued before any is used.
+template <int VEC>
+__device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c) {
+    const int half = VEC << p.row_shift;
+    const int base = c * half * KV_DSA_UNROLL + ln.gt * VEC;
+    const i64 row_off = ln.row * (i64)p.k;
+#pragma unroll
+    for (int u = 0; u < KV_DSA_UNROLL; ++u) {
+        const int col = base + u * half;
+        if (VEC == 4) {
+            int4 x = make_int4(-1, -1, -1, -1);
+            if (ln.active && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
+            ln.vals[u * 4 + 0] = x.x;
+            ln.vals[u * 4 + 1] = x.y;
+            ln.vals[u * 4 + 2] = x.z;
+            ln.vals[u * 4 + 3] = x.w;
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                ln.vals[u * VEC + v] = (ln.active && col + v < p.k) ? p.topk[row_off + col + v] : -1;
+        }
+    }
+}
+
+// A table entry: the staged prefix in shared memory, or global memory (read-only path).
+template <int VEC>
+__device__ __forceinline__ int dsa_table(const DsaShared& sm, const DsaLane<VEC>& ln, unsigned int blk) {
+    if (ln.tabo >= 0) return sm.tab[ln.tabo + (int)blk];
+#ifdef __CUDA_ARCH__
+    return __ldg(ln.table + blk);
+#else
+    return ln.table[blk];
+#endif
+}
+
+// Phase 1 of chunk c (before its barrier): convert the thread's entries (chunk 0's were loaded by
+// dsa_begin; a later chunk's are loaded here); plain: store them. Compacting: count them, scan the
+// counts over the warp (GPU) and publish the warp's sum.
+// Without DCP the conversion is the short path below: one unsigned compare for the context, a
+// shift (or a division) for the block, a compare with the width, the lookup, a 64-bit
+// multiply-add and compare for the slot; a thread that met a bad entry then re-classifies its
+// entries with dsa_classify / dsa_finish for the error record (rare: bad input).
 template <bool COMPACT, int VEC>
 __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
     const int R = 1 << p.row_shift;
@@ -168,41 +235,68 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
     const int base = c * half * KV_DSA_UNROLL + ln.gt * VEC;
     const i64 row_off = ln.row * (i64)p.k;
     constexpr int N = KV_DSA_UNROLL * VEC;
-    int vals[N];
-    // 1. the thread's entries: every load issued before any is used (not waiting for req_id)
-#pragma unroll
-    for (int u = 0; u < KV_DSA_UNROLL; ++u) {
-        const int col = base + u * half;
-        if (VEC == 4) {
-            int4 x = make_int4(-1, -1, -1, -1);
-            if (ln.active && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
-            vals[u * 4 + 0] = x.x;
-            vals[u * 4 + 1] = x.y;
-            vals[u * 4 + 2] = x.z;
-            vals[u * 4 + 3] = x.w;
-        } else {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) vals[u * VEC + v] = (ln.active && col + v < p.k) ? p.topk[row_off + col + v] : -1;
-        }
-    }
-    // 2. classify them; 3. every table lookup issued before any is used; 4. slots and errors
+    if (c > 0) dsa_load<VEC>(p, ln, c);
     const bool has_table = ln.table != nullptr;
-    int code[N], id[N];
-    unsigned int blk[N], off[N];
+    if (p.cp_size == 1) {
+        const unsigned int B = (unsigned int)p.block_size, lim = ln.padding ? 0u : (unsigned int)max(ln.ctx, 0);
+        const bool pow2 = p.block_shift >= 0;
+        unsigned int blk[N];
+        bool look[N], bad = false;
+        int id[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) code[i] = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : vals[i], blk[i], off[i]);
+        for (int i = 0; i < N; ++i) {
+            const int v = ln.vals[i];
+            const unsigned int q = (unsigned int)v;
+            blk[i] = pow2 ? q >> p.block_shift : q / B;
+            look[i] = q < lim && blk[i] < (unsigned int)ln.width;
+            bad |= v >= 0 && !ln.padding && !look[i];
+        }
 #pragma unroll
-    for (int i = 0; i < N; ++i) id[i] = code[i] == DSA_LOOKUP ? ln.table[blk[i]] : 0;
+        for (int i = 0; i < N; ++i) id[i] = look[i] ? dsa_table<VEC>(sm, ln, blk[i]) : -1;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const unsigned int q = (unsigned int)ln.vals[i];
+            const i64 slot = (i64)id[i] * (i64)B + (i64)(q - blk[i] * B);
+            const bool ok = id[i] >= 0 && slot <= KV_INT_MAX;
+            bad |= look[i] && !ok;
+            ln.res[i] = ok ? (int)slot : -1;
+        }
+        if (bad) {  // the error record: the general classification of the same entries
+            unsigned int b2, off;
+#pragma unroll
+            for (int u = 0; u < KV_DSA_UNROLL; ++u)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const int i = u * VEC + v;
+                    const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : ln.vals[i], b2, off);
+                    dsa_finish(p, code, code == DSA_LOOKUP ? dsa_table<VEC>(sm, ln, b2) : 0, off, ln.token,
+                               base + u * half + v, ln.err);
+                }
+        }
+    } else {
+        // DCP: context first, then the owner rank, the width, the block id (dsa_classify).
+        int code[N], id[N];
+        unsigned int blk[N], off[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            code[i] = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : ln.vals[i], blk[i], off[i]);
+#pragma unroll
+        for (int i = 0; i < N; ++i) id[i] = code[i] == DSA_LOOKUP ? ln.table[blk[i]] : 0;
+#pragma unroll
+        for (int u = 0; u < KV_DSA_UNROLL; ++u)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const int i = u * VEC + v;
+                ln.res[i] = dsa_finish(p, code[i], id[i], off[i], ln.token, base + u * half + v, ln.err);
+            }
+    }
     int n0 = 0, n1 = 0;
 #pragma unroll
     for (int u = 0; u < KV_DSA_UNROLL; ++u)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-            const int i = u * VEC + v;
-            const int s = dsa_finish(p, code[i], id[i], off[i], ln.token, base + u * half + v, ln.err);
-            ln.res[i] = s;
-            if (u == 0) n0 += s >= 0;
-            else n1 += s >= 0;
+            if (u == 0) n0 += ln.res[u * VEC + v] >= 0;
+            else n1 += ln.res[u * VEC + v] >= 0;
         }
     ln.packed = n0 | (n1 << 16);
     if (!COMPACT) {
@@ -326,10 +420,11 @@ __device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
 // The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
-__global__ void __launch_bounds__(KV_THREADS) dsa_topk_slots(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, 4) dsa_topk_slots(const KvDsaTopkParams p) {
     __shared__ DsaShared sm;
     DsaLane<VEC> ln;
-    dsa_begin<VEC>(p, ln);
+    dsa_begin<VEC>(p, sm, ln);
+    __syncthreads();  // the staged table rows
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         dsa_chunk_load<COMPACT, VEC>(p, sm, ln, c);

@@ -34,7 +34,7 @@ template <bool COMPACT, int VEC>
 static void emu_block(const KvDsaTopkParams& p) {
     static DsaShared sm;
     static DsaLane<VEC> lanes[KV_THREADS];
-    for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_begin<VEC>(p, lanes[t]); }
+    for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_begin<VEC>(p, sm, lanes[t]); }
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_chunk_load<COMPACT, VEC>(p, sm, lanes[t], c); }
@@ -102,7 +102,8 @@ def emulated_source() -> str:
     common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
     dsa = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "dsa.cuh").read_text()
     base = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "baselines.cuh").read_text()
-    baseline = _section(base, "// ==== The engines' top-k -> slot conversion", "// ==== vLLM's three-launch design")
+    start = "// ==== The engines' top-k -> slot conversion"
+    baseline = _section(base, start, base[base.index(start) + len(start) :].split("\n// ==== ", 1)[1][:40])
     return PRELUDE + EXTRA_PRELUDE + common + dsa + baseline + DRIVER
 
 
