@@ -62,7 +62,7 @@ static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 12 * 4, "KvDsaTopkParams has no
 // Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
 // emulator (no warp shuffles there) every thread's count.
 #define KV_DSA_TABLE 2048  // int32 entries of staged table rows per block
-struct DsaShared {
+struct alignas(16) DsaShared {
     int tab[KV_DSA_TABLE];  // the block's rows' table prefixes (KV_DSA_TABLE / rows per block each)
     int wsum[2][KV_WARPS];
 #ifndef __CUDA_ARCH__
@@ -183,6 +183,12 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& s
             for (int i = ln.gt; i < need; i += 1 << shift) sm.tab[ln.tabo + i] = ln.table[i];
         }
     }
+}
+
+// The chunks of a row: ceil(K / (R * VEC * KV_DSA_UNROLL)), the same for every row of the launch.
+__device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
+    const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
+    return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
 }
 
 // The thread's entries of chunk c into ln.vals (-1 past the row or for an inactive thread): every
@@ -334,7 +340,8 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
 }
 
 // Phase 2 of chunk c (after its barrier), compacting only: the thread's place among the row's
-// valid entries, its stores there, and the row's running count.
+// valid entries, its stores there (into shared memory when the row is one chunk), and the row's
+// running count.
 template <int VEC>
 __device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
     const int R = 1 << p.row_shift;
@@ -355,10 +362,19 @@ __device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaSha
     }
     (void)c;
 #endif
-    if (ln.active) {
+    int at0 = ln.carry + (before & 0xffff);
+    int at1 = ln.carry + (total & 0xffff) + (before >> 16);
+    if (dsa_chunks(p, VEC) == 1) {
+        // One chunk: the row's valid slots into its share of sm.tab (every lookup of the block is
+        // done: this runs after the chunk's barrier); dsa_compact_tail stores the row from there.
+        int* out = sm.tab + ((int)threadIdx.x >> p.row_shift) * (R * VEC * KV_DSA_UNROLL);
+#pragma unroll
+        for (int i = 0; i < KV_DSA_UNROLL * VEC; ++i) {
+            const int s = ln.res[i];
+            if (s >= 0) out[i < VEC ? at0++ : at1++] = s;
+        }
+    } else if (ln.active) {
         const i64 row_off = ln.row * (i64)p.k;
-        int at0 = ln.carry + (before & 0xffff);
-        int at1 = ln.carry + (total & 0xffff) + (before >> 16);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             const int s = ln.res[v];
@@ -373,14 +389,38 @@ __device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaSha
     ln.carry += (total & 0xffff) + (total >> 16);
 }
 
-// Compacting, after the last chunk: -1 after the row's valid slots, and its count.
+// Compacting, after the last chunk: -1 after the row's valid slots, and its count. One chunk (after
+// a barrier): the row from its share of sm.tab, -1 from the count on, stored where plain stores.
 template <int VEC>
-__device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
+__device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, const DsaShared& sm, DsaLane<VEC>& ln) {
     if (!ln.active) return;
     const int R = 1 << p.row_shift;
     const i64 row_off = ln.row * (i64)p.k;
-    for (int i = ln.carry + ln.gt; i < p.k; i += R) p.slots[row_off + i] = -1;
     if (ln.gt == 0) p.counts[ln.row] = ln.carry;
+    if (dsa_chunks(p, VEC) == 1) {
+        const int half = R * VEC;
+        const int* in = sm.tab + ((int)threadIdx.x >> p.row_shift) * (half * KV_DSA_UNROLL);
+#pragma unroll
+        for (int u = 0; u < KV_DSA_UNROLL; ++u) {
+            const int col = u * half + ln.gt * VEC;
+            if (VEC == 4) {
+                if (col < p.k) {
+                    int4 x = *reinterpret_cast<const int4*>(in + col);
+                    x.x = col < ln.carry ? x.x : -1;
+                    x.y = col + 1 < ln.carry ? x.y : -1;
+                    x.z = col + 2 < ln.carry ? x.z : -1;
+                    x.w = col + 3 < ln.carry ? x.w : -1;
+                    *reinterpret_cast<int4*>(p.slots + row_off + col) = x;
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    if (col + v < p.k) p.slots[row_off + col + v] = col + v < ln.carry ? in[col + v] : -1;
+            }
+        }
+        return;
+    }
+    for (int i = ln.carry + ln.gt; i < p.k; i += R) p.slots[row_off + i] = -1;
 }
 
 // Plain, phase A (before the last barrier): the thread's count summed over the warp (GPU).
@@ -411,11 +451,6 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
     p.counts[ln.row] = total;
 }
 
-// The chunks of a row: ceil(K / (R * VEC * KV_DSA_UNROLL)), the same for every row of the launch.
-__device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
-    const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
-    return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
-}
 
 // The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
@@ -434,7 +469,8 @@ __global__ void __launch_bounds__(KV_THREADS, 4) dsa_topk_slots(const KvDsaTopkP
         }
     }
     if (COMPACT) {
-        dsa_compact_tail<VEC>(p, ln);
+        if (chunks == 1) __syncthreads();  // the compacted rows in sm.tab
+        dsa_compact_tail<VEC>(p, sm, ln);
     } else {
         dsa_count_partial<VEC>(sm, ln);
         __syncthreads();
