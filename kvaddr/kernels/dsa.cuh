@@ -280,20 +280,17 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
                 }
         }
     } else {
-        // DCP: context first, then the owner rank, the width, the block id (dsa_classify).
-        int code[N], id[N];
-        unsigned int blk[N], off[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-            code[i] = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : ln.vals[i], blk[i], off[i]);
-#pragma unroll
-        for (int i = 0; i < N; ++i) id[i] = code[i] == DSA_LOOKUP ? ln.table[blk[i]] : 0;
+        // DCP: context first, then the owner rank, the width, the block id (dsa_classify); one entry
+        // after another (few registers: the short path above sets the kernel's register count).
 #pragma unroll
         for (int u = 0; u < KV_DSA_UNROLL; ++u)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
                 const int i = u * VEC + v;
-                ln.res[i] = dsa_finish(p, code[i], id[i], off[i], ln.token, base + u * half + v, ln.err);
+                unsigned int blk, off;
+                const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : ln.vals[i], blk, off);
+                const int id = code == DSA_LOOKUP ? ln.table[blk] : 0;
+                ln.res[i] = dsa_finish(p, code, id, off, ln.token, base + u * half + v, ln.err);
             }
     }
     int n0 = 0, n1 = 0;
