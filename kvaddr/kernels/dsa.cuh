@@ -139,6 +139,15 @@ __device__ __forceinline__ int dsa_finish(const KvDsaTopkParams& p, int code, in
 }
 
 // Phase 0: the thread's row, token, context and table row.
+// A read-only global load (the table: nothing of this launch writes it).
+__device__ __forceinline__ int dsa_ro(const int* ptr) {
+#ifdef __CUDA_ARCH__
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
+}
+
 template <int VEC>
 __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
 
@@ -149,7 +158,10 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& s
     ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
     const i64 rows = (i64)p.num_layers * p.num_tokens;
     ln.active = ln.row < rows;
-    if (rows <= KV_INT_MAX) {  // 32-bit division
+    if (p.num_layers == 1) {
+        ln.layer = 0;
+        ln.token = ln.active ? (int)ln.row : 0;
+    } else if (rows <= KV_INT_MAX) {  // 32-bit division
         const unsigned int r = ln.active ? (unsigned int)ln.row : 0u, t = (unsigned int)p.num_tokens;
         ln.layer = (int)(r / t);
         ln.token = (int)(r - (unsigned int)ln.layer * t);
@@ -180,7 +192,17 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& s
         const int need = (int)min(pages, (unsigned int)ln.width);
         if (need <= cap) {
             ln.tabo = ((int)threadIdx.x >> shift) * cap;
-            for (int i = ln.gt; i < need; i += 1 << shift) sm.tab[ln.tabo + i] = ln.table[i];
+            // four loads in flight before their stores (read-only loads: the shared-memory stores
+            // cannot alias them, so they are not serialized behind each other)
+            const int R = 1 << shift;
+            for (int i0 = ln.gt; i0 < need; i0 += 4 * R) {
+                int x[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) x[j] = i0 + j * R < need ? dsa_ro(ln.table + i0 + j * R) : 0;
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (i0 + j * R < need) sm.tab[ln.tabo + i0 + j * R] = x[j];
+            }
         }
     }
 }
@@ -189,6 +211,13 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& s
 __device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
     const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
     return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
+}
+
+// A table entry: the staged prefix in shared memory, or global memory (read-only path).
+template <int VEC>
+__device__ __forceinline__ int dsa_table(const DsaShared& sm, const DsaLane<VEC>& ln, unsigned int blk) {
+    if (ln.tabo >= 0) return sm.tab[ln.tabo + (int)blk];
+    return dsa_ro(ln.table + blk);
 }
 
 // The thread's entries of chunk c into ln.vals (-1 past the row or for an inactive thread): every
@@ -216,16 +245,7 @@ __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>&
     }
 }
 
-// A table entry: the staged prefix in shared memory, or global memory (read-only path).
-template <int VEC>
-__device__ __forceinline__ int dsa_table(const DsaShared& sm, const DsaLane<VEC>& ln, unsigned int blk) {
-    if (ln.tabo >= 0) return sm.tab[ln.tabo + (int)blk];
-#ifdef __CUDA_ARCH__
-    return __ldg(ln.table + blk);
-#else
-    return ln.table[blk];
-#endif
-}
+
 
 // Phase 1 of chunk c (before its barrier): convert the thread's entries (chunk 0's were loaded by
 // dsa_begin; a later chunk's are loaded here); plain: store them. Compacting: count them, scan the
