@@ -287,31 +287,35 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
             bad |= look[i] && !ok;
             ln.res[i] = ok ? (int)slot : -1;
         }
-        if (bad) {  // the error record: the general classification of the same entries
-            unsigned int b2, off;
+        if (bad) {  // the error record: one entry after another, not unrolled (short code)
+#pragma unroll 1
+            for (int i = 0; i < N; ++i) {
+                int v = ln.vals[0];
 #pragma unroll
-            for (int u = 0; u < KV_DSA_UNROLL; ++u)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const int i = u * VEC + v;
-                    const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : ln.vals[i], b2, off);
-                    dsa_finish(p, code, code == DSA_LOOKUP ? dsa_table<VEC>(sm, ln, b2) : 0, off, ln.token,
-                               base + u * half + v, ln.err);
-                }
+                for (int j = 1; j < N; ++j) v = i == j ? ln.vals[j] : v;  // registers, not local memory
+                unsigned int b2, off;
+                const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : v, b2, off);
+                dsa_finish(p, code, code == DSA_LOOKUP ? dsa_table<VEC>(sm, ln, b2) : 0, off, ln.token,
+                           base + (i / VEC) * half + i % VEC, ln.err);
+            }
         }
     } else {
         // DCP: context first, then the owner rank, the width, the block id (dsa_classify); one entry
-        // after another (few registers: the short path above sets the kernel's register count).
+        // after another, not unrolled (short code, few registers: the path above sets them).
 #pragma unroll
-        for (int u = 0; u < KV_DSA_UNROLL; ++u)
+        for (int j = 0; j < N; ++j) ln.res[j] = -1;
+#pragma unroll 1
+        for (int i = 0; i < N; ++i) {
+            int v = ln.vals[0];
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const int i = u * VEC + v;
-                unsigned int blk, off;
-                const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : ln.vals[i], blk, off);
-                const int id = code == DSA_LOOKUP ? ln.table[blk] : 0;
-                ln.res[i] = dsa_finish(p, code, id, off, ln.token, base + u * half + v, ln.err);
-            }
+            for (int j = 1; j < N; ++j) v = i == j ? ln.vals[j] : v;  // registers, not local memory
+            unsigned int blk, off;
+            const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : v, blk, off);
+            const int id = code == DSA_LOOKUP ? ln.table[blk] : 0;
+            const int r = dsa_finish(p, code, id, off, ln.token, base + (i / VEC) * half + i % VEC, ln.err);
+#pragma unroll
+            for (int j = 0; j < N; ++j) ln.res[j] = i == j ? r : ln.res[j];
+        }
     }
     int n0 = 0, n1 = 0;
 #pragma unroll
