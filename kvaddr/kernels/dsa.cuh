@@ -5,7 +5,18 @@
 // KV_THREADS / R rows side by side, R = 1 << row_shift threads per row (a multiple of 32, so a
 // warp never spans two rows). A row is read in chunks of R * VEC * 2 entries: each thread loads
 // VEC entries (one int4 when VEC = 4) at two places half a chunk apart (both loads in flight
-// before any table lookup), so loads and plain stores are coalesced and vectorized.
+// before any table lookup), so loads and plain stores are coalesced and vectorized. A row's first
+// chunk is loaded before the block's first barrier.
+//
+// Table: without DCP, the part of the token's table row that a valid position can reach (blocks
+// below min(ceil(ctx / B), W)) is staged in shared memory when it fits the row's share of
+// KV_DSA_TABLE entries (one barrier), so a lookup reads shared memory instead of one global gather
+// per entry; a longer row, and DCP, look up in global memory.
+//
+// Short path (no DCP): an entry costs an unsigned compare with the context, a shift (a division
+// when B is not a power of two), a compare with the width, the lookup and a 64-bit multiply-add
+// checked against int32. A thread that met a bad entry classifies its entries once more, one
+// after another, for the error record (dsa_classify / dsa_finish: bad input only).
 //
 // Per entry (context first, then the owner rank, the width, the block id):
 //   v < 0 or a padding token (req_id < 0)             -> -1, no error
@@ -19,7 +30,9 @@
 // Compacting: each row's valid slots first, in order, then -1s. A thread's valid count of its two
 // places is packed into one int (low / high 16 bits) and scanned over the row's threads: a warp
 // scan, then the warps' sums through shared memory behind one barrier per chunk (double
-// buffered). Plain: slots stored where read; the row's count reduced once at the end.
+// buffered). A row of one chunk (K <= 2048 with int4 rows) is compacted into shared memory and,
+// after one more barrier, stored the way plain stores (int4, -1s included); a longer row is
+// stored entry by entry. Plain: slots stored where read; the row's count reduced once at the end.
 //
 // Errors: one sticky (mask, first-bad key) record per layer, key = token << 32 | column << 3 |
 // log2(bit), merged by atomics only by a warp that found one (kv_merge_record).
