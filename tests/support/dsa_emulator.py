@@ -102,8 +102,9 @@ def emulated_source() -> str:
     common = _section(src, "// ---- kernels/common.cuh ----", "// ---- kernels/attention.cuh ----")
     dsa = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "dsa.cuh").read_text()
     base = kernel_loader.SOURCE_PATH.parent.joinpath("kernels", "baselines.cuh").read_text()
-    start = "// ==== The engines' top-k -> slot conversion"
-    baseline = _section(base, start, base[base.index(start) + len(start) :].split("\n// ==== ", 1)[1][:40])
+    # the section runs to the banner (a line of "=" signs) above the next section's title
+    a = base.index("// ==== The engines' top-k -> slot conversion")
+    baseline = base[a : base.rindex("\n// =====", a, base.index("\n// ==== ", a))]
     return PRELUDE + EXTRA_PRELUDE + common + dsa + baseline + DRIVER
 
 
