@@ -290,8 +290,24 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
             look[i] = q < lim && blk[i] < (unsigned int)ln.width;
             bad |= v >= 0 && !ln.padding && !look[i];
         }
+        // The lookups without branches per entry (the row's kind is uniform over its warps): an
+        // entry not looked up reads entry 0 (there: the row has a table) and drops it.
+        if (ln.tabo >= 0) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) id[i] = look[i] ? dsa_table<VEC>(sm, ln, blk[i]) : -1;
+            for (int i = 0; i < N; ++i) {
+                const int x = sm.tab[ln.tabo + (int)(look[i] ? blk[i] : 0u)];
+                id[i] = look[i] ? x : -1;
+            }
+        } else if (ln.width > 0) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const int x = dsa_ro(ln.table + (look[i] ? blk[i] : 0u));
+                id[i] = look[i] ? x : -1;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) id[i] = -1;
+        }
 #pragma unroll
         for (int i = 0; i < N; ++i) {
             const unsigned int q = (unsigned int)ln.vals[i];
