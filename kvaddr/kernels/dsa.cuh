@@ -30,9 +30,9 @@
 // Compacting: each row's valid slots first, in order, then -1s. A thread's valid count of its two
 // places is packed into one int (low / high 16 bits) and scanned over the row's threads: a warp
 // scan, then the warps' sums through shared memory behind one barrier per chunk (double
-// buffered). A row of one chunk (K <= 2048 with int4 rows) is compacted into shared memory and,
-// after one more barrier, stored the way plain stores (int4, -1s included); a longer row is
-// stored entry by entry. Plain: slots stored where read; the row's count reduced once at the end.
+// buffered). A row of one chunk (K <= 2048 read as int4, K <= 512 entry by entry) is compacted
+// into shared memory and, after one more barrier, stored the way plain stores (-1s included); a
+// longer row is stored entry by entry. Plain: slots stored where read; the row's count reduced once at the end.
 //
 // Errors: one sticky (mask, first-bad key) record per layer, key = token << 32 | column << 3 |
 // log2(bit), merged by atomics only by a warp that found one (kv_merge_record).
