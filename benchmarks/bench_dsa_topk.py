@@ -10,7 +10,9 @@ time per copy = replay time (CUDA events, median of R replays) / N, for
               columns, no context check, no counts);
   * copy      cudaMemcpyAsync device to device of T * (K + 1) * 4 bytes: as many bytes read and
               written as the conversion's top-k read, slots written and counts written (the
-              floor: it does strictly less).
+              floor: it does strictly less). Not in the copy: the conversion's req_id and ctx
+              reads (8 bytes per token, 0.1% of a row) and its block-table reads (at most
+              ceil(ctx / B) entries per token, a table of 64 requests that stays in L2).
 Rows: T = 1, 64, 1024, 8192 query tokens (requests of 1..32k tokens of context, B = 64, rows of
 requests shorter than K ending in -1s), and the layers form (61 layers of T = 1 and 64 in one
 launch against 61 baseline launches). Every implementation is first checked against the NumPy

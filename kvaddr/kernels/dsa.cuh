@@ -5,7 +5,18 @@
 // KV_THREADS / R rows side by side, R = 1 << row_shift threads per row (a multiple of 32, so a
 // warp never spans two rows). A row is read in chunks of R * VEC * 2 entries: each thread loads
 // VEC entries (one int4 when VEC = 4) at two places half a chunk apart (both loads in flight
-// before any table lookup), so loads and plain stores are coalesced and vectorized.
+// before any table lookup), so loads and plain stores are coalesced and vectorized. A row's first
+// chunk is loaded before the block's first barrier.
+//
+// Table: without DCP, the part of the token's table row that a valid position can reach (blocks
+// below min(ceil(ctx / B), W)) is staged in shared memory when it fits the row's share of
+// KV_DSA_TABLE entries (one barrier), so a lookup reads shared memory instead of one global gather
+// per entry; a longer row, and DCP, look up in global memory.
+//
+// Short path (no DCP): an entry costs an unsigned compare with the context, a shift (a division
+// when B is not a power of two), a compare with the width, the lookup and a 64-bit multiply-add
+// checked against int32. A thread that met a bad entry classifies its entries once more, one
+// after another, for the error record (dsa_classify / dsa_finish: bad input only).
 //
 // Per entry (context first, then the owner rank, the width, the block id):
 //   v < 0 or a padding token (req_id < 0)             -> -1, no error
@@ -19,7 +30,9 @@
 // Compacting: each row's valid slots first, in order, then -1s. A thread's valid count of its two
 // places is packed into one int (low / high 16 bits) and scanned over the row's threads: a warp
 // scan, then the warps' sums through shared memory behind one barrier per chunk (double
-// buffered). Plain: slots stored where read; the row's count reduced once at the end.
+// buffered). A row of one chunk (K <= 2048 read as int4, K <= 512 entry by entry) is compacted
+// into shared memory and, after one more barrier, stored the way plain stores (-1s included); a
+// longer row is stored entry by entry. Plain: slots stored where read; the row's count reduced once at the end.
 //
 // Errors: one sticky (mask, first-bad key) record per layer, key = token << 32 | column << 3 |
 // log2(bit), merged by atomics only by a warp that found one (kv_merge_record).
@@ -31,6 +44,7 @@
 #define KV_DSA_ERR_PAST_CONTEXT 4  // a position at or past the token's context length
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
+#define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
 
 // The conversion's one parameter, passed by value; mirrored by kvaddr/dsa.py's DsaTopkParams
 // (ctypes; tests/unit/test_dsa_kernel.py checks the layout). Pointers, then 8-byte, then 4-byte.
@@ -60,7 +74,9 @@ static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 12 * 4, "KvDsaTopkParams has no
 
 // Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
 // emulator (no warp shuffles there) every thread's count.
-struct DsaShared {
+#define KV_DSA_TABLE 2048  // int32 entries of staged table rows per block
+struct alignas(16) DsaShared {
+    int tab[KV_DSA_TABLE];  // the block's rows' table prefixes (KV_DSA_TABLE / rows per block each)
     int wsum[2][KV_WARPS];
 #ifndef __CUDA_ARCH__
     int cnt[KV_THREADS];
@@ -73,7 +89,10 @@ struct DsaLane {
     const int* table;  // the token's table row (null: a row outside the table)
     i64 row;           // layer * T + token
     int token, layer, ctx, gt;  // gt: thread within the row's threads
+    int width;         // the table row's usable width: p.width, 0 for a row outside the table
+    int tabo;          // staged: the row's table prefix at sm.tab[tabo]; -1: read from global memory
     bool active, padding;
+    int vals[KV_DSA_UNROLL * VEC];  // the current chunk's entries (chunk 0 loaded in dsa_begin)
     int packed;        // valid entries at the two places (low, high 16 bits)
     int before;        // packed valid entries of the row's earlier threads in this chunk (inclusive scan - own)
     int carry;         // valid entries of the row's earlier chunks (compacting) / this thread's total (plain)
@@ -133,14 +152,29 @@ __device__ __forceinline__ int dsa_finish(const KvDsaTopkParams& p, int code, in
 }
 
 // Phase 0: the thread's row, token, context and table row.
+// A read-only global load (the table: nothing of this launch writes it).
+__device__ __forceinline__ int dsa_ro(const int* ptr) {
+#ifdef __CUDA_ARCH__
+    return __ldg(ptr);
+#else
+    return *ptr;
+#endif
+}
+
 template <int VEC>
-__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
+__device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
+
+template <int VEC>
+__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln) {
     const int shift = p.row_shift;
     ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
     ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
     const i64 rows = (i64)p.num_layers * p.num_tokens;
     ln.active = ln.row < rows;
-    if (rows <= KV_INT_MAX) {  // 32-bit division
+    if (p.num_layers == 1) {
+        ln.layer = 0;
+        ln.token = ln.active ? (int)ln.row : 0;
+    } else if (rows <= KV_INT_MAX) {  // 32-bit division
         const unsigned int r = ln.active ? (unsigned int)ln.row : 0u, t = (unsigned int)p.num_tokens;
         ln.layer = (int)(r / t);
         ln.token = (int)(r - (unsigned int)ln.layer * t);
@@ -154,13 +188,85 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>
     ln.padding = req < 0;
     ln.ctx = ctx;
     ln.table = (!ln.padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    ln.width = ln.table != nullptr ? p.width : 0;
     ln.carry = 0;
     ln.err.mask = 0u;
     ln.err.key = KV_NO_ERROR;
+    dsa_load<VEC>(p, ln, 0);
+    // Stage the table's prefix that a valid position can reach (blocks below ceil(ctx / B) and the
+    // width) in shared memory when it fits the row's share: the lookups then read shared memory,
+    // not one global gather per entry. Without DCP only (DCP maps positions to local ones).
+    ln.tabo = -1;
+    if (p.cp_size == 1 && ln.width > 0 && ln.ctx > 0) {
+        const int cap = KV_DSA_TABLE >> (KV_DSA_LOG2_THREADS - shift);
+        const unsigned int pages = p.block_shift >= 0
+            ? ((unsigned int)ln.ctx + (unsigned int)(p.block_size - 1)) >> p.block_shift
+            : (unsigned int)kv_pages(ln.ctx, p.block_size);
+        const int need = (int)min(pages, (unsigned int)ln.width);
+        if (need <= cap) {
+            ln.tabo = ((int)threadIdx.x >> shift) * cap;
+            // four loads in flight before their stores (read-only loads: the shared-memory stores
+            // cannot alias them, so they are not serialized behind each other)
+            const int R = 1 << shift;
+            for (int i0 = ln.gt; i0 < need; i0 += 4 * R) {
+                int x[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) x[j] = i0 + j * R < need ? dsa_ro(ln.table + i0 + j * R) : 0;
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (i0 + j * R < need) sm.tab[ln.tabo + i0 + j * R] = x[j];
+            }
+        }
+    }
 }
 
-// Phase 1 of chunk c (before its barrier): load the thread's entries, convert them; plain: store
-// them. Compacting: count them, scan the counts over the warp (GPU) and publish the warp's sum.
+// The chunks of a row: ceil(K / (R * VEC * KV_DSA_UNROLL)), the same for every row of the launch.
+__device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
+    const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
+    return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
+}
+
+// A table entry: the staged prefix in shared memory, or global memory (read-only path).
+template <int VEC>
+__device__ __forceinline__ int dsa_table(const DsaShared& sm, const DsaLane<VEC>& ln, unsigned int blk) {
+    if (ln.tabo >= 0) return sm.tab[ln.tabo + (int)blk];
+    return dsa_ro(ln.table + blk);
+}
+
+// The thread's entries of chunk c into ln.vals (-1 past the row or for an inactive thread): every
+// load issued before any is used.
+template <int VEC>
+__device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c) {
+    const int half = VEC << p.row_shift;
+    const int base = c * half * KV_DSA_UNROLL + ln.gt * VEC;
+    const i64 row_off = ln.row * (i64)p.k;
+#pragma unroll
+    for (int u = 0; u < KV_DSA_UNROLL; ++u) {
+        const int col = base + u * half;
+        if (VEC == 4) {
+            int4 x = make_int4(-1, -1, -1, -1);
+            if (ln.active && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
+            ln.vals[u * 4 + 0] = x.x;
+            ln.vals[u * 4 + 1] = x.y;
+            ln.vals[u * 4 + 2] = x.z;
+            ln.vals[u * 4 + 3] = x.w;
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                ln.vals[u * VEC + v] = (ln.active && col + v < p.k) ? p.topk[row_off + col + v] : -1;
+        }
+    }
+}
+
+
+
+// Phase 1 of chunk c (before its barrier): convert the thread's entries (chunk 0's were loaded by
+// dsa_begin; a later chunk's are loaded here); plain: store them. Compacting: count them, scan the
+// counts over the warp (GPU) and publish the warp's sum.
+// Without DCP the conversion is the short path below: one unsigned compare for the context, a
+// shift (or a division) for the block, a compare with the width, the lookup, a 64-bit
+// multiply-add and compare for the slot; a thread that met a bad entry then re-classifies its
+// entries with dsa_classify / dsa_finish for the error record (rare: bad input).
 template <bool COMPACT, int VEC>
 __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
     const int R = 1 << p.row_shift;
@@ -168,41 +274,85 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
     const int base = c * half * KV_DSA_UNROLL + ln.gt * VEC;
     const i64 row_off = ln.row * (i64)p.k;
     constexpr int N = KV_DSA_UNROLL * VEC;
-    int vals[N];
-    // 1. the thread's entries: every load issued before any is used (not waiting for req_id)
+    if (c > 0) dsa_load<VEC>(p, ln, c);
+    const bool has_table = ln.table != nullptr;
+    if (p.cp_size == 1) {
+        const unsigned int B = (unsigned int)p.block_size, lim = ln.padding ? 0u : (unsigned int)max(ln.ctx, 0);
+        const bool pow2 = p.block_shift >= 0;
+        unsigned int blk[N];
+        bool look[N], bad = false;
+        int id[N];
 #pragma unroll
-    for (int u = 0; u < KV_DSA_UNROLL; ++u) {
-        const int col = base + u * half;
-        if (VEC == 4) {
-            int4 x = make_int4(-1, -1, -1, -1);
-            if (ln.active && col < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col);
-            vals[u * 4 + 0] = x.x;
-            vals[u * 4 + 1] = x.y;
-            vals[u * 4 + 2] = x.z;
-            vals[u * 4 + 3] = x.w;
+        for (int i = 0; i < N; ++i) {
+            const int v = ln.vals[i];
+            const unsigned int q = (unsigned int)v;
+            blk[i] = pow2 ? q >> p.block_shift : q / B;
+            look[i] = q < lim && blk[i] < (unsigned int)ln.width;
+            bad |= v >= 0 && !ln.padding && !look[i];
+        }
+        // The lookups without branches per entry (the row's kind is uniform over its warps): an
+        // entry not looked up reads entry 0 (there: the row has a table) and drops it.
+        if (ln.tabo >= 0) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const int x = sm.tab[ln.tabo + (int)(look[i] ? blk[i] : 0u)];
+                id[i] = look[i] ? x : -1;
+            }
+        } else if (ln.width > 0) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const int x = dsa_ro(ln.table + (look[i] ? blk[i] : 0u));
+                id[i] = look[i] ? x : -1;
+            }
         } else {
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) vals[u * VEC + v] = (ln.active && col + v < p.k) ? p.topk[row_off + col + v] : -1;
+            for (int i = 0; i < N; ++i) id[i] = -1;
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const unsigned int q = (unsigned int)ln.vals[i];
+            const i64 slot = (i64)id[i] * (i64)B + (i64)(q - blk[i] * B);
+            const bool ok = id[i] >= 0 && slot <= KV_INT_MAX;
+            bad |= look[i] && !ok;
+            ln.res[i] = ok ? (int)slot : -1;
+        }
+        if (bad) {  // the error record: one entry after another, not unrolled (short code)
+#pragma unroll 1
+            for (int i = 0; i < N; ++i) {
+                int v = ln.vals[0];
+#pragma unroll
+                for (int j = 1; j < N; ++j) v = i == j ? ln.vals[j] : v;  // registers, not local memory
+                unsigned int b2, off;
+                const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : v, b2, off);
+                dsa_finish(p, code, code == DSA_LOOKUP ? dsa_table<VEC>(sm, ln, b2) : 0, off, ln.token,
+                           base + (i / VEC) * half + i % VEC, ln.err);
+            }
+        }
+    } else {
+        // DCP: context first, then the owner rank, the width, the block id (dsa_classify); one entry
+        // after another, not unrolled (short code, few registers: the path above sets them).
+#pragma unroll
+        for (int j = 0; j < N; ++j) ln.res[j] = -1;
+#pragma unroll 1
+        for (int i = 0; i < N; ++i) {
+            int v = ln.vals[0];
+#pragma unroll
+            for (int j = 1; j < N; ++j) v = i == j ? ln.vals[j] : v;  // registers, not local memory
+            unsigned int blk, off;
+            const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : v, blk, off);
+            const int id = code == DSA_LOOKUP ? ln.table[blk] : 0;
+            const int r = dsa_finish(p, code, id, off, ln.token, base + (i / VEC) * half + i % VEC, ln.err);
+#pragma unroll
+            for (int j = 0; j < N; ++j) ln.res[j] = i == j ? r : ln.res[j];
         }
     }
-    // 2. classify them; 3. every table lookup issued before any is used; 4. slots and errors
-    const bool has_table = ln.table != nullptr;
-    int code[N], id[N];
-    unsigned int blk[N], off[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) code[i] = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : vals[i], blk[i], off[i]);
-#pragma unroll
-    for (int i = 0; i < N; ++i) id[i] = code[i] == DSA_LOOKUP ? ln.table[blk[i]] : 0;
     int n0 = 0, n1 = 0;
 #pragma unroll
     for (int u = 0; u < KV_DSA_UNROLL; ++u)
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-            const int i = u * VEC + v;
-            const int s = dsa_finish(p, code[i], id[i], off[i], ln.token, base + u * half + v, ln.err);
-            ln.res[i] = s;
-            if (u == 0) n0 += s >= 0;
-            else n1 += s >= 0;
+            if (u == 0) n0 += ln.res[u * VEC + v] >= 0;
+            else n1 += ln.res[u * VEC + v] >= 0;
         }
     ln.packed = n0 | (n1 << 16);
     if (!COMPACT) {
@@ -240,7 +390,8 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
 }
 
 // Phase 2 of chunk c (after its barrier), compacting only: the thread's place among the row's
-// valid entries, its stores there, and the row's running count.
+// valid entries, its stores there (into shared memory when the row is one chunk), and the row's
+// running count.
 template <int VEC>
 __device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
     const int R = 1 << p.row_shift;
@@ -261,10 +412,19 @@ __device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaSha
     }
     (void)c;
 #endif
-    if (ln.active) {
+    int at0 = ln.carry + (before & 0xffff);
+    int at1 = ln.carry + (total & 0xffff) + (before >> 16);
+    if (dsa_chunks(p, VEC) == 1) {
+        // One chunk: the row's valid slots into its share of sm.tab (every lookup of the block is
+        // done: this runs after the chunk's barrier); dsa_compact_tail stores the row from there.
+        int* out = sm.tab + ((int)threadIdx.x >> p.row_shift) * (R * VEC * KV_DSA_UNROLL);
+#pragma unroll
+        for (int i = 0; i < KV_DSA_UNROLL * VEC; ++i) {
+            const int s = ln.res[i];
+            if (s >= 0) out[i < VEC ? at0++ : at1++] = s;
+        }
+    } else if (ln.active) {
         const i64 row_off = ln.row * (i64)p.k;
-        int at0 = ln.carry + (before & 0xffff);
-        int at1 = ln.carry + (total & 0xffff) + (before >> 16);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             const int s = ln.res[v];
@@ -279,14 +439,38 @@ __device__ __forceinline__ void dsa_chunk_store(const KvDsaTopkParams& p, DsaSha
     ln.carry += (total & 0xffff) + (total >> 16);
 }
 
-// Compacting, after the last chunk: -1 after the row's valid slots, and its count.
+// Compacting, after the last chunk: -1 after the row's valid slots, and its count. One chunk (after
+// a barrier): the row from its share of sm.tab, -1 from the count on, stored where plain stores.
 template <int VEC>
-__device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
+__device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, const DsaShared& sm, DsaLane<VEC>& ln) {
     if (!ln.active) return;
     const int R = 1 << p.row_shift;
     const i64 row_off = ln.row * (i64)p.k;
-    for (int i = ln.carry + ln.gt; i < p.k; i += R) p.slots[row_off + i] = -1;
     if (ln.gt == 0) p.counts[ln.row] = ln.carry;
+    if (dsa_chunks(p, VEC) == 1) {
+        const int half = R * VEC;
+        const int* in = sm.tab + ((int)threadIdx.x >> p.row_shift) * (half * KV_DSA_UNROLL);
+#pragma unroll
+        for (int u = 0; u < KV_DSA_UNROLL; ++u) {
+            const int col = u * half + ln.gt * VEC;
+            if (VEC == 4) {
+                if (col < p.k) {
+                    int4 x = *reinterpret_cast<const int4*>(in + col);
+                    x.x = col < ln.carry ? x.x : -1;
+                    x.y = col + 1 < ln.carry ? x.y : -1;
+                    x.z = col + 2 < ln.carry ? x.z : -1;
+                    x.w = col + 3 < ln.carry ? x.w : -1;
+                    *reinterpret_cast<int4*>(p.slots + row_off + col) = x;
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    if (col + v < p.k) p.slots[row_off + col + v] = col + v < ln.carry ? in[col + v] : -1;
+            }
+        }
+        return;
+    }
+    for (int i = ln.carry + ln.gt; i < p.k; i += R) p.slots[row_off + i] = -1;
 }
 
 // Plain, phase A (before the last barrier): the thread's count summed over the warp (GPU).
@@ -317,19 +501,15 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
     p.counts[ln.row] = total;
 }
 
-// The chunks of a row: ceil(K / (R * VEC * KV_DSA_UNROLL)), the same for every row of the launch.
-__device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
-    const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
-    return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
-}
 
 // The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
-__global__ void __launch_bounds__(KV_THREADS) dsa_topk_slots(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, 4) dsa_topk_slots(const KvDsaTopkParams p) {
     __shared__ DsaShared sm;
     DsaLane<VEC> ln;
-    dsa_begin<VEC>(p, ln);
+    dsa_begin<VEC>(p, sm, ln);
+    __syncthreads();  // the staged table rows
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         dsa_chunk_load<COMPACT, VEC>(p, sm, ln, c);
@@ -339,7 +519,8 @@ __global__ void __launch_bounds__(KV_THREADS) dsa_topk_slots(const KvDsaTopkPara
         }
     }
     if (COMPACT) {
-        dsa_compact_tail<VEC>(p, ln);
+        if (chunks == 1) __syncthreads();  // the compacted rows in sm.tab
+        dsa_compact_tail<VEC>(p, sm, ln);
     } else {
         dsa_count_partial<VEC>(sm, ln);
         __syncthreads();

@@ -78,6 +78,24 @@ def test_block_sizes_and_widths(b, k, compact):
 
 
 @pytest.mark.parametrize("compact", [False, True])
+def test_long_contexts_beside_short_ones(compact):
+    # K = 2048, B = 64: a token's reachable table prefix (ceil(ctx / B) entries) fits the block's
+    # shared memory up to 128k tokens of context and is read from global memory past it; both
+    # kinds in one launch, with entries past the context and negative block ids.
+    rng = np.random.default_rng(7)
+    t, k, b, reqs = 600, 2048, 64, 16
+    width = 300_000 // b
+    table = rng.integers(0, 1 << 24, size=(reqs, width)).astype(np.int32)
+    table[rng.random(table.shape) < 0.01] = -1
+    req = rng.integers(0, reqs, size=t).astype(np.int32)
+    ctx = rng.choice([100, 2047, 2048 * b, 2048 * b + 1, 299_999], size=t).astype(np.int32)
+    topk = (rng.random((t, k)) * (ctx[:, None] + 50)).astype(np.int32)
+    topk[rng.random((t, k)) < 0.1] = -1
+    want = assert_matches(topk, req, table, b, ctx, compact=compact)
+    assert want.error_mask & ERR_PAST_CONTEXT and (want.valid_counts > k // 2).any()
+
+
+@pytest.mark.parametrize("compact", [False, True])
 def test_layers_at_once(compact):
     rng = np.random.default_rng(61)
     topk, req, table, ctx = make(rng, 70, 2048, 64, layers=5, past=0.002)

@@ -176,6 +176,22 @@ def test_many_rows_per_block_and_a_partial_last_block(gpu):
     assert gpu[-1][1] == (-(-t // 8), 1)
 
 
+@pytest.mark.parametrize("b", [1, 3, 4])
+def test_staged_and_unstaged_table_rows_in_one_block(gpu, b):
+    # 8 rows per block share the staged table entries (256 a row): a row whose reachable table
+    # prefix (min(ceil(ctx / B), W)) fits is looked up in shared memory, a longer one in global
+    # memory; rows of both kinds, positions past the context and negative block ids, side by side.
+    rng = np.random.default_rng(b)
+    t, k, width = 37, 12, 600
+    table = rng.integers(-2, 100_000, size=(5, width))
+    req = rng.integers(0, 5, size=t)
+    ctx = rng.choice([0, 1, 255 * b, 256 * b, 256 * b + 1, 600 * b, 10_000], size=t)
+    topk = rng.integers(-1, 610 * b, size=(t, k))
+    for compact in (False, True):
+        slots, _, masks, _ = assert_matches(topk, req, table, b, ctx, compact=compact)
+        assert masks[0] & ERR_PAST_CONTEXT and (slots >= 0).sum() > t
+
+
 def test_unaligned_rows_take_the_scalar_path(gpu):
     topk = i32(np.arange(4 * 9).reshape(4, 9) % 7)
     from tests.support.dsa_fake_gpu import on_fake
