@@ -96,7 +96,9 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
         for (int b = 0; b < n; ++b)
             for (int sub = p.pair_lanes - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
                 threadIdx.x = sub;
-                vllm_gather_row(p, true, g, b, sub, p.pair_lanes);
+                VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
+                vllm_gather_row(p, true, g, b, sub, p.pair_lanes, e);
+                emu_merge(all, e);
             }
     if (all.mask) {
         p.errors[0] |= all.mask;
