@@ -842,17 +842,17 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
             const int b = ((w - g * chunks) << shift) + slot;
             const bool active = b < n;
             vllm_gather_row(p, active, active ? g : 0, active ? b : 0, sub, L, err);
-            // A pair's errors (rare) go to the record of the request-role warp of its row b (the
-            // records are merged atomically and reduced together on the host).
-            if (err.mask != 0u) {
-                const long long rw = (long long)p.token_blocks * VLLM_WARPS + (b >> 5);
-                atomicOr(&p.errors[2 * rw], (unsigned long long)err.mask);
-                atomicMin(&p.errors[2 * rw + 1], err.key);
-                err.mask = 0;
-                err.key = KV_NO_ERROR;
-            }
         }
-        return;  // the gather blocks have no records of their own
+        // A lane's errors (rare) go to the record of a request-role warp (the records are merged
+        // atomically, and the host reduces them all together: which record holds an error does
+        // not matter); the gather blocks have no records of their own.
+        if (err.mask != 0u) {
+            const int gw = (blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (int)(threadIdx.x >> 5);
+            const long long rw = (long long)p.token_blocks * VLLM_WARPS + gw % (p.request_blocks * VLLM_WARPS);
+            atomicOr(&p.errors[2 * rw], (unsigned long long)err.mask);
+            atomicMin(&p.errors[2 * rw + 1], err.key);
+        }
+        return;
     }
     // This warp's record [2 * w] = mask, [2 * w + 1] = first-bad key, sticky: merged only by a
     // warp that found an error (a vote first); a clean warp writes nothing, the host clears.
