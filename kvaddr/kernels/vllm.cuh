@@ -261,55 +261,74 @@ __device__ __forceinline__ bool vllm_pair_token(int b, int q0, int q1, int num_t
     return q0 == b && q1 == b + 1 && b < num_tokens;
 }
 
+// A token's loads (vllm_token_load), kept for its stores (vllm_token_store).
+struct VllmTokenLoads {
+    long long pos;                 // its position (0 when not valid)
+    int nbs[VLLM_MAX_GROUPS];      // num_blocks[g][r] of each slot-enabled group (read when needed)
+    int blks[VLLM_MAX_GROUPS];     // the block id of each group's index (when inside the width)
+    bool valid;                    // a real token of a good request (its row in the state, nct >= 0)
+    bool slots;                    // the token writes its slots (not its gather pairs: vllm_pair_token)
+};
+
+// Token t's loads once its owner b (range [q0, q1), row r) is known. load_nb: num_blocks is read
+// here (else the caller fills x.nbs before vllm_token_store: a block shares its owners' words).
 template <bool DCP>
-__device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
-                                                  int num_tokens, VllmErr& err) {
-    bool valid = false;
-    long long pos = 0;
-    int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+__device__ __forceinline__ void vllm_token_load(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
+                                                int num_tokens, bool load_nb, VllmTokenLoads& x) {
+    x.valid = false;
+    x.pos = 0;
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) x.nbs[g] = x.blks[g] = 0;
     // A request's single token that its gather pairs own (vllm_pair_token): its slots are theirs,
     // so it reads no num_blocks (t == b: it was found by its guess).
-    const bool slots = !(t == b && vllm_pair_token(b, q0, q1, num_tokens));
+    x.slots = !(t == b && vllm_pair_token(b, q0, q1, num_tokens));
     if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
         if (r >= 0 && r < p.max_num_reqs) {
 #pragma unroll
             for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                if (slots && g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
+                if (load_nb && x.slots && g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS))
+                    x.nbs[g] = p.num_blocks[g][r];
             const int nct = p.num_computed_tokens[r];
             if (nct >= 0) {
-                valid = true;
-                pos = (long long)nct + (t - q0);
+                x.valid = true;
+                x.pos = (long long)nct + (t - q0);
             }
         }
     }
     // Every group's block id, loaded when its index is inside the row, before num_blocks is needed.
-    int blks[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         const int flags = p.group_flags[g];
-        if (slots && valid && (flags & VLLM_GROUP_SLOTS)) {
+        if (x.slots && x.valid && (flags & VLLM_GROUP_SLOTS)) {
             unsigned int idx, off;
-            if (vllm_token_index<DCP>(p, g, flags, pos, idx, off) && (long long)idx < (long long)p.width[g])
-                blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
+            if (vllm_token_index<DCP>(p, g, flags, x.pos, idx, off) && (long long)idx < (long long)p.width[g])
+                x.blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
         }
     }
-    p.positions[t] = pos;
-    if (!slots) return;
+}
+
+// Token t's stores (owner b) from its loads: positions[t] and, unless its pairs write them, every
+// group's slot with its checks.
+template <bool DCP>
+__device__ __forceinline__ void vllm_token_store(const VllmStepParams& p, int t, int b, const VllmTokenLoads& x,
+                                                 VllmErr& err) {
+    p.positions[t] = x.pos;
+    if (!x.slots) return;
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         long long slot = -1;
         const int flags = p.group_flags[g];
         unsigned int idx = 0, off = 0;
-        if (valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, pos, idx, off)) {
-            const int nb = nbs[g];
+        if (x.valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, x.pos, idx, off)) {
+            const int nb = x.nbs[g];
             if ((long long)idx >= (long long)p.width[g]) {
                 err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
             } else if ((long long)idx >= (long long)nb) {
                 err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
             } else {
-                const int blk = blks[g];
+                const int blk = x.blks[g];
                 if (blk < 0) {
                     err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
                 } else {
@@ -323,6 +342,63 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
         }
         vllm_store_slot(p, g, t, slot);
     }
+}
+
+template <bool DCP>
+__device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
+                                                  int num_tokens, VllmErr& err) {
+    VllmTokenLoads x;
+    vllm_token_load<DCP>(p, t, b, q0, q1, r, num_tokens, true, x);
+    vllm_token_store<DCP>(p, t, b, x, err);
+}
+
+// The token blocks' shared num_blocks words (vllm_token_shared_load / _store).
+struct VllmTokenShared {
+    int owner[VLLM_THREADS];                // the owner b a lead thread loaded the words of, else -1
+    int nb[VLLM_MAX_GROUPS][VLLM_THREADS];  // its num_blocks[g][r]
+};
+
+// A token block with searched owners (vllm_step's token role): token t (owner b, range [q0, q1),
+// row r; t may be >= max_tokens) with its owners' num_blocks words shared by the block: the
+// owner's first token in the block (its lead) loads them, every token loads its block ids
+// (vllm_token_shared_load), a barrier, then the others take the words from shared memory
+// (vllm_token_shared_store). vllm_token_lead: whether t reads num_blocks (vllm_token_load's test)
+// and its lead thread, in [0, threadIdx.x] (max(q0, block start) - block start).
+__device__ __forceinline__ bool vllm_token_lead(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
+                                                int num_tokens, int& lead) {
+    const int t0 = t - (int)threadIdx.x;
+    lead = (q0 > t0 ? q0 : t0) - t0;
+    return t < p.max_tokens && t < num_tokens && q0 >= 0 && q0 <= t && t < q1 && r >= 0 && r < p.max_num_reqs &&
+           !(t == b && vllm_pair_token(b, q0, q1, num_tokens));
+}
+
+template <bool DCP>
+__device__ __forceinline__ void vllm_token_shared_load(const VllmStepParams& p, int t, int b, int q0, int q1,
+                                                       long long r, int num_tokens, VllmTokenShared& sh,
+                                                       VllmTokenLoads& x) {
+    const int tid = (int)threadIdx.x;
+    int lead;
+    const bool is_lead = vllm_token_lead(p, t, b, q0, q1, r, num_tokens, lead) && lead == tid;
+    if (t < p.max_tokens) vllm_token_load<DCP>(p, t, b, q0, q1, r, num_tokens, is_lead, x);
+    sh.owner[tid] = is_lead ? b : -1;
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+        if (is_lead) sh.nb[g][tid] = x.nbs[g];
+}
+
+template <bool DCP>
+__device__ __forceinline__ void vllm_token_shared_store(const VllmStepParams& p, int t, int b, int q0, int q1,
+                                                        long long r, int num_tokens, const VllmTokenShared& sh,
+                                                        VllmTokenLoads& x, VllmErr& err) {
+    int lead;
+    if (vllm_token_lead(p, t, b, q0, q1, r, num_tokens, lead) && lead != (int)threadIdx.x && x.valid) {
+        const bool shared = sh.owner[lead] == b;  // (else thread `lead` found another owner: load)
+#pragma unroll
+        for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+            if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS))
+                x.nbs[g] = shared ? sh.nb[g][lead] : p.num_blocks[g][r];
+    }
+    if (t < p.max_tokens) vllm_token_store<DCP>(p, t, b, x, err);
 }
 
 // One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens and the
@@ -758,6 +834,7 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
 template <bool ATTENTION>
 __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p) {
     __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block searches
+    __shared__ VllmTokenShared sh;      // the block's owners' num_blocks words, when it searches
     VllmErr err;
     err.mask = 0;
     err.key = KV_NO_ERROR;
@@ -770,7 +847,7 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         long long r = 0;
         bool need = false;
         if (n > 0 && t < p.max_tokens) need = vllm_token_guess(p, t, b, q0, q1, r, num_tokens);
-        if (n + 1 <= VLLM_QSL_SMEM) {  // uniform: every thread of the block reaches both barriers
+        if (n + 1 <= VLLM_QSL_SMEM) {  // uniform: every thread of the block reaches every barrier
             if (__syncthreads_or(need)) {
                 for (int i = (int)threadIdx.x; i <= n; i += VLLM_THREADS) sq[i] = p.query_start_loc[i];
                 __syncthreads();
@@ -780,6 +857,23 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
                     q1 = sq[b + 1];
                     r = vllm_row_of(p, b);
                 }
+                // A block with searched owners (a batch with multi-token requests) reads each
+                // owner's num_blocks once: the owner's first token in the block (thread s =
+                // max(q0, block start) - block start) loads it and shares it in shared memory;
+                // the other tokens load their positions' block ids meanwhile, then take it (or,
+                // if thread s found another owner, as with a query_start_loc that is not
+                // non-decreasing, load it themselves).
+                VllmTokenLoads x;
+                if (p.cp_size > 1) {  // (uniform)
+                    vllm_token_shared_load<true>(p, t, b, q0, q1, r, num_tokens, sh, x);
+                    __syncthreads();
+                    vllm_token_shared_store<true>(p, t, b, q0, q1, r, num_tokens, sh, x, err);
+                } else {
+                    vllm_token_shared_load<false>(p, t, b, q0, q1, r, num_tokens, sh, x);
+                    __syncthreads();
+                    vllm_token_shared_store<false>(p, t, b, q0, q1, r, num_tokens, sh, x, err);
+                }
+                goto records;
             }
         } else if (need) {
             b = vllm_owner_search(p.query_start_loc, n, t);
@@ -854,6 +948,7 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         }
         return;
     }
+records:
     // This warp's record [2 * w] = mask, [2 * w + 1] = first-bad key, sticky: merged only by a
     // warp that found an error (a vote first); a clean warp writes nothing, the host clears.
     if (__any_sync(0xffffffffu, err.mask != 0u)) {
