@@ -34,14 +34,20 @@ struct KvMtpParams {
 };
 
 // Block-wide exclusive sum of one int64 value per thread (KV_THREADS threads); *total gets the
-// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries.
-__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total) {
+// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries. `narrow`
+// (uniform: every nonzero value is in warp 0): a warp scan and no barrier; the total is then
+// right in warp 0 only (its thread 0 publishes it in shared memory for the others).
+__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total, bool narrow = false) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i64 inc = x;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
         const i64 y = __shfl_up_sync(0xffffffffu, inc, off);
         if (lane >= off) inc += y;
+    }
+    if (narrow) {
+        total = __shfl_sync(0xffffffffu, inc, 31);
+        return inc - x;
     }
     if (lane == 31) warp_sums[warp] = inc;
     __syncthreads();
@@ -106,12 +112,15 @@ __device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_
 #define KV_MTP_MK (4 + 2 * KV_MAX_CACHES) // varlen: the largest kv length
 #define KV_MTP_NRED (5 + 2 * KV_MAX_CACHES)
 #define KV_MTP_UNROLL 4                   // tiles whose loads are in flight at once in that pass
+#define KV_MTP_DIRECT 4                   // most tokens of a request its own thread writes (kv_mtp_step)
 
 struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
+    bool direct[KV_MTP_TILE];  // the request's tokens were written by its own thread (kv_mtp_direct)
     i64 warp_sums[KV_WARPS];
+    i64 end_k;                 // varlen: the kv-length prefix after the tile
     i64 red[KV_MTP_NRED][KV_WARPS];  // per-warp partials of kv_mtp_others
 };
 
@@ -229,6 +238,10 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
     i64 o[KV_MTP_NRED];
 #pragma unroll
     for (int v = 0; v < KV_MTP_NRED; ++v) o[v] = 0;
+    // This block's requests, tile by tile: raw lengths loaded one tile ahead, so a tile's loads
+    // fly while the one before is scanned (the first tile's during the others' pass).
+    int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
+    if (r_lo < hi) kv_mtp_load(dec_in, acc_in, r_lo, min(KV_MTP_TILE, hi - r_lo), vec, rd, ra);
     if (r_lo > 0 || r_hi <= bsz) kv_mtp_others(dec_in, acc_in, bsz, r_lo, r_hi, j, vec, varlen, fi, G, c, s, o);
 
     i64 carry = o[KV_MTP_NB], carry_k = o[KV_MTP_KB];
@@ -236,12 +249,9 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
 #pragma unroll
     for (int g = 0; g < KV_MAX_CACHES; ++g) carry_pg[g] = o[KV_MTP_PB + g];
     int max_q = 0, max_k = 0;
-    // This block's requests, tile by tile: raw lengths loaded one tile ahead, so a tile's loads
-    // fly while the one before is scanned.
-    int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
-    if (r_lo < hi) kv_mtp_load(dec_in, acc_in, r_lo, min(KV_MTP_TILE, hi - r_lo), vec, rd, ra);
     for (int base = r_lo; base < hi; base += KV_MTP_TILE) {
         const int count = min(KV_MTP_TILE, hi - base);
+        const bool narrow = count <= 32 * KV_MTP_ITEMS;  // the tile's requests are all in warp 0
         int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
 #pragma unroll
         for (int u = 0; u < KV_MTP_ITEMS; ++u) {
@@ -270,10 +280,37 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             sum += n[u];
             sum_k += L[u];
         }
+        // The block ids of each request's first and last token, loaded before the scan (they
+        // depend on the request's own lengths only): a request of 1..KV_MTP_DIRECT tokens within
+        // two table blocks of every cache is direct, its thread writes its tokens right after the
+        // scan (no search); the tile's other tokens are searched after the barrier.
+        int bf[KV_MTP_ITEMS][KV_MAX_CACHES], bl[KV_MTP_ITEMS][KV_MAX_CACHES];
+        bool dir[KV_MTP_ITEMS];
+        bool searched = false;  // this thread holds a request whose tokens are searched
+#pragma unroll
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            const int b = base + tid * KV_MTP_ITEMS + u;
+            dir[u] = n[u] >= 1 && n[u] <= KV_MTP_DIRECT;  // a request of n >= 1 is good: d >= 0
+#pragma unroll
+            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                bf[u][g] = -1;
+                bl[u][g] = -1;
+                if (dir[u] && g < G) {
+                    i64 i0, o0, i1, o1;
+                    kv_divmod((i64)d[u], c.bs[g], i0, o0);
+                    kv_divmod((i64)d[u] + n[u] - 1, c.bs[g], i1, o1);
+                    if (i1 - i0 > 1) dir[u] = false;
+                    const int* __restrict__ row = c.table[g] + (i64)b * c.stride[g];
+                    if (i0 < c.width[g]) bf[u][g] = row[i0];
+                    if (i1 != i0 && i1 < c.width[g]) bl[u][g] = row[i1];
+                }
+            }
+            if (n[u] > 0 && !dir[u]) searched = true;
+        }
         i64 total;
-        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total);
+        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total, narrow);
         i64 ex_k = 0, total_k = 0;
-        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k);
+        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k, narrow);
         {
             i64 run = ex, run_k = ex_k;
 #pragma unroll
@@ -283,6 +320,21 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const int b = base + k;
                     s.cu[k] = run;
                     s.dec[k] = d[u];
+                    s.direct[k] = dir[u];
+                    if (dir[u]) {
+#pragma unroll 1
+                        for (int e = 0; e < n[u] && run + e < (i64)C; ++e) {
+                            const i64 pos = (i64)d[u] + e;
+                            int blk[KV_MAX_CACHES];
+#pragma unroll
+                            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                                i64 i0, o0;
+                                kv_divmod((i64)d[u], g < G ? c.bs[g] : 1, i0, o0);
+                                blk[g] = o0 + e < (i64)(g < G ? c.bs[g] : 1) ? bf[u][g] : bl[u][g];
+                            }
+                            kv_store_token<PosT>((int)(run + e), b, pos, blk, c, G, C, batch_out, pos_out, slot_out, err);
+                        }
+                    }
                     const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
                     max_q = max(max_q, ce - cs);
                     cu_out[b] = cs;
@@ -295,11 +347,15 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 }
             }
         }
-        if (tid == 0) s.cu[count] = carry + total;
-        __syncthreads();
-        // the tokens of this tile's requests (below the capacity), one per thread in turn
-        {
-            const i64 t_end = s.cu[count] < (i64)C ? s.cu[count] : (i64)C;
+        if (tid == 0) {  // thread 0 has the totals (also of a narrow scan)
+            s.cu[count] = carry + total;
+            s.end_k = carry_k + total_k;
+        }
+        const bool search = __syncthreads_or(searched) != 0;
+        const i64 tile_end = s.cu[count], tile_end_k = s.end_k;
+        // the searched requests' tokens (below the capacity), the tile's tokens one per thread in turn
+        if (search) {
+            const i64 t_end = tile_end < (i64)C ? tile_end : (i64)C;
             for (i64 tt = s.cu[0] + tid; tt < t_end; tt += KV_THREADS) {
                 const int t = (int)tt;
                 int lo = 0, hi2 = count;
@@ -307,6 +363,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const int mid = (lo + hi2) >> 1;
                     if (s.cu[mid] <= tt) lo = mid; else hi2 = mid;
                 }
+                if (s.direct[lo]) continue;
                 const i64 pos = (i64)s.dec[lo] + (tt - s.cu[lo]);
                 kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
             }
@@ -325,7 +382,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         psum += pages[u];
                     }
                     i64 ptotal;
-                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal);
+                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal, narrow);
 #pragma unroll
                     for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                         const int k = tid * KV_MTP_ITEMS + u;
@@ -367,9 +424,9 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 }
             }
         }
-        carry += total;
-        carry_k += total_k;
-        __syncthreads();  // s.cu / s.dec are rewritten by the next tile
+        carry = tile_end;
+        carry_k = tile_end_k;
+        if (base + KV_MTP_TILE < hi) __syncthreads();  // s.cu, s.dec, s.direct: rewritten by the next tile
     }
     const i64 n_total = carry + o[KV_MTP_NA];  // every request's tokens (int64, true sum)
     const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its
