@@ -35,6 +35,7 @@ T = _C["KV_THREADS"]
 WARPS = _C["KV_WARPS"]
 ITEMS = _C["KV_MTP_ITEMS"]
 TILE = T * ITEMS
+DIRECT = _C["KV_MTP_DIRECT"]
 INT_MAX = 2**31 - 1
 
 
@@ -80,6 +81,22 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                 m, key = rec.get(r, (0, 2**64 - 1))
                 rec[r] = (m | bit, min(key, error_key(token, request, cache, bit)))
 
+            def write_token(tid, t, b, pos, flag=flag, batch=batch, pos_out=pos_out, slots=slots):
+                batch[t], pos_out[t] = b, pos
+                for g in range(G):
+                    B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
+                    idx, off = divmod(pos, B)
+                    slot = -1
+                    if idx >= W:
+                        flag(tid, ERR_BLOCK_INDEX, t, b, g)
+                    else:
+                        blk = int(tables[g][b * stride + idx])
+                        if blk < 0:
+                            flag(tid, ERR_NEGATIVE_BLOCK, t, b, g)
+                        else:
+                            slot = blk * B + off
+                    slots[g, t] = slot
+
             rq = (-(-(bsz + 1) // blocks) + 3) & ~3  # a multiple of 4: int4 loads
             r_lo = min(x * rq, bsz + 1)
             r_hi = min(r_lo + rq, bsz + 1)
@@ -121,6 +138,12 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         d[kk], n[kk], L[kk] = dj, qj, min(dj + qj, INT_MAX)
                 cu = np.concatenate([[0], np.cumsum(n)]) + carry  # int64, true sums
                 cuk = np.concatenate([[0], np.cumsum(L)]) + carry_k
+                # direct: 1..DIRECT tokens within two table blocks of every cache (its thread writes them)
+                direct = [
+                    1 <= n[kk] <= DIRECT
+                    and all((d[kk] + n[kk] - 1) // p.block_size[g] - d[kk] // p.block_size[g] <= 1 for g in range(G))
+                    for kk in range(count)
+                ]
                 for kk in range(count):
                     b, tid = base + kk, kk // ITEMS
                     cs, ce = min(cu[kk], INT_MAX), min(cu[kk + 1], INT_MAX)
@@ -133,25 +156,14 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         flag(tid, ERR_CAPACITY, C, b, 0)
                     if varlen:
                         _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
+                    if direct[kk]:
+                        for t in range(int(cu[kk]), min(int(cu[kk + 1]), C)):
+                            write_token(tid, t, b, int(d[kk]) + t - int(cu[kk]))
                 for t in range(int(cu[0]), min(int(cu[count]), C)):
                     tid = (t - int(cu[0])) % T  # the tile's tokens, one per thread in turn
                     lo = int(np.searchsorted(cu[1:count], t, side="right"))
-                    b = base + lo
-                    pos = int(d[lo]) + (t - int(cu[lo]))
-                    batch[t], pos_out[t] = b, pos
-                    for g in range(G):
-                        B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
-                        idx, off = divmod(pos, B)
-                        slot = -1
-                        if idx >= W:
-                            flag(tid, ERR_BLOCK_INDEX, t, b, g)
-                        else:
-                            blk = int(tables[g][b * stride + idx])
-                            if blk < 0:
-                                flag(tid, ERR_NEGATIVE_BLOCK, t, b, g)
-                            else:
-                                slot = blk * B + off
-                        slots[g, t] = slot
+                    if not direct[lo]:  # the searched requests' tokens
+                        write_token(tid, t, base + lo, int(d[lo]) + (t - int(cu[lo])))
                 if rows:
                     for g in range(G):
                         B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
