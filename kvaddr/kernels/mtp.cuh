@@ -6,15 +6,23 @@
 // Each substep's outputs are exactly the core step's (step.cuh) for those lengths, attention
 // metadata included when asked for, written into persistent buffers with a leading [k] dimension.
 //
-// Grid (chunks, k), KV_THREADS threads: block (x, j) writes tokens [x * KV_THREADS, (x + 1) *
-// KV_THREADS) of substep j and the per-request outputs of requests [x * rq, (x + 1) * rq)
-// (rq = ceil((bsz + 1) / chunks)). Every block reads the requests' lengths itself from the first
-// (tiles of KV_MTP_TILE requests, each scanned in shared memory with a running carry), so no block
-// waits for another, and stops after the tile holding its last token and request (without
-// flashinfer); the tail block, owning request bsz, reads them all and writes the totals
-// (num_tokens, the prefix sums' last entries, the maxima). A substep's lengths are derived from
-// (seq_lens_decoder, accept_num) as they are loaded. The sums are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the
-// reference does. Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
+// Grid (chunks, k), KV_THREADS threads: block (x, j) owns requests [x rq, (x + 1) rq) of substep j
+// (rq = ceil((bsz + 1) / chunks) rounded up to a multiple of 4, so int4 loads stay aligned; the
+// last blocks may own none): their per-request outputs and their tokens. It needs only sums of the
+// other requests: their token (and, when asked for, kv-length and page) prefix before its range,
+// their totals after it (the padding of its token range [x KV_THREADS, (x + 1) KV_THREADS) starts at
+// the total) and their maxima. It sums them in one pass of independent loads (several tiles in
+// flight) and one block reduction (kv_mtp_others), so no block waits for another and no block
+// scans the batch tile by tile; with one block per substep there are no others and no pass. Its
+// own requests are scanned in tiles of KV_MTP_TILE (a warp scan with no barrier when a tile fits in
+// warp 0). Each request's first and last tokens' block ids are loaded before the scan, from its
+// own lengths: a request of 1..KV_MTP_DIRECT tokens within two table blocks of every cache (every
+// request of substep j >= 1, and decode rows of substep 0) is written by its own thread right after the scan; the tile's other tokens
+// are binary-searched after the barrier, which also votes whether there are any. The block owning
+// request bsz writes the totals (num_tokens, the prefix sums' last entries, the maxima). A
+// substep's lengths are derived from (seq_lens_decoder, accept_num) as they are loaded. The sums
+// are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the reference does.
+// Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
 // keys (token, request, cache, bit); reading them gives the OR of every substep's bits and the
 // smallest key of all.
 

@@ -3,15 +3,17 @@
 It reads the launch's ``MtpParams`` (kernel_loader.MtpParams) as the kernel does, from host
 memory the pointers address (the planner fake of tests/support/fake_cupy.py allocates NumPy
 buffers), over the grid ``(blocks, k)`` of KV_THREADS-thread blocks, and writes the outputs
-there. Each block (x, j) follows the kernel: tiles of KV_MTP_TILE requests, thread i holding
-requests [4 i, 4 i + 4) of the tile; a tile's token prefix starts at the carry of the tiles
-before; the block writes its own tokens [x T, (x + 1) T) that fall in the tile's range, the
-per-request outputs of requests [x rq, (x + 1) rq), the kv_indices rows of those requests (a warp
-per request: request k of the tile on warp k % KV_WARPS), padding after the loop, the pad
-entries of kv_indices in a grid stride; without flashinfer a block stops after the tile holding
-its last token and request, and the block owning request bsz writes the maxima and num_tokens. Errors are merged
-into record ``(j * blocks + x) * KV_WARPS + warp`` of the thread that found them, as the kernel
-does (mask OR, smallest key).
+there. Each block (x, j) follows the kernel: it owns requests [r_lo, r_hi) (rq = ceil((bsz + 1) /
+blocks) rounded up to a multiple of 4); the other requests' sums (token, kv-length and page
+prefixes before r_lo, totals after r_hi, maxima) come first, then its requests in tiles of
+KV_MTP_TILE, thread i holding requests [4 i, 4 i + 4) of the tile; a direct request (1..KV_MTP_DIRECT
+tokens within two table blocks of every cache) is written by its own thread, the tile's other
+tokens one per thread in turn (thread (t - first) % KV_THREADS); the kv_indices rows of its requests
+(a warp per request: request k of the tile on warp k % KV_WARPS), the padding of its token range
+after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
+writes the totals and the maxima. Blocks run in reverse order: every output element has one
+writer, so the order must not matter. Errors are merged into record ``(j * blocks + x) * KV_WARPS +
+warp`` of the thread that found them, as the kernel does (mask OR, smallest key).
 """
 
 from __future__ import annotations
