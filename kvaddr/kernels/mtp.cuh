@@ -6,15 +6,23 @@
 // Each substep's outputs are exactly the core step's (step.cuh) for those lengths, attention
 // metadata included when asked for, written into persistent buffers with a leading [k] dimension.
 //
-// Grid (chunks, k), KV_THREADS threads: block (x, j) writes tokens [x * KV_THREADS, (x + 1) *
-// KV_THREADS) of substep j and the per-request outputs of requests [x * rq, (x + 1) * rq)
-// (rq = ceil((bsz + 1) / chunks)). Every block reads the requests' lengths itself from the first
-// (tiles of KV_MTP_TILE requests, each scanned in shared memory with a running carry), so no block
-// waits for another, and stops after the tile holding its last token and request (without
-// flashinfer); the tail block, owning request bsz, reads them all and writes the totals
-// (num_tokens, the prefix sums' last entries, the maxima). A substep's lengths are derived from
-// (seq_lens_decoder, accept_num) as they are loaded. The sums are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the
-// reference does. Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
+// Grid (chunks, k), KV_THREADS threads: block (x, j) owns requests [x rq, (x + 1) rq) of substep j
+// (rq = ceil((bsz + 1) / chunks) rounded up to a multiple of 4, so int4 loads stay aligned; the
+// last blocks may own none): their per-request outputs and their tokens. It needs only sums of the
+// other requests: their token (and, when asked for, kv-length and page) prefix before its range,
+// their totals after it (the padding of its token range [x KV_THREADS, (x + 1) KV_THREADS) starts at
+// the total) and their maxima. It sums them in one pass of independent loads (several tiles in
+// flight) and one block reduction (kv_mtp_others), so no block waits for another and no block
+// scans the batch tile by tile; with one block per substep there are no others and no pass. Its
+// own requests are scanned in tiles of KV_MTP_TILE (a warp scan with no barrier when a tile fits in
+// warp 0). Each request's first and last tokens' block ids are loaded before the scan, from its
+// own lengths: a request of 1..KV_MTP_DIRECT tokens within two table blocks of every cache (every
+// request of substep j >= 1, and decode rows of substep 0) is written by its own thread right after the scan; the tile's other tokens
+// are binary-searched after the barrier, which also votes whether there are any. The block owning
+// request bsz writes the totals (num_tokens, the prefix sums' last entries, the maxima). A
+// substep's lengths are derived from (seq_lens_decoder, accept_num) as they are loaded. The sums
+// are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the reference does.
+// Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
 // keys (token, request, cache, bit); reading them gives the OR of every substep's bits and the
 // smallest key of all.
 
@@ -34,14 +42,20 @@ struct KvMtpParams {
 };
 
 // Block-wide exclusive sum of one int64 value per thread (KV_THREADS threads); *total gets the
-// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries.
-__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total) {
+// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries. `narrow`
+// (uniform: every nonzero value is in warp 0): a warp scan and no barrier; the total is then
+// right in warp 0 only (its thread 0 publishes it in shared memory for the others).
+__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total, bool narrow = false) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i64 inc = x;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
         const i64 y = __shfl_up_sync(0xffffffffu, inc, off);
         if (lane >= off) inc += y;
+    }
+    if (narrow) {
+        total = __shfl_sync(0xffffffffu, inc, 31);
+        return inc - x;
     }
     if (lane == 31) warp_sums[warp] = inc;
     __syncthreads();
@@ -96,12 +110,103 @@ __device__ __forceinline__ void kv_mtp_load(const int* __restrict__ dec, const i
 
 __device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX); }
 
+// The other requests' sums of a block (kv_mtp_others): entries of one int64 array per thread.
+#define KV_MTP_NB 0                       // tokens of the requests before r_lo
+#define KV_MTP_NA 1                       // tokens of the requests from r_hi on
+#define KV_MTP_KB 2                       // varlen: kv lengths of the requests before r_lo
+#define KV_MTP_PB 3                       // flashinfer: pages of cache g before r_lo (+ g)
+#define KV_MTP_PA (3 + KV_MAX_CACHES)     // flashinfer: pages of cache g from r_hi on (+ g)
+#define KV_MTP_MQ (3 + 2 * KV_MAX_CACHES) // varlen: the largest token count
+#define KV_MTP_MK (4 + 2 * KV_MAX_CACHES) // varlen: the largest kv length
+#define KV_MTP_NRED (5 + 2 * KV_MAX_CACHES)
+#define KV_MTP_UNROLL 4                   // tiles whose loads are in flight at once in that pass
+#define KV_MTP_DIRECT 4                   // most tokens of a request its own thread writes (kv_mtp_step)
+
 struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
+    bool direct[KV_MTP_TILE];  // the request's tokens were written by its own thread (kv_mtp_direct)
     i64 warp_sums[KV_WARPS];
+    i64 end_k;                 // varlen: the kv-length prefix after the tile
+    i64 red[KV_MTP_NRED][KV_WARPS];  // per-warp partials of kv_mtp_others
 };
+
+// Whether entry v of the others' sums is in use (the others are left 0).
+__device__ __forceinline__ bool kv_mtp_used(int v, bool varlen, bool fi, int G) {
+    if (v <= KV_MTP_NA) return true;
+    if (v == KV_MTP_KB || v >= KV_MTP_MQ) return varlen;
+    return fi && ((v - KV_MTP_PB) % KV_MAX_CACHES) < G;
+}
+
+// The sums of the requests outside [r_lo, r_hi) in o (every thread gets the block's values): one
+// pass of independent loads (KV_MTP_UNROLL tiles in flight; nothing waits on a barrier or on
+// another block), then one block reduction (one barrier). A substep's lengths are derived from
+// (seq_lens_decoder, accept_num) as they are loaded, a bad request counts 0 as in the scan.
+__device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const int* __restrict__ acc, int bsz,
+                                              int r_lo, int r_hi, int j, bool vec, bool varlen, bool fi, int G,
+                                              const KvCaches& c, KvMtpShared& s, i64 (&o)[KV_MTP_NRED]) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int base0 = 0; base0 < bsz; base0 += KV_MTP_UNROLL * KV_MTP_TILE) {
+        int od[KV_MTP_UNROLL][KV_MTP_ITEMS], oa[KV_MTP_UNROLL][KV_MTP_ITEMS];
+#pragma unroll
+        for (int w = 0; w < KV_MTP_UNROLL; ++w) {
+            const int base = base0 + w * KV_MTP_TILE;
+            kv_mtp_load(dec, acc, base, min(KV_MTP_TILE, bsz - base), vec, od[w], oa[w]);
+        }
+#pragma unroll
+        for (int w = 0; w < KV_MTP_UNROLL; ++w) {
+#pragma unroll
+            for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
+                if (b < bsz && (b < r_lo || b >= r_hi)) {
+                    int dj, qj;
+                    kv_mtp_lengths(od[w][u], oa[w][u], j, dj, qj);
+                    const bool bad = (dj < 0) | (qj < 0);
+                    const int n = bad ? 0 : qj, L = bad ? 0 : kv_sat_add_nn(dj, qj);
+                    const bool before = b < r_lo;
+                    if (before) o[KV_MTP_NB] += n; else o[KV_MTP_NA] += n;
+                    if (varlen) {
+                        if (before) o[KV_MTP_KB] += L;
+                        o[KV_MTP_MQ] = max(o[KV_MTP_MQ], (i64)n);
+                        o[KV_MTP_MK] = max(o[KV_MTP_MK], (i64)L);
+                    }
+                    if (fi) {
+#pragma unroll
+                        for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                            if (g < G) {
+                                const int pgs = kv_pages(L, c.bs[g]);
+                                if (before) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < KV_MTP_NRED; ++v) {
+        if (!kv_mtp_used(v, varlen, fi, G)) continue;  // uniform
+        const bool mx = v >= KV_MTP_MQ;
+        i64 x = o[v];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const i64 y = __shfl_xor_sync(0xffffffffu, x, off);
+            x = mx ? max(x, y) : x + y;
+        }
+        if (lane == 0) s.red[v][warp] = x;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < KV_MTP_NRED; ++v) {
+        if (!kv_mtp_used(v, varlen, fi, G)) continue;
+        const bool mx = v >= KV_MTP_MQ;
+        i64 x = 0;
+#pragma unroll
+        for (int w = 0; w < KV_WARPS; ++w) x = mx ? max(x, s.red[v][w]) : x + s.red[v][w];
+        o[v] = x;
+    }
+}
 
 template <typename PosT>
 __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams params) {
@@ -132,28 +237,37 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
-    const int t = x * KV_THREADS + tid;  // this thread's token
-    const int rq = (bsz + 1 + chunks - 1) / chunks;
-    const int r_lo = x * rq, r_hi = min(r_lo + rq, bsz + 1);  // requests whose outputs this block writes
-
-    i64 carry = 0, carry_k = 0;
-    i64 carry_pg[KV_MAX_CACHES] = {0, 0, 0, 0};
-    int max_q = 0, max_k = 0;
-    // Raw lengths of the thread's requests of the next tile, loaded one tile ahead (int4 loads
-    // when both arrays are 16-byte aligned), so a tile's loads fly while the one before is scanned.
+    // requests whose outputs and tokens this block writes: [r_lo, r_hi), rq a multiple of 4 (int4 loads)
+    const int rq = ((bsz + 1 + chunks - 1) / chunks + 3) & ~3;
+    const int r_lo = min(x * rq, bsz + 1), r_hi = min(r_lo + rq, bsz + 1), hi = min(r_hi, bsz);
     const bool vec = ((reinterpret_cast<u64>(dec_in) | reinterpret_cast<u64>(acc_in)) & 15ULL) == 0ULL;
+
+    // the other requests' sums: the prefixes before r_lo, the totals after r_hi, the maxima
+    i64 o[KV_MTP_NRED];
+#pragma unroll
+    for (int v = 0; v < KV_MTP_NRED; ++v) o[v] = 0;
+    // This block's requests, tile by tile: raw lengths loaded one tile ahead, so a tile's loads
+    // fly while the one before is scanned (the first tile's during the others' pass).
     int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
-    kv_mtp_load(dec_in, acc_in, 0, min(KV_MTP_TILE, bsz), vec, rd, ra);
-    for (int base = 0; base < bsz; base += KV_MTP_TILE) {
-        const int count = min(KV_MTP_TILE, bsz - base);
+    if (r_lo < hi) kv_mtp_load(dec_in, acc_in, r_lo, min(KV_MTP_TILE, hi - r_lo), vec, rd, ra);
+    if (r_lo > 0 || r_hi <= bsz) kv_mtp_others(dec_in, acc_in, bsz, r_lo, r_hi, j, vec, varlen, fi, G, c, s, o);
+
+    i64 carry = o[KV_MTP_NB], carry_k = o[KV_MTP_KB];
+    i64 carry_pg[KV_MAX_CACHES];
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) carry_pg[g] = o[KV_MTP_PB + g];
+    int max_q = 0, max_k = 0;
+    for (int base = r_lo; base < hi; base += KV_MTP_TILE) {
+        const int count = min(KV_MTP_TILE, hi - base);
+        const bool narrow = count <= 32 * KV_MTP_ITEMS;  // the tile's requests are all in warp 0
         int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
 #pragma unroll
         for (int u = 0; u < KV_MTP_ITEMS; ++u) {
             cd[u] = rd[u];
             ca[u] = ra[u];
         }
-        if (base + KV_MTP_TILE < bsz)
-            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, bsz - base - KV_MTP_TILE), vec, rd, ra);
+        if (base + KV_MTP_TILE < hi)
+            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, hi - base - KV_MTP_TILE), vec, rd, ra);
         int d[KV_MTP_ITEMS], n[KV_MTP_ITEMS], L[KV_MTP_ITEMS];
         i64 sum = 0, sum_k = 0;
 #pragma unroll
@@ -174,10 +288,37 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             sum += n[u];
             sum_k += L[u];
         }
+        // The block ids of each request's first and last token, loaded before the scan (they
+        // depend on the request's own lengths only): a request of 1..KV_MTP_DIRECT tokens within
+        // two table blocks of every cache is direct, its thread writes its tokens right after the
+        // scan (no search); the tile's other tokens are searched after the barrier.
+        int bf[KV_MTP_ITEMS][KV_MAX_CACHES], bl[KV_MTP_ITEMS][KV_MAX_CACHES];
+        bool dir[KV_MTP_ITEMS];
+        bool searched = false;  // this thread holds a request whose tokens are searched
+#pragma unroll
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            const int b = base + tid * KV_MTP_ITEMS + u;
+            dir[u] = n[u] >= 1 && n[u] <= KV_MTP_DIRECT;  // a request of n >= 1 is good: d >= 0
+#pragma unroll
+            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                bf[u][g] = -1;
+                bl[u][g] = -1;
+                if (dir[u] && g < G) {
+                    i64 i0, o0, i1, o1;
+                    kv_divmod((i64)d[u], c.bs[g], i0, o0);
+                    kv_divmod((i64)d[u] + n[u] - 1, c.bs[g], i1, o1);
+                    if (i1 - i0 > 1) dir[u] = false;
+                    const int* __restrict__ row = c.table[g] + (i64)b * c.stride[g];
+                    if (i0 < c.width[g]) bf[u][g] = row[i0];
+                    if (i1 != i0 && i1 < c.width[g]) bl[u][g] = row[i1];
+                }
+            }
+            if (n[u] > 0 && !dir[u]) searched = true;
+        }
         i64 total;
-        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total);
+        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total, narrow);
         i64 ex_k = 0, total_k = 0;
-        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k);
+        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k, narrow);
         {
             i64 run = ex, run_k = ex_k;
 #pragma unroll
@@ -187,31 +328,53 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const int b = base + k;
                     s.cu[k] = run;
                     s.dec[k] = d[u];
+                    s.direct[k] = dir[u];
+                    if (dir[u]) {
+#pragma unroll 1
+                        for (int e = 0; e < n[u] && run + e < (i64)C; ++e) {
+                            const i64 pos = (i64)d[u] + e;
+                            int blk[KV_MAX_CACHES];
+#pragma unroll
+                            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                                i64 i0, o0;
+                                kv_divmod((i64)d[u], g < G ? c.bs[g] : 1, i0, o0);
+                                blk[g] = o0 + e < (i64)(g < G ? c.bs[g] : 1) ? bf[u][g] : bl[u][g];
+                            }
+                            kv_store_token<PosT>((int)(run + e), b, pos, blk, c, G, C, batch_out, pos_out, slot_out, err);
+                        }
+                    }
                     const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
                     max_q = max(max_q, ce - cs);
-                    if (b >= r_lo && b < r_hi) {
-                        cu_out[b] = cs;
-                        kv_out[b] = L[u];
-                        if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
-                        if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
-                        if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
-                    }
+                    cu_out[b] = cs;
+                    kv_out[b] = L[u];
+                    if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
+                    if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
+                    if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
                     run += n[u];
                     run_k += L[u];
                 }
             }
         }
-        if (tid == 0) s.cu[count] = carry + total;
-        __syncthreads();
-        // tokens of this block inside this tile's requests
-        if (t < C && (i64)t >= s.cu[0] && (i64)t < s.cu[count]) {
-            int lo = 0, hi = count;
-            while (hi - lo > 1) {
-                const int mid = (lo + hi) >> 1;
-                if (s.cu[mid] <= (i64)t) lo = mid; else hi = mid;
+        if (tid == 0) {  // thread 0 has the totals (also of a narrow scan)
+            s.cu[count] = carry + total;
+            s.end_k = carry_k + total_k;
+        }
+        const bool search = __syncthreads_or(searched) != 0;
+        const i64 tile_end = s.cu[count], tile_end_k = s.end_k;
+        // the searched requests' tokens (below the capacity), the tile's tokens one per thread in turn
+        if (search) {
+            const i64 t_end = tile_end < (i64)C ? tile_end : (i64)C;
+            for (i64 tt = s.cu[0] + tid; tt < t_end; tt += KV_THREADS) {
+                const int t = (int)tt;
+                int lo = 0, hi2 = count;
+                while (hi2 - lo > 1) {
+                    const int mid = (lo + hi2) >> 1;
+                    if (s.cu[mid] <= tt) lo = mid; else hi2 = mid;
+                }
+                if (s.direct[lo]) continue;
+                const i64 pos = (i64)s.dec[lo] + (tt - s.cu[lo]);
+                kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
             }
-            const i64 pos = (i64)s.dec[lo] + ((i64)t - s.cu[lo]);
-            kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
         }
         // attention rows of every cache: page prefixes, last-page lengths, row checks, kv_indices
         if (rows) {
@@ -227,22 +390,20 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         psum += pages[u];
                     }
                     i64 ptotal;
-                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal);
+                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal, narrow);
 #pragma unroll
                     for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                         const int k = tid * KV_MTP_ITEMS + u;
                         if (k < count) {
                             const int b = base + k;
                             s.pg[k] = prun;
-                            if (b >= r_lo && b < r_hi) {
-                                const int first = kv_mtp_sat(s.cu[k]);
-                                if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
-                                if (fi) {
-                                    const i64 row = (i64)j * G * AS + (i64)g * AS;
-                                    p.kv_indptr[row + b] = kv_mtp_sat(prun);
-                                    p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
-                                    if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
-                                }
+                            const int first = kv_mtp_sat(s.cu[k]);
+                            if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
+                            if (fi) {
+                                const i64 row = (i64)j * G * AS + (i64)g * AS;
+                                p.kv_indptr[row + b] = kv_mtp_sat(prun);
+                                p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
+                                if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
                             }
                             prun += pages[u];
                         }
@@ -254,7 +415,6 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         const int* __restrict__ table = c.table[g];
                         for (int k = warp; k < count; k += KV_WARPS) {
                             const int b = base + k;
-                            if (b < r_lo || b >= r_hi) continue;
                             const i64 start = s.pg[k], np = s.pg[k + 1] - start;
                             const int first = kv_mtp_sat(s.cu[k]);
                             for (i64 e = lane; e < np && start + e < (i64)N; e += 32) {
@@ -272,17 +432,16 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 }
             }
         }
-        carry += total;
-        carry_k += total_k;
-        __syncthreads();  // s.cu / s.dec are rewritten by the next tile
-        // Done once this block's tokens and requests are behind (without flashinfer, whose pad
-        // entries need every cache's total): the tail block (request bsz) always reads them all.
-        if (!fi && carry >= (i64)(x + 1) * KV_THREADS && base + count >= r_hi) break;  // uniform
+        carry = tile_end;
+        carry_k = tile_end_k;
+        if (base + KV_MTP_TILE < hi) __syncthreads();  // s.cu, s.dec, s.direct: rewritten by the next tile
     }
+    const i64 n_total = carry + o[KV_MTP_NA];  // every request's tokens (int64, true sum)
     const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its
-    // padding tokens
-    if (t < C && (i64)t >= carry) kv_write_pad<PosT>(t, G, C, batch_out, pos_out, slot_out);
-    // the end entries of the prefix sums (request bsz)
+    // padding tokens of this block's token range [x KV_THREADS, (x + 1) KV_THREADS)
+    const int t = x * KV_THREADS + tid;
+    if (t < C && (i64)t >= n_total) kv_write_pad<PosT>(t, G, C, batch_out, pos_out, slot_out);
+    // the end entries of the prefix sums (request bsz; nothing follows it, so carry is the total)
     if (tail && tid == 0) {
         cu_out[bsz] = kv_mtp_sat(carry);
         if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + bsz] = kv_mtp_sat(carry_k);
@@ -292,20 +451,52 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 if (g < G) p.kv_indptr[(i64)j * G * AS + (i64)g * AS + bsz] = kv_mtp_sat(carry_pg[g]);
         }
     }
-    if (tail && tid == 0) p.num_tokens[j] = (int)(carry < (i64)C ? carry : (i64)C);
+    if (tail && tid == 0) p.num_tokens[j] = (int)(n_total < (i64)C ? n_total : (i64)C);
     // kv_indices past each cache's pages: PAD_PAGE_ID (every entry written every launch)
     if (fi) {
 #pragma unroll
         for (int g = 0; g < KV_MAX_CACHES; ++g) {
             if (g < G) {
+                const i64 pg_total = carry_pg[g] + o[KV_MTP_PA + g];
                 int* __restrict__ idx_out = p.kv_indices + (i64)j * G * N + (i64)g * N;
                 for (i64 e = (i64)x * KV_THREADS + tid; e < (i64)N; e += (i64)chunks * KV_THREADS)
-                    if (e >= carry_pg[g]) idx_out[e] = -1;
+                    if (e >= pg_total) idx_out[e] = -1;
             }
         }
     }
-    // max_seqlen_q, max_seqlen_k: the tail block saw every request and writes them
+    // max_seqlen_q, max_seqlen_k (the tail block): this block's requests' values and the others'
+    // maxima. The others' largest token count is their largest cu_seqlens_q difference while the
+    // total fits in int32; past it the saturated differences are taken from a scan of them all.
     if (varlen && tail) {
+        if (n_total > (i64)KV_INT_MAX) {  // uniform
+            max_q = 0;
+            o[KV_MTP_MQ] = 0;
+            i64 run0 = 0;
+            for (int base = 0; base < bsz; base += KV_MTP_TILE) {
+                const int count = min(KV_MTP_TILE, bsz - base);
+                int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
+                i64 nn[KV_MTP_ITEMS], sum = 0;
+                kv_mtp_load(dec_in, acc_in, base, count, vec, cd, ca);
+#pragma unroll
+                for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                    nn[u] = 0;
+                    if (tid * KV_MTP_ITEMS + u < count) {
+                        int dj, qj;
+                        kv_mtp_lengths(cd[u], ca[u], j, dj, qj);
+                        nn[u] = (dj < 0) | (qj < 0) ? 0 : qj;
+                    }
+                    sum += nn[u];
+                }
+                i64 total;
+                i64 run = run0 + kv_mtp_block_scan(sum, s.warp_sums, total);
+#pragma unroll
+                for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                    max_q = max(max_q, kv_mtp_sat(run + nn[u]) - kv_mtp_sat(run));
+                    run += nn[u];
+                }
+                run0 += total;
+            }
+        }
         int mq = max_q, mk = max_k;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {  // over the warp, then over the warps
@@ -323,8 +514,8 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 mq = max(mq, red[0][w]);
                 mk = max(mk, red[1][w]);
             }
-            p.max_seqlen[2 * j] = mq;
-            p.max_seqlen[2 * j + 1] = mk;
+            p.max_seqlen[2 * j] = max(mq, (int)o[KV_MTP_MQ]);
+            p.max_seqlen[2 * j + 1] = max(mk, (int)o[KV_MTP_MK]);
         }
     }
     kv_merge_record(p.error_records, ((i64)j * chunks + x) * KV_WARPS + warp, err);

@@ -127,6 +127,32 @@ def test_capacity_overflow_drops_tokens_and_sets_bit_4():
     _run(dec, acc, tables, sizes, C, 4, attention="varlen", label="capacity")
 
 
+@pytest.mark.parametrize("attention", [None, "varlen", ALL])
+def test_requests_of_hundreds_of_tokens_over_several_blocks(attention):
+    """Substep 0 rows of 700, 513 and 260 tokens (searched, not written by the request's thread)
+    among decode rows, the last of them past the capacity."""
+    dec, acc, tables, sizes, _ = _case(21, 40, 3, (16, 7))
+    acc[[3, 17, 30]] = [700, 513, 260]
+    tables = [np.ascontiguousarray(np.tile(t, (1, 12))) for t in tables]
+    N = 8000 if attention == ALL else None
+    _run(dec, acc, tables, sizes, int(acc.sum()) - 50, 3, attention=attention, N=N, label="long rows")
+
+
+@pytest.mark.parametrize("attention", ["varlen", ALL])
+def test_token_sums_past_int32_saturate(attention):
+    dec, acc, tables, sizes, _ = _case(22, 60, 3, (16,))
+    acc[[10, 20, 45]] = [2**30 + 5, 2**30 + 7, 2**30 + 9]
+    N = 900 if attention == ALL else None
+    _run(dec, acc, tables, sizes, 3 * 256, 3, attention=attention, N=N, label="past int32")
+
+
+@pytest.mark.parametrize("bsz", [1, 5, 37])
+def test_token_blocks_past_the_last_request(bsz):
+    """A capacity of many token blocks over a few requests: most blocks own no request and only pad."""
+    dec, acc, tables, sizes, _ = _case(23 + bsz, bsz, 3, (4, 7))
+    _run(dec, acc, tables, sizes, 6 * 256 - 5, 3, attention=ALL, N=700, label=f"bsz={bsz}")
+
+
 def test_positions_only_planner():
     dec, acc, _, _, C = _case(4, 33, 2, ())
     _run(dec, acc, [], [], C, 2, label="positions only")

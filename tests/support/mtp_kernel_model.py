@@ -3,15 +3,17 @@
 It reads the launch's ``MtpParams`` (kernel_loader.MtpParams) as the kernel does, from host
 memory the pointers address (the planner fake of tests/support/fake_cupy.py allocates NumPy
 buffers), over the grid ``(blocks, k)`` of KV_THREADS-thread blocks, and writes the outputs
-there. Each block (x, j) follows the kernel: tiles of KV_MTP_TILE requests, thread i holding
-requests [4 i, 4 i + 4) of the tile; a tile's token prefix starts at the carry of the tiles
-before; the block writes its own tokens [x T, (x + 1) T) that fall in the tile's range, the
-per-request outputs of requests [x rq, (x + 1) rq), the kv_indices rows of those requests (a warp
-per request: request k of the tile on warp k % KV_WARPS), padding after the loop, the pad
-entries of kv_indices in a grid stride; without flashinfer a block stops after the tile holding
-its last token and request, and the block owning request bsz writes the maxima and num_tokens. Errors are merged
-into record ``(j * blocks + x) * KV_WARPS + warp`` of the thread that found them, as the kernel
-does (mask OR, smallest key).
+there. Each block (x, j) follows the kernel: it owns requests [r_lo, r_hi) (rq = ceil((bsz + 1) /
+blocks) rounded up to a multiple of 4); the other requests' sums (token, kv-length and page
+prefixes before r_lo, totals after r_hi, maxima) come first, then its requests in tiles of
+KV_MTP_TILE, thread i holding requests [4 i, 4 i + 4) of the tile; a direct request (1..KV_MTP_DIRECT
+tokens within two table blocks of every cache) is written by its own thread, the tile's other
+tokens one per thread in turn (thread (t - first) % KV_THREADS); the kv_indices rows of its requests
+(a warp per request: request k of the tile on warp k % KV_WARPS), the padding of its token range
+after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
+writes the totals and the maxima. Blocks run in reverse order: every output element has one
+writer, so the order must not matter. Errors are merged into record ``(j * blocks + x) * KV_WARPS +
+warp`` of the thread that found them, as the kernel does (mask OR, smallest key).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ T = _C["KV_THREADS"]
 WARPS = _C["KV_WARPS"]
 ITEMS = _C["KV_MTP_ITEMS"]
 TILE = T * ITEMS
+DIRECT = _C["KV_MTP_DIRECT"]
 INT_MAX = 2**31 - 1
 
 
@@ -72,7 +75,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
         pos_out = _view(p.position_ids + np.dtype(pos_dtype).itemsize * j * C, C, pos_dtype)
         kv_out = _view(p.seq_lens_kv + 4 * j * Mr, bsz)
         slots = _view(p.slot_mapping + 8 * j * G * C, G * C, np.int64).reshape(G, C) if G else None
-        for x in range(blocks):
+        for x in reversed(range(blocks)):  # blocks own disjoint outputs: any order (not the launch order)
             rec = {}
 
             def flag(tid, bit, token, request, cache, x=x, j=j, rec=rec):
@@ -80,13 +83,54 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                 m, key = rec.get(r, (0, 2**64 - 1))
                 rec[r] = (m | bit, min(key, error_key(token, request, cache, bit)))
 
-            rq = -(-(bsz + 1) // blocks)
-            r_lo, r_hi = x * rq, min(x * rq + rq, bsz + 1)
-            carry = carry_k = 0
-            carry_pg = [0] * G
+            def write_token(tid, t, b, pos, flag=flag, batch=batch, pos_out=pos_out, slots=slots):
+                batch[t], pos_out[t] = b, pos
+                for g in range(G):
+                    B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
+                    idx, off = divmod(pos, B)
+                    slot = -1
+                    if idx >= W:
+                        flag(tid, ERR_BLOCK_INDEX, t, b, g)
+                    else:
+                        blk = int(tables[g][b * stride + idx])
+                        if blk < 0:
+                            flag(tid, ERR_NEGATIVE_BLOCK, t, b, g)
+                        else:
+                            slot = blk * B + off
+                    slots[g, t] = slot
+
+            rq = (-(-(bsz + 1) // blocks) + 3) & ~3  # a multiple of 4: int4 loads
+            r_lo = min(x * rq, bsz + 1)
+            r_hi = min(r_lo + rq, bsz + 1)
+            r_end = min(r_hi, bsz)
+            # the other requests' sums (kv_mtp_others): prefixes before r_lo, totals from r_hi on
+            n_before = n_after = k_before = max_n = max_l = 0
+            pg_before, pg_after = [0] * G, [0] * G
+            if r_lo > 0 or r_hi <= bsz:
+                for b in [*range(0, min(r_lo, bsz)), *range(r_hi, bsz)]:
+                    dj, qj = _lengths(int(dec_in[b]), int(acc_in[b]), j)
+                    bad = dj < 0 or qj < 0
+                    n, L = (0, 0) if bad else (qj, min(dj + qj, INT_MAX))
+                    before = b < r_lo
+                    if before:
+                        n_before += n
+                    else:
+                        n_after += n
+                    if varlen:
+                        k_before += L if before else 0
+                        max_n, max_l = max(max_n, n), max(max_l, L)
+                    if fi:
+                        for g in range(G):
+                            pgs = -(-L // p.block_size[g])
+                            if before:
+                                pg_before[g] += pgs
+                            else:
+                                pg_after[g] += pgs
+            carry, carry_k = n_before, k_before
+            carry_pg = list(pg_before)
             max_q = max_k = 0
-            for base in range(0, bsz, TILE):
-                count = min(TILE, bsz - base)
+            for base in range(r_lo, r_end, TILE):
+                count = min(TILE, r_end - base)
                 d = np.full(count, -1, np.int64)
                 n = np.zeros(count, np.int64)
                 L = np.zeros(count, np.int64)
@@ -96,39 +140,32 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         d[kk], n[kk], L[kk] = dj, qj, min(dj + qj, INT_MAX)
                 cu = np.concatenate([[0], np.cumsum(n)]) + carry  # int64, true sums
                 cuk = np.concatenate([[0], np.cumsum(L)]) + carry_k
+                # direct: 1..DIRECT tokens within two table blocks of every cache (its thread writes them)
+                direct = [
+                    1 <= n[kk] <= DIRECT
+                    and all((d[kk] + n[kk] - 1) // p.block_size[g] - d[kk] // p.block_size[g] <= 1 for g in range(G))
+                    for kk in range(count)
+                ]
                 for kk in range(count):
                     b, tid = base + kk, kk // ITEMS
                     cs, ce = min(cu[kk], INT_MAX), min(cu[kk + 1], INT_MAX)
                     max_q, max_k = max(max_q, ce - cs), max(max_k, int(L[kk]))
-                    if r_lo <= b < r_hi:
-                        cu_out[b] = cs
-                        kv_out[b] = L[kk]
-                        if d[kk] < 0:
-                            flag(tid, ERR_NEGATIVE_LENGTH, cs, b, 0)
-                        if cu[kk] <= C < cu[kk + 1]:
-                            flag(tid, ERR_CAPACITY, C, b, 0)
-                        if varlen:
-                            _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
-                for tid in range(T):
-                    t = x * T + tid
-                    if t < C and cu[0] <= t < cu[count]:
-                        lo = int(np.searchsorted(cu[1:count], t, side="right"))
-                        b = base + lo
-                        pos = int(d[lo]) + (t - int(cu[lo]))
-                        batch[t], pos_out[t] = b, pos
-                        for g in range(G):
-                            B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
-                            idx, off = divmod(pos, B)
-                            slot = -1
-                            if idx >= W:
-                                flag(tid, ERR_BLOCK_INDEX, t, b, g)
-                            else:
-                                blk = int(tables[g][b * stride + idx])
-                                if blk < 0:
-                                    flag(tid, ERR_NEGATIVE_BLOCK, t, b, g)
-                                else:
-                                    slot = blk * B + off
-                            slots[g, t] = slot
+                    cu_out[b] = cs
+                    kv_out[b] = L[kk]
+                    if d[kk] < 0:
+                        flag(tid, ERR_NEGATIVE_LENGTH, cs, b, 0)
+                    if cu[kk] <= C < cu[kk + 1]:
+                        flag(tid, ERR_CAPACITY, C, b, 0)
+                    if varlen:
+                        _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
+                    if direct[kk]:
+                        for t in range(int(cu[kk]), min(int(cu[kk + 1]), C)):
+                            write_token(tid, t, b, int(d[kk]) + t - int(cu[kk]))
+                for t in range(int(cu[0]), min(int(cu[count]), C)):
+                    tid = (t - int(cu[0])) % T  # the tile's tokens, one per thread in turn
+                    lo = int(np.searchsorted(cu[1:count], t, side="right"))
+                    if not direct[lo]:  # the searched requests' tokens
+                        write_token(tid, t, base + lo, int(d[lo]) + (t - int(cu[lo])))
                 if rows:
                     for g in range(G):
                         B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]
@@ -137,8 +174,6 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         row = j * G * AS + g * AS
                         for kk in range(count):
                             b = base + kk
-                            if not (r_lo <= b < r_hi):
-                                continue
                             first = min(int(cu[kk]), INT_MAX)
                             if pages[kk] > W:
                                 flag(kk // ITEMS, ERR_BLOCK_INDEX, first, b, g)
@@ -161,11 +196,10 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                                     idx_out[pg[kk] + e] = v if v >= 0 else -1
                         carry_pg[g] = int(pg[count])
                 carry, carry_k = int(cu[count]), int(cuk[count])
-                if not fi and carry >= (x + 1) * T and base + count >= r_hi:
-                    break  # this block's tokens and requests are behind (the kernel's early exit)
+            n_total = carry + n_after
             for tid in range(T):
                 t = x * T + tid
-                if t < C and t >= carry:
+                if t < C and t >= n_total:
                     batch[t], pos_out[t] = -1, 0
                     for g in range(G):
                         slots[g, t] = -1
@@ -178,16 +212,21 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         _view(p.kv_indptr, k * G * AS)[j * G * AS + g * AS + bsz] = min(carry_pg[g], INT_MAX)
             tail = r_lo <= bsz < r_hi  # the block owning request bsz writes the totals
             if tail:
-                _view(p.num_tokens + 4 * j, 1)[0] = min(carry, C)
+                _view(p.num_tokens + 4 * j, 1)[0] = min(n_total, C)
             if fi:
                 for g in range(G):
                     idx_out = _view(p.kv_indices + 4 * (j * G * N + g * N), N)
                     for e in range(x * T, N, blocks * T):
                         hi = min(e + T, N)
-                        for ee in range(max(e, carry_pg[g]), hi):
+                        for ee in range(max(e, carry_pg[g] + pg_after[g]), hi):
                             idx_out[ee] = -1
             if varlen and tail:
-                _view(p.max_seqlen + 8 * j, 2)[:] = (max_q, max_k)
+                if n_total > INT_MAX:  # saturated differences: from a scan of every request
+                    qs = [_lengths(int(dec_in[b]), int(acc_in[b]), j) for b in range(bsz)]
+                    nn = [0 if dj < 0 or qj < 0 else qj for dj, qj in qs]
+                    cum = np.minimum(np.concatenate([[0], np.cumsum(nn, dtype=np.int64)]), INT_MAX)
+                    max_q, max_n = int(np.diff(cum).max(initial=0)), 0
+                _view(p.max_seqlen + 8 * j, 2)[:] = (max(max_q, max_n), max(max_k, max_l))
             for r, (m, key) in rec.items():
                 recs[2 * r] |= np.uint64(m)
                 recs[2 * r + 1] = min(int(recs[2 * r + 1]), key)

@@ -172,13 +172,44 @@ def test_model_equals_the_reference_substep_by_substep(fake, bsz, k, sizes, bad,
 @pytest.mark.parametrize("attention", [ALL, "varlen", None])
 @pytest.mark.parametrize("bad", [False, True])
 def test_more_than_one_tile_of_requests(fake, attention, bad):
-    """Three tiles of requests over many token blocks: without flashinfer most blocks stop
-    early (after their own tokens and requests)."""
+    """Three tiles of requests over many token blocks: each block scans its own range of
+    requests and sums the others' (prefixes before, totals after)."""
     rng = np.random.default_rng(7)
     bsz = 2 * kernel_loader.constants()["KV_MTP_ITEMS"] * dispatch.THREADS + 37
     dec, acc, tables = _case(rng, bsz, 3, (16, 3), bad)
     C = int(np.maximum(acc, 0).sum()) + 100
     _check(fake, dec, acc, tables, [16, 3], C, 3, attention, 30000 if attention == ALL else None)
+
+
+@pytest.mark.parametrize("attention", [ALL, "varlen", None])
+def test_blocks_past_the_last_request_write_only_padding(fake, attention):
+    """Five requests over a capacity of six token blocks: the request ranges (a multiple of 4
+    each) leave the last blocks none; they still pad their tokens and kv_indices entries."""
+    rng = np.random.default_rng(3)
+    dec, acc, tables = _case(rng, 5, 3, (4, 7), False)
+    _check(fake, dec, acc, tables, [4, 7], 6 * dispatch.THREADS - 5, 3, attention, 500 if attention == ALL else None)
+
+
+@pytest.mark.parametrize("attention", [ALL, "varlen"])
+def test_requests_longer_than_a_block_of_tokens(fake, attention):
+    """Substep 0 of requests of hundreds of accepted tokens: a tile's tokens span several token
+    blocks, written by the owning block's threads in turn, over several blocks."""
+    rng = np.random.default_rng(5)
+    dec, acc, tables = _case(rng, 40, 3, (16,), False)
+    acc[[3, 17, 30]] = [700, 513, 260]
+    tables = [np.ascontiguousarray(np.tile(tables[0], (1, 12)))]
+    C = int(acc.sum()) - 50  # the last request's tokens pass the capacity: error bit and clamp
+    _check(fake, dec, acc, tables, [16], C, 2, attention, 4000 if attention == ALL else None)
+
+
+@pytest.mark.parametrize("attention", [ALL, "varlen"])
+def test_token_sums_past_int32(fake, attention):
+    """Accepted counts summing past 2^31 - 1 over several blocks: cu_seqlens_q saturates, and
+    max_seqlen_q is the largest saturated difference (not the largest count)."""
+    rng = np.random.default_rng(9)
+    dec, acc, tables = _case(rng, 60, 3, (16,), False)
+    acc[[10, 20, 45]] = [2**30 + 5, 2**30 + 7, 2**30 + 9]
+    _check(fake, dec, acc, tables, [16], 3 * dispatch.THREADS, 3, attention, 900 if attention == ALL else None)
 
 
 def test_fastdeploy_baseline_launches_two_single_blocks_per_substep(fake, monkeypatch):
