@@ -204,12 +204,7 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // metadata blocks (a number fixed by the planner's sizes) has an error record (mask, first-bad
 // key) of its own, written only by a warp that found an error (merged with atomicOr / atomicMin:
 // sticky); the host reduces the records and clears them (VllmStepPlanner.errors). The gather
-// blocks have no records: a gather pair's errors (its num_blocks check, the slot of a token it
-// owns) are merged into the record of the request-role warp of its row.
-// num_blocks (pinned host memory read through UVA in vLLM's layout: a PCIe round trip per word)
-// is read by the gather pairs only, one word per (group, row) pair: the request role does not
-// read it (the pair checks it), and a token role's thread reads it only for a token its pairs do
-// not own (vllm_pair_token: every token of a decode batch is owned by its pairs).
+// blocks detect no error (the num_blocks check is the request role's, which holds the same row).
 // A token whose owner is not the guess min(t, n-1) searches query_start_loc staged in shared
 // memory (one coalesced load per block, when num_reqs + 1 <= VLLM_QSL_SMEM), not in global memory
 // (one dependent round trip per step). A decode batch (every guess right) skips the staging: one
@@ -264,83 +259,51 @@ __device__ __forceinline__ bool vllm_token_index(const VllmStepParams& p, int g,
     return true;
 }
 
-// Whether batch entry b's single token is written by b's gather pairs (vllm_gather_row), not by the
-// token role: b's range is [b, b + 1) and b < num_tokens. Token t = b then has the guess
-// min(t, n - 1) = b, whose range holds it (no search): its owner is b whatever the rest of
-// query_start_loc holds, so the token role (vllm_token_write) and the pair decide alike. Every
-// entry of a decode batch (query_start_loc = 0, 1, 2, ...) is such a request.
-__device__ __forceinline__ bool vllm_pair_token(int b, int q0, int q1, int num_tokens) {
-    return q0 == b && q1 == b + 1 && b < num_tokens;
-}
-
-// A token's loads (vllm_token_load), kept for its stores (vllm_token_store).
-struct VllmTokenLoads {
-    long long pos;                 // its position (0 when not valid)
-    int nbs[VLLM_MAX_GROUPS];      // num_blocks[g][r] of each slot-enabled group (read when needed)
-    int blks[VLLM_MAX_GROUPS];     // the block id of each group's index (when inside the width)
-    bool valid;                    // a real token of a good request (its row in the state, nct >= 0)
-    bool slots;                    // the token writes its slots (not its gather pairs: vllm_pair_token)
-};
-
-// Token t's loads once its owner b (range [q0, q1), row r) is known. load_nb: num_blocks is read
-// here (else the caller fills x.nbs before vllm_token_store: a block shares its owners' words).
 template <bool DCP>
-__device__ __forceinline__ void vllm_token_load(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
-                                                int num_tokens, bool load_nb, VllmTokenLoads& x) {
-    x.valid = false;
-    x.pos = 0;
-#pragma unroll
-    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) x.nbs[g] = x.blks[g] = 0;
-    // A request's single token that its gather pairs own (vllm_pair_token): its slots are theirs,
-    // so it reads no num_blocks (t == b: it was found by its guess).
-    x.slots = !(t == b && vllm_pair_token(b, q0, q1, num_tokens));
+__device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
+                                                  int num_tokens, VllmErr& err) {
+    bool valid = false;
+    long long pos = 0;
+    int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
     if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
         if (r >= 0 && r < p.max_num_reqs) {
 #pragma unroll
             for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                if (load_nb && x.slots && g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS))
-                    x.nbs[g] = p.num_blocks[g][r];
+                if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
             const int nct = p.num_computed_tokens[r];
             if (nct >= 0) {
-                x.valid = true;
-                x.pos = (long long)nct + (t - q0);
+                valid = true;
+                pos = (long long)nct + (t - q0);
             }
         }
     }
     // Every group's block id, loaded when its index is inside the row, before num_blocks is needed.
+    int blks[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         const int flags = p.group_flags[g];
-        if (x.slots && x.valid && (flags & VLLM_GROUP_SLOTS)) {
+        if (valid && (flags & VLLM_GROUP_SLOTS)) {
             unsigned int idx, off;
-            if (vllm_token_index<DCP>(p, g, flags, x.pos, idx, off) && (long long)idx < (long long)p.width[g])
-                x.blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
+            if (vllm_token_index<DCP>(p, g, flags, pos, idx, off) && (long long)idx < (long long)p.width[g])
+                blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
         }
     }
-}
-
-// Token t's stores (owner b) from its loads: positions[t] and, unless its pairs write them, every
-// group's slot with its checks.
-template <bool DCP>
-__device__ __forceinline__ void vllm_token_store(const VllmStepParams& p, int t, int b, const VllmTokenLoads& x,
-                                                 VllmErr& err) {
-    p.positions[t] = x.pos;
-    if (!x.slots) return;
+    p.positions[t] = pos;
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         long long slot = -1;
         const int flags = p.group_flags[g];
         unsigned int idx = 0, off = 0;
-        if (x.valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, x.pos, idx, off)) {
-            const int nb = x.nbs[g];
+        if (valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, pos, idx, off)) {
+            const int nb = nbs[g];
             if ((long long)idx >= (long long)p.width[g]) {
                 err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
             } else if ((long long)idx >= (long long)nb) {
                 err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
             } else {
-                const int blk = x.blks[g];
+                const int blk = blks[g];
                 if (blk < 0) {
                     err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
                 } else {
@@ -356,66 +319,8 @@ __device__ __forceinline__ void vllm_token_store(const VllmStepParams& p, int t,
     }
 }
 
-template <bool DCP>
-__device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
-                                                  int num_tokens, VllmErr& err) {
-    VllmTokenLoads x;
-    vllm_token_load<DCP>(p, t, b, q0, q1, r, num_tokens, true, x);
-    vllm_token_store<DCP>(p, t, b, x, err);
-}
-
-// The token blocks' shared num_blocks words (vllm_token_shared_load / _store).
-struct VllmTokenShared {
-    int owner[VLLM_THREADS];                // the owner b a lead thread loaded the words of, else -1
-    int nb[VLLM_MAX_GROUPS][VLLM_THREADS];  // its num_blocks[g][r]
-};
-
-// A token block with searched owners (vllm_step's token role): token t (owner b, range [q0, q1),
-// row r; t may be >= max_tokens) with its owners' num_blocks words shared by the block: the
-// owner's first token in the block (its lead) loads them, every token loads its block ids
-// (vllm_token_shared_load), a barrier, then the others take the words from shared memory
-// (vllm_token_shared_store). vllm_token_lead: whether t reads num_blocks (vllm_token_load's test)
-// and its lead thread, in [0, threadIdx.x] (max(q0, block start) - block start).
-__device__ __forceinline__ bool vllm_token_lead(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
-                                                int num_tokens, int& lead) {
-    const int t0 = t - (int)threadIdx.x;
-    lead = (q0 > t0 ? q0 : t0) - t0;
-    return t < p.max_tokens && t < num_tokens && q0 >= 0 && q0 <= t && t < q1 && r >= 0 && r < p.max_num_reqs &&
-           !(t == b && vllm_pair_token(b, q0, q1, num_tokens));
-}
-
-template <bool DCP>
-__device__ __forceinline__ void vllm_token_shared_load(const VllmStepParams& p, int t, int b, int q0, int q1,
-                                                       long long r, int num_tokens, VllmTokenShared& sh,
-                                                       VllmTokenLoads& x) {
-    const int tid = (int)threadIdx.x;
-    int lead;
-    const bool is_lead = vllm_token_lead(p, t, b, q0, q1, r, num_tokens, lead) && lead == tid;
-    if (t < p.max_tokens) vllm_token_load<DCP>(p, t, b, q0, q1, r, num_tokens, is_lead, x);
-    sh.owner[tid] = is_lead ? b : -1;
-#pragma unroll
-    for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-        if (is_lead) sh.nb[g][tid] = x.nbs[g];
-}
-
-template <bool DCP>
-__device__ __forceinline__ void vllm_token_shared_store(const VllmStepParams& p, int t, int b, int q0, int q1,
-                                                        long long r, int num_tokens, const VllmTokenShared& sh,
-                                                        VllmTokenLoads& x, VllmErr& err) {
-    int lead;
-    if (vllm_token_lead(p, t, b, q0, q1, r, num_tokens, lead) && lead != (int)threadIdx.x && x.valid) {
-        const bool shared = sh.owner[lead] == b;  // (else thread `lead` found another owner: load)
-#pragma unroll
-        for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-            if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS))
-                x.nbs[g] = shared ? sh.nb[g][lead] : p.num_blocks[g][r];
-    }
-    if (t < p.max_tokens) vllm_token_store<DCP>(p, t, b, x, err);
-}
-
-// One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens and the
-// per-request checks. num_blocks is not read here: each group's num_blocks check is its gather
-// pair's (vllm_gather_row), which loads the word anyway, so the word is read once per launch.
+// One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens, the
+// per-request checks, and every group's num_blocks check (keyed at the request's first token).
 __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b, VllmErr& err) {
     int seq = 0;
     if (b < p.num_reqs) {
@@ -423,11 +328,16 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
         const long long r = vllm_row_of(p, b);
         const long long tok = q0 < 0 ? 0 : q0;
         int nct = 0;
+        int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
         bool good = r >= 0;
         if (r < -1 || r >= p.max_num_reqs) {
             good = false;
             err.add(VLLM_ERR_ROW_INDEX, 5, tok, b, 0);
         } else if (r >= 0) {
+            // The row's num_blocks are loaded with its num_computed_tokens.
+#pragma unroll
+            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
             nct = p.num_computed_tokens[r];
             if (nct < 0) {
                 good = false;
@@ -442,60 +352,31 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
         if (good) {
             const long long s = (long long)nct + ((long long)q1 - q0);
             seq = (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
+#pragma unroll
+            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                if (g < p.num_groups && (nbs[g] < 0 || nbs[g] > p.width[g]))
+                    err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
         }
     }
     p.seq_lens[b] = seq;
     p.dcp_local_seq_lens[b] = vllm_dcp_len(p, seq);
 }
 
-// Group g's slot of position pos of a good request (row r, num_blocks nb, the table row src,
-// width W) and its errors keyed at token t: -1 for a disabled group or a token of another rank;
-// the block id is loaded before nb is compared (nb may be read through UVA).
-template <bool DCP>
-__device__ __forceinline__ long long vllm_pair_slot(const VllmStepParams& p, int g, int flags, long long pos,
-                                                    const int* __restrict__ src, int W, int nb, int t, int b,
-                                                    VllmErr& err) {
-    unsigned int idx = 0, off = 0;
-    if (!(flags & VLLM_GROUP_SLOTS) || !vllm_token_index<DCP>(p, g, flags, pos, idx, off)) return -1;
-    const int blk = (long long)idx < (long long)W ? src[idx] : 0;
-    long long slot = -1;
-    if ((long long)idx >= (long long)W) {
-        err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
-    } else if ((long long)idx >= (long long)nb) {
-        err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, t, b, g);
-    } else if (blk < 0) {
-        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, t, b, g);
-    } else {
-        slot = (long long)blk * (long long)vllm_pick(p.block_size, g) + off;
-        if (p.slot_is_32 && slot > VLLM_INT_MAX) {
-            err.add(VLLM_ERR_SLOT_INT32, 8, t, b, g);
-            slot = -1;
-        }
-    }
-    return slot;
-}
-
 // One (group, real batch row b < num_reqs) pair by `lanes` lanes (sub = this lane's index
-// among them); an inactive pair (past the last one) only reaches the warp barrier.
-// The pair is the only reader of num_blocks[g][r] in the launch (through UVA, a PCIe round trip
-// each): it checks it (VLLM_ERR_NUM_BLOCKS, keyed as the request role keys its checks) and, for a
-// request whose single token it owns (vllm_pair_token), writes that token's slot of group g, so the
-// token role does not read num_blocks for it. Its errors go to `err` (the caller merges them).
+// among them); an inactive pair (past the last one) only reaches the warp barrier. No
+// error is detected here (vllm_request_row checks num_blocks).
 __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
-                                                 int lanes, VllmErr& err) {
+                                                 int lanes) {
     int nbc = 0, first = 0, fill = 0, spec = 0;
     int* __restrict__ out = 0;
     int* __restrict__ fill_at = 0;
     const int* __restrict__ src = 0;
-    long long slot = -1;
-    bool own_token = false;  // this lane stores token b's slot of group g (after the row's first loads)
     if (active) {
         const int W = vllm_pick(p.width, g);
         out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
         fill_at = vllm_pick(p.row_fill, g) + b;
         fill = *fill_at;
         const int q0 = p.query_start_loc[b], q1 = p.query_start_loc[b + 1];
-        const int last = p.query_start_loc[p.num_reqs];
         const long long r = vllm_row_of(p, b);
         // No branch between the row index and the row's loads: a row outside the state reads
         // row 0 (inside every state array) and keeps nothing. (With the loads under the tests,
@@ -521,16 +402,6 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
             spec = pages < cap ? (int)pages : cap;
         }
         nbc = good ? (nb < 0 ? 0 : (nb > W ? W : nb)) : 0;
-        if (sub == 0) {
-            const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
-            own_token = vllm_pair_token(b, q0, q1, num_tokens);
-            // the token role's valid: its owner's row in the state and num_computed_tokens >= 0
-            if (own_token && rok && nct >= 0) {
-                const int flags = vllm_pick(p.group_flags, g);
-                slot = vllm_pair_slot<true>(p, g, flags, nct, src, W, nb, b, b, err);
-            }
-            if (good && (nb < 0 || nb > W)) err.add(VLLM_ERR_NUM_BLOCKS, 6, q0, b, g);
-        }
     }
     // num_blocks (possibly pinned host memory read through UVA, a PCIe round trip) decides how many
     // entries the row has; the first chunk's entries below `spec` (columns inside the row: in
@@ -541,7 +412,6 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
         const int j = lanes * k + sub;
         v0[k] = (j < spec && j >= first) ? src[j] : 0;
     }
-    if (own_token) vllm_store_slot(p, g, b, slot);  // (no load may follow a store: it could alias a table)
     // Entries [0, max(nbc, fill)): VLLM_GATHER_LOADS loads in flight per lane before any store.
     const int end = nbc > fill ? nbc : fill;
     for (int j0 = 0; j0 < end; j0 += VLLM_GATHER_LOADS * lanes) {
@@ -853,7 +723,6 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         return;
     }
     __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block searches
-    __shared__ VllmTokenShared sh;      // the block's owners' num_blocks words, when it searches
     VllmErr err;
     err.mask = 0;
     err.key = KV_NO_ERROR;
@@ -866,7 +735,7 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         long long r = 0;
         bool need = false;
         if (n > 0 && t < p.max_tokens) need = vllm_token_guess(p, t, b, q0, q1, r, num_tokens);
-        if (n + 1 <= VLLM_QSL_SMEM) {  // uniform: every thread of the block reaches every barrier
+        if (n + 1 <= VLLM_QSL_SMEM) {  // uniform: every thread of the block reaches both barriers
             if (__syncthreads_or(need)) {
                 for (int i = (int)threadIdx.x; i <= n; i += VLLM_THREADS) sq[i] = p.query_start_loc[i];
                 __syncthreads();
@@ -876,23 +745,6 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
                     q1 = sq[b + 1];
                     r = vllm_row_of(p, b);
                 }
-                // A block with searched owners (a batch with multi-token requests) reads each
-                // owner's num_blocks once: the owner's first token in the block (thread s =
-                // max(q0, block start) - block start) loads it and shares it in shared memory;
-                // the other tokens load their positions' block ids meanwhile, then take it (or,
-                // if thread s found another owner, as with a query_start_loc that is not
-                // non-decreasing, load it themselves).
-                VllmTokenLoads x;
-                if (p.cp_size > 1) {  // (uniform)
-                    vllm_token_shared_load<true>(p, t, b, q0, q1, r, num_tokens, sh, x);
-                    __syncthreads();
-                    vllm_token_shared_store<true>(p, t, b, q0, q1, r, num_tokens, sh, x, err);
-                } else {
-                    vllm_token_shared_load<false>(p, t, b, q0, q1, r, num_tokens, sh, x);
-                    __syncthreads();
-                    vllm_token_shared_store<false>(p, t, b, q0, q1, r, num_tokens, sh, x, err);
-                }
-                goto records;
             }
         } else if (need) {
             b = vllm_owner_search(p.query_start_loc, n, t);
@@ -954,20 +806,10 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
             const int g = (w >= chunks) + (w >= 2 * chunks) + (w >= 3 * chunks);
             const int b = ((w - g * chunks) << shift) + slot;
             const bool active = b < n;
-            vllm_gather_row(p, active, active ? g : 0, active ? b : 0, sub, L, err);
+            vllm_gather_row(p, active, active ? g : 0, active ? b : 0, sub, L);
         }
-        // A lane's errors (rare) go to the record of a request-role warp (the records are merged
-        // atomically, and the host reduces them all together: which record holds an error does
-        // not matter); the gather blocks have no records of their own.
-        if (err.mask != 0u) {
-            const int gw = (blk - p.token_blocks - p.request_blocks) * VLLM_WARPS + (int)(threadIdx.x >> 5);
-            const long long rw = (long long)p.token_blocks * VLLM_WARPS + gw % (p.request_blocks * VLLM_WARPS);
-            atomicOr(&p.errors[2 * rw], (unsigned long long)err.mask);
-            atomicMin(&p.errors[2 * rw + 1], err.key);
-        }
-        return;
+        return;  // the gather detects no error and writes no record
     }
-records:
     // This warp's record [2 * w] = mask, [2 * w + 1] = first-bad key, sticky: merged only by a
     // warp that found an error (a vote first); a clean warp writes nothing, the host clears.
     if (__any_sync(0xffffffffu, err.mask != 0u)) {

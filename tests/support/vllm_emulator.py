@@ -59,59 +59,27 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
 // vllm_step<false>: its device helpers (token guess and write, request row, gather
 // pair), driven as the entry drives them. The entry's warp-level code is re-stated here,
 // not emulated: the staged query_start_loc (the same values: the search runs on the
-// global array; a block that would stage it shares its owners' num_blocks words as the kernel
-// does, its loads for every thread, then its stores), the spare rows' zeroing (one row after another), the per-warp records
+// global array), the spare rows' zeroing (one row after another), the per-warp records
 // (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
 // do: sticky; a clean launch writes no record).
 extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     const VllmStepParams& p = *pp;
     VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     const int n = p.num_reqs;
-    // Token blocks: a block with a searched owner (and query_start_loc staged, n + 1 <=
-    // VLLM_QSL_SMEM) shares its owners' num_blocks words: every thread's loads, the barrier,
-    // every thread's stores; any other block writes token after token.
-    static int ob[VLLM_THREADS], oq0[VLLM_THREADS], oq1[VLLM_THREADS], onum[VLLM_THREADS];
-    static long long orow[VLLM_THREADS];
-    static VllmTokenLoads ox[VLLM_THREADS];
-    static VllmTokenShared sh;
-    for (int t0 = 0; t0 < p.max_tokens; t0 += VLLM_THREADS) {
-        bool any = false;
-        for (int i = 0; i < VLLM_THREADS; ++i) {
-            const int t = t0 + i;
-            int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
-            long long r = 0;
-            if (n > 0 && t < p.max_tokens && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
-                any = true;
-                b = vllm_owner_search(p.query_start_loc, n, t);
-                q0 = p.query_start_loc[b];
-                q1 = p.query_start_loc[b + 1];
-                r = vllm_row_of(p, b);
-            }
-            ob[i] = b; oq0[i] = q0; oq1[i] = q1; orow[i] = r; onum[i] = num_tokens;
+    for (int t = 0; t < p.max_tokens; ++t) {
+        threadIdx.x = t % VLLM_THREADS;
+        VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
+        int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
+        long long r = 0;
+        if (n > 0 && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
+            b = vllm_owner_search(p.query_start_loc, n, t);
+            q0 = p.query_start_loc[b];
+            q1 = p.query_start_loc[b + 1];
+            r = vllm_row_of(p, b);
         }
-        const bool shared = any && n + 1 <= VLLM_QSL_SMEM;
-        for (int i = 0; i < VLLM_THREADS; ++i) {
-            const int t = t0 + i;
-            threadIdx.x = i;
-            if (shared) {
-                if (p.cp_size > 1) vllm_token_shared_load<true>(p, t, ob[i], oq0[i], oq1[i], orow[i], onum[i], sh, ox[i]);
-                else vllm_token_shared_load<false>(p, t, ob[i], oq0[i], oq1[i], orow[i], onum[i], sh, ox[i]);
-            } else if (t < p.max_tokens) {
-                VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
-                if (p.cp_size > 1) vllm_token_write<true>(p, t, ob[i], oq0[i], oq1[i], orow[i], onum[i], e);
-                else vllm_token_write<false>(p, t, ob[i], oq0[i], oq1[i], orow[i], onum[i], e);
-                emu_merge(all, e);
-            }
-        }
-        if (!shared) continue;
-        for (int i = 0; i < VLLM_THREADS; ++i) {  // after the barrier
-            const int t = t0 + i;
-            threadIdx.x = i;
-            VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
-            if (p.cp_size > 1) vllm_token_shared_store<true>(p, t, ob[i], oq0[i], oq1[i], orow[i], onum[i], sh, ox[i], e);
-            else vllm_token_shared_store<false>(p, t, ob[i], oq0[i], oq1[i], orow[i], onum[i], sh, ox[i], e);
-            emu_merge(all, e);
-        }
+        if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
+        else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
+        emu_merge(all, e);
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
         threadIdx.x = b % VLLM_THREADS;
@@ -129,9 +97,7 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
         for (int b = 0; b < n; ++b)
             for (int sub = p.pair_lanes - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
                 threadIdx.x = sub;
-                VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
-                vllm_gather_row(p, true, g, b, sub, p.pair_lanes, e);
-                emu_merge(all, e);
+                vllm_gather_row(p, true, g, b, sub, p.pair_lanes);
             }
     if (all.mask) {
         p.errors[0] |= all.mask;
