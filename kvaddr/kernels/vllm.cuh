@@ -367,7 +367,7 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
 // error is detected here (vllm_request_row checks num_blocks).
 __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
                                                  int lanes) {
-    int nbc = 0, first = 0, fill = 0, spec = 0;
+    int nbc = 0, first = 0, fill = 0, spec = 0, nb = 0, cap = 0;
     int* __restrict__ out = 0;
     int* __restrict__ fill_at = 0;
     const int* __restrict__ src = 0;
@@ -384,7 +384,7 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
         // load before the row's block ids, a fourth in all.)
         const bool rok = r >= 0 && r < p.max_num_reqs;
         const int rr = rok ? (int)r : 0;
-        const int nb = vllm_pick(p.num_blocks, g)[rr];
+        nb = vllm_pick(p.num_blocks, g)[rr];
         const int nct = p.num_computed_tokens[rr];
         src = vllm_pick(p.block_table, g) + (long long)rr * vllm_pick(p.table_stride, g);
         const bool good = rok && nct >= 0 && q0 >= 0 && q1 >= q0;
@@ -398,20 +398,23 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
         // request), within the first chunk and the width: loaded below before num_blocks arrives.
         if (good) {
             const long long pages = ((long long)nct + ((long long)q1 - q0) + B - 1) / B;
-            const int cap = W < VLLM_GATHER_LOADS * lanes ? W : VLLM_GATHER_LOADS * lanes;
-            spec = pages < cap ? (int)pages : cap;
+            const int chunk = W < VLLM_GATHER_LOADS * lanes ? W : VLLM_GATHER_LOADS * lanes;
+            spec = pages < chunk ? (int)pages : chunk;
         }
-        nbc = good ? (nb < 0 ? 0 : (nb > W ? W : nb)) : 0;
+        cap = good ? W : 0;  // what num_blocks is clamped to
     }
     // num_blocks (possibly pinned host memory read through UVA, a PCIe round trip) decides how many
     // entries the row has; the first chunk's entries below `spec` (columns inside the row: in
-    // bounds) are loaded before it is compared, so its latency overlaps the block-table read.
+    // bounds) are loaded before it is compared, so its latency overlaps the block-table read. Its
+    // clamp is written after those loads and outside the branch above: computed inside it, ptxas
+    // placed the comparison (a wait on the num_blocks load) before the table loads.
     int v0[VLLM_GATHER_LOADS];
 #pragma unroll
     for (int k = 0; k < VLLM_GATHER_LOADS; ++k) {
         const int j = lanes * k + sub;
         v0[k] = (j < spec && j >= first) ? src[j] : 0;
     }
+    nbc = min(max(nb, 0), cap);
     // Entries [0, max(nbc, fill)): VLLM_GATHER_LOADS loads in flight per lane before any store.
     const int end = nbc > fill ? nbc : fill;
     for (int j0 = 0; j0 < end; j0 += VLLM_GATHER_LOADS * lanes) {
