@@ -17,9 +17,11 @@
 //   * for a prefill (n > dsa_decode_len), its seq_len = seq_lens_decoder + n, whose prefix over the
 //     prefills is the request's ks (cu_seq_lens over the prefills);
 //   * for a prefill, 1: its ordinal among the prefills, where block 0 writes cu_seq_lens.
-// The tile's token ends, seq_lens_decoder and ks are staged in shared memory; then each thread
-// takes the block's tokens that the tile's requests hold (one a thread, T apart) and finds each
-// token's request by a binary search of the staged ends (the first end past the token). A block
+// The tile's token ends and each thread's prefill prefix are staged in shared memory; then each
+// thread takes the block's tokens that the tile's requests hold (one a thread, T apart), finds each
+// token's request by a binary search of the staged ends (the first end past the token), and reads
+// that request's loading thread's requests again (cached loads, all in flight) for its
+// seq_lens_decoder and its ks (the staged prefix plus the prefills before it). A block
 // other than block 0 stops after the tile that reaches its last token (it needs only the prefix up
 // to its tokens); block 0 scans the whole batch for cu_seq_lens. For token t of request b
 // at position p = seq_lens_decoder + (t - start), slot s in cache dsa_cache (blk = s / B,
@@ -30,10 +32,11 @@
 // token blocks record those errors, the DSA blocks record none). Tokens [min(total, C), C) of the
 // block are padding (-1, -1, 0, 0, 0); block 0 writes cu_seq_lens[P .. max_requests] = the total of
 // the P prefills' seq_lens. Every element of every DSA output is written on every launch. Shared
-// memory: the tile's staged prefixes and the block scan's warp totals.
+// memory: the tile's staged prefixes and the block scan's warp totals (12.4 KB: the step kernels'
+// own shared memory and this fit the 48 KB of static shared memory).
 
 #define KV_DSA_R 8        // requests a thread loads per tile (all loads in flight)
-#define KV_DSA_TILE 2048  // requests per tile at most (the staged prefixes' length)
+#define KV_DSA_TILE 2048  // requests per tile at most (the staged ends)
 // The widest block of the DSA instantiations of step_small and step_wide: the dispatch table
 // launches them with at most 256 threads (kvaddr/dispatch.py), so their launch bounds leave the
 // DSA blocks the registers they need (the kernels without DSA keep theirs).
@@ -41,8 +44,7 @@
 
 struct KvDsaShared {
     int end[KV_DSA_TILE];  // the tile's requests: token prefix at their end (saturating)
-    int dec[KV_DSA_TILE];  // seq_lens_decoder (0 for a bad request)
-    int ks[KV_DSA_TILE];   // ks of a prefill, -1 for a decode or a bad request
+    int ks[1024];          // per thread of the tile: the prefills' seq_len prefix before its requests
     int sums[3][32];       // per warp: tokens, prefill seq_lens, prefills
 };
 
@@ -144,16 +146,14 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
         int start = kv_sat_add(carry_tok, kv_sat_add(b1, e1));
         int ks = kv_sat_add(carry_pre, kv_sat_add(b2, e2));
         int ord = carry_cnt + b3 + e3;
+        s.ks[tid] = ks;
 #pragma unroll
         for (int u = 0; u < KV_DSA_R; ++u) {
             if (u < r) {
                 const bool bad = (d[u] < 0) | (n[u] < 0);
                 const bool pre = !bad && n[u] > thr;
                 start = kv_sat_add(start, bad ? 0 : n[u]);
-                const int j = tid * r + u;
-                s.end[j] = start;
-                s.dec[j] = bad ? 0 : d[u];
-                s.ks[j] = pre ? ks : -1;
+                s.end[tid * r + u] = start;
                 if (pre) {
                     if (k == 0 && ord < p.dsa_cu_len) p.dsa_cu_seq_lens[ord] = ks;
                     ks = kv_sat_add(ks, kv_sat_add(d[u], n[u]));
@@ -174,7 +174,31 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
                 else a = m + 1;
             }
             const int st = a > 0 ? s.end[a - 1] : carry_tok;
-            kv_dsa_token(p, t, base + a, s.dec[a], st, s.ks[a], table, stride, width, B);
+            // request a's seq_lens_decoder and ks: its loading thread's requests again (cached
+            // loads, all in flight), ks after that thread's staged prefix
+            const int i = a / r, u0 = a - i * r, rb = base + i * r;
+            int dd[KV_DSA_R], nn[KV_DSA_R];
+#pragma unroll
+            for (int u = 0; u < KV_DSA_R; ++u) {
+                dd[u] = nn[u] = 0;
+                if (u <= u0) {
+                    dd[u] = p.seq_lens_decoder[rb + u];
+                    nn[u] = p.seq_lens_this_time[rb + u];
+                }
+            }
+            int kr = s.ks[i], dr = 0;
+            bool pr = false;
+#pragma unroll
+            for (int u = 0; u < KV_DSA_R; ++u) {
+                const bool bad = (dd[u] < 0) | (nn[u] < 0);
+                const bool pre = !bad && nn[u] > thr;
+                if (u < u0 && pre) kr = kv_sat_add(kr, kv_sat_add(dd[u], nn[u]));
+                if (u == u0) {
+                    dr = dd[u];
+                    pr = pre;
+                }
+            }
+            kv_dsa_token(p, t, base + a, dr, st, pr ? kr : -1, table, stride, width, B);
         }
         __syncthreads();  // the staged prefixes and warp totals read before the next tile writes them
         carry_tok = tile_end;

@@ -6,8 +6,9 @@ geometry ``(blocks, threads)`` the planner chose, and writes the DSA outputs the
 second row is ``blocks`` DSA blocks; block k owns the tokens ``[k * per, min((k + 1) * per, C))``
 with ``per = ceil(C / blocks)``; it walks the requests ``threads * r`` at a time (``r = min(8,
 2048 // threads)``), carrying three saturating prefixes (tokens, the prefills' seq_lens, the
-prefills' count) from tile to tile; it stages each tile's token ends, seq_lens_decoder and ks, and
-finds the request of each of its tokens the tile holds by a binary search of the staged ends; a
+prefills' count) from tile to tile; it stages each tile's token ends and each thread's prefill prefix,
+finds the request of each of its tokens the tile holds by a binary search of the staged ends, and
+that request's ks from its loading thread's staged prefix and requests; a
 block other than block 0 stops after the tile that reaches its last token; then the block pads its
 tokens past the total; block 0 writes ``cu_seq_lens``. Returns how many
 times each token was written (every token exactly once over the blocks).
@@ -56,7 +57,8 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
     ke_out = _view(P.dsa_ke, C)
     ctx_out = _view(P.dsa_ctx, C)
     cu_out = _view(P.dsa_cu_seq_lens, P.dsa_cu_len)
-    tile = threads * min(KV_DSA_R, KV_DSA_TILE // threads)
+    r = min(KV_DSA_R, KV_DSA_TILE // threads)
+    tile = threads * r
     per = -(-C // blocks)
     writes = np.zeros(C, np.int64)
     for k in range(blocks):
@@ -75,9 +77,8 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
             lens = [_sat(a, c) if p else 0 for a, c, p in zip(d, n, pre)]
             start, tile_end = _excl_sat(ne, carry_tok)
             ends = start[1:] + [tile_end]  # the staged token ends
-            staged_dec = [0 if bd else a for bd, a in zip(bad, d)]
             ks, pre_end = _excl_sat(lens, carry_pre)
-            staged_ks = [k_ if p else -1 for k_, p in zip(ks, pre)]
+            staged_ks = ks[::r]  # each thread's prefix before its requests
             ordinal = carry_cnt
             for j in range(count):
                 if k == 0 and pre[j] and ordinal < P.dsa_cu_len:
@@ -92,7 +93,11 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
                     else:
                         a = m + 1
                 st = ends[a - 1] if a > 0 else carry_tok
-                _token(P, t, base + a, staged_dec[a], st, staged_ks[a], writes, g, width, B, V, S)
+                i, u0 = divmod(a, r)  # request a's loading thread: its requests again, up to a
+                kr = staged_ks[i]
+                for j in range(i * r, a):
+                    kr = _sat(kr, lens[j]) if pre[j] else kr
+                _token(P, t, base + a, d[a], st, kr if pre[a] else -1, writes, g, width, B, V, S)
             carry_tok, carry_pre, carry_cnt = tile_end, pre_end, ordinal
         for t in range(max(lo, min(carry_tok, C)), hi):
             writes[t] += 1
