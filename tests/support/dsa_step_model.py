@@ -20,7 +20,6 @@ import numpy as np
 
 from tests.support.meta_kernel_model import _sat, _view
 
-
 #: Requests a thread loads per tile and requests per tile at most (dsa_step.cuh's KV_DSA_R, KV_DSA_TILE).
 KV_DSA_R = 8
 KV_DSA_TILE = 2048
@@ -93,7 +92,7 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
                     else:
                         a = m + 1
                 st = ends[a - 1] if a > 0 else carry_tok
-                i, u0 = divmod(a, r)  # request a's loading thread: its requests again, up to a
+                i = a // r  # request a's loading thread: its requests again, up to a
                 kr = staged_ks[i]
                 for j in range(i * r, a):
                     kr = _sat(kr, lens[j]) if pre[j] else kr
