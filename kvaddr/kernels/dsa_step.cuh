@@ -19,7 +19,8 @@
 //   * for a prefill, 1: its ordinal among the prefills, where block 0 writes cu_seq_lens.
 // The tile's token ends and each thread's prefill prefix are staged in shared memory; then each
 // thread takes the block's tokens that the tile's requests hold (one a thread, T apart), finds each
-// token's request by a binary search of the staged ends (the first end past the token), and reads
+// token's request by a binary search of the staged ends (the first end past the token; directly
+// when every request of the tile runs one token: token carry + i is request i), and reads
 // that request's loading thread's requests again (cached loads, all in flight) for its
 // seq_lens_decoder and its ks (the staged prefix plus the prefills before it). A block
 // other than block 0 stops after the tile that reaches its last token (it needs only the prefix up
@@ -163,12 +164,15 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
         }
         const int tile_end = kv_sat_add(carry_tok, t1);
         const int count = min(tile, bsz - base);
-        __syncthreads();
+        bool unit = true;  // this thread's requests each run one token (a decode step)
+#pragma unroll
+        for (int u = 0; u < KV_DSA_R; ++u) unit &= !(u < r && first + u < bsz) || (n[u] == 1 && d[u] >= 0);
+        unit = __syncthreads_and(unit);  // (the staged prefixes written) every request of the tile runs one token
         // the block's tokens this tile's requests hold: [max(lo, carry_tok), min(hi, tile_end))
 #pragma unroll 1
         for (int t = max(lo, carry_tok) + tid; t < min(hi, tile_end); t += T) {
-            int a = 0, z = count - 1;  // the first staged end past t (one exists: tile_end > t)
-            while (a < z) {
+            int a = unit ? t - carry_tok : 0, z = unit ? a : count - 1;  // the first staged end past t
+            while (a < z) {  // (one exists: tile_end > t)
                 const int m = (a + z) >> 1;
                 if (s.end[m] > t) z = m;
                 else a = m + 1;

@@ -78,13 +78,16 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
             ends = start[1:] + [tile_end]  # the staged token ends
             ks, pre_end = _excl_sat(lens, carry_pre)
             staged_ks = ks[::r]  # each thread's prefix before its requests
+            unit = all(c == 1 and a >= 0 for a, c in zip(d, n))
             ordinal = carry_cnt
             for j in range(count):
                 if k == 0 and pre[j] and ordinal < P.dsa_cu_len:
                     cu_out[ordinal] = ks[j]
                 ordinal += 1 if pre[j] else 0
             for t in range(max(lo, carry_tok), min(hi, tile_end)):
-                a, z = 0, count - 1  # binary search: the first staged end past t
+                # binary search: the first staged end past t (direct when every request runs one token)
+                a = t - carry_tok if unit else 0
+                z = a if unit else count - 1
                 while a < z:
                     m = (a + z) >> 1
                     if ends[m] > t:
