@@ -16,22 +16,23 @@
 //     request's first token (the step's cu_seqlens_q, saturating as the step's);
 //   * for a prefill (n > dsa_decode_len), its seq_len = seq_lens_decoder + n, whose prefix over the
 //     prefills is the request's ks (cu_seq_lens over the prefills);
-//   * for a prefill, 1: its ordinal among the prefills, where block 0 writes cu_seq_lens.
+//   * for a prefill, 1: its ordinal among the prefills, where the last block writes cu_seq_lens.
 // The tile's token ends and each thread's prefill prefix are staged in shared memory; then each
 // thread takes the block's tokens that the tile's requests hold (one a thread, T apart), finds each
 // token's request by a binary search of the staged ends (the first end past the token; directly
 // when every request of the tile runs one token: token carry + i is request i), and reads
 // that request's loading thread's requests again (cached loads, all in flight) for its
 // seq_lens_decoder and its ks (the staged prefix plus the prefills before it). A block
-// other than block 0 stops after the tile that reaches its last token (it needs only the prefix up
-// to its tokens); block 0 scans the whole batch for cu_seq_lens. For token t of request b
+// other than the last stops after the tile that reaches its last token (it needs only the prefix
+// up to its tokens); the last block, whose tokens end the range, scans the whole batch for
+// cu_seq_lens. For token t of request b
 // at position p = seq_lens_decoder + (t - start), slot s in cache dsa_cache (blk = s / B,
 // off = s % B):
 //   ctx = p + 1;  ks / ke = the prefill's ks and ks + p + 1 (0 and 0 for a decode token);
 //   value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S
 // (-1 and -1 when the token's block index is past the row or its block id is negative: the step's
 // token blocks record those errors, the DSA blocks record none). Tokens [min(total, C), C) of the
-// block are padding (-1, -1, 0, 0, 0); block 0 writes cu_seq_lens[P .. max_requests] = the total of
+// block are padding (-1, -1, 0, 0, 0); the last block writes cu_seq_lens[P .. max_requests] = the total of
 // the P prefills' seq_lens. Every element of every DSA output is written on every launch. Shared
 // memory: the tile's staged prefixes and the block scan's warp totals (12.4 KB: the step kernels'
 // own shared memory and this fit the 48 KB of static shared memory).
@@ -85,7 +86,7 @@ __device__ __forceinline__ void kv_dsa_pad(const KvStepParams& p, int t) {
 __device__ void kv_dsa_block(const KvStepParams& p) {
     __shared__ KvDsaShared s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x, warps = T >> 5;
-    const int k = blockIdx.x, nb = gridDim.x, bsz = p.bsz, C = p.capacity, thr = p.dsa_decode_len;
+    const int k = blockIdx.x, nb = gridDim.x, last = nb - 1, bsz = p.bsz, C = p.capacity, thr = p.dsa_decode_len;
     const int per = (int)(((i64)C + nb - 1) / nb);
     const int lo = (int)min((i64)k * per, (i64)C), hi = (int)min((i64)lo + per, (i64)C);
     const int r = min(KV_DSA_R, KV_DSA_TILE / T), tile = T * r;  // requests per thread, per tile
@@ -96,7 +97,7 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
     int carry_tok = 0, carry_pre = 0, carry_cnt = 0;
 #pragma unroll 1
     for (int base = 0; base < bsz; base += tile) {
-        if (k != 0 && (carry_tok >= hi || lo >= hi)) break;  // (uniform) no token of this block left
+        if (k != last && (carry_tok >= hi || lo >= hi)) break;  // (uniform) no token of this block left
         const int first = base + tid * r;      // this thread's first request
         int d[KV_DSA_R], n[KV_DSA_R];
 #pragma unroll
@@ -156,7 +157,7 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
                 start = kv_sat_add(start, bad ? 0 : n[u]);
                 s.end[tid * r + u] = start;
                 if (pre) {
-                    if (k == 0 && ord < p.dsa_cu_len) p.dsa_cu_seq_lens[ord] = ks;
+                    if (k == last && ord < p.dsa_cu_len) p.dsa_cu_seq_lens[ord] = ks;
                     ks = kv_sat_add(ks, kv_sat_add(d[u], n[u]));
                     ++ord;
                 }
@@ -210,6 +211,6 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
         carry_cnt += t3;
     }
     for (int t = max(lo, min(carry_tok, C)) + tid; t < hi; t += T) kv_dsa_pad(p, t);
-    if (k == 0)
+    if (k == last)
         for (int i = carry_cnt + tid; i < p.dsa_cu_len; i += T) p.dsa_cu_seq_lens[i] = carry_pre;
 }

@@ -9,8 +9,8 @@ with ``per = ceil(C / blocks)``; it walks the requests ``threads * r`` at a time
 prefills' count) from tile to tile; it stages each tile's token ends and each thread's prefill prefix,
 finds the request of each of its tokens the tile holds by a binary search of the staged ends, and
 that request's ks from its loading thread's staged prefix and requests; a
-block other than block 0 stops after the tile that reaches its last token; then the block pads its
-tokens past the total; block 0 writes ``cu_seq_lens``. Returns how many
+block other than the last stops after the tile that reaches its last token; then the block pads its
+tokens past the total; the last block writes ``cu_seq_lens``. Returns how many
 times each token was written (every token exactly once over the blocks).
 """
 
@@ -65,8 +65,8 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
         hi = min(lo + per, C)
         carry_tok = carry_pre = carry_cnt = 0
         for base in range(0, bsz, tile):
-            if k != 0 and (carry_tok >= hi or lo >= hi):
-                break  # the block stops once its tokens are placed (block 0 scans all for cu_seq_lens)
+            if k != blocks - 1 and (carry_tok >= hi or lo >= hi):
+                break  # the block stops once its tokens are placed (the last scans all for cu_seq_lens)
             count = min(tile, bsz - base)
             d = [int(x) for x in dec[base : base + count]]
             n = [int(x) for x in q[base : base + count]]
@@ -81,7 +81,7 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
             unit = all(c == 1 and a >= 0 for a, c in zip(d, n))
             ordinal = carry_cnt
             for j in range(count):
-                if k == 0 and pre[j] and ordinal < P.dsa_cu_len:
+                if k == blocks - 1 and pre[j] and ordinal < P.dsa_cu_len:
                     cu_out[ordinal] = ks[j]
                 ordinal += 1 if pre[j] else 0
             for t in range(max(lo, carry_tok), min(hi, tile_end)):
@@ -105,7 +105,7 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
             writes[t] += 1
             value[t] = scale[t] = -1
             ctx_out[t] = ks_out[t] = ke_out[t] = 0
-        if k == 0:
+        if k == blocks - 1:
             cu_out[carry_cnt:] = carry_pre
     return writes
 
