@@ -688,7 +688,7 @@ union KvSharedAll {
 template <typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_THREADS, DSA ? 1 : 2) step_multiblock(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
-        kv_dsa_block<16>(params);
+        kv_dsa_block(params);
         return;
     }
     const KvStepParams& p = params;
@@ -1269,7 +1269,7 @@ __device__ __forceinline__ void kv_wide_tokens_records(const KvStepParams& p) {
 template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_SB_THREADS, 1) step_small(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
-        kv_dsa_block<1>(params);
+        kv_dsa_block(params);
         return;
     }
     KvStepParams r;
@@ -1283,7 +1283,7 @@ __global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_SB_THREADS, 1)
 template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
-        kv_dsa_block<1>(params);
+        kv_dsa_block(params);
         return;
     }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;  // C <= 2^31 - 2: C + T - 1 < 2^32
@@ -1301,7 +1301,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvSt
 template <int G, typename PosT, int R, bool DSA = false>
 __global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_W_MAX / R, 1) step_wide(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
-        kv_dsa_block<R>(params);
+        kv_dsa_block(params);
         return;
     }
     KvStepParams r;
@@ -1315,7 +1315,7 @@ __global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_W_MAX / R, 1) 
 template <int G, typename PosT, bool DSA = false>
 __global__ void __launch_bounds__(KV_W_MAX / 4, 1) step_wide_attention(const KvStepParams params) {
     if (DSA && blockIdx.y != 0) {  // the DSA blocks (dsa_step.cuh): the second grid row (DSA kernels only)
-        kv_dsa_block<1>(params);
+        kv_dsa_block(params);
         return;
     }
     const unsigned int T = blockDim.x, C = (unsigned int)params.capacity;

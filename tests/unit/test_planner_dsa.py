@@ -20,7 +20,7 @@ from kvaddr.dsa_reference import indexer_cache_offsets, indexer_metadata
 from kvaddr.outputs import DSA_FIELDS
 from kvaddr.reference import step_addressing
 from tests.support.dsa_cases import dsa_case
-from tests.support.dsa_step_model import per_thread, run_dsa_blocks
+from tests.support.dsa_step_model import run_dsa_blocks
 from tests.support.meta_kernel_model import _view
 
 
@@ -98,7 +98,7 @@ def fake_planner(monkeypatch):
             _view(P.batch_id_per_token, P.capacity)[:] = ref.outputs.batch_id_per_token
             if grid_y == 2:
                 assert self.fn.endswith(", true>"), self.fn  # the kernel's DSA instantiation
-                writes = run_dsa_blocks(P, grid, block, per_thread(self.fn))
+                writes = run_dsa_blocks(P, grid, block)
                 assert (writes == 1).all(), np.flatnonzero(writes != 1)[:8]  # every token once
             launches.append((self.fn, grid, block, grid_y))
 
