@@ -140,25 +140,56 @@ __device__ __forceinline__ int vdraft_len(const VllmDraftParams& p, const Vdraft
     return (int)(s < p.max_model_len ? s : (long long)p.max_model_len);
 }
 
-// Group g's slot of position pos (0 <= pos < 2^31) in row r, with its errors at (step, b, g).
-__device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g, long long r, long long pos, int step,
-                                                 int b, VllmErr& err) {
-    const int flags = vllm_pick(p.group_flags, g);
-    if (!(flags & VLLM_GROUP_SLOTS)) return -1;
+// Group g's table column idx and offset off of position pos (0 <= pos < 2^31): false for another
+// DCP rank's token (slot -1, no lookup). A power-of-two B (the usual case) divides by a shift.
+__device__ __forceinline__ bool vdraft_locate(const VllmDraftParams& p, int g, long long pos, unsigned int& idx,
+                                              unsigned int& off) {
     const unsigned int up = (unsigned int)pos;
     const unsigned int B = (unsigned int)vllm_pick(p.block_size, g);
-    unsigned int idx, off;
-    if (p.cp_size > 1 && (flags & VLLM_GROUP_SHARDED)) {
+    if (p.cp_size > 1 && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED)) {
         const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
         const unsigned int vbs = B * cp;
         idx = up / vbs;
         const unsigned int vo = up - idx * vbs;
-        if (((vo / il) % cp) != (unsigned int)p.cp_rank) return -1;  // another rank's token
         off = (vo / (il * cp)) * il + vo % il;
+        return ((vo / il) % cp) == (unsigned int)p.cp_rank;  // else another rank's token
+    }
+    if ((B & (B - 1u)) == 0u) {
+#ifdef __CUDA_ARCH__
+        idx = up >> (__ffs((int)B) - 1);
+#else
+        idx = up >> __builtin_ctz(B);
+#endif
+        off = up & (B - 1u);
     } else {
         idx = up / B;
         off = up - idx * B;
     }
+    return true;
+}
+
+// Group g's slot from its column idx (< width), offset off, the table entry blk and the row's
+// num_blocks nb, with its errors at (step, b, g).
+__device__ __forceinline__ long long vdraft_slot_of(const VllmDraftParams& p, int g, unsigned int idx,
+                                                    unsigned int off, int blk, long long nb, int step, int b,
+                                                    VllmErr& err) {
+    if ((long long)idx >= nb) {
+        err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, step, b, g);
+        return -1;
+    }
+    if (blk < 0) {
+        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, step, b, g);
+        return -1;
+    }
+    return (long long)blk * vllm_pick(p.block_size, g) + off;
+}
+
+// Group g's slot of position pos (0 <= pos < 2^31) in row r, with its errors at (step, b, g).
+__device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g, long long r, long long pos, int step,
+                                                 int b, VllmErr& err) {
+    if (!(vllm_pick(p.group_flags, g) & VLLM_GROUP_SLOTS)) return -1;
+    unsigned int idx, off;
+    if (!vdraft_locate(p, g, pos, idx, off)) return -1;
     const int W = vllm_pick(p.width, g);
     if ((long long)idx >= (long long)W) {
         err.add(VLLM_ERR_BLOCK_INDEX, 0, step, b, g);
@@ -168,15 +199,7 @@ __device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g
     const int blk = vdraft_ld(vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g) + idx);
     const int* nbp = vllm_pick(p.num_blocks, g);
     const long long nb = nbp ? (long long)vdraft_ld(nbp + r) : (long long)W;
-    if ((long long)idx >= nb) {
-        err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, step, b, g);
-        return -1;
-    }
-    if (blk < 0) {
-        err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, step, b, g);
-        return -1;
-    }
-    return (long long)blk * B + off;
+    return vdraft_slot_of(p, g, idx, off, blk, nb, step, b, err);
 }
 
 // Row b < max_num_reqs of draft step j (1-based) for request facts q: position, seq_len, DCP
@@ -214,17 +237,86 @@ __device__ __forceinline__ VdraftReq vdraft_row_request(const VllmDraftParams& p
     return q;
 }
 
+// Draft steps per pass of vdraft_row: a pass holds its steps' positions and table entries in
+// registers.
+#define VDRAFT_STEP_CHUNK 4
+
 // Batch row b in [0, max_num_reqs]: last_token_indices[b] and, for every draft step, its
-// query_start_loc entry, position, seq_len, DCP local length and each group's slot.
+// query_start_loc entry, position, seq_len, DCP local length and each group's slot. Per pass of
+// up to VDRAFT_STEP_CHUNK steps: every position first (arithmetic), then every group's num_blocks
+// and table entries loaded into registers (independent loads, all issued before any store), then
+// the checks and the stores.
 __device__ __forceinline__ void vdraft_row(const VllmDraftParams& p, int b, VllmErr& err) {
-    const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps;
+    const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps, G = p.num_groups;
     const int qn = b < n ? b : n;
-    for (int j = 0; j < S; ++j) p.query_start_loc_out[(long long)j * (M + 1) + b] = qn;
-    if (b >= M) return;
+    if (b >= M) {
+        for (int j = 0; j < S; ++j) p.query_start_loc_out[(long long)j * (M + 1) + b] = qn;
+        return;
+    }
     const VdraftReq q = vdraft_row_request(p, b, true, err);
+    const bool live = q.status == 0;
+    long long nb[VLLM_MAX_GROUPS];  // each group's num_blocks of the row (loaded once)
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+        const int* nbp = vllm_pick(p.num_blocks, g);
+        nb[g] = (long long)vllm_pick(p.width, g);
+        if (g < G && live && nbp) nb[g] = (long long)vdraft_ld(nbp + q.r);
+    }
+    for (int j0 = 1; j0 <= S; j0 += VDRAFT_STEP_CHUNK) {
+        long long pos[VDRAFT_STEP_CHUNK];
+        int len[VDRAFT_STEP_CHUNK];
+#pragma unroll
+        for (int c = 0; c < VDRAFT_STEP_CHUNK; ++c) {
+            const int j = j0 + c;
+            pos[c] = 0;
+            len[c] = 0;
+            if (live) {
+                const long long v = q.base - 1 + j;
+                pos[c] = v < p.max_model_len - 1 ? v : (long long)p.max_model_len - 1;
+                len[c] = vdraft_len(p, q, j);
+            }
+        }
+        // the lookups: column, offset and table entry of every (group, step), loads only
+        unsigned int idx[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK], off[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK];
+        int blk[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK];
+        unsigned int state[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK];  // 0: -1 (no slot); 1: bad column; 2: looked up
+#pragma unroll
+        for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+            const bool on = g < G && live && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SLOTS);
+            const int W = vllm_pick(p.width, g);
+            const int* row = vllm_pick(p.block_table, g) + (on ? q.r * vllm_pick(p.table_stride, g) : 0);
+#pragma unroll
+            for (int c = 0; c < VDRAFT_STEP_CHUNK; ++c) {
+                idx[g][c] = off[g][c] = 0u;
+                blk[g][c] = -1;
+                state[g][c] = 0u;
+                if (on && j0 + c <= S && vdraft_locate(p, g, pos[c], idx[g][c], off[g][c])) {
+                    state[g][c] = (long long)idx[g][c] < (long long)W ? 2u : 1u;
+                    if (state[g][c] == 2u) blk[g][c] = vdraft_ld(row + idx[g][c]);
+                }
+            }
+        }
+        // the stores
+#pragma unroll
+        for (int c = 0; c < VDRAFT_STEP_CHUNK; ++c) {
+            const int j = j0 + c;
+            if (j > S) break;
+            const long long at = (long long)(j - 1) * M + b;
+            p.query_start_loc_out[(long long)(j - 1) * (M + 1) + b] = qn;
+            p.positions[at] = pos[c];
+            p.seq_lens_out[at] = len[c];
+            p.dcp_local_seq_lens[at] = vdraft_dcp_len(p, len[c]);
+#pragma unroll
+            for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
+                if (g >= G) break;
+                long long slot = -1;
+                if (state[g][c] == 1u) err.add(VLLM_ERR_BLOCK_INDEX, 0, j, b, g);
+                else if (state[g][c] == 2u) slot = vdraft_slot_of(p, g, idx[g][c], off[g][c], blk[g][c], nb[g], j, b, err);
+                p.slot_mappings[((long long)(j - 1) * G + g) * M + b] = slot;
+            }
+        }
+    }
     p.last_token_indices[b] = q.status != 2 ? q.qe - q.rej - 1 : 0;  // qs + L - 1, L = (qe - qs) - num_rejected
-#pragma unroll 4
-    for (int j = 1; j <= S; ++j) vdraft_row_step(p, b, j, q, true, err);
 }
 
 // Column t < max_tokens of the first draft forward's slot mappings: the verify step's slot,

@@ -42,6 +42,13 @@ def _inputs(workload, batch: int, rng):
     return dec, acc, [by_size[B] for B in workload.block_sizes]
 
 
+def _host(out, stream) -> dict:
+    """``out``'s fields on the host once ``stream`` (the launches') is done: ``get()`` copies on
+    CuPy's current stream, which does not wait for a non-blocking stream."""
+    stream.synchronize()
+    return {f: getattr(out, f).get() for f in OUTPUT_FIELDS}
+
+
 def _event_time(fn, stream, samples: int) -> list:
     import cupy
 
@@ -92,11 +99,10 @@ def measure(workload, batches, budget_s: float = 1.0, device: int = 0) -> dict:
                 fd = None
             else:
                 fd = FastDeployMtp(max(batch, 1), C, sizes, k, device=device)
-                want = one()
-                want = {f: getattr(want, f).get() for f in OUTPUT_FIELDS}
-                got = fd.run(dec, acc, tables, stream=stream)
+                want = _host(one(), stream)
+                got = _host(fd.run(dec, acc, tables, stream=stream), stream)
                 for f in OUTPUT_FIELDS:
-                    if not np.array_equal(getattr(got, f).get(), want[f]):
+                    if not np.array_equal(got[f], want[f]):
                         raise CheckFailed(f"FastDeploy's per-substep MTP design differs from the one launch in {f}")
             planner.check(stream)
             # samples: about budget_s per design, at least 10

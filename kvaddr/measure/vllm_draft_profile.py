@@ -121,7 +121,10 @@ def _graph_time(fn, stream, budget_s: float) -> float:
     return statistics.median(out)
 
 
-def _host(out, fields) -> dict:
+def _host(out, fields, stream) -> dict:
+    """``out``'s ``fields`` on the host once ``stream`` (the launches') is done: ``get()`` copies on
+    CuPy's current stream, which does not wait for a non-blocking stream."""
+    stream.synchronize()
     return {f: getattr(out, f).get() for f in fields}
 
 
@@ -167,9 +170,8 @@ def measure(options, spec_tokens: int, budget_s: float = 1.0, device: int = 0) -
                 kw = dict(attention=att, kv_indices_capacity=N) if att else {}
                 one = VllmDraftPlanner(**s, **kw, device=device)
                 per = VllmDraftPerStep(**s, **kw, device=device)
-                got_one = _host(one.compute(*args, stream=stream), fields)
-                got_per = _host(per.compute(*args, stream=stream), fields)
-                stream.synchronize()
+                got_one = _host(one.compute(*args, stream=stream), fields, stream)
+                got_per = _host(per.compute(*args, stream=stream), fields, stream)
                 for f in fields:
                     if not np.array_equal(got_one[f], got_per[f]):
                         raise CheckFailed(f"vLLM's per-draft-step design differs from the one launch in {f} ({text})")

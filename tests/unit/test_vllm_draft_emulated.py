@@ -175,3 +175,14 @@ def test_every_element_written_again(emu):
         for t, w in zip(small["inputs"]["block_tables"], big["settings"]["widths"])
     ]
     compare(run(planner, small), reference(small), "second call")
+
+
+@pytest.mark.parametrize("k", [6, 9, 10])
+@pytest.mark.parametrize("bad", [False, True])
+def test_more_draft_steps_than_one_pass_of_lookups(emu, k, bad):
+    """k - 1 draft steps past the four a pass of the row's lookups holds (two and three passes),
+    groups of power-of-two and other block sizes, rows reaching max_model_len."""
+    rng = np.random.default_rng(1000 + k)
+    case = draft_case(rng, num_reqs=9, max_num_reqs=12, k=k, block_sizes=(4, 3, 1), max_model_len=3 * k + 20)
+    label = corrupt(case, rng) if bad else "clean"
+    check_case(case, label)

@@ -6,6 +6,7 @@ launch against vLLM's per-draft-step design, then the timing) is in tests/gpu/te
 from __future__ import annotations
 
 import io
+import types
 
 import numpy as np
 import pytest
@@ -137,3 +138,31 @@ def test_measure_refuses_designs_that_differ(emulated, monkeypatch):
     monkeypatch.setattr(VllmDraftPerStep, "compute", off_by_one)
     with pytest.raises(CheckFailed, match="per-draft-step design differs from the one launch in positions"):
         vllm_draft_profile.measure(VllmProfileOptions(shapes=("decode:8",)), 2, budget_s=0.0)
+
+
+class _Recorder:
+    """A stream and output arrays that log the order of ``synchronize`` and ``get``."""
+
+    def __init__(self, fields):
+        self.log = []
+        for f in fields:
+            setattr(self, f, types.SimpleNamespace(get=lambda f=f: self.log.append(f"get {f}") or np.zeros(1)))
+
+    def synchronize(self):
+        self.log.append("synchronize")
+
+
+def test_outputs_are_read_after_the_launch_stream_is_done():
+    """The check reads the outputs only after the launches' stream finished: ``get()`` copies on
+    CuPy's current stream, which does not wait for the profiler's non-blocking stream."""
+    from kvaddr.measure import mtp_profile
+    from kvaddr.outputs import OUTPUT_FIELDS
+
+    rec = _Recorder(vllm_draft_profile.ADDRESSING)
+    got = vllm_draft_profile._host(rec, vllm_draft_profile.ADDRESSING, rec)
+    assert rec.log[0] == "synchronize" and len(rec.log) == 1 + len(vllm_draft_profile.ADDRESSING)
+    assert sorted(got) == sorted(vllm_draft_profile.ADDRESSING)
+    rec = _Recorder(OUTPUT_FIELDS)
+    got = mtp_profile._host(rec, rec)
+    assert rec.log[0] == "synchronize" and len(rec.log) == 1 + len(OUTPUT_FIELDS)
+    assert sorted(got) == sorted(OUTPUT_FIELDS)
