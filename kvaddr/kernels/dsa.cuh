@@ -47,6 +47,11 @@
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
 #define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
+// 1: the plain form stages the table prefix in shared memory as the compacting form does (one
+// barrier; the lookups then read shared memory); 0: it looks up through the read-only path (L1 /
+// L2) with no barrier before its stores, in fewer registers (48: five 256-thread blocks per SM
+// without spills, where staging spills at that bound), so more rows are in flight per SM.
+#define KV_DSA_PLAIN_STAGES 0
 
 // The conversion's one parameter, passed by value; mirrored by kvaddr/dsa.py's DsaTopkParams
 // (ctypes; tests/unit/test_dsa_kernel.py checks the layout). Pointers, then 8-byte, then 4-byte.
@@ -509,11 +514,12 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
 // The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
-__global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : 5) dsa_topk_slots(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, (COMPACT || KV_DSA_PLAIN_STAGES) ? 4 : 5) dsa_topk_slots(const KvDsaTopkParams p) {
     __shared__ DsaShared sm;
     DsaLane<VEC> ln;
-    dsa_begin<VEC, COMPACT>(p, sm, ln);
-    if (COMPACT) __syncthreads();  // the staged table rows
+    constexpr bool STAGE = COMPACT || KV_DSA_PLAIN_STAGES;
+    dsa_begin<VEC, STAGE>(p, sm, ln);
+    if (STAGE) __syncthreads();  // the staged table rows
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         dsa_chunk_load<COMPACT, VEC>(p, sm, ln, c);
