@@ -52,6 +52,13 @@
 // L2) with no barrier before its stores, in fewer registers (48: five 256-thread blocks per SM
 // without spills, where staging spills at that bound), so more rows are in flight per SM.
 #define KV_DSA_PLAIN_STAGES 0
+// Blocks per SM the plain form is compiled for (48 registers on sm_90; sm_80's code spills at that
+// bound, so there 64 registers and four blocks).
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900) || KV_DSA_PLAIN_STAGES
+#define KV_DSA_PLAIN_BLOCKS 4
+#else
+#define KV_DSA_PLAIN_BLOCKS 5
+#endif
 
 // The conversion's one parameter, passed by value; mirrored by kvaddr/dsa.py's DsaTopkParams
 // (ctypes; tests/unit/test_dsa_kernel.py checks the layout). Pointers, then 8-byte, then 4-byte.
@@ -514,7 +521,7 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
 // The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
-__global__ void __launch_bounds__(KV_THREADS, (COMPACT || KV_DSA_PLAIN_STAGES) ? 4 : 5) dsa_topk_slots(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : KV_DSA_PLAIN_BLOCKS) dsa_topk_slots(const KvDsaTopkParams p) {
     __shared__ DsaShared sm;
     DsaLane<VEC> ln;
     constexpr bool STAGE = COMPACT || KV_DSA_PLAIN_STAGES;
