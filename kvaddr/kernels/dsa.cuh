@@ -8,10 +8,12 @@
 // before any table lookup), so loads and plain stores are coalesced and vectorized. A row's first
 // chunk is loaded before the block's first barrier.
 //
-// Table: without DCP, the part of the token's table row that a valid position can reach (blocks
-// below min(ceil(ctx / B), W)) is staged in shared memory when it fits the row's share of
+// Table: compacting without DCP, the part of the token's table row that a valid position can reach
+// (blocks below min(ceil(ctx / B), W)) is staged in shared memory when it fits the row's share of
 // KV_DSA_TABLE entries (one barrier), so a lookup reads shared memory instead of one global gather
-// per entry; a longer row, and DCP, look up in global memory.
+// per entry; a longer row, DCP and the plain form look up in global memory through the read-only
+// path (the plain form has no barrier before its stores: a row's loads, lookups and stores are one
+// dependent chain per thread, the table row L1 / L2 resident).
 //
 // Short path (no DCP): an entry costs an unsigned compare with the context, a shift (a division
 // when B is not a power of two), a compare with the width, the lookup and a 64-bit multiply-add
@@ -45,6 +47,18 @@
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
 #define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
+// 1: the plain form stages the table prefix in shared memory as the compacting form does (one
+// barrier; the lookups then read shared memory); 0: it looks up through the read-only path (L1 /
+// L2) with no barrier before its stores, in fewer registers (48: five 256-thread blocks per SM
+// without spills, where staging spills at that bound), so more rows are in flight per SM.
+#define KV_DSA_PLAIN_STAGES 0
+// Blocks per SM the plain form is compiled for (48 registers on sm_90; sm_80's code spills at that
+// bound, so there 64 registers and four blocks).
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900) || KV_DSA_PLAIN_STAGES
+#define KV_DSA_PLAIN_BLOCKS 4
+#else
+#define KV_DSA_PLAIN_BLOCKS 5
+#endif
 
 // The conversion's one parameter, passed by value; mirrored by kvaddr/dsa.py's DsaTopkParams
 // (ctypes; tests/unit/test_dsa_kernel.py checks the layout). Pointers, then 8-byte, then 4-byte.
@@ -164,7 +178,9 @@ __device__ __forceinline__ int dsa_ro(const int* ptr) {
 template <int VEC>
 __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
 
-template <int VEC>
+// STAGE: stage the table prefix (the compacting form); the plain form reads the table through the
+// read-only path (L1 / L2): no staging loop and no barrier before its lookups.
+template <int VEC, bool STAGE>
 __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln) {
     const int shift = p.row_shift;
     ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
@@ -197,7 +213,7 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& s
     // width) in shared memory when it fits the row's share: the lookups then read shared memory,
     // not one global gather per entry. Without DCP only (DCP maps positions to local ones).
     ln.tabo = -1;
-    if (p.cp_size == 1 && ln.width > 0 && ln.ctx > 0) {
+    if (STAGE && p.cp_size == 1 && ln.width > 0 && ln.ctx > 0) {
         const int cap = KV_DSA_TABLE >> (KV_DSA_LOG2_THREADS - shift);
         const unsigned int pages = p.block_shift >= 0
             ? ((unsigned int)ln.ctx + (unsigned int)(p.block_size - 1)) >> p.block_shift
@@ -505,11 +521,12 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
 // The conversion: grid ceil(L * T / (KV_THREADS >> row_shift)) x 1, KV_THREADS threads.
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
-__global__ void __launch_bounds__(KV_THREADS, 4) dsa_topk_slots(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : KV_DSA_PLAIN_BLOCKS) dsa_topk_slots(const KvDsaTopkParams p) {
     __shared__ DsaShared sm;
     DsaLane<VEC> ln;
-    dsa_begin<VEC>(p, sm, ln);
-    __syncthreads();  // the staged table rows
+    constexpr bool STAGE = COMPACT || KV_DSA_PLAIN_STAGES;
+    dsa_begin<VEC, STAGE>(p, sm, ln);
+    if (STAGE) __syncthreads();  // the staged table rows
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         dsa_chunk_load<COMPACT, VEC>(p, sm, ln, c);
