@@ -152,30 +152,41 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
             const int base = base0 + w * KV_MTP_TILE;
             kv_mtp_load(dec, acc, base, min(KV_MTP_TILE, bsz - base), vec, od[w], oa[w]);
         }
+        int ol[KV_MTP_UNROLL][KV_MTP_ITEMS];  // kv length of each counted request (0 for the others)
 #pragma unroll
         for (int w = 0; w < KV_MTP_UNROLL; ++w) {
 #pragma unroll
             for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                 const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
+                ol[w][u] = 0;
                 if (b < bsz && (b < r_lo || b >= r_hi)) {
                     int dj, qj;
                     kv_mtp_lengths(od[w][u], oa[w][u], j, dj, qj);
                     const bool bad = (dj < 0) | (qj < 0);
                     const int n = bad ? 0 : qj, L = bad ? 0 : kv_sat_add_nn(dj, qj);
                     const bool before = b < r_lo;
+                    ol[w][u] = L;
                     if (before) o[KV_MTP_NB] += n; else o[KV_MTP_NA] += n;
                     if (varlen) {
                         if (before) o[KV_MTP_KB] += L;
                         o[KV_MTP_MQ] = max(o[KV_MTP_MQ], (i64)n);
                         o[KV_MTP_MK] = max(o[KV_MTP_MK], (i64)L);
                     }
-                    if (fi) {
+                }
+            }
+        }
+        // the page sums in a loop of their own, so a launch without them runs no code around them
+        if (fi) {
 #pragma unroll
-                        for (int g = 0; g < KV_MAX_CACHES; ++g) {
-                            if (g < G) {
-                                const int pgs = kv_pages(L, c.bs[g]);
-                                if (before) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
-                            }
+            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                if (g < G) {
+#pragma unroll
+                    for (int w = 0; w < KV_MTP_UNROLL; ++w) {
+#pragma unroll
+                        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                            const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
+                            const int pgs = kv_pages(ol[w][u], c.bs[g]);  // 0 for a request not counted
+                            if (b < r_lo) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
                         }
                     }
                 }
