@@ -190,19 +190,28 @@ class BoundDraftSteps:
         self._refs = refs
         self._outputs = outputs
         self._stream = None if stream is None else stream_handle(stream)
-        self._launcher = kernel_loader.Launcher(plan.launcher.fn, params, by_value=True)
+        self._launcher = launcher = kernel_loader.Launcher(plan.launcher.fn, params, by_value=True)
         self._grid = (plan.blocks, plan.threads, plan.k)
+        # One driver call per launch (as BoundStep.launch): cuLaunchKernel with the function,
+        # grid and kernelParams array fixed here (the driver copies the struct at launch).
+        self._fast = launcher._fast
+        if launcher.fast:
+            self._fast_args = (launcher._fptr, plan.blocks, plan.k, 1, plan.threads, 1, 1, 0)
+            self._params_ptr = launcher._params_ptr
 
     def launch(self, stream: Any = None) -> DraftOutputs:
         """Launch every substep (one kernel launch) on ``stream`` (the bound one, else CuPy's current)."""
-        if stream is not None:
-            handle = stream_handle(stream)
-        elif self._stream is not None:
+        if stream is None:
             handle = self._stream
+            if handle is None:
+                handle = stream_handle(None)
+        elif stream.__class__ is int:
+            handle = stream
         else:
-            import cupy
-
-            handle = cupy.cuda.get_current_stream().ptr
+            handle = stream_handle(stream)
+        if self._fast is not None:
+            self._fast(*self._fast_args, handle, self._params_ptr, 0)
+            return self._outputs
         blocks, threads, k = self._grid
         self._launcher(blocks, threads, handle, k)
         return self._outputs

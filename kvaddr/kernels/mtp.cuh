@@ -15,10 +15,10 @@
 // flight) and one block reduction (kv_mtp_others), so no block waits for another and no block
 // scans the batch tile by tile; with one block per substep there are no others and no pass. Its
 // own requests are scanned in tiles of KV_MTP_TILE (a warp scan with no barrier when a tile fits in
-// warp 0). Each request's first and last tokens' block ids are loaded before the scan, from its
-// own lengths: a request of 1..KV_MTP_DIRECT tokens within two table blocks of every cache (every
-// request of substep j >= 1, and decode rows of substep 0) is written by its own thread right after the scan; the tile's other tokens
-// are binary-searched after the barrier, which also votes whether there are any. The block owning
+// warp 0). The tile's tokens are written one per thread after the barrier (which also votes
+// whether there are any), each finding its request by a binary search of the tile's prefix: a
+// thread never writes another's requests' tokens in turn (with 4 requests a thread, that serial
+// chain of divisions and stores, and its code, dominated a small batch's time). The block owning
 // request bsz writes the totals (num_tokens, the prefix sums' last entries, the maxima). A
 // substep's lengths are derived from (seq_lens_decoder, accept_num) as they are loaded. The sums
 // are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the reference does.
@@ -120,13 +120,11 @@ __device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_
 #define KV_MTP_MK (4 + 2 * KV_MAX_CACHES) // varlen: the largest kv length
 #define KV_MTP_NRED (5 + 2 * KV_MAX_CACHES)
 #define KV_MTP_UNROLL 4                   // tiles whose loads are in flight at once in that pass
-#define KV_MTP_DIRECT 4                   // most tokens of a request its own thread writes (kv_mtp_step)
 
 struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
-    bool direct[KV_MTP_TILE];  // the request's tokens were written by its own thread (kv_mtp_direct)
     i64 warp_sums[KV_WARPS];
     i64 end_k;                 // varlen: the kv-length prefix after the tile
     i64 red[KV_MTP_NRED][KV_WARPS];  // per-warp partials of kv_mtp_others
@@ -154,30 +152,41 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
             const int base = base0 + w * KV_MTP_TILE;
             kv_mtp_load(dec, acc, base, min(KV_MTP_TILE, bsz - base), vec, od[w], oa[w]);
         }
+        int ol[KV_MTP_UNROLL][KV_MTP_ITEMS];  // kv length of each counted request (0 for the others)
 #pragma unroll
         for (int w = 0; w < KV_MTP_UNROLL; ++w) {
 #pragma unroll
             for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                 const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
+                ol[w][u] = 0;
                 if (b < bsz && (b < r_lo || b >= r_hi)) {
                     int dj, qj;
                     kv_mtp_lengths(od[w][u], oa[w][u], j, dj, qj);
                     const bool bad = (dj < 0) | (qj < 0);
                     const int n = bad ? 0 : qj, L = bad ? 0 : kv_sat_add_nn(dj, qj);
                     const bool before = b < r_lo;
+                    ol[w][u] = L;
                     if (before) o[KV_MTP_NB] += n; else o[KV_MTP_NA] += n;
                     if (varlen) {
                         if (before) o[KV_MTP_KB] += L;
                         o[KV_MTP_MQ] = max(o[KV_MTP_MQ], (i64)n);
                         o[KV_MTP_MK] = max(o[KV_MTP_MK], (i64)L);
                     }
-                    if (fi) {
+                }
+            }
+        }
+        // the page sums in a loop of their own, so a launch without them runs no code around them
+        if (fi) {
 #pragma unroll
-                        for (int g = 0; g < KV_MAX_CACHES; ++g) {
-                            if (g < G) {
-                                const int pgs = kv_pages(L, c.bs[g]);
-                                if (before) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
-                            }
+            for (int g = 0; g < KV_MAX_CACHES; ++g) {
+                if (g < G) {
+#pragma unroll
+                    for (int w = 0; w < KV_MTP_UNROLL; ++w) {
+#pragma unroll
+                        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+                            const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
+                            const int pgs = kv_pages(ol[w][u], c.bs[g]);  // 0 for a request not counted
+                            if (b < r_lo) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
                         }
                     }
                 }
@@ -288,33 +297,10 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             sum += n[u];
             sum_k += L[u];
         }
-        // The block ids of each request's first and last token, loaded before the scan (they
-        // depend on the request's own lengths only): a request of 1..KV_MTP_DIRECT tokens within
-        // two table blocks of every cache is direct, its thread writes its tokens right after the
-        // scan (no search); the tile's other tokens are searched after the barrier.
-        int bf[KV_MTP_ITEMS][KV_MAX_CACHES], bl[KV_MTP_ITEMS][KV_MAX_CACHES];
-        bool dir[KV_MTP_ITEMS];
-        bool searched = false;  // this thread holds a request whose tokens are searched
+        bool searched = false;  // this thread holds a request with tokens (written after the barrier)
 #pragma unroll
-        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
-            const int b = base + tid * KV_MTP_ITEMS + u;
-            dir[u] = n[u] >= 1 && n[u] <= KV_MTP_DIRECT;  // a request of n >= 1 is good: d >= 0
-#pragma unroll
-            for (int g = 0; g < KV_MAX_CACHES; ++g) {
-                bf[u][g] = -1;
-                bl[u][g] = -1;
-                if (dir[u] && g < G) {
-                    i64 i0, o0, i1, o1;
-                    kv_divmod((i64)d[u], c.bs[g], i0, o0);
-                    kv_divmod((i64)d[u] + n[u] - 1, c.bs[g], i1, o1);
-                    if (i1 - i0 > 1) dir[u] = false;
-                    const int* __restrict__ row = c.table[g] + (i64)b * c.stride[g];
-                    if (i0 < c.width[g]) bf[u][g] = row[i0];
-                    if (i1 != i0 && i1 < c.width[g]) bl[u][g] = row[i1];
-                }
-            }
-            if (n[u] > 0 && !dir[u]) searched = true;
-        }
+        for (int u = 0; u < KV_MTP_ITEMS; ++u)
+            if (n[u] > 0) searched = true;
         i64 total;
         const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total, narrow);
         i64 ex_k = 0, total_k = 0;
@@ -328,21 +314,6 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const int b = base + k;
                     s.cu[k] = run;
                     s.dec[k] = d[u];
-                    s.direct[k] = dir[u];
-                    if (dir[u]) {
-#pragma unroll 1
-                        for (int e = 0; e < n[u] && run + e < (i64)C; ++e) {
-                            const i64 pos = (i64)d[u] + e;
-                            int blk[KV_MAX_CACHES];
-#pragma unroll
-                            for (int g = 0; g < KV_MAX_CACHES; ++g) {
-                                i64 i0, o0;
-                                kv_divmod((i64)d[u], g < G ? c.bs[g] : 1, i0, o0);
-                                blk[g] = o0 + e < (i64)(g < G ? c.bs[g] : 1) ? bf[u][g] : bl[u][g];
-                            }
-                            kv_store_token<PosT>((int)(run + e), b, pos, blk, c, G, C, batch_out, pos_out, slot_out, err);
-                        }
-                    }
                     const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
                     max_q = max(max_q, ce - cs);
                     cu_out[b] = cs;
@@ -361,7 +332,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         const bool search = __syncthreads_or(searched) != 0;
         const i64 tile_end = s.cu[count], tile_end_k = s.end_k;
-        // the searched requests' tokens (below the capacity), the tile's tokens one per thread in turn
+        // the tile's tokens (below the capacity), one per thread in turn: its request by a binary search
         if (search) {
             const i64 t_end = tile_end < (i64)C ? tile_end : (i64)C;
             for (i64 tt = s.cu[0] + tid; tt < t_end; tt += KV_THREADS) {
@@ -371,7 +342,6 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const int mid = (lo + hi2) >> 1;
                     if (s.cu[mid] <= tt) lo = mid; else hi2 = mid;
                 }
-                if (s.direct[lo]) continue;
                 const i64 pos = (i64)s.dec[lo] + (tt - s.cu[lo]);
                 kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
             }
@@ -434,7 +404,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         carry = tile_end;
         carry_k = tile_end_k;
-        if (base + KV_MTP_TILE < hi) __syncthreads();  // s.cu, s.dec, s.direct: rewritten by the next tile
+        if (base + KV_MTP_TILE < hi) __syncthreads();  // s.cu, s.dec: rewritten by the next tile
     }
     const i64 n_total = carry + o[KV_MTP_NA];  // every request's tokens (int64, true sum)
     const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its

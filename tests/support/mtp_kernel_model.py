@@ -6,9 +6,8 @@ buffers), over the grid ``(blocks, k)`` of KV_THREADS-thread blocks, and writes 
 there. Each block (x, j) follows the kernel: it owns requests [r_lo, r_hi) (rq = ceil((bsz + 1) /
 blocks) rounded up to a multiple of 4); the other requests' sums (token, kv-length and page
 prefixes before r_lo, totals after r_hi, maxima) come first, then its requests in tiles of
-KV_MTP_TILE, thread i holding requests [4 i, 4 i + 4) of the tile; a direct request (1..KV_MTP_DIRECT
-tokens within two table blocks of every cache) is written by its own thread, the tile's other
-tokens one per thread in turn (thread (t - first) % KV_THREADS); the kv_indices rows of its requests
+KV_MTP_TILE, thread i holding requests [4 i, 4 i + 4) of the tile; the tile's tokens one per
+thread in turn (thread (t - first) % KV_THREADS); the kv_indices rows of its requests
 (a warp per request: request k of the tile on warp k % KV_WARPS), the padding of its token range
 after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
 writes the totals and the maxima. Blocks run in reverse order: every output element has one
@@ -37,7 +36,6 @@ T = _C["KV_THREADS"]
 WARPS = _C["KV_WARPS"]
 ITEMS = _C["KV_MTP_ITEMS"]
 TILE = T * ITEMS
-DIRECT = _C["KV_MTP_DIRECT"]
 INT_MAX = 2**31 - 1
 
 
@@ -140,12 +138,6 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         d[kk], n[kk], L[kk] = dj, qj, min(dj + qj, INT_MAX)
                 cu = np.concatenate([[0], np.cumsum(n)]) + carry  # int64, true sums
                 cuk = np.concatenate([[0], np.cumsum(L)]) + carry_k
-                # direct: 1..DIRECT tokens within two table blocks of every cache (its thread writes them)
-                direct = [
-                    1 <= n[kk] <= DIRECT
-                    and all((d[kk] + n[kk] - 1) // p.block_size[g] - d[kk] // p.block_size[g] <= 1 for g in range(G))
-                    for kk in range(count)
-                ]
                 for kk in range(count):
                     b, tid = base + kk, kk // ITEMS
                     cs, ce = min(cu[kk], INT_MAX), min(cu[kk + 1], INT_MAX)
@@ -158,14 +150,10 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         flag(tid, ERR_CAPACITY, C, b, 0)
                     if varlen:
                         _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
-                    if direct[kk]:
-                        for t in range(int(cu[kk]), min(int(cu[kk + 1]), C)):
-                            write_token(tid, t, b, int(d[kk]) + t - int(cu[kk]))
                 for t in range(int(cu[0]), min(int(cu[count]), C)):
                     tid = (t - int(cu[0])) % T  # the tile's tokens, one per thread in turn
                     lo = int(np.searchsorted(cu[1:count], t, side="right"))
-                    if not direct[lo]:  # the searched requests' tokens
-                        write_token(tid, t, base + lo, int(d[lo]) + (t - int(cu[lo])))
+                    write_token(tid, t, base + lo, int(d[lo]) + (t - int(cu[lo])))
                 if rows:
                     for g in range(G):
                         B, W, stride = p.block_size[g], p.max_blocks[g], p.table_stride[g]

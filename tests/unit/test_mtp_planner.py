@@ -55,6 +55,26 @@ def test_one_launch_of_every_substep(fake):
     assert p._records.size // 2 >= dispatch.mtp_records(p.config, 3) == 3 * 3 * dispatch.WARPS
 
 
+def test_bound_launch_is_one_driver_call_with_the_bound_struct(fake):
+    p = _planner(100, 600, [16, 5], 3)
+    dec, acc = fake.array([5, 0, 9]), fake.array([2, 0, 3])
+    t = fake.array(np.zeros((3, 8)))
+    bound = p.bind_draft_steps(dec, acc, t, stream=0x77)
+    out = bound.launch()
+    fake.current.ptr = 0x52
+    bound2 = p.bind_draft_steps(dec, acc, t)
+    bound2.launch()
+    bound2.launch(0x99)
+    assert [x["stream"] for x in fake.launches] == [0x77, 0x52, 0x99]
+    launch = dispatch.mtp_launch(p.config)
+    for x in fake.launches:
+        assert fake.kernel(x["fptr"]) == "mtp_step<long long>"
+        assert (x["grid"], x["grid_y"], x["block"]) == (launch.blocks, 3, launch.threads)
+        M = x["mtp"]
+        assert (M.step.seq_lens_decoder, M.accept_num, M.step.bsz, M.num_substeps) == (dec.data.ptr, acc.data.ptr, 3, 3)
+    assert out.cu_seqlens_q.shape == (3, 4)
+
+
 def test_compute_is_the_core_step_beside_it(fake):
     p = _planner(8, 16, [4], 2)
     dec, q = fake.array([1, 2]), fake.array([1, 1])
