@@ -47,14 +47,11 @@
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
 #define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
-// 1: the plain form stages the table prefix in shared memory as the compacting form does (one
-// barrier; the lookups then read shared memory); 0: it looks up through the read-only path (L1 /
-// L2) with no barrier before its stores, in fewer registers (48: five 256-thread blocks per SM
-// without spills, where staging spills at that bound), so more rows are in flight per SM.
-#define KV_DSA_PLAIN_STAGES 0
-// Blocks per SM the plain form is compiled for (48 registers on sm_90; sm_80's code spills at that
-// bound, so there 64 registers and four blocks).
-#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900) || KV_DSA_PLAIN_STAGES
+// The plain form looks the table up through the read-only path (L1 / L2), with no barrier before
+// its stores, in 48 registers: five 256-thread blocks per SM. The compacting form stages the
+// table prefix in shared memory (it has a barrier anyway). Blocks per SM the plain form is
+// compiled for: sm_80's code spills at 48 registers, so there 64 registers and four blocks.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KV_DSA_PLAIN_BLOCKS 4
 #else
 #define KV_DSA_PLAIN_BLOCKS 5
@@ -524,7 +521,7 @@ template <bool COMPACT, int VEC>
 __global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : KV_DSA_PLAIN_BLOCKS) dsa_topk_slots(const KvDsaTopkParams p) {
     __shared__ DsaShared sm;
     DsaLane<VEC> ln;
-    constexpr bool STAGE = COMPACT || KV_DSA_PLAIN_STAGES;
+    constexpr bool STAGE = COMPACT;  // only the compacting form stages the table
     dsa_begin<VEC, STAGE>(p, sm, ln);
     if (STAGE) __syncthreads();  // the staged table rows
     const int chunks = dsa_chunks(p, VEC);
