@@ -247,7 +247,7 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\
         ("empty.jsonl", b"", "the file is empty"),
         ("blank.jsonl", b"\n\n  \n", "only blank lines"),
         ("plot.png", PNG + b"\n" * 40, "binary data"),
-        ("plot.png.gz", gzip.compress(PNG * 100), "binary data"),
+        ("plot.png.gz", gzip.compress(PNG * 100, mtime=0), "binary data"),
         ("base.json", json.dumps({"kind": "kvaddr.baseline", "runs": []}, indent=2).encode(), "not JSON"),
         ("one.json", json.dumps({"kind": "kvaddr.baseline", "runs": []}).encode(), "none of a step's keys"),
         ("words.txt", b"nope\n[]\n" * 10, "none of its first 8 non-blank line(s)"),
