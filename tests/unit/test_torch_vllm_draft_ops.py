@@ -4,8 +4,12 @@ outputs equal to the reference's, argument checks naming the argument, ``opcheck
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+
+from tests.support import skips
 
 torch = pytest.importorskip("torch")
 
@@ -92,7 +96,16 @@ def test_views_see_torch_dtypes_and_python_ints_only():
     assert plain(buf._layout.fields), buf._layout.fields
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "aot_eager",
+        pytest.param(
+            "inductor",
+            marks=pytest.mark.skipif(os.environ.get("KVADDR_TEST_INDUCTOR") != "1", reason=skips.INDUCTOR_OPT_IN),
+        ),
+    ],
+)
 def test_compile_fullgraph(backend):
     """The path of vllm_draft under compilation (the views of the packed storage), every field."""
     case, s = _case()
