@@ -77,7 +77,7 @@ OUTPUT_FIELDS = (
 class VllmDraftParams(ctypes.Structure):
     """Mirror of ``struct VllmDraftParams`` in kernels.cu (same order, same types).
 
-    Filled by field name; ``tests/unit/test_vllm_draft_struct.py`` compiles the C struct and
+    Filled by field name; ``tests/unit/test_vllm_struct.py`` compiles the C struct and
     compares every offset and the size.
     """
 

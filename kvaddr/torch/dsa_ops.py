@@ -32,6 +32,7 @@ import torch
 
 from kvaddr.dsa import topk_to_slots as _device_topk_to_slots
 from kvaddr.dsa_reference import topk_to_slots as _reference
+from kvaddr.torch.tensors import raw_stream as _raw_stream
 
 SCHEMA = (
     "dsa_topk_to_slots(Tensor topk, Tensor req_id, Tensor block_table, Tensor ctx, int block_size, "
@@ -121,7 +122,7 @@ def _cuda(topk, req_id, block_table, ctx, block_size, compact, cp_size, cp_rank,
         cp_size=cp_size,
         cp_rank=cp_rank,
         cp_interleave=cp_interleave,
-        stream=torch.cuda.current_stream(topk.device).cuda_stream,
+        stream=_raw_stream(topk.device.index),
     )
 
 

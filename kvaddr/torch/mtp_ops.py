@@ -43,6 +43,7 @@ from kvaddr.errors import NO_ERROR_KEY, AddressingError, reduce_error_records
 from kvaddr.mtp import DraftOutputs
 from kvaddr.reference import step_addressing
 from kvaddr.spec_reference import mtp_substep_lengths
+from kvaddr.torch.tensors import raw_stream as _raw_stream
 
 __all__ = ["DraftStepBuffers", "draft_errors", "draft_records", "draft_steps"]
 
@@ -75,14 +76,6 @@ def _merge_record(rec: torch.Tensor, mask: int, key: int) -> None:
     key = min(int(key), old_key)
     rec[0] = old_mask | int(mask)
     rec[1] = key - (1 << 64) if key >= 1 << 63 else key
-
-
-def _raw_stream_slow(dev: int) -> int:
-    return torch.cuda.current_stream(dev).cuda_stream
-
-
-#: torch's current stream of a device as a raw cudaStream_t.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
 
 def draft_records(draft_steps: int, capacity: int) -> int:

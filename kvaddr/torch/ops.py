@@ -54,6 +54,7 @@ from kvaddr.constants import INT32_MAX, MAX_CACHES
 from kvaddr.errors import NO_ERROR_KEY, AddressingError, reduce_error_records, reset_error_records
 from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
 from kvaddr.reference import step_addressing
+from kvaddr.torch.tensors import raw_stream as _raw_stream
 from kvaddr.validation import MAX_REQUESTS
 
 SCHEMA = (
@@ -991,14 +992,6 @@ def _into_cuda_checked(entry, dec, q, tables, out, layout) -> None:
             bound = _bind(dec, q, tables, list(lay.block_sizes), *views)
         entry = _remember(key, bound, lay.block_sizes, (dec, q, out, *tables), dec.device.index)
     _launch_entry(entry)
-
-
-def _raw_stream_slow(dev: int) -> int:
-    return torch.cuda.current_stream(dev).cuda_stream
-
-
-#: torch's current stream of a device as a raw cudaStream_t (what inductor's get_raw_stream uses).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
 
 # -- registration ----------------------------------------------------------------------

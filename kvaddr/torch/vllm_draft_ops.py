@@ -33,6 +33,9 @@ from kvaddr.engines.spec_reference import DraftAddressingError, vllm_draft_refer
 from kvaddr.engines.vllm_draft import VllmDraftPlanner
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY
 from kvaddr.errors import reduce_error_records, reset_error_records
+from kvaddr.torch.tensors import check_vector as _vector
+from kvaddr.torch.tensors import raw_stream as _raw_stream
+from kvaddr.torch.tensors import storage_alias as _alias
 
 SCHEMA = (
     "vllm_draft_into(Tensor idx_mapping, Tensor query_start_loc, Tensor seq_lens, Tensor num_rejected, "
@@ -221,20 +224,6 @@ class VllmDraftBuffers:
             raise DraftAddressingError(mask, key)
 
 
-def _vector(name, t, dtypes, min_length=None, length=None, shape_text=""):
-    what = " or ".join(str(d).replace("torch.", "") for d in dtypes)
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {what} with shape {shape_text}, got dtype {t.dtype}")
-    if (
-        t.dim() != 1
-        or (length is not None and t.shape[0] != length)
-        or (min_length is not None and t.shape[0] < min_length)
-    ):
-        raise ValueError(f"{name} must be {what} with shape {shape_text}, got shape {tuple(t.shape)}")
-    if t.shape[0] > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got a strided view (stride {t.stride(0)} elements)")
-
-
 def _check(idx, qsl, seq, rej, smp, tables, nb, vsm, out, layout) -> _Layout:
     lay = _layout_of(layout)
     s = lay.settings
@@ -336,11 +325,6 @@ def _cpu(idx, qsl, seq, rej, smp, tables, nb, vsm, out, layout) -> None:
 _planners: dict = {}
 
 
-def _alias(out: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
-    t = torch.empty(0, dtype=view.dtype, device=view.device)
-    return t.set_(out.untyped_storage(), view.storage_offset(), view.shape, view.stride())
-
-
 def _planner_for(out: torch.Tensor, lay: _Layout) -> VllmDraftPlanner:
     key = (id(lay), id(out))
     entry = _planners.get(key)
@@ -383,7 +367,7 @@ def _cuda(idx, qsl, seq, rej, smp, tables, nb, vsm, out, layout) -> None:
             list(tables),
             [nb[g] for g in range(nb.shape[0])],
             vsm,
-            stream=torch.cuda.current_stream(dev).cuda_stream,
+            stream=_raw_stream(dev),
         )
 
 

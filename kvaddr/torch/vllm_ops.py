@@ -49,6 +49,9 @@ from kvaddr.engines.vllm_config import INT32, INT64, VllmStepConfig, VllmStepOut
 from kvaddr.engines.vllm_errors import VLLM_NO_ERROR_KEY, VllmAddressingError
 from kvaddr.engines.vllm_reference import vllm_step_reference
 from kvaddr.errors import reduce_error_records, reset_error_records
+from kvaddr.torch.tensors import check_vector as _vector
+from kvaddr.torch.tensors import raw_stream as _raw_stream
+from kvaddr.torch.tensors import storage_alias as _alias
 
 SCHEMA = (
     "vllm_step_into(Tensor idx_mapping, Tensor query_start_loc, Tensor num_computed_tokens, "
@@ -265,20 +268,6 @@ class VllmStepBuffers:
 # -- checks (metadata only: they run on fake tensors too) --------------------------------
 
 
-def _vector(name, t, dtypes, length=None, min_length=None, shape_text=""):
-    what = " or ".join(str(d).replace("torch.", "") for d in dtypes)
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {what} with shape {shape_text}, got dtype {t.dtype}")
-    if (
-        t.dim() != 1
-        or (length is not None and t.shape[0] != length)
-        or (min_length is not None and t.shape[0] < min_length)
-    ):
-        raise ValueError(f"{name} must be {what} with shape {shape_text}, got shape {tuple(t.shape)}")
-    if t.shape[0] > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got a strided view (stride {t.stride(0)} elements)")
-
-
 def _check(idx, qsl, nct, tables, nb, padded, out, layout) -> _VllmLayout:
     """Every argument's dtype, shape, layout and device (the planner's and the reference's rules)."""
     lay = _layout_of(layout)
@@ -374,13 +363,6 @@ _planners: dict = {}
 _state = {"multi_device": None}
 
 
-def _alias(out: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
-    """A tensor on ``view``'s memory that is not a view of ``out`` (no ``_base``: it holds the
-    storage, not the ``out`` object, so ``out`` can die and its planner be forgotten)."""
-    t = torch.empty(0, dtype=view.dtype, device=view.device)
-    return t.set_(out.untyped_storage(), view.storage_offset(), view.shape, view.stride())
-
-
 def _planner_for(out: torch.Tensor, lay: _VllmLayout):
     """The planner writing into ``out`` (built and remembered on first use)."""
     key = (_layout_ids[lay.config], id(out))
@@ -459,14 +441,6 @@ def _cuda_checked(entry, idx, qsl, nct, tables, nb, padded, out, layout) -> None
             planner.compute(idx, qsl, nct, tables, nb, padded, stream=_raw_stream(dev))
         return
     planner.compute(idx, qsl, nct, tables, nb, padded, stream=_raw_stream(dev))
-
-
-def _raw_stream_slow(dev: int) -> int:
-    return torch.cuda.current_stream(dev).cuda_stream
-
-
-#: torch's current stream of a device as a raw cudaStream_t (what inductor's get_raw_stream uses).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_slow
 
 
 def clear_cache() -> None:
