@@ -42,6 +42,13 @@ ATTN_BITS = {"flashinfer": 1, "varlen": 2}
 META_BLOCKS = 512
 
 
+def request_blocks(max_num_reqs: int, steps: int, num_groups: int) -> int:
+    """The launch's request blocks: ``ceil((max_num_reqs + 1) / 256)`` per (draft step, group)
+    (``steps * num_groups`` of them; one when ``steps`` is 0), a thread per batch row of each."""
+    slices = steps * num_groups if steps > 0 else 1
+    return slices * -(-(max_num_reqs + 1) // THREADS)
+
+
 def meta_rows(max_num_reqs: int, steps: int, num_groups: int) -> int:
     """Batch rows per attention block: the smallest power of two in [8, 256] with at most
     :data:`META_BLOCKS` attention blocks over the ``steps * num_groups`` (step, group) pairs."""
@@ -297,7 +304,7 @@ class VllmDraftPlanner:
             p.block_size[g] = cfg.block_sizes[g] if g < G else 1
             if g < G:
                 p.group_flags[g] = (1 if cfg.slot_mapping_enabled[g] else 0) | (2 if cfg.sharded(g) else 0)
-        p.request_blocks = -(-(M + 1) // THREADS)
+        p.request_blocks = request_blocks(M, S, G)
         p.meta_rows = meta_rows(M, S, G)
         p.meta_chunks = -(-(M + 1) // p.meta_rows)
         p.attention_blocks = S * G * p.meta_chunks if self._attn_bits else 0
@@ -391,10 +398,11 @@ class VllmDraftPlanner:
     @staticmethod
     def error_records_shape(max_num_reqs: int, num_speculative_steps: int, num_groups: int, attention: bool) -> tuple:
         """``(R, 2)``: one record per warp of the request blocks, ``ceil((max_num_reqs + 1) / 256)``
-        (and, with attention metadata, of the ``(k - 1) * num_groups * ceil((max_num_reqs + 1) /
-        meta_rows)`` attention blocks, :func:`meta_rows`)."""
+        per (draft step, group) (:func:`request_blocks`), and, with attention metadata, of the
+        ``(k - 1) * num_groups * ceil((max_num_reqs + 1) / meta_rows)`` attention blocks
+        (:func:`meta_rows`)."""
         M, S, G = int(max_num_reqs), int(num_speculative_steps) - 1, int(num_groups)
-        blocks = -(-(M + 1) // THREADS)
+        blocks = request_blocks(M, S, G)
         if attention:
             blocks += S * G * -(-(M + 1) // meta_rows(M, S, G))
         return (blocks * WARPS, 2)

@@ -60,7 +60,7 @@ struct VllmDraftParams {
     int cp_size;                       // DCP ranks (1: no DCP)
     int cp_rank;                       // this rank, 0..cp_size-1
     int cp_interleave;                 // I, divides every sharded group's B
-    int request_blocks;                // blocks [0, request_blocks): a thread per batch row b <= max_num_reqs
+    int request_blocks;                // blocks [0, request_blocks): a thread per (step, group, batch row b <= max_num_reqs)
     int attention_blocks;              // the next steps * num_groups * meta_chunks blocks (or 0): attention metadata
     int token_blocks;                  // the last token_blocks blocks (or 0): first_slots
     int attention;                     // VLLM_ATTN_* bits written (vllm_draft_step<true>)
@@ -97,21 +97,42 @@ __device__ __forceinline__ long long vdraft_row_of(const VllmDraftParams& p, int
                        : (long long)vdraft_ld(reinterpret_cast<const int*>(p.idx_mapping) + b);
 }
 
-// Request b < num_reqs: its facts; with record, its per-request errors (keyed at step 0).
-__device__ __forceinline__ VdraftReq vdraft_request(const VllmDraftParams& p, int b, bool record, VllmErr& err) {
+// Request b's verify-step inputs as loaded (vdraft_load), before any check.
+struct VdraftRaw {
+    long long r;            // idx_mapping[b]
+    long long qs, qe;       // query_start_loc[b], [b + 1]
+    long long seq, rej, smp;  // seq_lens[b], num_rejected[b], num_sampled[b]
+};
+
+// Request b < num_reqs: its inputs, six independent loads.
+__device__ __forceinline__ VdraftRaw vdraft_load(const VllmDraftParams& p, int b) {
+    VdraftRaw x;
+    x.r = vdraft_row_of(p, b);
+    x.qs = vdraft_ld(p.query_start_loc + b);
+    x.qe = vdraft_ld(p.query_start_loc + b + 1);
+    x.seq = vdraft_ld(p.seq_lens + b);
+    x.rej = vdraft_ld(p.num_rejected + b);
+    x.smp = vdraft_ld(p.num_sampled + b);
+    return x;
+}
+
+// Request b < num_reqs from its inputs x: its facts; with record, its per-request errors (keyed
+// at step 0).
+__device__ __forceinline__ VdraftReq vdraft_check(const VllmDraftParams& p, int b, const VdraftRaw& x, bool record,
+                                                  VllmErr& err) {
     VdraftReq q;
-    q.r = vdraft_row_of(p, b);
-    q.qs = vdraft_ld(p.query_start_loc + b);
-    q.qe = vdraft_ld(p.query_start_loc + b + 1);
-    const long long seq = vdraft_ld(p.seq_lens + b), rej = vdraft_ld(p.num_rejected + b),
-                    smp = vdraft_ld(p.num_sampled + b);
+    q.r = x.r;
+    q.qs = x.qs;
+    q.qe = x.qe;
+    const long long seq = x.seq, rej = x.rej, smp = x.smp;
     const long long qlen = q.qe - q.qs;
-    const bool row_bad = q.r < -1 || q.r >= p.num_rows;
-    const bool qsl_bad = q.qs < 0 || q.qe < q.qs;
-    const bool shrt = !qsl_bad && seq < qlen;
-    const bool rej_bad = !qsl_bad && (rej < 0 || rej > qlen - 1 || smp < 0 || (smp > 1 && smp + rej != qlen) ||
-                                      (smp == 1 && rej != 0 && rej + 1 != qlen) ||
-                                      (smp == 0 && rej != 0));
+    // (bitwise, not short-circuit: no branch after the loads, so none of them waits for
+    // another's value before it is issued)
+    const bool row_bad = (q.r < -1) | (q.r >= p.num_rows);
+    const bool qsl_bad = (q.qs < 0) | (q.qe < q.qs);
+    const bool shrt = !qsl_bad & (seq < qlen);
+    const bool rej_bad = !qsl_bad & ((rej < 0) | (rej > qlen - 1) | (smp < 0) | ((smp > 1) & (smp + rej != qlen)) |
+                                     ((smp == 1) & (rej != 0) & (rej + 1 != qlen)) | ((smp == 0) & (rej != 0)));
     if (record) {
         if (row_bad) err.add(VLLM_ERR_ROW_INDEX, 5, 0, b, 0);
         if (qsl_bad) err.add(VLLM_ERR_QUERY_START_LOC, 3, 0, b, 0);
@@ -123,6 +144,11 @@ __device__ __forceinline__ VdraftReq vdraft_request(const VllmDraftParams& p, in
     q.rej = rej;
     q.status = (row_bad || qsl_bad || shrt || rej_bad) ? 2 : (q.r == -1 ? 1 : 0);
     return q;
+}
+
+// Request b < num_reqs: its facts; with record, its per-request errors (keyed at step 0).
+__device__ __forceinline__ VdraftReq vdraft_request(const VllmDraftParams& p, int b, bool record, VllmErr& err) {
+    return vdraft_check(p, b, vdraft_load(p, b), record, err);
 }
 
 // This rank's share of a KV length s (vllm_dcp_len's rule).
@@ -237,86 +263,77 @@ __device__ __forceinline__ VdraftReq vdraft_row_request(const VllmDraftParams& p
     return q;
 }
 
-// Draft steps per pass of vdraft_row: a pass holds its steps' positions and table entries in
-// registers.
-#define VDRAFT_STEP_CHUNK 4
-
-// Batch row b in [0, max_num_reqs]: last_token_indices[b] and, for every draft step, its
-// query_start_loc entry, position, seq_len, DCP local length and each group's slot. Per pass of
-// up to VDRAFT_STEP_CHUNK steps: every position first (arithmetic), then every group's num_blocks
-// and table entries loaded into registers (independent loads, all issued before any store), then
-// the checks and the stores.
-__device__ __forceinline__ void vdraft_row(const VllmDraftParams& p, int b, VllmErr& err) {
-    const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps, G = p.num_groups;
-    const int qn = b < n ? b : n;
-    if (b >= M) {
-        for (int j = 0; j < S; ++j) p.query_start_loc_out[(long long)j * (M + 1) + b] = qn;
-        return;
+// Request thread (j, g, b): draft step j (j = 1 only when there is no draft step, steps = 0),
+// group g, batch row b in [0, max_num_reqs]; its slice s = (j - 1) * num_groups + g. Every thread
+// makes one table lookup at most, so its code is short and the slices of a row run side by side
+// instead of one after another in one thread. Its loads are two dependent round trips: the
+// request's inputs, then the row's table entry and num_blocks, issued right after the position
+// and column are known and before the request's checks (a speculative lookup: issued only when
+// the row index and column are inside the table, so never out of bounds; used only when the
+// checks pass). Thread (j, g, b) writes group g's slot of step j and, for g = 0, step j's
+// query_start_loc entry, position, seq_len and DCP local length; slice 0 also writes
+// last_token_indices[b] and records the request's errors (at step 0), so each error is recorded
+// by exactly one thread.
+__device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int g, int b, VllmErr& err) {
+    const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps;
+    const int s = (j - 1) * p.num_groups + g;
+    const bool step = j <= S;  // false only in slice 0 without draft steps
+    // group g's settings (before the loads: none waits for them)
+    const int W = vllm_pick(p.width, g);
+    const int* nbp = vllm_pick(p.num_blocks, g);
+    const int* tbl = vllm_pick(p.block_table, g);
+    const long long stride = vllm_pick(p.table_stride, g);
+    const bool slots = step && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SLOTS) != 0;
+    VdraftRaw x;
+    x.r = x.qs = x.qe = x.seq = x.rej = x.smp = 0;
+    if (b < n) x = vdraft_load(p, b);
+    // the lookup, from the inputs as loaded: position, column, table entry and num_blocks
+    const long long v = x.seq - x.rej - 1 + j;
+    const long long pos = v < p.max_model_len - 1 ? v : (long long)p.max_model_len - 1;
+    unsigned int idx = 0u, off = 0u;
+    const bool mine = slots && b < n && pos >= 0 && vdraft_locate(p, g, pos, idx, off);
+    const bool look = mine && x.r >= 0 && x.r < p.num_rows && idx < (unsigned int)W;
+    int blk = -1;
+    long long nb = W;
+    if (look) {
+        blk = vdraft_ld(tbl + x.r * stride + idx);
+        if (nbp) nb = (long long)vdraft_ld(nbp + x.r);
     }
-    const VdraftReq q = vdraft_row_request(p, b, true, err);
+    // the checks (the request's errors in slice 0)
+    VdraftReq q;
+    q.status = 2;
+    q.r = q.qs = q.qe = q.base = q.rej = 0;
+    if (b < n) q = vdraft_check(p, b, x, s == 0, err);
     const bool live = q.status == 0;
-    long long nb[VLLM_MAX_GROUPS];  // each group's num_blocks of the row (loaded once)
-#pragma unroll
-    for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
-        const int* nbp = vllm_pick(p.num_blocks, g);
-        nb[g] = (long long)vllm_pick(p.width, g);
-        if (g < G && live && nbp) nb[g] = (long long)vdraft_ld(nbp + q.r);
+    if (step && g == 0) p.query_start_loc_out[(long long)(j - 1) * (M + 1) + b] = b < n ? b : n;
+    if (b >= M) return;
+    if (s == 0) p.last_token_indices[b] = q.status != 2 ? q.qe - q.rej - 1 : 0;  // qs + L - 1
+    if (!step) return;
+    const long long at = (long long)(j - 1) * M + b;
+    if (g == 0) {
+        const int len = live ? vdraft_len(p, q, j) : 0;
+        p.positions[at] = live ? pos : 0;
+        p.seq_lens_out[at] = len;
+        p.dcp_local_seq_lens[at] = vdraft_dcp_len(p, len);
     }
-    for (int j0 = 1; j0 <= S; j0 += VDRAFT_STEP_CHUNK) {
-        long long pos[VDRAFT_STEP_CHUNK];
-        int len[VDRAFT_STEP_CHUNK];
-#pragma unroll
-        for (int c = 0; c < VDRAFT_STEP_CHUNK; ++c) {
-            const int j = j0 + c;
-            pos[c] = 0;
-            len[c] = 0;
-            if (live) {
-                const long long v = q.base - 1 + j;
-                pos[c] = v < p.max_model_len - 1 ? v : (long long)p.max_model_len - 1;
-                len[c] = vdraft_len(p, q, j);
-            }
-        }
-        // the lookups: column, offset and table entry of every (group, step), loads only
-        unsigned int idx[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK], off[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK];
-        int blk[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK];
-        unsigned int state[VLLM_MAX_GROUPS][VDRAFT_STEP_CHUNK];  // 0: -1 (no slot); 1: bad column; 2: looked up
-#pragma unroll
-        for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
-            const bool on = g < G && live && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SLOTS);
-            const int W = vllm_pick(p.width, g);
-            const int* row = vllm_pick(p.block_table, g) + (on ? q.r * vllm_pick(p.table_stride, g) : 0);
-#pragma unroll
-            for (int c = 0; c < VDRAFT_STEP_CHUNK; ++c) {
-                idx[g][c] = off[g][c] = 0u;
-                blk[g][c] = -1;
-                state[g][c] = 0u;
-                if (on && j0 + c <= S && vdraft_locate(p, g, pos[c], idx[g][c], off[g][c])) {
-                    state[g][c] = (long long)idx[g][c] < (long long)W ? 2u : 1u;
-                    if (state[g][c] == 2u) blk[g][c] = vdraft_ld(row + idx[g][c]);
-                }
-            }
-        }
-        // the stores
-#pragma unroll
-        for (int c = 0; c < VDRAFT_STEP_CHUNK; ++c) {
-            const int j = j0 + c;
-            if (j > S) break;
-            const long long at = (long long)(j - 1) * M + b;
-            p.query_start_loc_out[(long long)(j - 1) * (M + 1) + b] = qn;
-            p.positions[at] = pos[c];
-            p.seq_lens_out[at] = len[c];
-            p.dcp_local_seq_lens[at] = vdraft_dcp_len(p, len[c]);
-#pragma unroll
-            for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
-                if (g >= G) break;
-                long long slot = -1;
-                if (state[g][c] == 1u) err.add(VLLM_ERR_BLOCK_INDEX, 0, j, b, g);
-                else if (state[g][c] == 2u) slot = vdraft_slot_of(p, g, idx[g][c], off[g][c], blk[g][c], nb[g], j, b, err);
-                p.slot_mappings[((long long)(j - 1) * G + g) * M + b] = slot;
-            }
-        }
+    // an addressed row: its row index is inside the table and its position >= 0, so a column
+    // inside the width was looked up above (vdraft_slot's rules)
+    long long slot = -1;
+    if (live && mine) {
+        if (idx >= (unsigned int)W) err.add(VLLM_ERR_BLOCK_INDEX, 0, j, b, g);
+        else slot = vdraft_slot_of(p, g, idx, off, blk, nb, j, b, err);
     }
-    p.last_token_indices[b] = q.status != 2 ? q.qe - q.rej - 1 : 0;  // qs + L - 1, L = (qe - qs) - num_rejected
+    p.slot_mappings[(long long)s * M + b] = slot;
+}
+
+// Thread tid of request block blk < request_blocks: c = ceil((max_num_reqs + 1) / VDRAFT_THREADS)
+// blocks per slice, slice s = blk / c = (j - 1) * num_groups + g (both quotients straight from
+// blk: independent divisions), batch row b = (blk - s * c) * VDRAFT_THREADS + tid.
+__device__ __forceinline__ void vdraft_request_thread(const VllmDraftParams& p, int blk, int tid, VllmErr& err) {
+    const unsigned int c = ((unsigned int)p.max_num_reqs + VDRAFT_THREADS) / VDRAFT_THREADS, G = p.num_groups;
+    const unsigned int s = (unsigned int)blk / c, j1 = (unsigned int)blk / (c * G);
+    const int b = (int)(((unsigned int)blk - s * c) * VDRAFT_THREADS + (unsigned int)tid);
+    if (b <= p.max_num_reqs) vdraft_cell(p, (int)j1 + 1, (int)(s - j1 * G), b, err);
 }
 
 // Column t < max_tokens of the first draft forward's slot mappings: the verify step's slot,
@@ -514,7 +531,9 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
 }
 
 // The draft addressing: <<<request_blocks + attention_blocks + token_blocks, VDRAFT_THREADS>>>,
-// one parameter. Request blocks: a thread per batch row b <= max_num_reqs (vdraft_row);
+// one parameter. Request blocks: ceil((max_num_reqs + 1) / VDRAFT_THREADS) per slice, of
+// max(steps, 1) * num_groups slices (s = (j - 1) * num_groups + g): a thread per (slice, batch row
+// b <= max_num_reqs) (vdraft_cell), slice and group uniform over a block;
 // attention blocks (ATTENTION only): meta_chunks per (draft step, group); token blocks: a thread per
 // column of first_slots. Every warp of the request and attention blocks has an error record
 // of its own, merged only by a warp that found an error (sticky; the host reduces and clears).
@@ -526,8 +545,7 @@ __global__ void __launch_bounds__(VDRAFT_THREADS, 1) vllm_draft_step(const VllmD
     const int blk = (int)blockIdx.x;
     const int lane = (int)(threadIdx.x & 31);
     if (blk < p.request_blocks) {
-        const int b = blk * VDRAFT_THREADS + (int)threadIdx.x;
-        if (b <= p.max_num_reqs) vdraft_row(p, b, err);
+        vdraft_request_thread(p, blk, (int)threadIdx.x, err);
     } else if (blk < p.request_blocks + p.attention_blocks) {
         if (ATTENTION) {
             const int a = blk - p.request_blocks;

@@ -2,9 +2,9 @@
 the host C++ compiler, one thread after another, behind the fake CuPy of
 tests/support/vllm_fake_cupy.py whose launches come here.
 
-What is emulated: the kernel's per-thread helpers (vdraft_row, vdraft_first_slot and the
+What is emulated: the kernel's per-thread helpers (vdraft_request_thread, vdraft_first_slot and the
 attention rows: vdraft_attn_len, vdraft_attn_row, vdraft_attn_copy; the source text of
-kernels.cu, unchanged), driven by a few lines of C++ that stand for the entry: the rows, the
+kernels.cu, unchanged), driven by a few lines of C++ that stand for the entry: the request threads, the
 running sums of each (step, group) metadata block (the block scan's values, serially), the pad
 of kv_indices and the merged error record. Not emulated: warp shuffles, barriers, atomics — the
 GPU tests and compute-sanitizer cover those.
@@ -32,11 +32,12 @@ extern "C" void emu_vllm_draft(const VllmDraftParams* pp) {
     VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     auto merge = [&](const VllmErr& e) { all.mask |= e.mask; if (e.key < all.key) all.key = e.key; };
     const int M = p.max_num_reqs, G = p.num_groups, N = p.kv_indices_capacity;
-    for (int b = 0; b <= M; ++b) {
-        VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
-        vdraft_row(p, b, e);
-        merge(e);
-    }
+    for (int blk = 0; blk < p.request_blocks; ++blk)  // the request blocks, thread by thread
+        for (int tid = 0; tid < VDRAFT_THREADS; ++tid) {
+            VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
+            vdraft_request_thread(p, blk, tid, e);
+            merge(e);
+        }
     const int meta = p.attention_blocks ? p.steps * G : 0;  // (step, group) pairs: each block chunk, serially
     for (int m = 0; m < meta; ++m) {
         const int j = 1 + m / G, g = m - (j - 1) * G;

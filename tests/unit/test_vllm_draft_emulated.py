@@ -179,10 +179,25 @@ def test_every_element_written_again(emu):
 
 @pytest.mark.parametrize("k", [6, 9, 10])
 @pytest.mark.parametrize("bad", [False, True])
-def test_more_draft_steps_than_one_pass_of_lookups(emu, k, bad):
-    """k - 1 draft steps past the four a pass of the row's lookups holds (two and three passes),
-    groups of power-of-two and other block sizes, rows reaching max_model_len."""
+def test_many_draft_steps_of_three_groups(emu, k, bad):
+    """(k - 1) * 3 request slices (a thread per (draft step, group, row)), groups of power-of-two
+    and other block sizes, rows reaching max_model_len."""
     rng = np.random.default_rng(1000 + k)
     case = draft_case(rng, num_reqs=9, max_num_reqs=12, k=k, block_sizes=(4, 3, 1), max_model_len=3 * k + 20)
+    label = corrupt(case, rng) if bad else "clean"
+    check_case(case, label)
+
+
+@pytest.mark.parametrize(
+    "num_reqs, max_num_reqs, k, block_sizes",
+    [(200, 255, 3, (4, 3)), (256, 256, 2, (4, 1, 16)), (300, 511, 4, (2, 5)), (40, 300, 1, (4, 3, 8))],
+)
+@pytest.mark.parametrize("bad", [False, True])
+def test_request_block_boundaries(emu, num_reqs, max_num_reqs, k, block_sizes, bad):
+    """Slices of one and of several request blocks (max_num_reqs + 1 at and past a block's 256
+    threads), several groups, and no draft step (k = 1: one slice writes last_token_indices and
+    records the request errors), clean and with bad inputs."""
+    rng = np.random.default_rng(num_reqs + 7 * k)
+    case = draft_case(rng, num_reqs=num_reqs, max_num_reqs=max_num_reqs, k=k, block_sizes=block_sizes)
     label = corrupt(case, rng) if bad else "clean"
     check_case(case, label)

@@ -53,8 +53,8 @@ def test_one_launch_with_the_planned_grid(fake):
     p.compute(**_inputs())
     (launch,) = fake.launches
     assert launch["name"] == "vllm_draft_step<true>"
-    # request blocks ceil(5 / 256) + attention blocks (k - 1) * G + token blocks ceil(16 / 256)
-    assert launch["grid"] == (1 + 2 + 1, 1, 1) and launch["block"] == 256
+    # request blocks (k - 1) * G * ceil(5 / 256) + attention blocks (k - 1) * G + token blocks ceil(16 / 256)
+    assert launch["grid"] == (2 + 2 + 1, 1, 1) and launch["block"] == 256
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,17 @@ def test_meta_rows_spread_the_attention_blocks():
         assert rows == 256 or S * G * -(-(M + 1) // rows) <= META_BLOCKS
         assert rows == 8 or S * G * -(-(M + 1) // (rows // 2)) > META_BLOCKS
     shape = VllmDraftPlanner.error_records_shape(64, 3, 1, True)
-    assert shape == ((1 + 2 * 9) * 8, 2)
+    assert shape == ((2 * 1 + 2 * 9) * 8, 2)  # request blocks per (step, group), attention blocks
+
+
+def test_request_blocks_per_draft_step_and_group():
+    from kvaddr.engines.vllm_draft import VllmDraftPlanner, request_blocks
+
+    assert request_blocks(64, 2, 1) == 2  # 65 rows: one block per (step, group)
+    assert request_blocks(1024, 2, 2) == 4 * 5  # 1025 rows: five blocks per (step, group)
+    assert request_blocks(255, 3, 4) == 12 and request_blocks(256, 3, 4) == 24
+    assert request_blocks(100, 0, 3) == 1  # no draft step: one slice (last_token_indices, errors)
+    assert VllmDraftPlanner.error_records_shape(1024, 3, 2, False) == (20 * 8, 2)
 
 
 def _snapshot(out):
