@@ -99,9 +99,9 @@ __device__ __forceinline__ long long vdraft_row_of(const VllmDraftParams& p, int
 
 // Request b's verify-step inputs as loaded (vdraft_load), before any check.
 struct VdraftRaw {
-    long long r;            // idx_mapping[b]
-    long long qs, qe;       // query_start_loc[b], [b + 1]
-    long long seq, rej, smp;  // seq_lens[b], num_rejected[b], num_sampled[b]
+    long long r;       // idx_mapping[b]
+    int qs, qe;        // query_start_loc[b], [b + 1]
+    int seq, rej, smp;  // seq_lens[b], num_rejected[b], num_sampled[b]
 };
 
 // Request b < num_reqs: its inputs, six independent loads.
@@ -166,13 +166,13 @@ __device__ __forceinline__ int vdraft_len(const VllmDraftParams& p, const Vdraft
     return (int)(s < p.max_model_len ? s : (long long)p.max_model_len);
 }
 
-// Group g's table column idx and offset off of position pos (0 <= pos < 2^31): false for another
-// DCP rank's token (slot -1, no lookup). A power-of-two B (the usual case) divides by a shift.
-__device__ __forceinline__ bool vdraft_locate(const VllmDraftParams& p, int g, long long pos, unsigned int& idx,
-                                              unsigned int& off) {
+// Column idx and offset off of position pos (0 <= pos < 2^31) in a group of block size B, DCP-
+// sharded or not: false for another DCP rank's token (slot -1, no lookup). A power-of-two B (the
+// usual case) divides by a shift.
+__device__ __forceinline__ bool vdraft_locate_in(const VllmDraftParams& p, unsigned int B, bool sharded, long long pos,
+                                                 unsigned int& idx, unsigned int& off) {
     const unsigned int up = (unsigned int)pos;
-    const unsigned int B = (unsigned int)vllm_pick(p.block_size, g);
-    if (p.cp_size > 1 && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED)) {
+    if (sharded) {
         const unsigned int cp = (unsigned int)p.cp_size, il = (unsigned int)p.cp_interleave;
         const unsigned int vbs = B * cp;
         idx = up / vbs;
@@ -194,11 +194,17 @@ __device__ __forceinline__ bool vdraft_locate(const VllmDraftParams& p, int g, l
     return true;
 }
 
-// Group g's slot from its column idx (< width), offset off, the table entry blk and the row's
-// num_blocks nb, with its errors at (step, b, g).
-__device__ __forceinline__ long long vdraft_slot_of(const VllmDraftParams& p, int g, unsigned int idx,
-                                                    unsigned int off, int blk, long long nb, int step, int b,
-                                                    VllmErr& err) {
+// Group g's column and offset of position pos (vdraft_locate_in with g's settings).
+__device__ __forceinline__ bool vdraft_locate(const VllmDraftParams& p, int g, long long pos, unsigned int& idx,
+                                              unsigned int& off) {
+    return vdraft_locate_in(p, (unsigned int)vllm_pick(p.block_size, g),
+                            p.cp_size > 1 && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SHARDED), pos, idx, off);
+}
+
+// Group g's slot (block size B) from its column idx (< width), offset off, the table entry blk
+// and the row's num_blocks nb, with its errors at (step, b, g).
+__device__ __forceinline__ long long vdraft_slot_of(int B, int g, unsigned int idx, unsigned int off, int blk,
+                                                    long long nb, int step, int b, VllmErr& err) {
     if ((long long)idx >= nb) {
         err.add(VLLM_ERR_PAST_NUM_BLOCKS, 4, step, b, g);
         return -1;
@@ -207,7 +213,7 @@ __device__ __forceinline__ long long vdraft_slot_of(const VllmDraftParams& p, in
         err.add(VLLM_ERR_NEGATIVE_BLOCK, 1, step, b, g);
         return -1;
     }
-    return (long long)blk * vllm_pick(p.block_size, g) + off;
+    return (long long)blk * B + off;
 }
 
 // Group g's slot of position pos (0 <= pos < 2^31) in row r, with its errors at (step, b, g).
@@ -225,7 +231,7 @@ __device__ __forceinline__ long long vdraft_slot(const VllmDraftParams& p, int g
     const int blk = vdraft_ld(vllm_pick(p.block_table, g) + r * vllm_pick(p.table_stride, g) + idx);
     const int* nbp = vllm_pick(p.num_blocks, g);
     const long long nb = nbp ? (long long)vdraft_ld(nbp + r) : (long long)W;
-    return vdraft_slot_of(p, g, idx, off, blk, nb, step, b, err);
+    return vdraft_slot_of(vllm_pick(p.block_size, g), g, idx, off, blk, nb, step, b, err);
 }
 
 // Row b < max_num_reqs of draft step j (1-based) for request facts q: position, seq_len, DCP
@@ -278,21 +284,22 @@ __device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int
     const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps;
     const int s = (j - 1) * p.num_groups + g;
     const bool step = j <= S;  // false only in slice 0 without draft steps
-    // group g's settings (before the loads: none waits for them)
-    const int W = vllm_pick(p.width, g);
-    const int* nbp = vllm_pick(p.num_blocks, g);
-    const int* tbl = vllm_pick(p.block_table, g);
-    const long long stride = vllm_pick(p.table_stride, g);
-    const bool slots = step && (vllm_pick(p.group_flags, g) & VLLM_GROUP_SLOTS) != 0;
+    // group g's settings (indexed parameter loads, issued before the request's loads)
+    const int W = p.width[g], B = p.block_size[g], flags = p.group_flags[g];
+    const int *nbp = p.num_blocks[g], *tbl = p.block_table[g];
+    const long long stride = p.table_stride[g];
+    const bool on = step && (flags & VLLM_GROUP_SLOTS), sharded = p.cp_size > 1 && (flags & VLLM_GROUP_SHARDED);
     VdraftRaw x;
     x.r = x.qs = x.qe = x.seq = x.rej = x.smp = 0;
     if (b < n) x = vdraft_load(p, b);
     // the lookup, from the inputs as loaded: position, column, table entry and num_blocks
-    const long long v = x.seq - x.rej - 1 + j;
-    const long long pos = v < p.max_model_len - 1 ? v : (long long)p.max_model_len - 1;
+    // (32-bit: exact for an addressed request, 0 <= seq_lens - num_rejected - 1 + j < 2^31 + 64;
+    // for any other row only its bounds matter: the column is checked against the width)
+    const unsigned int v = (unsigned int)x.seq - (unsigned int)x.rej - 1u + (unsigned int)j;
+    const unsigned int pos = min(v, (unsigned int)p.max_model_len - 1u);
     unsigned int idx = 0u, off = 0u;
-    const bool mine = slots && b < n && pos >= 0 && vdraft_locate(p, g, pos, idx, off);
-    const bool look = mine && x.r >= 0 && x.r < p.num_rows && idx < (unsigned int)W;
+    const bool mine = on && b < n && vdraft_locate_in(p, (unsigned int)B, sharded, pos, idx, off);
+    const bool look = mine && (unsigned long long)x.r < (unsigned long long)p.num_rows && idx < (unsigned int)W;
     int blk = -1;
     long long nb = W;
     if (look) {
@@ -312,26 +319,37 @@ __device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int
     const long long at = (long long)(j - 1) * M + b;
     if (g == 0) {
         const int len = live ? vdraft_len(p, q, j) : 0;
-        p.positions[at] = live ? pos : 0;
+        p.positions[at] = live ? (long long)pos : 0;
         p.seq_lens_out[at] = len;
         p.dcp_local_seq_lens[at] = vdraft_dcp_len(p, len);
     }
-    // an addressed row: its row index is inside the table and its position >= 0, so a column
-    // inside the width was looked up above (vdraft_slot's rules)
+    // an addressed row: its row index is inside the table, so a column inside the width was
+    // looked up above (vdraft_slot's rules)
     long long slot = -1;
     if (live && mine) {
         if (idx >= (unsigned int)W) err.add(VLLM_ERR_BLOCK_INDEX, 0, j, b, g);
-        else slot = vdraft_slot_of(p, g, idx, off, blk, nb, j, b, err);
+        else slot = vdraft_slot_of(B, g, idx, off, blk, nb, j, b, err);
     }
     p.slot_mappings[(long long)s * M + b] = slot;
 }
 
 // Thread tid of request block blk < request_blocks: c = ceil((max_num_reqs + 1) / VDRAFT_THREADS)
-// blocks per slice, slice s = blk / c = (j - 1) * num_groups + g (both quotients straight from
-// blk: independent divisions), batch row b = (blk - s * c) * VDRAFT_THREADS + tid.
+// blocks per slice, slice s = blk / c = (j - 1) * num_groups + g, batch row
+// b = (blk - s * c) * VDRAFT_THREADS + tid. The quotients come before the first load: one block
+// per slice (max_num_reqs < VDRAFT_THREADS) and a power-of-two group count take no division.
 __device__ __forceinline__ void vdraft_request_thread(const VllmDraftParams& p, int blk, int tid, VllmErr& err) {
     const unsigned int c = ((unsigned int)p.max_num_reqs + VDRAFT_THREADS) / VDRAFT_THREADS, G = p.num_groups;
-    const unsigned int s = (unsigned int)blk / c, j1 = (unsigned int)blk / (c * G);
+    const unsigned int s = c == 1u ? (unsigned int)blk : (unsigned int)blk / c;
+    unsigned int j1;
+    if ((G & (G - 1u)) == 0u) {
+#ifdef __CUDA_ARCH__
+        j1 = s >> (__ffs((int)G) - 1);
+#else
+        j1 = s >> __builtin_ctz(G);
+#endif
+    } else {
+        j1 = s / G;
+    }
     const int b = (int)(((unsigned int)blk - s * c) * VDRAFT_THREADS + (unsigned int)tid);
     if (b <= p.max_num_reqs) vdraft_cell(p, (int)j1 + 1, (int)(s - j1 * G), b, err);
 }
@@ -532,8 +550,9 @@ __device__ __forceinline__ void vdraft_attention_block(const VllmDraftParams& p,
 
 // The draft addressing: <<<request_blocks + attention_blocks + token_blocks, VDRAFT_THREADS>>>,
 // one parameter. Request blocks: ceil((max_num_reqs + 1) / VDRAFT_THREADS) per slice, of
-// max(steps, 1) * num_groups slices (s = (j - 1) * num_groups + g): a thread per (slice, batch row
-// b <= max_num_reqs) (vdraft_cell), slice and group uniform over a block;
+// steps * num_groups slices (s = (j - 1) * num_groups + g; one slice when steps = 0): a thread per
+// (slice, batch row b <= max_num_reqs) (vdraft_request_thread, vdraft_cell), the slice's step and
+// group uniform over a block;
 // attention blocks (ATTENTION only): meta_chunks per (draft step, group); token blocks: a thread per
 // column of first_slots. Every warp of the request and attention blocks has an error record
 // of its own, merged only by a warp that found an error (sticky; the host reduces and clears).
