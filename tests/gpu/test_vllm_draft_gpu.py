@@ -135,6 +135,20 @@ def test_more_than_1024_requests(n):
     _check(VllmDraftPlanner(**case["settings"]), case)
 
 
+@pytest.mark.parametrize(
+    "num_reqs, max_num_reqs, k, block_sizes",
+    [(200, 255, 3, (4, 3)), (256, 256, 2, (4, 1, 16)), (300, 511, 4, (2, 5)), (40, 300, 1, (4, 3, 8))],
+)
+def test_request_block_boundaries(num_reqs, max_num_reqs, k, block_sizes):
+    """Slices of one and of several request blocks (max_num_reqs + 1 at and past 256), 2-3 groups,
+    no draft step (k = 1), clean and corrupted (CPU twin: test_vllm_draft_emulated.py)."""
+    rng = np.random.default_rng(num_reqs + 7 * k)
+    for bad in (False, True):
+        case = draft_case(rng, num_reqs=num_reqs, max_num_reqs=max_num_reqs, k=k, block_sizes=block_sizes)
+        label = corrupt(case, rng) if bad else "clean"
+        _check(VllmDraftPlanner(**case["settings"]), case, label)
+
+
 def test_empty_batch_writes_everything():
     case = draft_case(
         np.random.default_rng(9), num_reqs=0, max_num_reqs=40, attention="flashinfer,varlen", max_tokens=64
