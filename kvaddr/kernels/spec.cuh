@@ -280,11 +280,13 @@ __device__ __forceinline__ VdraftReq vdraft_row_request(const VllmDraftParams& p
 // query_start_loc entry, position, seq_len and DCP local length; slice 0 also writes
 // last_token_indices[b] and records the request's errors (at step 0), so each error is recorded
 // by exactly one thread.
-__device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int g, int b, VllmErr& err) {
+// The group is a template argument (vdraft_cell picks one of the four copies, uniform over a
+// block): its settings are then plain parameter-space reads at fixed offsets.
+template <int g>
+__device__ __forceinline__ void vdraft_cell_of(const VllmDraftParams& p, int j, int b, VllmErr& err) {
     const int n = p.num_reqs, M = p.max_num_reqs, S = p.steps;
     const int s = (j - 1) * p.num_groups + g;
     const bool step = j <= S;  // false only in slice 0 without draft steps
-    // group g's settings (indexed parameter loads, issued before the request's loads)
     const int W = p.width[g], B = p.block_size[g], flags = p.group_flags[g];
     const int *nbp = p.num_blocks[g], *tbl = p.block_table[g];
     const long long stride = p.table_stride[g];
@@ -331,6 +333,16 @@ __device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int
         else slot = vdraft_slot_of(B, g, idx, off, blk, nb, j, b, err);
     }
     p.slot_mappings[(long long)s * M + b] = slot;
+}
+
+__device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int g, int b, VllmErr& err) {
+    static_assert(VLLM_MAX_GROUPS == 4, "one copy of vdraft_cell_of per group");
+    switch (g) {
+        case 0: vdraft_cell_of<0>(p, j, b, err); break;
+        case 1: vdraft_cell_of<1>(p, j, b, err); break;
+        case 2: vdraft_cell_of<2>(p, j, b, err); break;
+        default: vdraft_cell_of<3>(p, j, b, err); break;
+    }
 }
 
 // Thread tid of request block blk < request_blocks: c = ceil((max_num_reqs + 1) / VDRAFT_THREADS)
