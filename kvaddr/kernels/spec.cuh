@@ -335,6 +335,7 @@ __device__ __forceinline__ void vdraft_cell_of(const VllmDraftParams& p, int j, 
     p.slot_mappings[(long long)s * M + b] = slot;
 }
 
+// Request thread (j, g, b): vdraft_cell_of<g>.
 __device__ __forceinline__ void vdraft_cell(const VllmDraftParams& p, int j, int g, int b, VllmErr& err) {
     static_assert(VLLM_MAX_GROUPS == 4, "one copy of vdraft_cell_of per group");
     switch (g) {
