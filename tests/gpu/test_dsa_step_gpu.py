@@ -4,7 +4,8 @@ table (step_small, step_wide, step_multiblock, each also with attention outputs)
 multi-block kernel forced at every size; decode batches (B = 64 and not a power of two), MTP
 decodes with n > 1, mixed decode / prefill steps, idle and bad requests, more than 1024 requests,
 steps past the capacity; every element rewritten (poisoned buffers); the step's own outputs
-unchanged by the second grid row; CUDA-graph replays with the inputs' contents changed; a
+unchanged by the second grid row; every kernel family (small, wide, multi-block, attention
+variants) on decode, MTP, mixed and bad batches with padding; CUDA-graph replays with the inputs' contents changed; a
 BoundStep. Skips, with the reason, without a GPU.
 """
 
@@ -141,6 +142,49 @@ def test_with_attention_outputs(bsz, multiblock):
     N = 64 * (bsz + 1)
     p = _planner(bsz, 8192, [64, 64], attention=groups, N=N)
     _run_and_check(p, dec, q, table, f"attention {bsz}", attention=groups, N=N, multiblock=multiblock)
+
+
+ATTENTION = ("flashinfer", "varlen", "page_table")
+# (the kernel family the planner runs, requests, attention groups, every batch on step_multiblock)
+FAMILIES = [
+    ("step_small<", 40, None, False),
+    ("step_wide<", 700, None, False),
+    ("step_wide<", 3000, None, False),
+    ("step_multiblock<", 40, None, True),  # its small-batch path
+    ("step_multiblock<", 5000, None, False),  # its large-batch path (tickets)
+    ("step_small_attention<", 40, ATTENTION, False),
+    ("step_wide_attention<", 3000, ATTENTION, False),
+    ("step_multiblock<", 5000, ATTENTION, False),
+]
+# (label, decode_len n, dsa_case arguments): a decode step (plain, MTP), decodes with prefills,
+# bad requests (a negative length), short rows and negative block ids
+KINDS = [
+    ("decode", 1, dict(decodes=None)),
+    ("mtp", 2, dict(decodes=None)),
+    ("mixed", 2, dict(idle=0.1, chunk=12)),
+    ("bad rows", 1, dict(bad=0.1, idle=0.1, neg_block=0.05, width=8, max_pos=64 * 10, chunk=9)),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k[0] for k in KINDS])
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f[0].rstrip('<')}-{f[1]}-{'attn' if f[2] else 'plain'}")
+def test_every_kernel_family(family, kind):
+    """Every kernel family's DSA instantiation (the token writes' value / scale / ctx and the DSA
+    blocks' ks / ke / cu_seq_lens) on decode, MTP, mixed and bad batches, with padding: the
+    capacity exceeds the tokens."""
+    prefix, bsz, attention, multiblock = family
+    label, n, kw = kind
+    rng = np.random.default_rng(bsz * 31 + len(label))
+    kw = dict(kw)
+    if kw.get("decodes", 0) is None:
+        kw["decodes"] = bsz  # every request a decode of n tokens
+    dec, q, table = dsa_case(rng, bsz, n=n, **kw)
+    C = int(np.clip(q, 0, None).sum()) + 37
+    N = 64 * (bsz + 1) if attention else None
+    p = _planner(bsz, C, [64, 48], n=n, attention=attention, N=N)
+    force_multiblock(p, multiblock)
+    assert p.kernel_for(bsz)[0].startswith(prefix) and p.kernel_for(bsz)[0].endswith(", true>"), p.kernel_for(bsz)
+    _run_and_check(p, dec, q, table, f"{prefix} {bsz} {label}", n=n, attention=attention, N=N, multiblock=multiblock)
 
 
 @pytest.mark.parametrize("bsz", [64, 1030])

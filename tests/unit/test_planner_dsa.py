@@ -1,7 +1,7 @@
 """StepPlanner's DSA outputs (docs/dsa.md) on the CPU: a fake CuPy whose device arrays are NumPy
-buffers, and a launch that runs the grid's second row (the DSA blocks) through the step-by-step
-model of kvaddr/kernels/dsa_step.cuh (tests/support/dsa_step_model.py), reading the launch's
-KvStepParams and geometry. Checks the struct fields, the second grid row, the output views and,
+buffers, and a launch that runs the DSA token writes of the step's blocks and the grid's second
+row (the DSA blocks) through the step-by-step model of kvaddr/kernels/dsa_step.cuh
+(tests/support/dsa_step_model.py), reading the launch's KvStepParams and geometry. Checks the struct fields, the second grid row, the output views and,
 through the model, every DSA output against the NumPy reference (kvaddr.reference) and the DSA
 oracle (kvaddr.dsa_reference.indexer_metadata). The kernel itself runs in tests/gpu."""
 
@@ -20,7 +20,7 @@ from kvaddr.dsa_reference import indexer_cache_offsets, indexer_metadata
 from kvaddr.outputs import DSA_FIELDS
 from kvaddr.reference import step_addressing
 from tests.support.dsa_cases import dsa_case
-from tests.support.dsa_step_model import run_dsa_blocks
+from tests.support.dsa_step_model import run_dsa_blocks, run_dsa_token_writes
 from tests.support.meta_kernel_model import _view
 
 
@@ -98,6 +98,7 @@ def fake_planner(monkeypatch):
             _view(P.batch_id_per_token, P.capacity)[:] = ref.outputs.batch_id_per_token
             if grid_y == 2:
                 assert self.fn.endswith(", true>"), self.fn  # the kernel's DSA instantiation
+                run_dsa_token_writes(P, ref.outputs.batch_id_per_token, ref.outputs.position_ids)
                 writes = run_dsa_blocks(P, grid, block)
                 assert (writes == 1).all(), np.flatnonzero(writes != 1)[:8]  # every token once
             launches.append((self.fn, grid, block, grid_y))
