@@ -187,6 +187,24 @@ def test_every_kernel_family(family, kind):
     _run_and_check(p, dec, q, table, f"{prefix} {bsz} {label}", n=n, attention=attention, N=N, multiblock=multiblock)
 
 
+@pytest.mark.parametrize("dsa_cache", [0, 1, 2])
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f[0].rstrip('<')}-{f[1]}-{'attn' if f[2] else 'plain'}")
+def test_every_kernel_family_with_the_indexer_cache_anywhere(family, dsa_cache):
+    """Three caches of block sizes 48, 64 and 16: the token writes take the DSA offsets from the
+    indexer cache's slot whichever cache it is."""
+    prefix, bsz, attention, multiblock = family
+    rng = np.random.default_rng(bsz + dsa_cache)
+    dec, q, table = dsa_case(rng, bsz, n=1, idle=0.1, chunk=7, neg_block=0.02, width=300, max_pos=16 * 280)
+    C = int(np.clip(q, 0, None).sum()) + 5
+    N = 300 * (bsz + 1) if attention else None
+    p = _planner(bsz, C, [48, 64, 16], attention=attention, N=N, dsa_cache=dsa_cache)
+    force_multiblock(p, multiblock)
+    assert p.kernel_for(bsz)[0].startswith(prefix), p.kernel_for(bsz)
+    _run_and_check(
+        p, dec, q, table, f"{prefix} {bsz} cache {dsa_cache}", attention=attention, N=N, multiblock=multiblock
+    )
+
+
 @pytest.mark.parametrize("bsz", [64, 1030])
 def test_graph_replay(bsz):
     """One compute() captured in a CUDA graph, replayed after the inputs' contents change
