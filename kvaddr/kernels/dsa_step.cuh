@@ -1,5 +1,5 @@
 // DeepSeek-V3.2 sparse attention (DSA) outputs of the core step (docs/dsa.md; kvaddr/reference.py's
-// dsa_step_reference is the oracle), written in the step's own launch when KvStepParams::dsa != 0.
+// dsa_step_outputs is the oracle), written in the step's own launch when KvStepParams::dsa != 0.
 //
 // Two parts of the launch write them, each what it already knows:
 //
@@ -19,7 +19,7 @@
 //
 // DSA block k owns the tokens [lo, hi) = [k * per, min((k + 1) * per, C)), per = ceil(C / gridDim.x).
 //   1. One round trip: thread i loads the r consecutive requests [i * r, i * r + r) of the first
-//      tile (r = min(KV_DSA_R, KV_DSA_TILE / T), a tile of T * r requests) and, past the first
+//      tile (r = max(1, min(KV_DSA_R, KV_DSA_TILE / T)), a tile of T * r requests) and, past the first
 //      tile, KV_DSA_VOTE requests a round (all loads of a round in flight); a block vote
 //      (__syncthreads_or) asks whether any request is a prefill (good, n > dsa_decode_len).
 //   2. None (a decode step, plain or MTP): the block writes ks = ke = 0 over [lo, hi), the last
@@ -41,7 +41,7 @@
 // and the block scan's warp totals (12.7 KB: the step kernels' own shared memory and this fit the
 // 48 KB of static shared memory).
 
-#define KV_DSA_R 4        // requests a thread holds per tile
+#define KV_DSA_R 4        // requests a thread holds per tile (8 spills in step_wide_attention's 64 registers)
 #define KV_DSA_TILE 1024  // requests per tile at most (the staged ends, lengths and ks)
 #define KV_DSA_VOTE 8     // requests a thread loads per round of the vote past the first tile
 // The widest block of the DSA instantiations of step_small and step_wide: the dispatch table
