@@ -43,7 +43,8 @@
 
 #define KV_DSA_R 4        // requests a thread holds per tile (8 spills in step_wide_attention's 64 registers)
 #define KV_DSA_TILE 1024  // requests per tile at most (the staged ends, lengths and ks)
-#define KV_DSA_VOTE 8     // requests a thread loads per round of the vote past the first tile
+#define KV_DSA_VOTE 16    // requests a thread loads per round of the vote past the first tile (unaligned)
+#define KV_DSA_VOTE4 4    // 16-byte loads (4 requests) a thread issues per round of the vote (aligned)
 // The widest block of the DSA instantiations of step_small and step_wide: the dispatch table
 // launches them with at most 256 threads (kvaddr/dispatch.py), so their launch bounds leave the
 // DSA blocks the registers they need (the kernels without DSA keep theirs).
@@ -114,27 +115,48 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
     int* __restrict__ ks_out = p.dsa_ks;
     int* __restrict__ ke_out = p.dsa_ke;
 
-    // 1. the first tile's lengths and the vote: is any request a prefill?
+    // 1. the vote: is any request a prefill? The first tile's lengths (kept for 3) and, past the
+    // tile, seq_lens_this_time alone (a prefill has n > dsa_decode_len): 16-byte loads when the
+    // array is 16-byte aligned, KV_DSA_VOTE4 of them a thread a round, every load of a round in
+    // flight with the first tile's (one round trip up to T * (r + 4 * KV_DSA_VOTE4) requests).
     int d[KV_DSA_R], n[KV_DSA_R];
     kv_dsa_load(p, tid * r, r, bsz, d, n);
     bool any = false;
+    const int* __restrict__ nt = p.seq_lens_this_time;
+    if ((reinterpret_cast<u64>(nt) & 15ULL) == 0) {
+        const int nv = bsz >> 2;                  // whole groups of 4 requests (tile is a multiple of 4)
+        const int4* __restrict__ n4 = reinterpret_cast<const int4*>(nt);
+        const int bt = (nv << 2) + tid;           // the last bsz % 4 requests, past the tile
+        const int tail = (tid < 4 && bt < bsz && bt >= tile) ? __ldg(nt + bt) : 0;
+#pragma unroll 1
+        for (int v0 = tile >> 2; v0 < nv; v0 += T * KV_DSA_VOTE4) {
+            int4 x[KV_DSA_VOTE4];
+#pragma unroll
+            for (int u = 0; u < KV_DSA_VOTE4; ++u) {
+                const int v = v0 + u * T + tid;
+                x[u] = make_int4(0, 0, 0, 0);
+                if (v < nv) x[u] = __ldg(n4 + v);
+            }
+#pragma unroll
+            for (int u = 0; u < KV_DSA_VOTE4; ++u)
+                any |= (x[u].x > thr) | (x[u].y > thr) | (x[u].z > thr) | (x[u].w > thr);
+        }
+        any |= tail > thr;
+    } else {
+#pragma unroll 1
+        for (int b0 = tile; b0 < bsz; b0 += T * KV_DSA_VOTE) {
+            int x[KV_DSA_VOTE];
+#pragma unroll
+            for (int u = 0; u < KV_DSA_VOTE; ++u) {
+                const int b = b0 + u * T + tid;
+                x[u] = b < bsz ? __ldg(nt + b) : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < KV_DSA_VOTE; ++u) any |= x[u] > thr;
+        }
+    }
 #pragma unroll
     for (int u = 0; u < KV_DSA_R; ++u) any |= (d[u] >= 0) & (n[u] > thr);  // (0, 0 past bsz: thr >= 1)
-#pragma unroll 1
-    for (int b0 = tile; b0 < bsz; b0 += T * KV_DSA_VOTE) {
-        int dv[KV_DSA_VOTE], nv[KV_DSA_VOTE];
-#pragma unroll
-        for (int u = 0; u < KV_DSA_VOTE; ++u) {
-            const int b = b0 + u * T + tid;
-            dv[u] = nv[u] = 0;
-            if (b < bsz) {
-                dv[u] = p.seq_lens_decoder[b];
-                nv[u] = p.seq_lens_this_time[b];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < KV_DSA_VOTE; ++u) any |= (dv[u] >= 0) & (nv[u] > thr);
-    }
     // 2. a decode step: zeros, no scan
     if (!__syncthreads_or(any)) {
         for (int t = lo + tid; t < hi; t += T) {
