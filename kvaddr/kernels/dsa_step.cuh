@@ -124,24 +124,27 @@ __device__ void kv_dsa_block(const KvStepParams& p) {
     bool any = false;
     const int* __restrict__ nt = p.seq_lens_this_time;
     if ((reinterpret_cast<u64>(nt) & 15ULL) == 0) {
-        const int nv = bsz >> 2;                  // whole groups of 4 requests (tile is a multiple of 4)
+        const int nv = bsz >> 2, nvc = (bsz + 3) >> 2;  // whole groups of 4 requests; with the last part group
         const int4* __restrict__ n4 = reinterpret_cast<const int4*>(nt);
-        const int bt = (nv << 2) + tid;           // the last bsz % 4 requests, past the tile
-        const int tail = (tid < 4 && bt < bsz && bt >= tile) ? __ldg(nt + bt) : 0;
 #pragma unroll 1
-        for (int v0 = tile >> 2; v0 < nv; v0 += T * KV_DSA_VOTE4) {
+        for (int v0 = tile >> 2; v0 < nvc; v0 += T * KV_DSA_VOTE4) {  // (tile is a multiple of 4)
             int4 x[KV_DSA_VOTE4];
 #pragma unroll
             for (int u = 0; u < KV_DSA_VOTE4; ++u) {
-                const int v = v0 + u * T + tid;
+                const int v = v0 + u * T + tid, b = v << 2;
                 x[u] = make_int4(0, 0, 0, 0);
-                if (v < nv) x[u] = __ldg(n4 + v);
+                if (v < nv) {
+                    x[u] = __ldg(n4 + v);
+                } else if (v < nvc) {  // the last bsz % 4 requests, in the same round
+                    x[u].x = __ldg(nt + b);
+                    if (b + 1 < bsz) x[u].y = __ldg(nt + b + 1);
+                    if (b + 2 < bsz) x[u].z = __ldg(nt + b + 2);
+                }
             }
 #pragma unroll
             for (int u = 0; u < KV_DSA_VOTE4; ++u)
                 any |= (x[u].x > thr) | (x[u].y > thr) | (x[u].z > thr) | (x[u].w > thr);
         }
-        any |= tail > thr;
     } else {
 #pragma unroll 1
         for (int b0 = tile; b0 < bsz; b0 += T * KV_DSA_VOTE) {
