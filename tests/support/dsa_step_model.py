@@ -9,7 +9,8 @@ memory the pointers address (fake device arrays that are NumPy buffers), with th
   slot in the dsa cache, padding -1, -1, 0;
 * ``run_dsa_blocks``: the grid's second row, ``blocks`` DSA blocks; block k owns the tokens
   ``[k * per, min((k + 1) * per, C))`` with ``per = ceil(C / blocks)``. A vote over the whole
-  batch: without a prefill every block writes ks = ke = 0 over its tokens and the last block
+  batch (the first tile's requests on both lengths, the rest on seq_lens_this_time alone: n >
+  dsa_decode_len): without a prefill every block writes ks = ke = 0 over its tokens and the last block
   cu_seq_lens = 0. Otherwise it walks the requests ``threads * r`` at a time (``r = max(1, min(4,
   1024 // threads))``), carrying three saturating prefixes (tokens, the prefills' seq_lens, the
   prefills' count) from tile to tile; it stages each request's token end, seq_lens_decoder and ks
@@ -85,7 +86,10 @@ def run_dsa_blocks(P, blocks: int, threads: int) -> np.ndarray:
     tile = threads * r
     per = -(-C // blocks)
     writes = np.zeros(C, np.int64)
-    any_prefill = any(int(a) >= 0 and int(c) > n_dec for a, c in zip(dec, q))
+    # the vote: the first tile's requests on both lengths, past it seq_lens_this_time alone (a bad
+    # request past the tile with n > dsa_decode_len takes the prefill path: same outputs)
+    any_prefill = any(int(a) >= 0 and int(c) > n_dec for a, c in zip(dec[:tile], q[:tile]))
+    any_prefill |= any(int(c) > n_dec for c in q[tile:])
     for k in range(blocks):
         lo = min(k * per, C)
         hi = min(lo + per, C)

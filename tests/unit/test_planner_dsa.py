@@ -216,6 +216,33 @@ def test_batches_against_reference(fake_planner, bsz, M, C, n, family):
     _compare(out.dsa, _expect(dec, q, [table, table], [64, 64], C, M, dsa_decode_len=n))
 
 
+# (requests, the one request past the DSA blocks' first tile that is not a plain decode, its
+# seq_lens_decoder): the vote reads seq_lens_this_time alone past the first tile
+VOTE_CASES = [
+    (4096, None, 0),  # a decode step: one round of 16-byte loads
+    (4095, 4094, 7),  # the only prefill the last request, bsz % 4 = 3 (the part group of 4)
+    (4093, 4092, 7),  # bsz % 4 = 1
+    (2000, 1500, 7),  # a prefill in the middle
+    (3000, 2900, -3),  # a bad request with n > dsa_decode_len: the vote says prefill, the outputs a decode step's
+    (1030, 1029, -3),  # the same at the last request
+]
+
+
+@pytest.mark.parametrize("bsz, at, d", VOTE_CASES)
+def test_vote_past_the_first_tile(fake_planner, bsz, at, d):
+    StepPlanner, launches = fake_planner
+    rng = np.random.default_rng(bsz)
+    C = bsz + 40
+    p = StepPlanner(bsz, C, [64, 64], dsa=True)
+    dec, q, table = _case(rng, bsz, decodes=bsz)
+    if at is not None:
+        dec[at], q[at] = d, 9
+    out = p.compute(_dev(dec), _dev(q), _dev(table))
+    exp = _expect(dec, q, [table, table], [64, 64], C, bsz)
+    _compare(out.dsa, exp)
+    assert (exp.ke != 0).any() == (at is not None and d >= 0)  # a prefill's ke, or a decode step's zeros
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     bsz=st.integers(0, 40),
