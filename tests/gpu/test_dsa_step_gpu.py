@@ -105,6 +105,44 @@ def test_mixed_steps(bsz, C, multiblock):
     _run_and_check(p, dec, q, table, f"mixed {bsz}", n=2, multiblock=multiblock)
 
 
+# (requests, the one request that is not a plain decode, its seq_lens_decoder): the DSA blocks'
+# vote reads seq_lens_this_time alone past their first tile, 16 bytes a load when it is aligned
+VOTE_CASES = [
+    (4096, None, 0),  # a decode step
+    (4095, 4094, 7),  # the only prefill the last request (bsz % 4 = 3)
+    (4093, 4092, 7),  # bsz % 4 = 1
+    (2000, 1500, 7),  # a prefill in the middle
+    (3000, 2900, -3),  # a bad request with n > dsa_decode_len past the first tile
+    (6000, 5999, 7),  # step_multiblock
+]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset"])
+@pytest.mark.parametrize("bsz, at, d", VOTE_CASES)
+def test_vote_past_the_first_tile(bsz, at, d, aligned):
+    """A decode step, or one prefill (or bad request) past the DSA blocks' first tile; the lengths
+    also 4 bytes past a 16-byte boundary (the vote's scalar loads)."""
+    import cupy
+
+    rng = np.random.default_rng(bsz)
+    dec, q, table = dsa_case(rng, bsz, decodes=bsz)
+    if at is not None:
+        dec[at], q[at] = d, 9
+    C = bsz + 40
+    p = _planner(bsz, C, [64, 64])
+    ref = step_addressing(dec, q, [table] * 2, [64, 64], C, dsa=True, max_requests=bsz)
+    _poison(p)
+    shift = 0 if aligned else 1
+    dev_dec = cupy.asarray(np.concatenate([np.zeros(shift, np.int32), dec]))[shift:]
+    dev_q = cupy.asarray(np.concatenate([np.zeros(shift, np.int32), q]))[shift:]
+    assert (dev_q.data.ptr % 16 == 0) == aligned
+    out = p.compute(dev_dec, dev_q, [cupy.asarray(table)] * 2)
+    cupy.cuda.runtime.deviceSynchronize()
+    for f in DSA_FIELDS:
+        np.testing.assert_array_equal(getattr(out.dsa, f).get(), getattr(ref.outputs.dsa, f), err_msg=f)
+    assert p.errors()[0] == ref.error_mask
+
+
 def test_many_requests_past_the_capacity():
     rng = np.random.default_rng(5)
     dec, q, table = dsa_case(rng, 5000, n=1, chunk=8)

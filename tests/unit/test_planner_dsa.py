@@ -230,7 +230,7 @@ VOTE_CASES = [
 
 @pytest.mark.parametrize("bsz, at, d", VOTE_CASES)
 def test_vote_past_the_first_tile(fake_planner, bsz, at, d):
-    StepPlanner, launches = fake_planner
+    StepPlanner, _ = fake_planner
     rng = np.random.default_rng(bsz)
     C = bsz + 40
     p = StepPlanner(bsz, C, [64, 64], dsa=True)
