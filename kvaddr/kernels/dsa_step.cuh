@@ -19,9 +19,15 @@
 //
 // DSA block k owns the tokens [lo, hi) = [k * per, min((k + 1) * per, C)), per = ceil(C / gridDim.x).
 //   1. One round trip: thread i loads the r consecutive requests [i * r, i * r + r) of the first
-//      tile (r = max(1, min(KV_DSA_R, KV_DSA_TILE / T)), a tile of T * r requests) and, past the first
-//      tile, KV_DSA_VOTE requests a round (all loads of a round in flight); a block vote
-//      (__syncthreads_or) asks whether any request is a prefill (good, n > dsa_decode_len).
+//      tile (r = max(1, min(KV_DSA_R, KV_DSA_TILE / T)), a tile of T * r requests, both lengths,
+//      kept for 3) and, past the first tile, seq_lens_this_time alone: a prefill has n >
+//      dsa_decode_len, so no such n means no prefill (a bad request with one takes 3, whose
+//      outputs are a decode step's). Those are KV_DSA_VOTE4 16-byte loads a thread a round (the
+//      last bsz % 4 requests as scalars in the same round) when the array is 16-byte aligned,
+//      else KV_DSA_VOTE scalar loads; every load of the first round is in flight with the first
+//      tile's, so batches up to T * (r + 4 * KV_DSA_VOTE4) requests (every kernel's decode batch
+//      of up to 4096 requests) take one round trip. A block vote (__syncthreads_or) asks whether
+//      any request is a prefill (good, n > dsa_decode_len).
 //   2. None (a decode step, plain or MTP): the block writes ks = ke = 0 over [lo, hi), the last
 //      block cu_seq_lens = 0, and it is done: no scan, no search.
 //   3. Otherwise the block walks the requests a tile at a time (the first tile from the
