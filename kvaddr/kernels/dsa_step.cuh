@@ -21,8 +21,8 @@
 //   1. One round trip: thread i loads the r consecutive requests [i * r, i * r + r) of the first
 //      tile (r = max(1, min(KV_DSA_R, KV_DSA_TILE / T)), a tile of T * r requests, both lengths,
 //      kept for 3) and, past the first tile, seq_lens_this_time alone: a prefill has n >
-//      dsa_decode_len, so no such n means no prefill (a bad request with one takes 3, whose
-//      outputs are a decode step's). Those are KV_DSA_VOTE4 16-byte loads a thread a round (the
+//      dsa_decode_len, so no such n means no prefill (a bad request with one only takes 3, whose
+//      outputs are the same). Those are KV_DSA_VOTE4 16-byte loads a thread a round (the
 //      last bsz % 4 requests as scalars in the same round) when the array is 16-byte aligned,
 //      else KV_DSA_VOTE scalar loads; every load of the first round is in flight with the first
 //      tile's, so batches up to T * (r + 4 * KV_DSA_VOTE4) requests (every kernel's decode batch
