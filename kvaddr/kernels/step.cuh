@@ -29,8 +29,9 @@
 //     every request (one per thread); G caches as a template parameter.
 //   * step_wide<G, PosT, R> / step_wide_attention<G, PosT>: bsz <= KV_W_MAX, every block holds every
 //     request (R per thread).
-// DSA outputs (KvStepParams::dsa, docs/dsa.md): each kernel's DSA = true instantiation, launched
-// with a second grid row of DSA blocks (dsa_step.cuh); row 0 is the kernel above, unchanged.
+// DSA outputs (KvStepParams::dsa, docs/dsa.md): each kernel's DSA = true instantiation writes each
+// token's DSA value / scale offsets and ctx with its slot (and padding's with its padding), and is
+// launched with a second grid row of DSA blocks for ks, ke and cu_seq_lens (dsa_step.cuh).
 // Errors: sticky per-warp records (mask, first-bad key). Only a warp that found an error writes: it
 // merges into its own record with atomicOr (mask) and atomicMin (key), so a record holds every
 // error since the host last cleared it; a clean warp writes nothing and no kernel clears.
@@ -234,13 +235,18 @@ __device__ __forceinline__ void kv_load_blocks(int b, i64 pos, const KvCaches& c
     }
 }
 
-template <typename PosT>
+// DSA (the kernel's DSA instantiation): also token t's DSA value / scale offsets and ctx from its
+// slot in the dsa cache (kv_dsa_store_slot, dsa_step.cuh).
+template <typename PosT, bool DSA = false>
 __device__ __forceinline__ void kv_store_token(int t, int b, i64 pos, const int (&blk)[KV_MAX_CACHES],
                                                const KvCaches& c, int num_caches, int capacity,
                                                int* __restrict__ batch_out, PosT* __restrict__ pos_out,
-                                               i64* __restrict__ slot_out, KvErr& err) {
+                                               i64* __restrict__ slot_out, KvErr& err,
+                                               const KvDsaOut& dso = KvDsaOut()) {
     batch_out[t] = b;
     pos_out[t] = (PosT)pos;
+    i64 dslot = -1, doff = 0;  // DSA: the dsa cache's slot (-1: bad), pos % B and B there
+    int dB = 1;
 #pragma unroll
     for (int g = 0; g < KV_MAX_CACHES; ++g) {
         if (g < num_caches) {
@@ -250,28 +256,36 @@ __device__ __forceinline__ void kv_store_token(int t, int b, i64 pos, const int 
             else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
             else slot = (i64)blk[g] * c.bs[g] + off;
             slot_out[(i64)g * capacity + t] = slot;
+            if (DSA && g == dso.g) {
+                dslot = slot;
+                dB = c.bs[g];
+                doff = off;
+            }
         }
     }
+    if (DSA) kv_dsa_store_slot(dso.value, dso.scale, dso.ctx, t, pos, dslot, doff, dB, dso.V, dso.S);
 }
 
-template <typename PosT>
+template <typename PosT, bool DSA = false>
 __device__ __forceinline__ void kv_write_token(int t, int b, i64 pos, const KvCaches& c, int num_caches,
                                                int capacity, int* __restrict__ batch_out,
                                                PosT* __restrict__ pos_out, i64* __restrict__ slot_out,
-                                               KvErr& err) {
+                                               KvErr& err, const KvDsaOut& dso = KvDsaOut()) {
     int blk[KV_MAX_CACHES];
     kv_load_blocks(b, pos, c, num_caches, blk);
-    kv_store_token<PosT>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+    kv_store_token<PosT, DSA>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err, dso);
 }
 
-template <typename PosT>
+template <typename PosT, bool DSA = false>
 __device__ __forceinline__ void kv_write_pad(int t, int num_caches, int capacity, int* __restrict__ batch_out,
-                                             PosT* __restrict__ pos_out, i64* __restrict__ slot_out) {
+                                             PosT* __restrict__ pos_out, i64* __restrict__ slot_out,
+                                             const KvDsaOut& dso = KvDsaOut()) {
     batch_out[t] = -1;
     pos_out[t] = 0;
 #pragma unroll
     for (int g = 0; g < KV_MAX_CACHES; ++g)
         if (g < num_caches) slot_out[(i64)g * capacity + t] = -1;
+    if (DSA) kv_dsa_store_pad(dso.value, dso.scale, dso.ctx, t);
 }
 
 // Per-request outputs and errors of request b whose tokens are [start, end).
@@ -330,13 +344,13 @@ __device__ __forceinline__ int kv_warp_search_global(const int* cu, int lo, int 
 //   3. Otherwise: stage the lengths, scan them in shared memory, check the guesses
 //      (decode, then "every request runs as many tokens as request 0"), search the
 //      rest, write everything.
-template <typename PosT>
+template <typename PosT, bool DSA>
 __device__ __forceinline__ void kv_multiblock_small(KvShared& s, const int* __restrict__ dec, const int* __restrict__ q,
                                               int bsz, int capacity, int num_caches, const KvCaches& c,
                                               int* __restrict__ cu_out, int* __restrict__ num_tokens_out,
                                               int* __restrict__ batch_out, PosT* __restrict__ pos_out,
                                               int* __restrict__ kv_out, i64* __restrict__ slot_out,
-                                              u64* __restrict__ rec, int num_chunks) {
+                                              u64* __restrict__ rec, int num_chunks, const KvDsaOut& dso) {
     static_assert(KV_TOKENS == KV_THREADS, "the small-batch step runs one token per thread");
     KvErr err;
     err.mask = 0u;
@@ -373,9 +387,10 @@ __device__ __forceinline__ void kv_multiblock_small(KvShared& s, const int* __re
                 pos = (i64)s.dec[b] + (t - b * q0);
                 kv_load_blocks(b, pos, c, num_caches, blk);
             }
-            kv_store_token<PosT>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+            kv_store_token<PosT, DSA>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err,
+                                      dso);
         } else if (t < capacity) {
-            kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+            kv_write_pad<PosT, DSA>(t, num_caches, capacity, batch_out, pos_out, slot_out, dso);
         }
         for (int r = t; r <= bsz; r += num_chunks * KV_TOKENS) {
             cu_out[r] = r * q0;
@@ -425,10 +440,11 @@ __device__ __forceinline__ void kv_multiblock_small(KvShared& s, const int* __re
         const bool hit = b >= 0 && s.cu[KV_PAD(b)] == gstart && t < s.cu[KV_PAD(b + 1)];
         if (!hit) b = kv_search_shared(s, 0, bsz, t);
         const i64 pos = (i64)s.dec[b] + (t - s.cu[KV_PAD(b)]);
-        if (hit) kv_store_token<PosT>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
-        else kv_write_token<PosT>(t, b, pos, c, num_caches, capacity, batch_out, pos_out, slot_out, err);
+        if (hit) kv_store_token<PosT, DSA>(t, b, pos, blk, c, num_caches, capacity, batch_out, pos_out, slot_out, err,
+                                           dso);
+        else kv_write_token<PosT, DSA>(t, b, pos, c, num_caches, capacity, batch_out, pos_out, slot_out, err, dso);
     } else if (t < capacity) {
-        kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+        kv_write_pad<PosT, DSA>(t, num_caches, capacity, batch_out, pos_out, slot_out, dso);
     }
     kv_store_errors(err, rec, chunk);
 }
@@ -555,13 +571,13 @@ __device__ __forceinline__ void kv_chunk_requests(KvShared& s, const int* cu_out
 
 // A token ticket: chunk `chunk` of the tokens, [chunk * KV_TOKENS, + KV_TOKENS). Waits
 // for the scan, finds its requests, writes its tokens (and padding).
-template <typename PosT>
+template <typename PosT, bool DSA>
 __device__ __forceinline__ void kv_large_tokens(KvShared& s, int chunk, int num_tiles, int num_chunks,
                                                 const int* __restrict__ dec, int bsz, int capacity, int num_caches,
                                                 const KvCaches& c, int* __restrict__ cu_out,
                                                 int* __restrict__ batch_out, PosT* __restrict__ pos_out,
                                                 i64* __restrict__ slot_out, unsigned int* __restrict__ state,
-                                                KvErr& err) {
+                                                KvErr& err, const KvDsaOut& dso) {
     kv_wait_scan(state, num_tiles);
     const int total = __ldcg(cu_out + bsz);
     const int end_tok = min(total, capacity);
@@ -584,10 +600,10 @@ __device__ __forceinline__ void kv_large_tokens(KvShared& s, int chunk, int num_
                 start = __ldcg(cu_out + b);
                 d = dec[b];
             }
-            kv_write_token<PosT>(t, b, (i64)d + (t - start), c, num_caches, capacity, batch_out, pos_out,
-                                 slot_out, err);
+            kv_write_token<PosT, DSA>(t, b, (i64)d + (t - start), c, num_caches, capacity, batch_out, pos_out,
+                                      slot_out, err, dso);
         } else {
-            kv_write_pad<PosT>(t, num_caches, capacity, batch_out, pos_out, slot_out);
+            kv_write_pad<PosT, DSA>(t, num_caches, capacity, batch_out, pos_out, slot_out, dso);
         }
     }
 }
@@ -615,13 +631,13 @@ __device__ __forceinline__ void kv_finish_launch(unsigned int* __restrict__ stat
 // blocks (step_multiblock sends them to kv_meta_block): the token blocks are
 // gridDim.x - num_meta (computed that way, a parameter and a special register, so
 // nothing more is live in the token path).
-template <typename PosT>
+template <typename PosT, bool DSA>
 __device__ void kv_step_tokens(KvShared& s, const int* __restrict__ dec, const int* __restrict__ q, int bsz, int capacity,
                         int num_caches, const KvCaches& c, int* __restrict__ cu_out,
                         int* __restrict__ num_tokens_out, int* __restrict__ batch_out,
                         PosT* __restrict__ pos_out, int* __restrict__ kv_out, i64* __restrict__ slot_out,
                         u64* __restrict__ rec, unsigned int* __restrict__ state,
-                        u64* __restrict__ tile_status, int num_meta) {
+                        u64* __restrict__ tile_status, int num_meta, const KvDsaOut& dso) {
     // err and num_chunks before the branch (the large path's): declared after it, ptxas
     // allocates one more register for sm_90.
     KvErr err;
@@ -629,8 +645,8 @@ __device__ void kv_step_tokens(KvShared& s, const int* __restrict__ dec, const i
     err.key = KV_NO_ERROR;
     const int num_chunks = (capacity + KV_TOKENS - 1) / KV_TOKENS;
     if (bsz <= KV_TILE) {
-        kv_multiblock_small<PosT>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out, pos_out,
-                            kv_out, slot_out, rec, (int)gridDim.x - num_meta);
+        kv_multiblock_small<PosT, DSA>(s, dec, q, bsz, capacity, num_caches, c, cu_out, num_tokens_out, batch_out,
+                                       pos_out, kv_out, slot_out, rec, (int)gridDim.x - num_meta, dso);
         return;
     }
     const int num_tiles = (bsz + KV_TILE - 1) / KV_TILE;
@@ -645,8 +661,8 @@ __device__ void kv_step_tokens(KvShared& s, const int* __restrict__ dec, const i
     } else {
         const int chunk = ticket - num_tiles;
         rec_slot = chunk;
-        kv_large_tokens<PosT>(s, chunk, num_tiles, num_chunks, dec, bsz, capacity, num_caches, c, cu_out,
-                              batch_out, pos_out, slot_out, state, err);
+        kv_large_tokens<PosT, DSA>(s, chunk, num_tiles, num_chunks, dec, bsz, capacity, num_caches, c, cu_out,
+                                   batch_out, pos_out, slot_out, state, err, dso);
     }
     kv_store_errors(err, rec, rec_slot);
     kv_finish_launch(state, epoch, (int)gridDim.x - num_meta);
@@ -710,9 +726,19 @@ __global__ void __launch_bounds__(KV_THREADS, DSA ? 1 : 2) step_multiblock(const
         c.width[g] = p.max_blocks[g];
         c.bs[g] = p.block_size[g];
     }
-    kv_step_tokens<PosT>(s, p.seq_lens_decoder, p.seq_lens_this_time, p.bsz, p.capacity, p.num_caches, c, p.cu_seqlens_q,
-                         p.num_tokens, p.batch_id_per_token, static_cast<PosT*>(p.position_ids), p.seq_lens_kv,
-                         p.slot_mapping, p.error_records, p.tile_state, p.tile_status, p.num_meta);
+    KvDsaOut dso = KvDsaOut();  // DSA: the token writes' DSA outputs (unused otherwise)
+    if (DSA) {
+        dso.value = p.dsa_value_offsets;
+        dso.scale = p.dsa_scale_offsets;
+        dso.ctx = p.dsa_ctx;
+        dso.g = p.dsa_cache;
+        dso.V = p.dsa_value_bytes;
+        dso.S = p.dsa_scale_bytes;
+    }
+    kv_step_tokens<PosT, DSA>(s, p.seq_lens_decoder, p.seq_lens_this_time, p.bsz, p.capacity, p.num_caches, c,
+                              p.cu_seqlens_q, p.num_tokens, p.batch_id_per_token, static_cast<PosT*>(p.position_ids),
+                              p.seq_lens_kv, p.slot_mapping, p.error_records, p.tile_state, p.tile_status, p.num_meta,
+                              dso);
 }
 
 // ---- the small-batch step (step_small, step_small_attention's token blocks) ----
@@ -749,12 +775,13 @@ struct KvSmallShared {
     int warp_sums[KV_SB_WARPS];  // inclusive total of each warp
 };
 
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA>
 __device__ __forceinline__ void kv_store_pad_token(const KvStepParams& p, int t) {
     kv_st(p.batch_id_per_token + t, -1);
     kv_st(static_cast<PosT*>(p.position_ids) + t, (PosT)0);
 #pragma unroll
     for (int g = 0; g < G; ++g) kv_st(p.slot_mapping + (i64)g * p.capacity + t, (i64)-1);
+    if (DSA) kv_dsa_store_pad(p.dsa_value_offsets, p.dsa_scale_offsets, p.dsa_ctx, t);
 }
 
 // Block ids of a token, also returning pos % B and whether pos / B is within the row.
@@ -828,8 +855,9 @@ __device__ __forceinline__ void kv_load_block_ids(const KvStepParams& p, const K
 }
 
 // Token t's outputs (request b, position pos) from its block ids, pos % B and the bound test
-// (kv_load_block_ids): bit 1 for an index beyond the row, bit 2 for a negative block id.
-template <int G, typename PosT>
+// (kv_load_block_ids): bit 1 for an index beyond the row, bit 2 for a negative block id. DSA: also
+// its DSA value / scale offsets and ctx from the dsa cache's slot (kv_dsa_store_slot, dsa_step.cuh).
+template <int G, typename PosT, bool DSA>
 __device__ __forceinline__ void kv_store_token_slots(const KvStepParams& p, int t, int b, i64 pos,
                                                      const int (&blk)[G > 0 ? G : 1],
                                                      const i64 (&off)[G > 0 ? G : 1],
@@ -843,6 +871,12 @@ __device__ __forceinline__ void kv_store_token_slots(const KvStepParams& p, int 
         else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
         else slot = (i64)blk[g] * p.block_size[g] + off[g];
         kv_st(p.slot_mapping + (i64)g * p.capacity + t, slot);
+        // the dsa cache's, stored here under a test the compiler cannot see through (kv_pin): it
+        // would merge the caches' stores into one of selected values, an index into p (a local
+        // struct: a stack frame)
+        if (DSA && kv_pin(g == p.dsa_cache ? 1 : 0))
+            kv_dsa_store_slot(p.dsa_value_offsets, p.dsa_scale_offsets, p.dsa_ctx, t, pos, slot, off[g],
+                              p.block_size[g], p.dsa_value_bytes, p.dsa_scale_bytes);
     }
 }
 
@@ -852,8 +886,9 @@ __device__ __forceinline__ bool kv_decode_vote(int T, bool ok) {
 }
 
 // Every scalar field the small and wide steps read, copied into a register at entry (kv_pin),
-// into r; the steps then run on r. (max_tiles, num_meta and the attention fields are not read.)
-template <int G>
+// into r; the steps then run on r. (max_tiles, num_meta and the attention fields are not read; the
+// DSA fields the token writes use only with DSA.)
+template <int G, bool DSA>
 __device__ __forceinline__ void kv_params_in_registers(const KvStepParams& p, KvStepParams& r) {
     r.seq_lens_decoder = kv_pin(p.seq_lens_decoder);
     r.seq_lens_this_time = kv_pin(p.seq_lens_this_time);
@@ -873,10 +908,18 @@ __device__ __forceinline__ void kv_params_in_registers(const KvStepParams& p, Kv
     }
     r.bsz = kv_pin(p.bsz);
     r.capacity = kv_pin(p.capacity);
+    if (DSA) {  // not pinned: read where the token writes use them (no register held meanwhile)
+        r.dsa_value_offsets = p.dsa_value_offsets;
+        r.dsa_scale_offsets = p.dsa_scale_offsets;
+        r.dsa_ctx = p.dsa_ctx;
+        r.dsa_cache = p.dsa_cache;
+        r.dsa_value_bytes = p.dsa_value_bytes;
+        r.dsa_scale_bytes = p.dsa_scale_bytes;
+    }
 }
 
 // The small-batch step's token blocks (see the section comment), on the pinned parameters.
-template <int G, typename PosT>
+template <int G, typename PosT, bool DSA>
 __device__ __forceinline__ void kv_small_tokens(const KvStepParams& p) {
     __shared__ KvSmallShared s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
@@ -963,9 +1006,9 @@ __device__ __forceinline__ void kv_small_tokens(const KvStepParams& p) {
     }
     const bool hit = guess & (start == tid);  // token tid (block 0) is request tid's first (tid < end_tok)
     if (hit) {
-        kv_store_token_slots<G, PosT>(p, t, tid, (i64)d, blk, goff, ginb, err);
+        kv_store_token_slots<G, PosT, DSA>(p, t, tid, (i64)d, blk, goff, ginb, err);
     } else if (t < capacity && t >= end_tok) {
-        kv_store_pad_token<G, PosT>(p, t);
+        kv_store_pad_token<G, PosT, DSA>(p, t);
     }
 
     // 3. the tokens the guess did not cover: search their request (none in a decode batch).
@@ -1000,7 +1043,7 @@ __device__ __forceinline__ void kv_small_tokens(const KvStepParams& p) {
         u64 row2[G > 0 ? G : 1];
         kv_row_addrs<G>(p, lo, row2);
         kv_load_block_ids<G>(p, dv, row2, pos, true, b2, o2, n2);
-        kv_store_token_slots<G, PosT>(p, t, lo, pos, b2, o2, n2, err);
+        kv_store_token_slots<G, PosT, DSA>(p, t, lo, pos, b2, o2, n2, err);
     }
 
     // Errors: warp w of block k merges into record k * (T / 32) + w, only with an error (sticky).
@@ -1040,7 +1083,7 @@ struct KvWideShared {
 };
 
 // The token blocks of the step across blocks (see the section comment), on the pinned parameters.
-template <int G, typename PosT, int R>
+template <int G, typename PosT, int R, bool DSA>
 __device__ __forceinline__ void kv_wide_tokens(const KvStepParams& p, KvErr& err) {
     __shared__ KvWideShared s;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, T = blockDim.x;
@@ -1131,11 +1174,11 @@ __device__ __forceinline__ void kv_wide_tokens(const KvStepParams& p, KvErr& err
     const bool decode = kv_decode_vote(T, ok) && bsz <= capacity;
     if (decode) {
         if (t < bsz) {  // t < bsz <= C: token t is request t's only one, at dt >= 0
-            kv_store_token_slots<G, PosT>(p, t, t, (i64)dt, blk, goff, ginb, err);
+            kv_store_token_slots<G, PosT, DSA>(p, t, t, (i64)dt, blk, goff, ginb, err);
             kv_st(p.seq_lens_kv + t, kv_sat_add(dt, 1));
             kv_st(p.cu_seqlens_q + t, t);
         } else if (t < capacity) {
-            kv_store_pad_token<G, PosT>(p, t);
+            kv_store_pad_token<G, PosT, DSA>(p, t);
         }
         if (first && tid == 0) {
             kv_st(p.cu_seqlens_q + bsz, bsz);
@@ -1224,7 +1267,7 @@ __device__ __forceinline__ void kv_wide_tokens(const KvStepParams& p, KvErr& err
         kv_st(p.cu_seqlens_q + bsz, total);
         kv_st(p.num_tokens, end_tok);
     }
-    if (t < capacity && t >= end_tok) kv_store_pad_token<G, PosT>(p, t);
+    if (t < capacity && t >= end_tok) kv_store_pad_token<G, PosT, DSA>(p, t);
     if (T == 32) __syncwarp(); else __syncthreads();  // s.cu, s.dec visible to the block
     if (t < end_tok) {
         int lo = 0, hi = bsz;                   // largest b with s.cu[b] <= t (s.cu[0] = 0 <= t)
@@ -1247,18 +1290,18 @@ __device__ __forceinline__ void kv_wide_tokens(const KvStepParams& p, KvErr& err
         u64 row2[G > 0 ? G : 1];
         kv_row_addrs<G>(p, lo, row2);
         kv_load_block_ids<G>(p, dv, row2, pos, true, b2, o2, n2);
-        kv_store_token_slots<G, PosT>(p, t, lo, pos, b2, o2, n2, err);
+        kv_store_token_slots<G, PosT, DSA>(p, t, lo, pos, b2, o2, n2, err);
     }
 }
 
 // The step across blocks' token blocks with their error records.
-template <int G, typename PosT, int R>
+template <int G, typename PosT, int R, bool DSA>
 __device__ __forceinline__ void kv_wide_tokens_records(const KvStepParams& p) {
     const int tid = threadIdx.x, warp = tid >> 5, T = blockDim.x;
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
-    kv_wide_tokens<G, PosT, R>(p, err);
+    kv_wide_tokens<G, PosT, R, DSA>(p, err);
     // Errors: warp w of block k merges into record k * (T / 32) + w, only with an error (sticky).
     kv_merge_record(p.error_records, (i64)blockIdx.x * (T >> 5) + warp, err);
 }
@@ -1273,8 +1316,8 @@ __global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_SB_THREADS, 1)
         return;
     }
     KvStepParams r;
-    kv_params_in_registers<G>(params, r);
-    kv_small_tokens<G, PosT>(r);
+    kv_params_in_registers<G, DSA>(params, r);
+    kv_small_tokens<G, PosT, DSA>(r);
 }
 
 // The small-batch step with attention outputs: <<<ceil(C / T) + M, T>>> (T <= KV_THREADS). A
@@ -1292,8 +1335,8 @@ __global__ void __launch_bounds__(KV_THREADS, 1) step_small_attention(const KvSt
         return;
     }
     KvStepParams r;
-    kv_params_in_registers<G>(params, r);
-    kv_small_tokens<G, PosT>(r);
+    kv_params_in_registers<G, DSA>(params, r);
+    kv_small_tokens<G, PosT, DSA>(r);
 }
 
 // The step across blocks: <<<ceil(C / T), T>>>, T <= KV_W_MAX / R, one parameter; the planner runs
@@ -1305,8 +1348,8 @@ __global__ void __launch_bounds__(DSA ? KV_DSA_SMALL_THREADS : KV_W_MAX / R, 1) 
         return;
     }
     KvStepParams r;
-    kv_params_in_registers<G>(params, r);
-    kv_wide_tokens_records<G, PosT, R>(r);
+    kv_params_in_registers<G, DSA>(params, r);
+    kv_wide_tokens_records<G, PosT, R, DSA>(r);
 }
 
 // The step across blocks with attention outputs (R = 4): <<<ceil(C / T) + M, T>>>,
@@ -1324,6 +1367,6 @@ __global__ void __launch_bounds__(KV_W_MAX / 4, 1) step_wide_attention(const KvS
         return;
     }
     KvStepParams r;
-    kv_params_in_registers<G>(params, r);
-    kv_wide_tokens_records<G, PosT, 4>(r);
+    kv_params_in_registers<G, DSA>(params, r);
+    kv_wide_tokens_records<G, PosT, 4, DSA>(r);
 }

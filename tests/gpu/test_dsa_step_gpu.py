@@ -4,7 +4,8 @@ table (step_small, step_wide, step_multiblock, each also with attention outputs)
 multi-block kernel forced at every size; decode batches (B = 64 and not a power of two), MTP
 decodes with n > 1, mixed decode / prefill steps, idle and bad requests, more than 1024 requests,
 steps past the capacity; every element rewritten (poisoned buffers); the step's own outputs
-unchanged by the second grid row; CUDA-graph replays with the inputs' contents changed; a
+unchanged by the second grid row; every kernel family (small, wide, multi-block, attention
+variants) on decode, MTP, mixed and bad batches with padding; CUDA-graph replays with the inputs' contents changed; a
 BoundStep. Skips, with the reason, without a GPU.
 """
 
@@ -104,6 +105,44 @@ def test_mixed_steps(bsz, C, multiblock):
     _run_and_check(p, dec, q, table, f"mixed {bsz}", n=2, multiblock=multiblock)
 
 
+# (requests, the one request that is not a plain decode, its seq_lens_decoder): the DSA blocks'
+# vote reads seq_lens_this_time alone past their first tile, 16 bytes a load when it is aligned
+VOTE_CASES = [
+    (4096, None, 0),  # a decode step
+    (4095, 4094, 7),  # the only prefill the last request (bsz % 4 = 3)
+    (4093, 4092, 7),  # bsz % 4 = 1
+    (2000, 1500, 7),  # a prefill in the middle
+    (3000, 2900, -3),  # a bad request with n > dsa_decode_len past the first tile
+    (6000, 5999, 7),  # step_multiblock
+]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset"])
+@pytest.mark.parametrize("bsz, at, d", VOTE_CASES)
+def test_vote_past_the_first_tile(bsz, at, d, aligned):
+    """A decode step, or one prefill (or bad request) past the DSA blocks' first tile; the lengths
+    also 4 bytes past a 16-byte boundary (the vote's scalar loads)."""
+    import cupy
+
+    rng = np.random.default_rng(bsz)
+    dec, q, table = dsa_case(rng, bsz, decodes=bsz)
+    if at is not None:
+        dec[at], q[at] = d, 9
+    C = bsz + 40
+    p = _planner(bsz, C, [64, 64])
+    ref = step_addressing(dec, q, [table] * 2, [64, 64], C, dsa=True, max_requests=bsz)
+    _poison(p)
+    shift = 0 if aligned else 1
+    dev_dec = cupy.asarray(np.concatenate([np.zeros(shift, np.int32), dec]))[shift:]
+    dev_q = cupy.asarray(np.concatenate([np.zeros(shift, np.int32), q]))[shift:]
+    assert (dev_q.data.ptr % 16 == 0) == aligned
+    out = p.compute(dev_dec, dev_q, [cupy.asarray(table)] * 2)
+    cupy.cuda.runtime.deviceSynchronize()
+    for f in DSA_FIELDS:
+        np.testing.assert_array_equal(getattr(out.dsa, f).get(), getattr(ref.outputs.dsa, f), err_msg=f)
+    assert p.errors()[0] == ref.error_mask
+
+
 def test_many_requests_past_the_capacity():
     rng = np.random.default_rng(5)
     dec, q, table = dsa_case(rng, 5000, n=1, chunk=8)
@@ -141,6 +180,67 @@ def test_with_attention_outputs(bsz, multiblock):
     N = 64 * (bsz + 1)
     p = _planner(bsz, 8192, [64, 64], attention=groups, N=N)
     _run_and_check(p, dec, q, table, f"attention {bsz}", attention=groups, N=N, multiblock=multiblock)
+
+
+ATTENTION = ("flashinfer", "varlen", "page_table")
+# (the kernel family the planner runs, requests, attention groups, every batch on step_multiblock)
+FAMILIES = [
+    ("step_small<", 40, None, False),
+    ("step_wide<", 700, None, False),
+    ("step_wide<", 3000, None, False),
+    ("step_multiblock<", 40, None, True),  # its small-batch path
+    ("step_multiblock<", 5000, None, False),  # its large-batch path (tickets)
+    ("step_small_attention<", 40, ATTENTION, False),
+    ("step_wide_attention<", 3000, ATTENTION, False),
+    ("step_multiblock<", 5000, ATTENTION, False),
+]
+# (label, decode_len n, dsa_case arguments): a decode step (plain, MTP), decodes with prefills,
+# bad requests (a negative length), short rows and negative block ids
+KINDS = [
+    ("decode", 1, dict(decodes=None)),
+    ("mtp", 2, dict(decodes=None)),
+    ("mixed", 2, dict(idle=0.1, chunk=12)),
+    ("bad rows", 1, dict(bad=0.1, idle=0.1, neg_block=0.05, width=8, max_pos=64 * 10, chunk=9)),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k[0] for k in KINDS])
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f[0].rstrip('<')}-{f[1]}-{'attn' if f[2] else 'plain'}")
+def test_every_kernel_family(family, kind):
+    """Every kernel family's DSA instantiation (the token writes' value / scale / ctx and the DSA
+    blocks' ks / ke / cu_seq_lens) on decode, MTP, mixed and bad batches, with padding: the
+    capacity exceeds the tokens."""
+    prefix, bsz, attention, multiblock = family
+    label, n, kw = kind
+    rng = np.random.default_rng(bsz * 31 + len(label))
+    kw = dict(kw)
+    if kw.get("decodes", 0) is None:
+        kw["decodes"] = bsz  # every request a decode of n tokens
+    dec, q, table = dsa_case(rng, bsz, n=n, **kw)
+    C = int(np.clip(q, 0, None).sum()) + 37
+    N = 64 * (bsz + 1) if attention else None
+    p = _planner(bsz, C, [64, 48], n=n, attention=attention, N=N)
+    force_multiblock(p, multiblock)
+    assert p.kernel_for(bsz)[0].startswith(prefix) and p.kernel_for(bsz)[0].endswith(", true>"), p.kernel_for(bsz)
+    _run_and_check(p, dec, q, table, f"{prefix} {bsz} {label}", n=n, attention=attention, N=N, multiblock=multiblock)
+
+
+@pytest.mark.parametrize("dsa_cache", [0, 1, 2])
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f[0].rstrip('<')}-{f[1]}-{'attn' if f[2] else 'plain'}")
+def test_every_kernel_family_with_the_indexer_cache_anywhere(family, dsa_cache):
+    """Three caches of block sizes 48, 64 and 16: the token writes take the DSA offsets from the
+    indexer cache's slot whichever cache it is."""
+    prefix, bsz, attention, multiblock = family
+    rng = np.random.default_rng(bsz + dsa_cache)
+    dec, q, table = dsa_case(rng, bsz, n=1, idle=0.1, chunk=7, neg_block=0.02, width=300, max_pos=16 * 280)
+    C = int(np.clip(q, 0, None).sum()) + 5
+    N = 300 * (bsz + 1) if attention else None
+    p = _planner(bsz, C, [48, 64, 16], attention=attention, N=N, dsa_cache=dsa_cache)
+    force_multiblock(p, multiblock)
+    assert p.kernel_for(bsz)[0].startswith(prefix), p.kernel_for(bsz)
+    _run_and_check(
+        p, dec, q, table, f"{prefix} {bsz} cache {dsa_cache}", attention=attention, N=N, multiblock=multiblock
+    )
 
 
 @pytest.mark.parametrize("bsz", [64, 1030])

@@ -1,7 +1,7 @@
 """StepPlanner's DSA outputs (docs/dsa.md) on the CPU: a fake CuPy whose device arrays are NumPy
-buffers, and a launch that runs the grid's second row (the DSA blocks) through the step-by-step
-model of kvaddr/kernels/dsa_step.cuh (tests/support/dsa_step_model.py), reading the launch's
-KvStepParams and geometry. Checks the struct fields, the second grid row, the output views and,
+buffers, and a launch that runs the DSA token writes of the step's blocks and the grid's second
+row (the DSA blocks) through the step-by-step model of kvaddr/kernels/dsa_step.cuh
+(tests/support/dsa_step_model.py), reading the launch's KvStepParams and geometry. Checks the struct fields, the second grid row, the output views and,
 through the model, every DSA output against the NumPy reference (kvaddr.reference) and the DSA
 oracle (kvaddr.dsa_reference.indexer_metadata). The kernel itself runs in tests/gpu."""
 
@@ -20,7 +20,7 @@ from kvaddr.dsa_reference import indexer_cache_offsets, indexer_metadata
 from kvaddr.outputs import DSA_FIELDS
 from kvaddr.reference import step_addressing
 from tests.support.dsa_cases import dsa_case
-from tests.support.dsa_step_model import run_dsa_blocks
+from tests.support.dsa_step_model import run_dsa_blocks, run_dsa_token_writes
 from tests.support.meta_kernel_model import _view
 
 
@@ -98,6 +98,7 @@ def fake_planner(monkeypatch):
             _view(P.batch_id_per_token, P.capacity)[:] = ref.outputs.batch_id_per_token
             if grid_y == 2:
                 assert self.fn.endswith(", true>"), self.fn  # the kernel's DSA instantiation
+                run_dsa_token_writes(P, ref.outputs.batch_id_per_token, ref.outputs.position_ids)
                 writes = run_dsa_blocks(P, grid, block)
                 assert (writes == 1).all(), np.flatnonzero(writes != 1)[:8]  # every token once
             launches.append((self.fn, grid, block, grid_y))
@@ -213,6 +214,33 @@ def test_batches_against_reference(fake_planner, bsz, M, C, n, family):
     out = p.compute(_dev(dec), _dev(q), _dev(table))
     assert launches[-1][0].split("<")[0] == family, launches[-1]
     _compare(out.dsa, _expect(dec, q, [table, table], [64, 64], C, M, dsa_decode_len=n))
+
+
+# (requests, the one request past the DSA blocks' first tile that is not a plain decode, its
+# seq_lens_decoder): the vote reads seq_lens_this_time alone past the first tile
+VOTE_CASES = [
+    (4096, None, 0),  # a decode step: one round of 16-byte loads
+    (4095, 4094, 7),  # the only prefill the last request, bsz % 4 = 3 (the part group of 4)
+    (4093, 4092, 7),  # bsz % 4 = 1
+    (2000, 1500, 7),  # a prefill in the middle
+    (3000, 2900, -3),  # a bad request with n > dsa_decode_len: the vote says prefill, the outputs a decode step's
+    (1030, 1029, -3),  # the same at the last request
+]
+
+
+@pytest.mark.parametrize("bsz, at, d", VOTE_CASES)
+def test_vote_past_the_first_tile(fake_planner, bsz, at, d):
+    StepPlanner, _ = fake_planner
+    rng = np.random.default_rng(bsz)
+    C = bsz + 40
+    p = StepPlanner(bsz, C, [64, 64], dsa=True)
+    dec, q, table = _case(rng, bsz, decodes=bsz)
+    if at is not None:
+        dec[at], q[at] = d, 9
+    out = p.compute(_dev(dec), _dev(q), _dev(table))
+    exp = _expect(dec, q, [table, table], [64, 64], C, bsz)
+    _compare(out.dsa, exp)
+    assert (exp.ke != 0).any() == (at is not None and d >= 0)  # a prefill's ke, or a decode step's zeros
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
