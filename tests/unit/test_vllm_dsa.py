@@ -261,3 +261,8 @@ def test_block_model_equals_the_reference(seed, M, bad):
     )
     assert cu.tolist() == want.cu_seq_lens.tolist()
     assert np.where(ks >= 0, ks, 0).tolist() == want.ks.tolist()
+    # the DSA blocks write exactly the prefills' tokens; the token role every other token's 0, 0
+    qlen = np.diff(x["query_start_loc"].astype(np.int64))
+    req = want.req_id_per_token.astype(np.int64)
+    prefill_token = (req >= 0) & (qlen[np.maximum(req, 0)] > 2) if qlen.size else req >= 0
+    assert (ks >= 0).tolist() == prefill_token.tolist()
