@@ -187,7 +187,8 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // =====================================================================================
 //
 // The one-launch vLLM step (VllmStepPlanner). The grid has four roles, by block index:
-//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot;
+//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot (with
+//     DSA, the token's DSA outputs too: vllm_dsa_token_write);
 //   * request blocks (request_blocks): a thread per batch row b < max_num_reqs: seq_lens,
 //     dcp_local_seq_lens, the per-request checks and every group's num_blocks check; a row
 //     b >= num_reqs (padding rows and rows an earlier step left with data) also reads the row's
@@ -749,8 +750,10 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
 
 // The vLLM step: <<<token_blocks + request_blocks + gather blocks (+ num_groups * meta_blocks with
 // ATTENTION), VLLM_THREADS>>>, one parameter. ATTENTION: the last num_groups * meta_blocks blocks
-// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows,
-// row 1 writing the DSA outputs (vllm_dsa_block); row 0 is the step above, unchanged.
+// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows;
+// row 0 is the step above, its token role also writing each token's DSA outputs but a prefill
+// token's ks and ke (vllm_dsa_token_write), row 1 the DSA blocks writing those and cu_seq_lens
+// (vllm_dsa_block). Without DSA the code is the step's alone.
 __device__ void vllm_dsa_block(const VllmStepParams& p, int* sq);  // vllm_dsa.cuh
 
 template <bool ATTENTION, bool DSA = false>
