@@ -261,3 +261,41 @@ def test_block_model_equals_the_reference(seed, M, bad):
     )
     assert cu.tolist() == want.cu_seq_lens.tolist()
     assert np.where(ks >= 0, ks, 0).tolist() == want.ks.tolist()
+    # the DSA blocks write exactly the prefills' tokens; the token role every other token's 0, 0
+    qlen = np.diff(x["query_start_loc"].astype(np.int64))
+    req = want.req_id_per_token.astype(np.int64)
+    prefill_token = (req >= 0) & (qlen[np.maximum(req, 0)] > 2) if qlen.size else req >= 0
+    assert (ks >= 0).tolist() == prefill_token.tolist()
+
+
+@emulated
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("where", ["none", "start", "middle", "end"])
+def test_emulated_decode_mtp_and_placed_prefills(monkeypatch, n, where):
+    """Decode batches (the DSA blocks' vote: no prefill, cu_seq_lens 0), MTP decodes of n tokens
+    and a few prefills at the batch's start, middle or end, with dummy rows, each of G = 1..3
+    groups as the indexer cache's, and DCP."""
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from tests.support.vllm_dsa_cases import placed_batch
+
+    install(monkeypatch, on_launch=vllm_emulator.run)
+    rng = np.random.default_rng(n * 10 + len(where))
+    for G, cp in [(1, 1), (2, 2), (3, 1)]:
+        M = 300
+        cfg, state = random_case(
+            rng,
+            max_num_reqs=M,
+            num_reqs=M,
+            block_sizes=(16, 64, 5)[:G],
+            max_query=40,
+            cp_size=cp,
+            cp_rank=cp - 1,
+            spare_tokens=M * 8,
+        )
+        for g in range(G):
+            kw = dict(dsa_cache=g, dsa_decode_len=n)
+            p = VllmStepPlanner(**planner_kwargs(cfg), dsa=True, **kw)
+            for num_reqs in (M, 37):
+                x = placed_batch(rng, cfg, state, num_reqs, n=n, where=where)
+                want = check(p, cfg, x, M, label=f"G {G} group {g} {where} {num_reqs}", **kw)
+                assert (want.outputs.dsa.ke > 0).any() == (where != "none")
