@@ -19,6 +19,10 @@ time per copy = replay time (CUDA events, median of R replays) / N, for
               no context or width check, no counts, no error records; the fastest of 128, 256
               and 512 threads per block (as many blocks as int4). It is checked against the
               reference on the same (valid) input.
+  * row floor the floor's work laid out as plain lays a row out at K = 2048: one block of 256
+              threads per row, each thread two 16-byte pieces half a row apart (both loads
+              before any lookup); it tells the geometry's share of plain's time from the share
+              of its checks, counts and records.
 Rows: T = 1, 64, 1024, 8192 query tokens (requests of 1..32k tokens of context, B = 64, rows of
 requests shorter than K ending in -1s), and the layers form (61 layers of T = 1 and 64 in one
 launch against 61 baseline launches). Every implementation is first checked against the NumPy
@@ -75,12 +79,44 @@ extern "C" __global__ void topk_floor(const int4* __restrict__ topk,   // [rows 
     s.w = v.w < 0 ? -1 : (__ldg(row + (v.w >> block_shift)) << block_shift) + (v.w & m);
     slots[i] = s;
 }
+
+// The same work, one block of blockDim.x threads per row of 8 * blockDim.x entries (K / 8 threads):
+// thread t converts the row's int4 number t and t + blockDim.x.
+extern "C" __global__ void topk_row_floor(const int4* __restrict__ topk, const int* __restrict__ req_id,
+                                          const int* __restrict__ table, int4* __restrict__ slots,
+                                          unsigned int num_tokens, int width, int block_shift) {
+    const unsigned int i = blockIdx.x * 2u * blockDim.x + threadIdx.x;
+    const unsigned int token = blockIdx.x % num_tokens;
+    const int4 v0 = topk[i];
+    const int4 v1 = topk[i + blockDim.x];
+    const int* row = table + (long long)__ldg(req_id + token) * width;
+    const int m = (1 << block_shift) - 1;
+    int4 s, r;
+    s.x = v0.x < 0 ? -1 : (__ldg(row + (v0.x >> block_shift)) << block_shift) + (v0.x & m);
+    s.y = v0.y < 0 ? -1 : (__ldg(row + (v0.y >> block_shift)) << block_shift) + (v0.y & m);
+    s.z = v0.z < 0 ? -1 : (__ldg(row + (v0.z >> block_shift)) << block_shift) + (v0.z & m);
+    s.w = v0.w < 0 ? -1 : (__ldg(row + (v0.w >> block_shift)) << block_shift) + (v0.w & m);
+    r.x = v1.x < 0 ? -1 : (__ldg(row + (v1.x >> block_shift)) << block_shift) + (v1.x & m);
+    r.y = v1.y < 0 ? -1 : (__ldg(row + (v1.y >> block_shift)) << block_shift) + (v1.y & m);
+    r.z = v1.z < 0 ? -1 : (__ldg(row + (v1.z >> block_shift)) << block_shift) + (v1.z & m);
+    r.w = v1.w < 0 ? -1 : (__ldg(row + (v1.w >> block_shift)) << block_shift) + (v1.w & m);
+    slots[i] = s;
+    slots[i + blockDim.x] = r;
+}
 """
 
 
 @functools.cache
 def floor_kernel():
     return cupy.RawModule(code=FLOOR_SOURCE).get_function("topk_floor")
+
+
+def row_floor_launch(topk, req, table, slots, stream):
+    """A launch of the row floor on ``stream``: one block of K / 8 threads per row."""
+    fn = cupy.RawModule(code=FLOOR_SOURCE).get_function("topk_row_floor")
+    rows = topk.size // K
+    args = (topk, req, table, slots, np.uint32(req.size), np.int32(table.shape[1]), np.int32(B.bit_length() - 1))
+    return lambda: fn((rows,), (K // 8,), args, stream=stream)
 
 
 def floor_launch(topk, req, table, slots, threads, stream):
@@ -174,6 +210,10 @@ def main(argv=None):
             floors = {n: floor_launch(topk, req, table, floor_out, n, stream) for n in (128, 256, 512)}
             floors[256]()
             check("floor", floor_out, None, want, False)
+            row_floor_out = cupy.empty_like(topk)
+            row_floor = row_floor_launch(topk, req, table, row_floor_out, stream)
+            row_floor()
+            check("row floor", row_floor_out, None, want, False)
             for s in (plain, packed):
                 masks, _ = topk_slot_errors(s.errors, stream=stream)
                 assert not masks.any()
@@ -194,6 +234,7 @@ def main(argv=None):
             per_threads = {n: graph_time_per_copy(f, stream, a.copies, a.replays) for n, f in floors.items()}
             row["floor_threads"] = min(per_threads, key=per_threads.get)
             row["floor_us"] = per_threads[row["floor_threads"]]
+            row["row_floor_us"] = graph_time_per_copy(row_floor, stream, a.copies, a.replays)
             row["plain_bw_of_copy"] = row["copy_us"] / row["plain_us"]
             row["compact_bw_of_copy"] = row["copy_us"] / row["compact_us"]
             row["compact_over_plain"] = row["compact_us"] / row["plain_us"]
@@ -201,20 +242,22 @@ def main(argv=None):
             row["compact_over_baseline"] = row["compact_us"] / row["baseline_us"]
             row["plain_over_floor"] = row["plain_us"] / row["floor_us"]
             row["compact_over_floor"] = row["compact_us"] / row["floor_us"]
+            row["plain_over_row_floor"] = row["plain_us"] / row["row_floor_us"]
             results.append(row)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"device: {dev}; {when}; K = {K}, B = {B}; graph mode, {a.copies} copies per graph, median of {a.replays}")
     print(
         f"{'T':>6}{'L':>4}{'copy us':>10}{'plain us':>10}{'compact us':>12}{'baseline us':>13}{'floor us':>10}"
         f"{'plain bw/copy':>15}{'compact/plain':>15}{'plain/base':>12}{'compact/base':>14}"
-        f"{'plain/floor':>13}{'compact/floor':>15}"
+        f"{'plain/floor':>13}{'compact/floor':>15}{'floor thr':>11}{'row floor us':>14}{'plain/row floor':>17}"
     )
     for r in results:
         print(
             f"{r['tokens']:>6}{r['layers']:>4}{r['copy_us']:>10.2f}{r['plain_us']:>10.2f}{r['compact_us']:>12.2f}"
             f"{r['baseline_us']:>13.2f}{r['floor_us']:>10.2f}{r['plain_bw_of_copy']:>15.2f}"
             f"{r['compact_over_plain']:>15.2f}{r['plain_over_baseline']:>12.2f}{r['compact_over_baseline']:>14.2f}"
-            f"{r['plain_over_floor']:>13.2f}{r['compact_over_floor']:>15.2f}"
+            f"{r['plain_over_floor']:>13.2f}{r['compact_over_floor']:>15.2f}{r['floor_threads']:>11}"
+            f"{r['row_floor_us']:>14.2f}{r['plain_over_row_floor']:>17.2f}"
         )
     if a.json:
         with open(a.json, "w") as fh:
