@@ -13,18 +13,29 @@ time per copy = replay time (CUDA events, median of R replays) / N, for
               floor: it does strictly less). Not in the copy: the conversion's req_id and ctx
               reads (8 bytes per token, 0.1% of a row) and its block-table reads (at most
               ceil(ctx / B) entries per token, a table of 64 requests that stays in L2).
+  * floor     a conversion doing strictly less than plain (CUDA source below, benchmark only):
+              one thread per int4 of top-k, reading it and its token's req_id, looking each
+              entry up in block_table[req, v >> log2(B)] and storing its slot (-1 for v < 0);
+              no context or width check, no counts, no error records; the fastest of 128, 256
+              and 512 threads per block (as many blocks as int4). It is checked against the
+              reference on the same (valid) input.
+  * row floor the floor's work laid out as plain lays a row out at K = 2048: one block of 256
+              threads per row, each thread two 16-byte pieces half a row apart (both loads
+              before any lookup); it tells the geometry's share of plain's time from the share
+              of its checks, counts and records.
 Rows: T = 1, 64, 1024, 8192 query tokens (requests of 1..32k tokens of context, B = 64, rows of
 requests shorter than K ending in -1s), and the layers form (61 layers of T = 1 and 64 in one
 launch against 61 baseline launches). Every implementation is first checked against the NumPy
 reference (kvaddr.dsa_reference) on the same input; the baseline on valid input.
 Printed: time per call, the copy's time over the conversion's (the conversion's bandwidth as a
-fraction of the copy's), compact / plain and plain / baseline.
+fraction of the copy's), compact / plain, plain / baseline, and plain and compact over the floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -42,6 +53,80 @@ from kvaddr.strategies.dsa_topk import BaselineTopkSlots, KvaddrTopkSlots
 K = 2048
 B = 64
 MAX_CONTEXT = 32768
+
+# The floor (above): B a power of two, K % 4 == 0, rows * K / 4 < 2^31, every token's req_id a row
+# of the table and every position's block inside its width (the benchmark's input).
+FLOOR_SOURCE = r"""
+extern "C" __global__ void topk_floor(const int4* __restrict__ topk,   // [rows * K / 4] int4
+                                      const int* __restrict__ req_id,  // [T] int32
+                                      const int* __restrict__ table,   // [R, W] int32, contiguous
+                                      int4* __restrict__ slots,        // [rows * K / 4] int4 (written)
+                                      unsigned int n4,                 // rows * K / 4
+                                      unsigned int k4,                 // K / 4
+                                      unsigned int num_tokens,         // T
+                                      int width,                       // W
+                                      int block_shift) {               // log2(B)
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const unsigned int token = (i / k4) % num_tokens;
+    const int4 v = topk[i];
+    const int* row = table + (long long)__ldg(req_id + token) * width;
+    const int m = (1 << block_shift) - 1;
+    int4 s;
+    s.x = v.x < 0 ? -1 : (__ldg(row + (v.x >> block_shift)) << block_shift) + (v.x & m);
+    s.y = v.y < 0 ? -1 : (__ldg(row + (v.y >> block_shift)) << block_shift) + (v.y & m);
+    s.z = v.z < 0 ? -1 : (__ldg(row + (v.z >> block_shift)) << block_shift) + (v.z & m);
+    s.w = v.w < 0 ? -1 : (__ldg(row + (v.w >> block_shift)) << block_shift) + (v.w & m);
+    slots[i] = s;
+}
+
+// The same work, one block of blockDim.x threads per row of 8 * blockDim.x entries (K / 8 threads):
+// thread t converts the row's int4 number t and t + blockDim.x.
+extern "C" __global__ void topk_row_floor(const int4* __restrict__ topk, const int* __restrict__ req_id,
+                                          const int* __restrict__ table, int4* __restrict__ slots,
+                                          unsigned int num_tokens, int width, int block_shift) {
+    const unsigned int i = blockIdx.x * 2u * blockDim.x + threadIdx.x;
+    const unsigned int token = blockIdx.x % num_tokens;
+    const int4 v0 = topk[i];
+    const int4 v1 = topk[i + blockDim.x];
+    const int* row = table + (long long)__ldg(req_id + token) * width;
+    const int m = (1 << block_shift) - 1;
+    int4 s, r;
+    s.x = v0.x < 0 ? -1 : (__ldg(row + (v0.x >> block_shift)) << block_shift) + (v0.x & m);
+    s.y = v0.y < 0 ? -1 : (__ldg(row + (v0.y >> block_shift)) << block_shift) + (v0.y & m);
+    s.z = v0.z < 0 ? -1 : (__ldg(row + (v0.z >> block_shift)) << block_shift) + (v0.z & m);
+    s.w = v0.w < 0 ? -1 : (__ldg(row + (v0.w >> block_shift)) << block_shift) + (v0.w & m);
+    r.x = v1.x < 0 ? -1 : (__ldg(row + (v1.x >> block_shift)) << block_shift) + (v1.x & m);
+    r.y = v1.y < 0 ? -1 : (__ldg(row + (v1.y >> block_shift)) << block_shift) + (v1.y & m);
+    r.z = v1.z < 0 ? -1 : (__ldg(row + (v1.z >> block_shift)) << block_shift) + (v1.z & m);
+    r.w = v1.w < 0 ? -1 : (__ldg(row + (v1.w >> block_shift)) << block_shift) + (v1.w & m);
+    slots[i] = s;
+    slots[i + blockDim.x] = r;
+}
+"""
+
+
+@functools.cache
+def floor_kernel():
+    return cupy.RawModule(code=FLOOR_SOURCE).get_function("topk_floor")
+
+
+def row_floor_launch(topk, req, table, slots, stream):
+    """A launch of the row floor on ``stream``: one block of K / 8 threads per row."""
+    fn = cupy.RawModule(code=FLOOR_SOURCE).get_function("topk_row_floor")
+    rows = topk.size // K
+    args = (topk, req, table, slots, np.uint32(req.size), np.int32(table.shape[1]), np.int32(B.bit_length() - 1))
+    return lambda: fn((rows,), (K // 8,), args, stream=stream)
+
+
+def floor_launch(topk, req, table, slots, threads, stream):
+    """A launch of the floor on ``stream``, ``threads`` threads per block."""
+    n4 = topk.size // 4
+    t = req.size
+    args = (topk, req, table, slots, np.uint32(n4), np.uint32(K // 4), np.uint32(t), np.int32(table.shape[1]))
+    args += (np.int32(B.bit_length() - 1),)
+    fn = floor_kernel()
+    return lambda: fn((-(-n4 // threads),), (threads,), args, stream=stream)
 
 
 def graph_time_per_copy(launch, stream, copies, replays):
@@ -121,6 +206,14 @@ def main(argv=None):
             check("compact", o.slots, o.valid_counts, want_c, True)
             o = base.compute(topk, req, table, ctx, stream=stream)
             check("baseline", o.slots, None, want, False)
+            floor_out = cupy.empty_like(topk)
+            floors = {n: floor_launch(topk, req, table, floor_out, n, stream) for n in (128, 256, 512)}
+            floors[256]()
+            check("floor", floor_out, None, want, False)
+            row_floor_out = cupy.empty_like(topk)
+            row_floor = row_floor_launch(topk, req, table, row_floor_out, stream)
+            row_floor()
+            check("row floor", row_floor_out, None, want, False)
             for s in (plain, packed):
                 masks, _ = topk_slot_errors(s.errors, stream=stream)
                 assert not masks.any()
@@ -138,23 +231,33 @@ def main(argv=None):
                 row[f"{name}_us"] = graph_time_per_copy(
                     lambda s=s: s.compute(topk, req, table, ctx, stream=stream), stream, a.copies, a.replays
                 )
+            per_threads = {n: graph_time_per_copy(f, stream, a.copies, a.replays) for n, f in floors.items()}
+            row["floor_threads"] = min(per_threads, key=per_threads.get)
+            row["floor_us"] = per_threads[row["floor_threads"]]
+            row["row_floor_us"] = graph_time_per_copy(row_floor, stream, a.copies, a.replays)
             row["plain_bw_of_copy"] = row["copy_us"] / row["plain_us"]
             row["compact_bw_of_copy"] = row["copy_us"] / row["compact_us"]
             row["compact_over_plain"] = row["compact_us"] / row["plain_us"]
             row["plain_over_baseline"] = row["plain_us"] / row["baseline_us"]
             row["compact_over_baseline"] = row["compact_us"] / row["baseline_us"]
+            row["plain_over_floor"] = row["plain_us"] / row["floor_us"]
+            row["compact_over_floor"] = row["compact_us"] / row["floor_us"]
+            row["plain_over_row_floor"] = row["plain_us"] / row["row_floor_us"]
             results.append(row)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"device: {dev}; {when}; K = {K}, B = {B}; graph mode, {a.copies} copies per graph, median of {a.replays}")
     print(
-        f"{'T':>6}{'L':>4}{'copy us':>10}{'plain us':>10}{'compact us':>12}{'baseline us':>13}"
+        f"{'T':>6}{'L':>4}{'copy us':>10}{'plain us':>10}{'compact us':>12}{'baseline us':>13}{'floor us':>10}"
         f"{'plain bw/copy':>15}{'compact/plain':>15}{'plain/base':>12}{'compact/base':>14}"
+        f"{'plain/floor':>13}{'compact/floor':>15}{'floor thr':>11}{'row floor us':>14}{'plain/row floor':>17}"
     )
     for r in results:
         print(
             f"{r['tokens']:>6}{r['layers']:>4}{r['copy_us']:>10.2f}{r['plain_us']:>10.2f}{r['compact_us']:>12.2f}"
-            f"{r['baseline_us']:>13.2f}{r['plain_bw_of_copy']:>15.2f}{r['compact_over_plain']:>15.2f}"
-            f"{r['plain_over_baseline']:>12.2f}{r['compact_over_baseline']:>14.2f}"
+            f"{r['baseline_us']:>13.2f}{r['floor_us']:>10.2f}{r['plain_bw_of_copy']:>15.2f}"
+            f"{r['compact_over_plain']:>15.2f}{r['plain_over_baseline']:>12.2f}{r['compact_over_baseline']:>14.2f}"
+            f"{r['plain_over_floor']:>13.2f}{r['compact_over_floor']:>15.2f}{r['floor_threads']:>11}"
+            f"{r['row_floor_us']:>14.2f}{r['plain_over_row_floor']:>17.2f}"
         )
     if a.json:
         with open(a.json, "w") as fh:

@@ -47,11 +47,25 @@
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
 #define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
+// Compile-time forms of the conversion (each keeps the outputs, counts and error records exact;
+// 0 is the default form described above):
+//   KV_DSA_PLAIN_TAIL 1: the plain form's row count summed over the warp by one __reduce_add_sync
+//     (sm_80+) instead of five shuffles, and its static shared memory only the warps' sums (the
+//     table area is the compacting form's alone).
+//   KV_DSA_PLAIN_REGS 1: the plain form compiled for two blocks per SM (up to 128 registers)
+//     instead of five (48), so that register pressure never holds back a lookup.
+//   KV_DSA_COMPACT_STAGE 0: the compacting form looks the table up through the read-only path as
+//     the plain form does: no staging loop and one barrier fewer per row.
+#define KV_DSA_PLAIN_TAIL 0
+#define KV_DSA_PLAIN_REGS 0
+#define KV_DSA_COMPACT_STAGE 1
 // The plain form looks the table up through the read-only path (L1 / L2), with no barrier before
 // its stores, in 48 registers: five 256-thread blocks per SM. The compacting form stages the
 // table prefix in shared memory (it has a barrier anyway). Blocks per SM the plain form is
 // compiled for: sm_80's code spills at 48 registers, so there 64 registers and four blocks.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#if KV_DSA_PLAIN_REGS
+#define KV_DSA_PLAIN_BLOCKS 2
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KV_DSA_PLAIN_BLOCKS 4
 #else
 #define KV_DSA_PLAIN_BLOCKS 5
@@ -86,13 +100,15 @@ static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 12 * 4, "KvDsaTopkParams has no
 // Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
 // emulator (no warp shuffles there) every thread's count.
 #define KV_DSA_TABLE 2048  // int32 entries of staged table rows per block
+// wsum first: the plain form's shared memory may be that member alone (KV_DSA_PLAIN_TAIL).
 struct alignas(16) DsaShared {
-    int tab[KV_DSA_TABLE];  // the block's rows' table prefixes (KV_DSA_TABLE / rows per block each)
     int wsum[2][KV_WARPS];
+    int tab[KV_DSA_TABLE];  // the block's rows' table prefixes (KV_DSA_TABLE / rows per block each)
 #ifndef __CUDA_ARCH__
     int cnt[KV_THREADS];
 #endif
 };
+static_assert(sizeof(int) * 2 * KV_WARPS % 16 == 0, "DsaShared::tab is 16-byte aligned (int4 reads)");
 
 // A thread's state across the phases (registers on the GPU; the emulator keeps one per thread).
 template <int VEC>
@@ -490,9 +506,13 @@ __device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, const
 template <int VEC>
 __device__ __forceinline__ void dsa_count_partial(DsaShared& sm, DsaLane<VEC>& ln) {
 #ifdef __CUDA_ARCH__
+#if KV_DSA_PLAIN_TAIL && __CUDA_ARCH__ >= 800
+    const int s = __reduce_add_sync(0xffffffffu, ln.carry);
+#else
     int s = ln.carry;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+#endif
     if ((threadIdx.x & 31) == 0) sm.wsum[0][threadIdx.x >> 5] = s;
 #else
     sm.cnt[threadIdx.x] = ln.carry;
@@ -519,9 +539,16 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
 __global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : KV_DSA_PLAIN_BLOCKS) dsa_topk_slots(const KvDsaTopkParams p) {
+#if KV_DSA_PLAIN_TAIL
+    // the plain form touches only sm.wsum (the first member): its static shared memory is that
+    constexpr int SM_INT4 = COMPACT ? (int)(sizeof(DsaShared) / 16) : (int)(sizeof(int) * 2 * KV_WARPS / 16);
+    __shared__ int4 sm_raw[SM_INT4];
+    DsaShared& sm = *reinterpret_cast<DsaShared*>(sm_raw);
+#else
     __shared__ DsaShared sm;
+#endif
     DsaLane<VEC> ln;
-    constexpr bool STAGE = COMPACT;  // only the compacting form stages the table
+    constexpr bool STAGE = COMPACT && KV_DSA_COMPACT_STAGE;  // only the compacting form stages the table
     dsa_begin<VEC, STAGE>(p, sm, ln);
     if (STAGE) __syncthreads();  // the staged table rows
     const int chunks = dsa_chunks(p, VEC);
