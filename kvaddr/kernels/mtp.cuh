@@ -137,12 +137,12 @@ __device__ __forceinline__ bool kv_mtp_used(int v, bool varlen, bool fi, int G) 
     return fi && ((v - KV_MTP_PB) % KV_MAX_CACHES) < G;
 }
 
-// The sums of the requests outside [r_lo, r_hi) in o (every thread gets the block's values): one
+// The sums of the requests outside [w_lo, w_hi) in o (every thread gets the block's values): one
 // pass of independent loads (KV_MTP_UNROLL tiles in flight; nothing waits on a barrier or on
 // another block), then one block reduction (one barrier). A substep's lengths are derived from
 // (seq_lens_decoder, accept_num) as they are loaded, a bad request counts 0 as in the scan.
 __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const int* __restrict__ acc, int bsz,
-                                              int r_lo, int r_hi, int j, bool vec, bool varlen, bool fi, int G,
+                                              int w_lo, int w_hi, int j, bool vec, bool varlen, bool fi, int G,
                                               const KvCaches& c, KvMtpShared& s, i64 (&o)[KV_MTP_NRED]) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int base0 = 0; base0 < bsz; base0 += KV_MTP_UNROLL * KV_MTP_TILE) {
@@ -159,12 +159,12 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
             for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                 const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
                 ol[w][u] = 0;
-                if (b < bsz && (b < r_lo || b >= r_hi)) {
+                if (b < bsz && (b < w_lo || b >= w_hi)) {
                     int dj, qj;
                     kv_mtp_lengths(od[w][u], oa[w][u], j, dj, qj);
                     const bool bad = (dj < 0) | (qj < 0);
                     const int n = bad ? 0 : qj, L = bad ? 0 : kv_sat_add_nn(dj, qj);
-                    const bool before = b < r_lo;
+                    const bool before = b < w_lo;
                     ol[w][u] = L;
                     if (before) o[KV_MTP_NB] += n; else o[KV_MTP_NA] += n;
                     if (varlen) {
@@ -186,7 +186,7 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
                         for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                             const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
                             const int pgs = kv_pages(ol[w][u], c.bs[g]);  // 0 for a request not counted
-                            if (b < r_lo) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
+                            if (b < w_lo) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
                         }
                     }
                 }
@@ -249,34 +249,42 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
     // requests whose outputs and tokens this block writes: [r_lo, r_hi), rq a multiple of 4 (int4 loads)
     const int rq = ((bsz + 1 + chunks - 1) / chunks + 3) & ~3;
     const int r_lo = min(x * rq, bsz + 1), r_hi = min(r_lo + rq, bsz + 1), hi = min(r_hi, bsz);
+    // The requests this block scans, [w_lo, w_hi): the whole batch when it fits in one tile, else
+    // one tile holding [r_lo, hi) (its own range and more when rq exceeds a tile). A block scan
+    // costs the same for a few requests as for a tile, so scanning the others of the window
+    // replaces their pass of kv_mtp_others; w_lo is a multiple of 4 (int4 loads).
+    const int w_lo = bsz <= KV_MTP_TILE ? 0 : min(r_lo, (bsz - KV_MTP_TILE + 3) & ~3);
+    const int w_hi = min(bsz, max(hi, w_lo + KV_MTP_TILE));
     const bool vec = ((reinterpret_cast<u64>(dec_in) | reinterpret_cast<u64>(acc_in)) & 15ULL) == 0ULL;
 
-    // the other requests' sums: the prefixes before r_lo, the totals after r_hi, the maxima
+    // the other requests' sums: the prefixes before w_lo, the totals from w_hi on, the maxima
     i64 o[KV_MTP_NRED];
 #pragma unroll
     for (int v = 0; v < KV_MTP_NRED; ++v) o[v] = 0;
-    // This block's requests, tile by tile: raw lengths loaded one tile ahead, so a tile's loads
-    // fly while the one before is scanned (the first tile's during the others' pass).
+    // The window, tile by tile: raw lengths loaded one tile ahead, so a tile's loads fly while
+    // the one before is scanned (the first tile's during the others' pass).
     int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
-    if (r_lo < hi) kv_mtp_load(dec_in, acc_in, r_lo, min(KV_MTP_TILE, hi - r_lo), vec, rd, ra);
-    if (r_lo > 0 || r_hi <= bsz) kv_mtp_others(dec_in, acc_in, bsz, r_lo, r_hi, j, vec, varlen, fi, G, c, s, o);
+    if (w_lo < w_hi) kv_mtp_load(dec_in, acc_in, w_lo, min(KV_MTP_TILE, w_hi - w_lo), vec, rd, ra);
+    if (w_lo > 0 || w_hi < bsz) kv_mtp_others(dec_in, acc_in, bsz, w_lo, w_hi, j, vec, varlen, fi, G, c, s, o);
 
     i64 carry = o[KV_MTP_NB], carry_k = o[KV_MTP_KB];
     i64 carry_pg[KV_MAX_CACHES];
 #pragma unroll
     for (int g = 0; g < KV_MAX_CACHES; ++g) carry_pg[g] = o[KV_MTP_PB + g];
     int max_q = 0, max_k = 0;
-    for (int base = r_lo; base < hi; base += KV_MTP_TILE) {
-        const int count = min(KV_MTP_TILE, hi - base);
+    for (int base = w_lo; base < w_hi; base += KV_MTP_TILE) {
+        const int count = min(KV_MTP_TILE, w_hi - base);
         const bool narrow = count <= 32 * KV_MTP_ITEMS;  // the tile's requests are all in warp 0
+        // this block's requests in the tile: [k_lo, k_hi) (tile indices)
+        const int k_lo = min(max(r_lo - base, 0), count), k_hi = max(min(hi - base, count), k_lo);
         int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
 #pragma unroll
         for (int u = 0; u < KV_MTP_ITEMS; ++u) {
             cd[u] = rd[u];
             ca[u] = ra[u];
         }
-        if (base + KV_MTP_TILE < hi)
-            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, hi - base - KV_MTP_TILE), vec, rd, ra);
+        if (base + KV_MTP_TILE < w_hi)
+            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, w_hi - base - KV_MTP_TILE), vec, rd, ra);
         int d[KV_MTP_ITEMS], n[KV_MTP_ITEMS], L[KV_MTP_ITEMS];
         i64 sum = 0, sum_k = 0;
 #pragma unroll
@@ -297,10 +305,12 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             sum += n[u];
             sum_k += L[u];
         }
-        bool searched = false;  // this thread holds a request with tokens (written after the barrier)
+        bool searched = false;  // this thread holds one of the block's requests with tokens
 #pragma unroll
-        for (int u = 0; u < KV_MTP_ITEMS; ++u)
-            if (n[u] > 0) searched = true;
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            const int k = tid * KV_MTP_ITEMS + u;
+            if (k >= k_lo && k < k_hi && n[u] > 0) searched = true;
+        }
         i64 total;
         const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total, narrow);
         i64 ex_k = 0, total_k = 0;
@@ -316,11 +326,13 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     s.dec[k] = d[u];
                     const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
                     max_q = max(max_q, ce - cs);
-                    cu_out[b] = cs;
-                    kv_out[b] = L[u];
-                    if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
-                    if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
-                    if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
+                    if (k >= k_lo && k < k_hi) {  // this block's request: its outputs and checks
+                        cu_out[b] = cs;
+                        kv_out[b] = L[u];
+                        if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
+                        if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
+                        if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
+                    }
                     run += n[u];
                     run_k += L[u];
                 }
@@ -332,18 +344,33 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         const bool search = __syncthreads_or(searched) != 0;
         const i64 tile_end = s.cu[count], tile_end_k = s.end_k;
-        // the tile's tokens (below the capacity), one per thread in turn: its request by a binary search
+        // The block's tokens of the tile (below the capacity), [cu[k_lo], cu[k_hi]): two per thread
+        // per round (tokens tt and tt + KV_THREADS), each finding its request by a search of
+        // [k_lo, k_hi) (the two searches and the two tokens' block-id loads side by side, so a
+        // block with more tokens than threads waits for one chain of loads, not two).
         if (search) {
-            const i64 t_end = tile_end < (i64)C ? tile_end : (i64)C;
-            for (i64 tt = s.cu[0] + tid; tt < t_end; tt += KV_THREADS) {
-                const int t = (int)tt;
-                int lo = 0, hi2 = count;
-                while (hi2 - lo > 1) {
-                    const int mid = (lo + hi2) >> 1;
-                    if (s.cu[mid] <= tt) lo = mid; else hi2 = mid;
+            const i64 t_first = s.cu[k_lo], t_last = s.cu[k_hi];
+            const i64 t_end = t_last < (i64)C ? t_last : (i64)C;
+            const int span = k_hi - k_lo;  // >= 1: a thread voted
+            const int top = 1 << (31 - __clz(span));  // the largest power of two <= span
+            for (i64 t0 = t_first + tid; t0 < t_end; t0 += 2 * KV_THREADS) {
+                const i64 t1 = t0 + KV_THREADS;
+                const bool two = t1 < t_end;
+                // largest k in [k_lo, k_hi) with cu[k] <= t (cu[k_lo] <= t): steps of top, top / 2, .., 1
+                int lo0 = k_lo, lo1 = k_lo;
+                for (int step = top; step > 0; step >>= 1) {
+                    const int m0 = lo0 + step, m1 = lo1 + step;
+                    if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
+                    if (m1 < k_hi && s.cu[m1] <= t1) lo1 = m1;
                 }
-                const i64 pos = (i64)s.dec[lo] + (tt - s.cu[lo]);
-                kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
+                const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
+                const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
+                int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
+                kv_load_blocks(base + lo0, pos0, c, G, blk0);
+                if (two) kv_load_blocks(base + lo1, pos1, c, G, blk1);
+                kv_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, G, C, batch_out, pos_out, slot_out, err);
+                if (two)
+                    kv_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, G, C, batch_out, pos_out, slot_out, err);
             }
         }
         // attention rows of every cache: page prefixes, last-page lengths, row checks, kv_indices
@@ -367,23 +394,25 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         if (k < count) {
                             const int b = base + k;
                             s.pg[k] = prun;
-                            const int first = kv_mtp_sat(s.cu[k]);
-                            if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
-                            if (fi) {
-                                const i64 row = (i64)j * G * AS + (i64)g * AS;
-                                p.kv_indptr[row + b] = kv_mtp_sat(prun);
-                                p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
-                                if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
+                            if (k >= k_lo && k < k_hi) {
+                                const int first = kv_mtp_sat(s.cu[k]);
+                                if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
+                                if (fi) {
+                                    const i64 row = (i64)j * G * AS + (i64)g * AS;
+                                    p.kv_indptr[row + b] = kv_mtp_sat(prun);
+                                    p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
+                                    if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
+                                }
                             }
                             prun += pages[u];
                         }
                     }
                     if (tid == 0) s.pg[count] = carry_pg[g] + ptotal;
                     __syncthreads();
-                    if (fi) {
+                    if (fi) {  // the block's requests' rows, request k on warp (k - k_lo) % KV_WARPS
                         int* __restrict__ idx_out = p.kv_indices + (i64)j * G * N + (i64)g * N;
                         const int* __restrict__ table = c.table[g];
-                        for (int k = warp; k < count; k += KV_WARPS) {
+                        for (int k = k_lo + warp; k < k_hi; k += KV_WARPS) {
                             const int b = base + k;
                             const i64 start = s.pg[k], np = s.pg[k + 1] - start;
                             const int first = kv_mtp_sat(s.cu[k]);
@@ -404,7 +433,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         carry = tile_end;
         carry_k = tile_end_k;
-        if (base + KV_MTP_TILE < hi) __syncthreads();  // s.cu, s.dec: rewritten by the next tile
+        if (base + KV_MTP_TILE < w_hi) __syncthreads();  // s.cu, s.dec: rewritten by the next tile
     }
     const i64 n_total = carry + o[KV_MTP_NA];  // every request's tokens (int64, true sum)
     const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its

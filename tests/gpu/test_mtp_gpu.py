@@ -121,6 +121,17 @@ def test_bad_values_set_the_bits_and_keys_of_each_substep(bsz):
     _run(dec, acc, tables, sizes, C, 3, attention="flashinfer,page_table", N=64, label=f"bad bsz={bsz}")
 
 
+@pytest.mark.parametrize("attention", [None, ALL])
+@pytest.mark.parametrize(("bsz", "capacity"), [(1024, None), (1369, None), (3000, 300), (2500, 700)])
+def test_request_windows(bsz, capacity, attention):
+    """A batch within one tile over several token blocks (every block scans it whole), one just
+    past a tile, and batches of several tiles over two or three token blocks (a block's requests
+    span more than a tile; the capacity cuts the tokens: bit 4)."""
+    dec, acc, tables, sizes, C = _case(bsz + 7, bsz, 3, (16, 7), capacity=capacity)
+    N = 20000 if attention == ALL else None
+    _run(dec, acc, tables, sizes, C, 3, attention=attention, N=N, label=f"bsz={bsz} C={C}")
+
+
 def test_capacity_overflow_drops_tokens_and_sets_bit_4():
     dec, acc, tables, sizes, C = _case(3, 50, 4, (16,), capacity=20)
     assert int(acc.sum()) > 20

@@ -101,15 +101,18 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
             r_lo = min(x * rq, bsz + 1)
             r_hi = min(r_lo + rq, bsz + 1)
             r_end = min(r_hi, bsz)
-            # the other requests' sums (kv_mtp_others): prefixes before r_lo, totals from r_hi on
+            # the window the block scans: the whole batch within a tile, else a tile holding its requests
+            w_lo = 0 if bsz <= TILE else min(r_lo, (bsz - TILE + 3) & ~3)
+            w_hi = min(bsz, max(r_end, w_lo + TILE))
+            # the other requests' sums (kv_mtp_others): prefixes before w_lo, totals from w_hi on
             n_before = n_after = k_before = max_n = max_l = 0
             pg_before, pg_after = [0] * G, [0] * G
-            if r_lo > 0 or r_hi <= bsz:
-                for b in [*range(0, min(r_lo, bsz)), *range(r_hi, bsz)]:
+            if w_lo > 0 or w_hi < bsz:
+                for b in [*range(0, w_lo), *range(w_hi, bsz)]:
                     dj, qj = _lengths(int(dec_in[b]), int(acc_in[b]), j)
                     bad = dj < 0 or qj < 0
                     n, L = (0, 0) if bad else (qj, min(dj + qj, INT_MAX))
-                    before = b < r_lo
+                    before = b < w_lo
                     if before:
                         n_before += n
                     else:
@@ -127,8 +130,10 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
             carry, carry_k = n_before, k_before
             carry_pg = list(pg_before)
             max_q = max_k = 0
-            for base in range(r_lo, r_end, TILE):
-                count = min(TILE, r_end - base)
+            for base in range(w_lo, w_hi, TILE):
+                count = min(TILE, w_hi - base)
+                k_lo = min(max(r_lo - base, 0), count)  # the block's requests in the tile: [k_lo, k_hi)
+                k_hi = max(min(r_end - base, count), k_lo)
                 d = np.full(count, -1, np.int64)
                 n = np.zeros(count, np.int64)
                 L = np.zeros(count, np.int64)
@@ -142,6 +147,8 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                     b, tid = base + kk, kk // ITEMS
                     cs, ce = min(cu[kk], INT_MAX), min(cu[kk + 1], INT_MAX)
                     max_q, max_k = max(max_q, ce - cs), max(max_k, int(L[kk]))
+                    if not k_lo <= kk < k_hi:
+                        continue
                     cu_out[b] = cs
                     kv_out[b] = L[kk]
                     if d[kk] < 0:
@@ -150,9 +157,10 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         flag(tid, ERR_CAPACITY, C, b, 0)
                     if varlen:
                         _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
-                for t in range(int(cu[0]), min(int(cu[count]), C)):
-                    tid = (t - int(cu[0])) % T  # the tile's tokens, one per thread in turn
-                    lo = int(np.searchsorted(cu[1:count], t, side="right"))
+                t_first = int(cu[k_lo])
+                for t in range(t_first, min(int(cu[k_hi]), C)):
+                    tid = (t - t_first) % T  # the block's tokens of the tile, one per thread in turn
+                    lo = k_lo + int(np.searchsorted(cu[k_lo + 1 : k_hi], t, side="right"))
                     write_token(tid, t, base + lo, int(d[lo]) + (t - int(cu[lo])))
                 if rows:
                     for g in range(G):
@@ -160,7 +168,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         pages = -(-L // B)
                         pg = np.concatenate([[0], np.cumsum(pages)]) + carry_pg[g]
                         row = j * G * AS + g * AS
-                        for kk in range(count):
+                        for kk in range(k_lo, k_hi):
                             b = base + kk
                             first = min(int(cu[kk]), INT_MAX)
                             if pages[kk] > W:
@@ -172,7 +180,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                                 if pg[kk] + pages[kk] > N:
                                     flag(kk // ITEMS, ERR_KV_INDICES_CAPACITY, first, b, g)
                                 idx_out = _view(p.kv_indices + 4 * (j * G * N + g * N), N)
-                                warp = kk % WARPS
+                                warp = (kk - k_lo) % WARPS
                                 for e in range(int(pages[kk])):
                                     if pg[kk] + e >= N:
                                         break
