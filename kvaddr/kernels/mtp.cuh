@@ -8,18 +8,23 @@
 //
 // Grid (chunks, k), KV_THREADS threads: block (x, j) owns requests [x rq, (x + 1) rq) of substep j
 // (rq = ceil((bsz + 1) / chunks) rounded up to a multiple of 4, so int4 loads stay aligned; the
-// last blocks may own none): their per-request outputs and their tokens. It needs only sums of the
-// other requests: their token (and, when asked for, kv-length and page) prefix before its range,
-// their totals after it (the padding of its token range [x KV_THREADS, (x + 1) KV_THREADS) starts at
-// the total) and their maxima. It sums them in one pass of independent loads (several tiles in
-// flight) and one block reduction (kv_mtp_others), so no block waits for another and no block
-// scans the batch tile by tile; with one block per substep there are no others and no pass. Its
-// own requests are scanned in tiles of KV_MTP_TILE (a warp scan with no barrier when a tile fits in
-// warp 0). The tile's tokens are written one per thread after the barrier (which also votes
-// whether there are any), each finding its request by a binary search of the tile's prefix: a
-// thread never writes another's requests' tokens in turn (with 4 requests a thread, that serial
-// chain of divisions and stores, and its code, dominated a small batch's time). The block owning
-// request bsz writes the totals (num_tokens, the prefix sums' last entries, the maxima). A
+// last blocks may own none): their per-request outputs and their tokens. It scans a window of
+// requests holding its own: the whole batch when it fits in one tile of KV_MTP_TILE, else one
+// tile around its range (its range itself, tile by tile, when rq exceeds a tile). A block scan
+// costs the same for a few requests as for a tile, so a mid-size batch (up to a tile) is one load
+// round trip and one scan per block, with no pass over other requests. Past a tile the block
+// needs only sums of the requests outside its window: their token (and, when asked for,
+// kv-length and page) prefix before it, their totals after it (the padding of its token range
+// [x KV_THREADS, (x + 1) KV_THREADS) starts at the total) and their maxima. It sums them in one
+// pass of independent loads (several tiles in flight, the window's first tile loading meanwhile)
+// and one block reduction (kv_mtp_others), so no block waits for another. A tile of at most 128
+// requests is scanned by warp 0 alone (no barrier). The block's tokens of a tile are written after
+// the barrier (which also votes whether there are any) two per thread per round: tokens t and
+// t + KV_THREADS, their requests found by side-by-side searches of the block's part of the tile's
+// prefix and their block ids loaded side by side, so a block holding more tokens than threads (a
+// request range is not cut to fit KV_THREADS tokens) waits for one chain of loads, not two; a
+// thread never writes another's requests' tokens in turn. The block owning request bsz writes the
+// totals (num_tokens, the prefix sums' last entries, the maxima). A
 // substep's lengths are derived from (seq_lens_decoder, accept_num) as they are loaded. The sums
 // are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the reference does.
 // Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
@@ -111,11 +116,11 @@ __device__ __forceinline__ void kv_mtp_load(const int* __restrict__ dec, const i
 __device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX); }
 
 // The other requests' sums of a block (kv_mtp_others): entries of one int64 array per thread.
-#define KV_MTP_NB 0                       // tokens of the requests before r_lo
-#define KV_MTP_NA 1                       // tokens of the requests from r_hi on
-#define KV_MTP_KB 2                       // varlen: kv lengths of the requests before r_lo
-#define KV_MTP_PB 3                       // flashinfer: pages of cache g before r_lo (+ g)
-#define KV_MTP_PA (3 + KV_MAX_CACHES)     // flashinfer: pages of cache g from r_hi on (+ g)
+#define KV_MTP_NB 0                       // tokens of the requests before the window (w_lo)
+#define KV_MTP_NA 1                       // tokens of the requests from w_hi on
+#define KV_MTP_KB 2                       // varlen: kv lengths of the requests before w_lo
+#define KV_MTP_PB 3                       // flashinfer: pages of cache g before w_lo (+ g)
+#define KV_MTP_PA (3 + KV_MAX_CACHES)     // flashinfer: pages of cache g from w_hi on (+ g)
 #define KV_MTP_MQ (3 + 2 * KV_MAX_CACHES) // varlen: the largest token count
 #define KV_MTP_MK (4 + 2 * KV_MAX_CACHES) // varlen: the largest kv length
 #define KV_MTP_NRED (5 + 2 * KV_MAX_CACHES)

@@ -4,12 +4,15 @@ It reads the launch's ``MtpParams`` (kernel_loader.MtpParams) as the kernel does
 memory the pointers address (the planner fake of tests/support/fake_cupy.py allocates NumPy
 buffers), over the grid ``(blocks, k)`` of KV_THREADS-thread blocks, and writes the outputs
 there. Each block (x, j) follows the kernel: it owns requests [r_lo, r_hi) (rq = ceil((bsz + 1) /
-blocks) rounded up to a multiple of 4); the other requests' sums (token, kv-length and page
-prefixes before r_lo, totals after r_hi, maxima) come first, then its requests in tiles of
-KV_MTP_TILE, thread i holding requests [4 i, 4 i + 4) of the tile; the tile's tokens one per
-thread in turn (thread (t - first) % KV_THREADS); the kv_indices rows of its requests
-(a warp per request: request k of the tile on warp k % KV_WARPS), the padding of its token range
-after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
+blocks) rounded up to a multiple of 4) and scans the window [w_lo, w_hi) holding them (the whole
+batch within a tile, else a tile around them, or their own range when rq exceeds a tile); the
+other requests' sums (token, kv-length and page prefixes before w_lo, totals from w_hi on,
+maxima) come first, then the window in tiles of KV_MTP_TILE, thread i holding requests
+[4 i, 4 i + 4) of the tile; the block's requests of the tile [k_lo, k_hi) get their outputs and
+checks, their tokens one per thread in turn (thread (t - first) % KV_THREADS: the kernel's two
+tokens per thread per round, t and t + KV_THREADS, land on the same thread), their kv_indices
+rows (a warp per request: request k of the tile on warp (k - k_lo) % KV_WARPS); the padding of
+its token range after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
 writes the totals and the maxima. Blocks run in reverse order: every output element has one
 writer, so the order must not matter. Errors are merged into record ``(j * blocks + x) * KV_WARPS +
 warp`` of the thread that found them, as the kernel does (mask OR, smallest key).
