@@ -47,10 +47,11 @@ struct KvMtpParams {
 };
 
 // Block-wide exclusive sum of one int64 value per thread (KV_THREADS threads); *total gets the
-// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries. `narrow`
-// (uniform: every nonzero value is in warp 0): a warp scan and no barrier; the total is then
-// right in warp 0 only (its thread 0 publishes it in shared memory for the others).
-__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total, bool narrow = false) {
+// block's sum. One barrier, a second one after it when `again` (the caller scans into the same
+// `warp_sums`, shared scratch of KV_WARPS entries, before its next barrier). `narrow` (uniform:
+// every nonzero value is in warp 0): a warp scan and no barrier; the total is then right in warp
+// 0 only (its thread 0 publishes it in shared memory for the others).
+__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total, bool narrow, bool again) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i64 inc = x;
 #pragma unroll
@@ -71,7 +72,7 @@ __device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& tot
         if (w < warp) before += v;
         all += v;
     }
-    __syncthreads();  // warp_sums may be reused by the next scan
+    if (again) __syncthreads();  // warp_sums is rewritten by the next scan
     total = all;
     return before + inc - x;
 }
@@ -130,7 +131,7 @@ struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
-    i64 warp_sums[KV_WARPS];
+    i64 warp_sums[2][KV_WARPS];  // block scans' scratch: [0] tokens, pages; [1] kv lengths
     i64 end_k;                 // varlen: the kv-length prefix after the tile
     i64 red[KV_MTP_NRED][KV_WARPS];  // per-warp partials of kv_mtp_others
 };
@@ -254,12 +255,16 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
     // requests whose outputs and tokens this block writes: [r_lo, r_hi), rq a multiple of 4 (int4 loads)
     const int rq = ((bsz + 1 + chunks - 1) / chunks + 3) & ~3;
     const int r_lo = min(x * rq, bsz + 1), r_hi = min(r_lo + rq, bsz + 1), hi = min(r_hi, bsz);
-    // The requests this block scans, [w_lo, w_hi): the whole batch when it fits in one tile, else
-    // one tile holding [r_lo, hi) (its own range and more when rq exceeds a tile). A block scan
-    // costs the same for a few requests as for a tile, so scanning the others of the window
-    // replaces their pass of kv_mtp_others; w_lo is a multiple of 4 (int4 loads).
-    const int w_lo = bsz <= KV_MTP_TILE ? 0 : min(r_lo, (bsz - KV_MTP_TILE + 3) & ~3);
-    const int w_hi = min(bsz, max(hi, w_lo + KV_MTP_TILE));
+    // The requests this block scans, [w_lo, w_hi): the whole batch when it fits in one tile (its
+    // loads then wait for nothing), else one tile holding [r_lo, hi) (its own range and more when
+    // rq exceeds a tile). A block scan costs the same for a few requests as for a tile, so
+    // scanning the others of the window replaces their pass of kv_mtp_others; w_lo is a multiple
+    // of 4 (int4 loads).
+    int w_lo = 0, w_hi = bsz;
+    if (bsz > KV_MTP_TILE) {  // uniform
+        w_lo = min(r_lo, (bsz - KV_MTP_TILE + 3) & ~3);
+        w_hi = min(bsz, max(hi, w_lo + KV_MTP_TILE));
+    }
     const bool vec = ((reinterpret_cast<u64>(dec_in) | reinterpret_cast<u64>(acc_in)) & 15ULL) == 0ULL;
 
     // the other requests' sums: the prefixes before w_lo, the totals from w_hi on, the maxima
@@ -317,9 +322,9 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             if (k >= k_lo && k < k_hi && n[u] > 0) searched = true;
         }
         i64 total;
-        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total, narrow);
+        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums[0], total, narrow, false);
         i64 ex_k = 0, total_k = 0;
-        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k, narrow);
+        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums[1], total_k, narrow, false);
         {
             i64 run = ex, run_k = ex_k;
 #pragma unroll
@@ -392,7 +397,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         psum += pages[u];
                     }
                     i64 ptotal;
-                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal, narrow);
+                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums[0], ptotal, narrow, false);
 #pragma unroll
                     for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                         const int k = tid * KV_MTP_ITEMS + u;
@@ -492,7 +497,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     sum += nn[u];
                 }
                 i64 total;
-                i64 run = run0 + kv_mtp_block_scan(sum, s.warp_sums, total);
+                i64 run = run0 + kv_mtp_block_scan(sum, s.warp_sums[0], total, false, true);
 #pragma unroll
                 for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                     max_q = max(max_q, kv_mtp_sat(run + nn[u]) - kv_mtp_sat(run));
