@@ -354,33 +354,52 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         const bool search = __syncthreads_or(searched) != 0;
         const i64 tile_end = s.cu[count], tile_end_k = s.end_k;
-        // The block's tokens of the tile (below the capacity), [cu[k_lo], cu[k_hi]): two per thread
-        // per round (tokens tt and tt + KV_THREADS), each finding its request by a search of
-        // [k_lo, k_hi) (the two searches and the two tokens' block-id loads side by side, so a
-        // block with more tokens than threads waits for one chain of loads, not two).
+        // The block's tokens of the tile (below the capacity), [cu[k_lo], cu[k_hi]), each finding
+        // its request by a binary search of [k_lo, k_hi). At most KV_THREADS of them (uniform): one
+        // per thread, one search (one shared load a step). More: two per thread per round (tokens
+        // t0 and t0 + KV_THREADS), the two searches and the two tokens' block-id loads side by
+        // side, so a block with more tokens than threads (a request range is not cut to fit
+        // KV_THREADS tokens) waits for one chain of loads, not two.
         if (search) {
             const i64 t_first = s.cu[k_lo], t_last = s.cu[k_hi];
             const i64 t_end = t_last < (i64)C ? t_last : (i64)C;
             const int span = k_hi - k_lo;  // >= 1: a thread voted
-            const int top = 1 << (31 - __clz(span));  // the largest power of two <= span
-            for (i64 t0 = t_first + tid; t0 < t_end; t0 += 2 * KV_THREADS) {
-                const i64 t1 = t0 + KV_THREADS;
-                const bool two = t1 < t_end;
-                // largest k in [k_lo, k_hi) with cu[k] <= t (cu[k_lo] <= t): steps of top, top / 2, .., 1
-                int lo0 = k_lo, lo1 = k_lo;
-                for (int step = top; step > 0; step >>= 1) {
-                    const int m0 = lo0 + step, m1 = lo1 + step;
-                    if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
-                    if (m1 < k_hi && s.cu[m1] <= t1) lo1 = m1;
+            // steps top, top / 2, .., 1 with top the largest power of two <= span - 1 (none when
+            // span is 1): they reach offsets up to 2 top - 1 >= span - 1
+            const int top = span > 1 ? 1 << (31 - __clz(span - 1)) : 0;
+            if (t_end - t_first <= (i64)KV_THREADS) {  // uniform
+                const i64 t0 = t_first + tid;
+                if (t0 < t_end) {
+                    // largest k in [k_lo, k_hi) with cu[k] <= t0 (cu[k_lo] <= t0)
+                    int lo0 = k_lo;
+                    for (int step = top; step > 0; step >>= 1) {
+                        const int m0 = lo0 + step;
+                        if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
+                    }
+                    const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
+                    kv_write_token<PosT>((int)t0, base + lo0, pos0, c, G, C, batch_out, pos_out, slot_out, err);
                 }
-                const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
-                const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
-                int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
-                kv_load_blocks(base + lo0, pos0, c, G, blk0);
-                if (two) kv_load_blocks(base + lo1, pos1, c, G, blk1);
-                kv_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, G, C, batch_out, pos_out, slot_out, err);
-                if (two)
-                    kv_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, G, C, batch_out, pos_out, slot_out, err);
+            } else {
+                for (i64 t0 = t_first + tid; t0 < t_end; t0 += 2 * KV_THREADS) {
+                    const i64 t1 = t0 + KV_THREADS;
+                    const bool two = t1 < t_end;
+                    int lo0 = k_lo, lo1 = k_lo;  // as above, for t0 and t1
+                    for (int step = top; step > 0; step >>= 1) {
+                        const int m0 = lo0 + step, m1 = lo1 + step;
+                        if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
+                        if (two && m1 < k_hi && s.cu[m1] <= t1) lo1 = m1;
+                    }
+                    const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
+                    const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
+                    int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
+                    kv_load_blocks(base + lo0, pos0, c, G, blk0);
+                    if (two) kv_load_blocks(base + lo1, pos1, c, G, blk1);
+                    kv_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, G, C, batch_out, pos_out, slot_out,
+                                         err);
+                    if (two)
+                        kv_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, G, C, batch_out, pos_out,
+                                             slot_out, err);
+                }
             }
         }
         // attention rows of every cache: page prefixes, last-page lengths, row checks, kv_indices
