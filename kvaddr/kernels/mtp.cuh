@@ -223,6 +223,62 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
     }
 }
 
+// pos / B and pos % B as kv_divmod, given m = floor((2^32 - 1) / B) (computed once per launch):
+// for pos < 2^31 the estimate umulhi(pos, m) is the quotient or one less (the error pos (2^32 -
+// m B) / (B 2^32) is below 1 / 2) and one correction makes it exact, so a token's block index
+// costs a multiply instead of a division's dependent chain.
+__device__ __forceinline__ void kv_mtp_divmod(i64 pos, int B, unsigned int m, i64& idx, i64& off) {
+    if (pos <= KV_INT_MAX) {
+        const unsigned int p = (unsigned int)pos, b = (unsigned int)B;
+        unsigned int q = __umulhi(p, m), r = p - q * b;
+        if (r >= b) {
+            ++q;
+            r -= b;
+        }
+        idx = q;
+        off = r;
+    } else {
+        idx = pos / B;
+        off = pos - idx * B;
+    }
+}
+
+// kv_load_blocks and kv_store_token (step.cuh) with kv_mtp_divmod: the same loads, values and errors.
+__device__ __forceinline__ void kv_mtp_load_blocks(int b, i64 pos, const KvCaches& c,
+                                                   const unsigned int (&m)[KV_MAX_CACHES], int num_caches,
+                                                   int (&blk)[KV_MAX_CACHES]) {
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        blk[g] = -1;
+        if (g < num_caches) {
+            i64 idx, off;
+            kv_mtp_divmod(pos, c.bs[g], m[g], idx, off);
+            if (idx < c.width[g]) blk[g] = c.table[g][(i64)b * c.stride[g] + idx];
+        }
+    }
+}
+
+template <typename PosT>
+__device__ __forceinline__ void kv_mtp_store_token(int t, int b, i64 pos, const int (&blk)[KV_MAX_CACHES],
+                                                   const KvCaches& c, const unsigned int (&m)[KV_MAX_CACHES],
+                                                   int num_caches, int capacity, int* __restrict__ batch_out,
+                                                   PosT* __restrict__ pos_out, i64* __restrict__ slot_out,
+                                                   KvErr& err) {
+    batch_out[t] = b;
+    pos_out[t] = (PosT)pos;
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        if (g < num_caches) {
+            i64 idx, off, slot = -1;
+            kv_mtp_divmod(pos, c.bs[g], m[g], idx, off);
+            if (idx >= c.width[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
+            else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
+            else slot = (i64)blk[g] * c.bs[g] + off;
+            slot_out[(i64)g * capacity + t] = slot;
+        }
+    }
+}
+
 template <typename PosT>
 __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams params) {
     __shared__ KvMtpShared s;
@@ -249,6 +305,9 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         c.width[g] = p.max_blocks[g];
         c.bs[g] = p.block_size[g];
     }
+    unsigned int bm[KV_MAX_CACHES];  // floor((2^32 - 1) / B) of each cache (kv_mtp_divmod)
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) bm[g] = g < G ? 0xffffffffu / (unsigned int)c.bs[g] : 0u;
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
@@ -377,7 +436,10 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
                     }
                     const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
-                    kv_write_token<PosT>((int)t0, base + lo0, pos0, c, G, C, batch_out, pos_out, slot_out, err);
+                    int blk0[KV_MAX_CACHES];
+                    kv_mtp_load_blocks(base + lo0, pos0, c, bm, G, blk0);
+                    kv_mtp_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, bm, G, C, batch_out, pos_out,
+                                             slot_out, err);
                 }
             } else {
                 for (i64 t0 = t_first + tid; t0 < t_end; t0 += 2 * KV_THREADS) {
@@ -392,13 +454,13 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
                     const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
                     int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
-                    kv_load_blocks(base + lo0, pos0, c, G, blk0);
-                    if (two) kv_load_blocks(base + lo1, pos1, c, G, blk1);
-                    kv_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, G, C, batch_out, pos_out, slot_out,
-                                         err);
-                    if (two)
-                        kv_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, G, C, batch_out, pos_out,
+                    kv_mtp_load_blocks(base + lo0, pos0, c, bm, G, blk0);
+                    if (two) kv_mtp_load_blocks(base + lo1, pos1, c, bm, G, blk1);
+                    kv_mtp_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, bm, G, C, batch_out, pos_out,
                                              slot_out, err);
+                    if (two)
+                        kv_mtp_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, bm, G, C, batch_out, pos_out,
+                                                 slot_out, err);
                 }
             }
         }
