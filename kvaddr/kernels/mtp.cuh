@@ -131,6 +131,8 @@ struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
+    int cq[KV_MTP_TILE];       // the block's requests' cu saturated to int32 (the token searches' keys:
+                               // a token t < C <= 2^31 - 1 has cu <= t exactly when sat(cu) <= t)
     i64 warp_sums[2][KV_WARPS];  // block scans' scratch: [0] tokens, pages; [1] kv lengths
     i64 end_k;                 // varlen: the kv-length prefix after the tile
     i64 red[KV_MTP_NRED][KV_WARPS];  // per-warp partials of kv_mtp_others
@@ -396,6 +398,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
                     max_q = max(max_q, ce - cs);
                     if (k >= k_lo && k < k_hi) {  // this block's request: its outputs and checks
+                        s.cq[k] = cs;
                         cu_out[b] = cs;
                         kv_out[b] = L[u];
                         if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
@@ -430,10 +433,11 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 const i64 t0 = t_first + tid;
                 if (t0 < t_end) {
                     // largest k in [k_lo, k_hi) with cu[k] <= t0 (cu[k_lo] <= t0)
+                    const int q0 = (int)t0;  // < C
                     int lo0 = k_lo;
                     for (int step = top; step > 0; step >>= 1) {
                         const int m0 = lo0 + step;
-                        if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
+                        if (m0 < k_hi && s.cq[m0] <= q0) lo0 = m0;
                     }
                     const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
                     int blk0[KV_MAX_CACHES];
@@ -445,11 +449,16 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                 for (i64 t0 = t_first + tid; t0 < t_end; t0 += 2 * KV_THREADS) {
                     const i64 t1 = t0 + KV_THREADS;
                     const bool two = t1 < t_end;
-                    int lo0 = k_lo, lo1 = k_lo;  // as above, for t0 and t1
+                    // as above, for t0 and t1 (t1 saturated: past t_end without a second token, lo1
+                    // is then unused); a step's two probes are loaded unconditionally (clamped into
+                    // the range)
+                    const int q0 = (int)t0, q1 = (int)min(t1, (i64)KV_INT_MAX);
+                    int lo0 = k_lo, lo1 = k_lo;
                     for (int step = top; step > 0; step >>= 1) {
                         const int m0 = lo0 + step, m1 = lo1 + step;
-                        if (m0 < k_hi && s.cu[m0] <= t0) lo0 = m0;
-                        if (two && m1 < k_hi && s.cu[m1] <= t1) lo1 = m1;
+                        const int v0 = s.cq[min(m0, k_hi - 1)], v1 = s.cq[min(m1, k_hi - 1)];
+                        if (m0 < k_hi && v0 <= q0) lo0 = m0;
+                        if (m1 < k_hi && v1 <= q1) lo1 = m1;
                     }
                     const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
                     const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
