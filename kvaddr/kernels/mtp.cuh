@@ -19,11 +19,13 @@
 // pass of independent loads (several tiles in flight, the window's first tile loading meanwhile)
 // and one block reduction (kv_mtp_others), so no block waits for another. A tile of at most 128
 // requests is scanned by warp 0 alone (no barrier). The block's tokens of a tile are written after
-// the barrier (which also votes whether there are any) two per thread per round: tokens t and
-// t + KV_THREADS, their requests found by side-by-side searches of the block's part of the tile's
-// prefix and their block ids loaded side by side, so a block holding more tokens than threads (a
-// request range is not cut to fit KV_THREADS tokens) waits for one chain of loads, not two; a
-// thread never writes another's requests' tokens in turn. The block owning request bsz writes the
+// the barrier (which also votes whether there are any) one per thread, its request found by a
+// binary search of the block's part of the tile's prefix (int32 keys); a block holding more
+// tokens than threads (a request range is not cut to fit KV_THREADS tokens) writes them two per
+// thread per round, tokens t and t + KV_THREADS, their requests searched and their block ids
+// loaded side by side, so it waits for one chain of loads, not two; a thread never writes
+// another's requests' tokens in turn. A token's block index is a multiply by the reciprocal of
+// the block size computed once per launch (kv_mtp_divmod). The block owning request bsz writes the
 // totals (num_tokens, the prefix sums' last entries, the maxima). A
 // substep's lengths are derived from (seq_lens_decoder, accept_num) as they are loaded. The sums
 // are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the reference does.

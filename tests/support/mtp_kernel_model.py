@@ -9,8 +9,9 @@ batch within a tile, else a tile around them, or their own range when rq exceeds
 other requests' sums (token, kv-length and page prefixes before w_lo, totals from w_hi on,
 maxima) come first, then the window in tiles of KV_MTP_TILE, thread i holding requests
 [4 i, 4 i + 4) of the tile; the block's requests of the tile [k_lo, k_hi) get their outputs and
-checks, their tokens one per thread in turn (thread (t - first) % KV_THREADS: the kernel's two
-tokens per thread per round, t and t + KV_THREADS, land on the same thread), their kv_indices
+checks, their tokens one per thread in turn (thread (t - first) % KV_THREADS: one token per thread
+up to KV_THREADS tokens, past that the kernel's two per thread per round, t and t + KV_THREADS,
+on the same thread), their kv_indices
 rows (a warp per request: request k of the tile on warp (k - k_lo) % KV_WARPS); the padding of
 its token range after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
 writes the totals and the maxima. Blocks run in reverse order: every output element has one
