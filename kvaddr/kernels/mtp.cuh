@@ -22,8 +22,9 @@
 // the barrier (which also votes whether there are any) one per thread, its request found by a
 // binary search of the block's part of the tile's prefix (int32 keys); a block holding more
 // tokens than threads (a request range is not cut to fit KV_THREADS tokens) writes them two per
-// thread per round, tokens t and t + KV_THREADS, their requests searched and their block ids
-// loaded side by side, so it waits for one chain of loads, not two; a thread never writes
+// thread per round, tokens t and t + KV_THREADS (the second's search starting at the request of
+// the round's token t + KV_THREADS - 1, shared after one barrier), their block ids loaded side by
+// side, so it waits for one chain of loads, not two; a thread never writes
 // another's requests' tokens in turn. A token's block index is a multiply by the reciprocal of
 // the block size computed once per launch (kv_mtp_divmod). The block owning request bsz writes the
 // totals (num_tokens, the prefix sums' last entries, the maxima). A
@@ -133,6 +134,8 @@ struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
+    int lo_mid[2];             // a two-token round's request of its thread KV_THREADS - 1's first token
+                               // (by round parity)
     int cq[KV_MTP_TILE];       // the block's requests' cu saturated to int32 (the token searches' keys:
                                // a token t < C <= 2^31 - 1 has cu <= t exactly when sat(cu) <= t)
     i64 warp_sums[2][KV_WARPS];  // block scans' scratch: [0] tokens, pages; [1] kv lengths
@@ -448,30 +451,45 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                                              slot_out, err);
                 }
             } else {
-                for (i64 t0 = t_first + tid; t0 < t_end; t0 += 2 * KV_THREADS) {
-                    const i64 t1 = t0 + KV_THREADS;
-                    const bool two = t1 < t_end;
-                    // as above, for t0 and t1 (t1 saturated: past t_end without a second token, lo1
-                    // is then unused); a step's two probes are loaded unconditionally (clamped into
-                    // the range)
-                    const int q0 = (int)t0, q1 = (int)min(t1, (i64)KV_INT_MAX);
-                    int lo0 = k_lo, lo1 = k_lo;
-                    for (int step = top; step > 0; step >>= 1) {
-                        const int m0 = lo0 + step, m1 = lo1 + step;
-                        const int v0 = s.cq[min(m0, k_hi - 1)], v1 = s.cq[min(m1, k_hi - 1)];
-                        if (m0 < k_hi && v0 <= q0) lo0 = m0;
-                        if (m1 < k_hi && v1 <= q1) lo1 = m1;
+                // rounds of 2 KV_THREADS tokens (a uniform count): t0 = first + tid, t1 = t0 +
+                // KV_THREADS. t0's search as above; t1 is past every thread's t0, so its request is
+                // at or after that of thread KV_THREADS - 1's t0 (published in shared memory, one
+                // barrier), and its search covers only [that request, k_hi): a few steps when the
+                // block holds a few more tokens than threads
+                int round = 0;
+                for (i64 r0 = t_first; r0 < t_end; r0 += 2 * KV_THREADS, ++round) {
+                    const i64 t0 = r0 + tid, t1 = t0 + KV_THREADS;
+                    const bool one = t0 < t_end, two = t1 < t_end;  // two: one as well
+                    int lo0 = k_lo;
+                    if (one) {
+                        const int q0 = (int)t0;
+                        for (int step = top; step > 0; step >>= 1) {
+                            const int m0 = lo0 + step;
+                            if (m0 < k_hi && s.cq[m0] <= q0) lo0 = m0;
+                        }
                     }
-                    const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
-                    const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
-                    int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
-                    kv_mtp_load_blocks(base + lo0, pos0, c, bm, G, blk0);
-                    if (two) kv_mtp_load_blocks(base + lo1, pos1, c, bm, G, blk1);
-                    kv_mtp_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, bm, G, C, batch_out, pos_out,
-                                             slot_out, err);
-                    if (two)
-                        kv_mtp_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, bm, G, C, batch_out, pos_out,
+                    if (tid == KV_THREADS - 1) s.lo_mid[round & 1] = lo0;  // k_lo without a token: no t1 then
+                    __syncthreads();  // (a round's parity slot is rewritten two rounds on, past this barrier)
+                    int lo1 = s.lo_mid[round & 1];
+                    if (two) {
+                        const int q1 = (int)t1, span1 = k_hi - lo1;
+                        for (int step = span1 > 1 ? 1 << (31 - __clz(span1 - 1)) : 0; step > 0; step >>= 1) {
+                            const int m1 = lo1 + step;
+                            if (m1 < k_hi && s.cq[m1] <= q1) lo1 = m1;
+                        }
+                    }
+                    if (one) {
+                        const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
+                        const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
+                        int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
+                        kv_mtp_load_blocks(base + lo0, pos0, c, bm, G, blk0);
+                        if (two) kv_mtp_load_blocks(base + lo1, pos1, c, bm, G, blk1);
+                        kv_mtp_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, bm, G, C, batch_out, pos_out,
                                                  slot_out, err);
+                        if (two)
+                            kv_mtp_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, bm, G, C, batch_out,
+                                                     pos_out, slot_out, err);
+                    }
                 }
             }
         }
