@@ -351,8 +351,8 @@ def launch_records(cfg: StepConfig, launch: Launch, tiles: int) -> int:
 def mtp_launch(cfg: StepConfig) -> Launch:
     """The launch of every MTP substep at once: ``mtp_step<pos>`` on a grid of
     ``(blocks, k)`` blocks of ``threads`` (blocks = ceil(C / THREADS); y = the substep),
-    whatever the batch (each block owns a range of requests and sums the others' lengths
-    itself)."""
+    whatever the batch (each block owns a range of requests, scans a window of requests holding
+    it and sums the lengths outside the window itself)."""
     return Launch(f"mtp_step<{cfg.pos}>", _cdiv(cfg.capacity, THREADS), THREADS)
 
 

@@ -8,18 +8,26 @@
 //
 // Grid (chunks, k), KV_THREADS threads: block (x, j) owns requests [x rq, (x + 1) rq) of substep j
 // (rq = ceil((bsz + 1) / chunks) rounded up to a multiple of 4, so int4 loads stay aligned; the
-// last blocks may own none): their per-request outputs and their tokens. It needs only sums of the
-// other requests: their token (and, when asked for, kv-length and page) prefix before its range,
-// their totals after it (the padding of its token range [x KV_THREADS, (x + 1) KV_THREADS) starts at
-// the total) and their maxima. It sums them in one pass of independent loads (several tiles in
-// flight) and one block reduction (kv_mtp_others), so no block waits for another and no block
-// scans the batch tile by tile; with one block per substep there are no others and no pass. Its
-// own requests are scanned in tiles of KV_MTP_TILE (a warp scan with no barrier when a tile fits in
-// warp 0). The tile's tokens are written one per thread after the barrier (which also votes
-// whether there are any), each finding its request by a binary search of the tile's prefix: a
-// thread never writes another's requests' tokens in turn (with 4 requests a thread, that serial
-// chain of divisions and stores, and its code, dominated a small batch's time). The block owning
-// request bsz writes the totals (num_tokens, the prefix sums' last entries, the maxima). A
+// last blocks may own none): their per-request outputs and their tokens. It scans a window of
+// requests holding its own: the whole batch when it fits in one tile of KV_MTP_TILE, else one
+// tile around its range (its range itself, tile by tile, when rq exceeds a tile). A block scan
+// costs the same for a few requests as for a tile, so a mid-size batch (up to a tile) is one load
+// round trip and one scan per block, with no pass over other requests. Past a tile the block
+// needs only sums of the requests outside its window: their token (and, when asked for,
+// kv-length and page) prefix before it, their totals after it (the padding of its token range
+// [x KV_THREADS, (x + 1) KV_THREADS) starts at the total) and their maxima. It sums them in one
+// pass of independent loads (several tiles in flight, the window's first tile loading meanwhile)
+// and one block reduction (kv_mtp_others), so no block waits for another. A tile of at most 128
+// requests is scanned by warp 0 alone (no barrier). The block's tokens of a tile are written after
+// the barrier (which also votes whether there are any) one per thread, its request found by a
+// binary search of the block's part of the tile's prefix (int32 keys); a block holding more
+// tokens than threads (a request range is not cut to fit KV_THREADS tokens) writes them two per
+// thread per round, tokens t and t + KV_THREADS (the second's search starting at the request of
+// the round's token t + KV_THREADS - 1, shared after one barrier), their block ids loaded side by
+// side, so it waits for one chain of loads, not two; a thread never writes
+// another's requests' tokens in turn. A token's block index is a multiply by the reciprocal of
+// the block size computed once per launch (kv_mtp_divmod). The block owning request bsz writes the
+// totals (num_tokens, the prefix sums' last entries, the maxima). A
 // substep's lengths are derived from (seq_lens_decoder, accept_num) as they are loaded. The sums
 // are int64 (exact) and saturated at 2^31 - 1 where they are stored, as the reference does.
 // Errors go to record (j * chunks + x) * KV_WARPS + warp, with the core step's
@@ -42,10 +50,11 @@ struct KvMtpParams {
 };
 
 // Block-wide exclusive sum of one int64 value per thread (KV_THREADS threads); *total gets the
-// block's sum. Two barriers; `warp_sums` is shared scratch of KV_WARPS entries. `narrow`
-// (uniform: every nonzero value is in warp 0): a warp scan and no barrier; the total is then
-// right in warp 0 only (its thread 0 publishes it in shared memory for the others).
-__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total, bool narrow = false) {
+// block's sum. One barrier, a second one after it when `again` (the caller scans into the same
+// `warp_sums`, shared scratch of KV_WARPS entries, before its next barrier). `narrow` (uniform:
+// every nonzero value is in warp 0): a warp scan and no barrier; the total is then right in warp
+// 0 only (its thread 0 publishes it in shared memory for the others).
+__device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& total, bool narrow, bool again) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i64 inc = x;
 #pragma unroll
@@ -66,7 +75,7 @@ __device__ __forceinline__ i64 kv_mtp_block_scan(i64 x, i64* warp_sums, i64& tot
         if (w < warp) before += v;
         all += v;
     }
-    __syncthreads();  // warp_sums may be reused by the next scan
+    if (again) __syncthreads();  // warp_sums is rewritten by the next scan
     total = all;
     return before + inc - x;
 }
@@ -111,11 +120,11 @@ __device__ __forceinline__ void kv_mtp_load(const int* __restrict__ dec, const i
 __device__ __forceinline__ int kv_mtp_sat(i64 v) { return (int)(v < (i64)KV_INT_MAX ? v : (i64)KV_INT_MAX); }
 
 // The other requests' sums of a block (kv_mtp_others): entries of one int64 array per thread.
-#define KV_MTP_NB 0                       // tokens of the requests before r_lo
-#define KV_MTP_NA 1                       // tokens of the requests from r_hi on
-#define KV_MTP_KB 2                       // varlen: kv lengths of the requests before r_lo
-#define KV_MTP_PB 3                       // flashinfer: pages of cache g before r_lo (+ g)
-#define KV_MTP_PA (3 + KV_MAX_CACHES)     // flashinfer: pages of cache g from r_hi on (+ g)
+#define KV_MTP_NB 0                       // tokens of the requests before the window (w_lo)
+#define KV_MTP_NA 1                       // tokens of the requests from w_hi on
+#define KV_MTP_KB 2                       // varlen: kv lengths of the requests before w_lo
+#define KV_MTP_PB 3                       // flashinfer: pages of cache g before w_lo (+ g)
+#define KV_MTP_PA (3 + KV_MAX_CACHES)     // flashinfer: pages of cache g from w_hi on (+ g)
 #define KV_MTP_MQ (3 + 2 * KV_MAX_CACHES) // varlen: the largest token count
 #define KV_MTP_MK (4 + 2 * KV_MAX_CACHES) // varlen: the largest kv length
 #define KV_MTP_NRED (5 + 2 * KV_MAX_CACHES)
@@ -125,7 +134,11 @@ struct KvMtpShared {
     i64 cu[KV_MTP_TILE + 1];   // token prefix (int64, true sums) of the tile's requests, then its end
     i64 pg[KV_MTP_TILE + 1];   // one cache's page prefix of the tile's requests, then its end
     int dec[KV_MTP_TILE];      // substep seq_lens_decoder (-1 for a bad request)
-    i64 warp_sums[KV_WARPS];
+    int lo_mid[2];             // a two-token round's request of its thread KV_THREADS - 1's first token
+                               // (by round parity)
+    int cq[KV_MTP_TILE];       // the block's requests' cu saturated to int32 (the token searches' keys:
+                               // a token t < C <= 2^31 - 1 has cu <= t exactly when sat(cu) <= t)
+    i64 warp_sums[2][KV_WARPS];  // block scans' scratch: [0] tokens, pages; [1] kv lengths
     i64 end_k;                 // varlen: the kv-length prefix after the tile
     i64 red[KV_MTP_NRED][KV_WARPS];  // per-warp partials of kv_mtp_others
 };
@@ -137,12 +150,12 @@ __device__ __forceinline__ bool kv_mtp_used(int v, bool varlen, bool fi, int G) 
     return fi && ((v - KV_MTP_PB) % KV_MAX_CACHES) < G;
 }
 
-// The sums of the requests outside [r_lo, r_hi) in o (every thread gets the block's values): one
+// The sums of the requests outside [w_lo, w_hi) in o (every thread gets the block's values): one
 // pass of independent loads (KV_MTP_UNROLL tiles in flight; nothing waits on a barrier or on
 // another block), then one block reduction (one barrier). A substep's lengths are derived from
 // (seq_lens_decoder, accept_num) as they are loaded, a bad request counts 0 as in the scan.
 __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const int* __restrict__ acc, int bsz,
-                                              int r_lo, int r_hi, int j, bool vec, bool varlen, bool fi, int G,
+                                              int w_lo, int w_hi, int j, bool vec, bool varlen, bool fi, int G,
                                               const KvCaches& c, KvMtpShared& s, i64 (&o)[KV_MTP_NRED]) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int base0 = 0; base0 < bsz; base0 += KV_MTP_UNROLL * KV_MTP_TILE) {
@@ -159,12 +172,12 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
             for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                 const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
                 ol[w][u] = 0;
-                if (b < bsz && (b < r_lo || b >= r_hi)) {
+                if (b < bsz && (b < w_lo || b >= w_hi)) {
                     int dj, qj;
                     kv_mtp_lengths(od[w][u], oa[w][u], j, dj, qj);
                     const bool bad = (dj < 0) | (qj < 0);
                     const int n = bad ? 0 : qj, L = bad ? 0 : kv_sat_add_nn(dj, qj);
-                    const bool before = b < r_lo;
+                    const bool before = b < w_lo;
                     ol[w][u] = L;
                     if (before) o[KV_MTP_NB] += n; else o[KV_MTP_NA] += n;
                     if (varlen) {
@@ -186,7 +199,7 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
                         for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                             const int b = base0 + w * KV_MTP_TILE + tid * KV_MTP_ITEMS + u;
                             const int pgs = kv_pages(ol[w][u], c.bs[g]);  // 0 for a request not counted
-                            if (b < r_lo) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
+                            if (b < w_lo) o[KV_MTP_PB + g] += pgs; else o[KV_MTP_PA + g] += pgs;
                         }
                     }
                 }
@@ -217,6 +230,62 @@ __device__ __forceinline__ void kv_mtp_others(const int* __restrict__ dec, const
     }
 }
 
+// pos / B and pos % B as kv_divmod, given m = floor((2^32 - 1) / B) (computed once per launch):
+// for pos < 2^31 the estimate umulhi(pos, m) is the quotient or one less (the error pos (2^32 -
+// m B) / (B 2^32) is below 1 / 2) and one correction makes it exact, so a token's block index
+// costs a multiply instead of a division's dependent chain.
+__device__ __forceinline__ void kv_mtp_divmod(i64 pos, int B, unsigned int m, i64& idx, i64& off) {
+    if (pos <= KV_INT_MAX) {
+        const unsigned int p = (unsigned int)pos, b = (unsigned int)B;
+        unsigned int q = __umulhi(p, m), r = p - q * b;
+        if (r >= b) {
+            ++q;
+            r -= b;
+        }
+        idx = q;
+        off = r;
+    } else {
+        idx = pos / B;
+        off = pos - idx * B;
+    }
+}
+
+// kv_load_blocks and kv_store_token (step.cuh) with kv_mtp_divmod: the same loads, values and errors.
+__device__ __forceinline__ void kv_mtp_load_blocks(int b, i64 pos, const KvCaches& c,
+                                                   const unsigned int (&m)[KV_MAX_CACHES], int num_caches,
+                                                   int (&blk)[KV_MAX_CACHES]) {
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        blk[g] = -1;
+        if (g < num_caches) {
+            i64 idx, off;
+            kv_mtp_divmod(pos, c.bs[g], m[g], idx, off);
+            if (idx < c.width[g]) blk[g] = c.table[g][(i64)b * c.stride[g] + idx];
+        }
+    }
+}
+
+template <typename PosT>
+__device__ __forceinline__ void kv_mtp_store_token(int t, int b, i64 pos, const int (&blk)[KV_MAX_CACHES],
+                                                   const KvCaches& c, const unsigned int (&m)[KV_MAX_CACHES],
+                                                   int num_caches, int capacity, int* __restrict__ batch_out,
+                                                   PosT* __restrict__ pos_out, i64* __restrict__ slot_out,
+                                                   KvErr& err) {
+    batch_out[t] = b;
+    pos_out[t] = (PosT)pos;
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) {
+        if (g < num_caches) {
+            i64 idx, off, slot = -1;
+            kv_mtp_divmod(pos, c.bs[g], m[g], idx, off);
+            if (idx >= c.width[g]) err.flag(KV_ERR_BLOCK_INDEX, t, b, g);
+            else if (blk[g] < 0) err.flag(KV_ERR_NEGATIVE_BLOCK, t, b, g);
+            else slot = (i64)blk[g] * c.bs[g] + off;
+            slot_out[(i64)g * capacity + t] = slot;
+        }
+    }
+}
+
 template <typename PosT>
 __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams params) {
     __shared__ KvMtpShared s;
@@ -243,40 +312,55 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         c.width[g] = p.max_blocks[g];
         c.bs[g] = p.block_size[g];
     }
+    unsigned int bm[KV_MAX_CACHES];  // floor((2^32 - 1) / B) of each cache (kv_mtp_divmod)
+#pragma unroll
+    for (int g = 0; g < KV_MAX_CACHES; ++g) bm[g] = g < G ? 0xffffffffu / (unsigned int)c.bs[g] : 0u;
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
     // requests whose outputs and tokens this block writes: [r_lo, r_hi), rq a multiple of 4 (int4 loads)
     const int rq = ((bsz + 1 + chunks - 1) / chunks + 3) & ~3;
     const int r_lo = min(x * rq, bsz + 1), r_hi = min(r_lo + rq, bsz + 1), hi = min(r_hi, bsz);
+    // The requests this block scans, [w_lo, w_hi): the whole batch when it fits in one tile (its
+    // loads then wait for nothing), else one tile holding [r_lo, hi) (its own range and more when
+    // rq exceeds a tile). A block scan costs the same for a few requests as for a tile, so
+    // scanning the others of the window replaces their pass of kv_mtp_others; w_lo is a multiple
+    // of 4 (int4 loads).
+    int w_lo = 0, w_hi = bsz;
+    if (bsz > KV_MTP_TILE) {  // uniform
+        w_lo = min(r_lo, (bsz - KV_MTP_TILE + 3) & ~3);
+        w_hi = min(bsz, max(hi, w_lo + KV_MTP_TILE));
+    }
     const bool vec = ((reinterpret_cast<u64>(dec_in) | reinterpret_cast<u64>(acc_in)) & 15ULL) == 0ULL;
 
-    // the other requests' sums: the prefixes before r_lo, the totals after r_hi, the maxima
+    // the other requests' sums: the prefixes before w_lo, the totals from w_hi on, the maxima
     i64 o[KV_MTP_NRED];
 #pragma unroll
     for (int v = 0; v < KV_MTP_NRED; ++v) o[v] = 0;
-    // This block's requests, tile by tile: raw lengths loaded one tile ahead, so a tile's loads
-    // fly while the one before is scanned (the first tile's during the others' pass).
+    // The window, tile by tile: raw lengths loaded one tile ahead, so a tile's loads fly while
+    // the one before is scanned (the first tile's during the others' pass).
     int rd[KV_MTP_ITEMS], ra[KV_MTP_ITEMS];
-    if (r_lo < hi) kv_mtp_load(dec_in, acc_in, r_lo, min(KV_MTP_TILE, hi - r_lo), vec, rd, ra);
-    if (r_lo > 0 || r_hi <= bsz) kv_mtp_others(dec_in, acc_in, bsz, r_lo, r_hi, j, vec, varlen, fi, G, c, s, o);
+    if (w_lo < w_hi) kv_mtp_load(dec_in, acc_in, w_lo, min(KV_MTP_TILE, w_hi - w_lo), vec, rd, ra);
+    if (w_lo > 0 || w_hi < bsz) kv_mtp_others(dec_in, acc_in, bsz, w_lo, w_hi, j, vec, varlen, fi, G, c, s, o);
 
     i64 carry = o[KV_MTP_NB], carry_k = o[KV_MTP_KB];
     i64 carry_pg[KV_MAX_CACHES];
 #pragma unroll
     for (int g = 0; g < KV_MAX_CACHES; ++g) carry_pg[g] = o[KV_MTP_PB + g];
     int max_q = 0, max_k = 0;
-    for (int base = r_lo; base < hi; base += KV_MTP_TILE) {
-        const int count = min(KV_MTP_TILE, hi - base);
+    for (int base = w_lo; base < w_hi; base += KV_MTP_TILE) {
+        const int count = min(KV_MTP_TILE, w_hi - base);
         const bool narrow = count <= 32 * KV_MTP_ITEMS;  // the tile's requests are all in warp 0
+        // this block's requests in the tile: [k_lo, k_hi) (tile indices)
+        const int k_lo = min(max(r_lo - base, 0), count), k_hi = max(min(hi - base, count), k_lo);
         int cd[KV_MTP_ITEMS], ca[KV_MTP_ITEMS];
 #pragma unroll
         for (int u = 0; u < KV_MTP_ITEMS; ++u) {
             cd[u] = rd[u];
             ca[u] = ra[u];
         }
-        if (base + KV_MTP_TILE < hi)
-            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, hi - base - KV_MTP_TILE), vec, rd, ra);
+        if (base + KV_MTP_TILE < w_hi)
+            kv_mtp_load(dec_in, acc_in, base + KV_MTP_TILE, min(KV_MTP_TILE, w_hi - base - KV_MTP_TILE), vec, rd, ra);
         int d[KV_MTP_ITEMS], n[KV_MTP_ITEMS], L[KV_MTP_ITEMS];
         i64 sum = 0, sum_k = 0;
 #pragma unroll
@@ -297,14 +381,16 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
             sum += n[u];
             sum_k += L[u];
         }
-        bool searched = false;  // this thread holds a request with tokens (written after the barrier)
+        bool searched = false;  // this thread holds one of the block's requests with tokens
 #pragma unroll
-        for (int u = 0; u < KV_MTP_ITEMS; ++u)
-            if (n[u] > 0) searched = true;
+        for (int u = 0; u < KV_MTP_ITEMS; ++u) {
+            const int k = tid * KV_MTP_ITEMS + u;
+            if (k >= k_lo && k < k_hi && n[u] > 0) searched = true;
+        }
         i64 total;
-        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums, total, narrow);
+        const i64 ex = carry + kv_mtp_block_scan(sum, s.warp_sums[0], total, narrow, false);
         i64 ex_k = 0, total_k = 0;
-        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums, total_k, narrow);
+        if (varlen) ex_k = carry_k + kv_mtp_block_scan(sum_k, s.warp_sums[1], total_k, narrow, false);
         {
             i64 run = ex, run_k = ex_k;
 #pragma unroll
@@ -316,11 +402,14 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     s.dec[k] = d[u];
                     const int cs = kv_mtp_sat(run), ce = kv_mtp_sat(run + n[u]);
                     max_q = max(max_q, ce - cs);
-                    cu_out[b] = cs;
-                    kv_out[b] = L[u];
-                    if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
-                    if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
-                    if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
+                    if (k >= k_lo && k < k_hi) {  // this block's request: its outputs and checks
+                        s.cq[k] = cs;
+                        cu_out[b] = cs;
+                        kv_out[b] = L[u];
+                        if (d[u] < 0) err.flag(KV_ERR_NEGATIVE_LENGTH, cs, b, 0);
+                        if (run <= (i64)C && (i64)C < run + n[u]) err.flag(KV_ERR_CAPACITY, C, b, 0);
+                        if (varlen) p.cu_seqlens_k[(i64)j * (M + 1) + b] = kv_mtp_sat(run_k);
+                    }
                     run += n[u];
                     run_k += L[u];
                 }
@@ -332,18 +421,76 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         const bool search = __syncthreads_or(searched) != 0;
         const i64 tile_end = s.cu[count], tile_end_k = s.end_k;
-        // the tile's tokens (below the capacity), one per thread in turn: its request by a binary search
+        // The block's tokens of the tile (below the capacity), [cu[k_lo], cu[k_hi]), each finding
+        // its request by a binary search of [k_lo, k_hi). At most KV_THREADS of them (uniform): one
+        // per thread, one search (one shared load a step). More: two per thread per round (tokens
+        // t0 and t0 + KV_THREADS), the two searches and the two tokens' block-id loads side by
+        // side, so a block with more tokens than threads (a request range is not cut to fit
+        // KV_THREADS tokens) waits for one chain of loads, not two.
         if (search) {
-            const i64 t_end = tile_end < (i64)C ? tile_end : (i64)C;
-            for (i64 tt = s.cu[0] + tid; tt < t_end; tt += KV_THREADS) {
-                const int t = (int)tt;
-                int lo = 0, hi2 = count;
-                while (hi2 - lo > 1) {
-                    const int mid = (lo + hi2) >> 1;
-                    if (s.cu[mid] <= tt) lo = mid; else hi2 = mid;
+            const i64 t_first = s.cu[k_lo], t_last = s.cu[k_hi];
+            const i64 t_end = t_last < (i64)C ? t_last : (i64)C;
+            const int span = k_hi - k_lo;  // >= 1: a thread voted
+            // steps top, top / 2, .., 1 with top the largest power of two <= span - 1 (none when
+            // span is 1): they reach offsets up to 2 top - 1 >= span - 1
+            const int top = span > 1 ? 1 << (31 - __clz(span - 1)) : 0;
+            if (t_end - t_first <= (i64)KV_THREADS) {  // uniform
+                const i64 t0 = t_first + tid;
+                if (t0 < t_end) {
+                    // largest k in [k_lo, k_hi) with cu[k] <= t0 (cu[k_lo] <= t0)
+                    const int q0 = (int)t0;  // < C
+                    int lo0 = k_lo;
+                    for (int step = top; step > 0; step >>= 1) {
+                        const int m0 = lo0 + step;
+                        if (m0 < k_hi && s.cq[m0] <= q0) lo0 = m0;
+                    }
+                    const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
+                    int blk0[KV_MAX_CACHES];
+                    kv_mtp_load_blocks(base + lo0, pos0, c, bm, G, blk0);
+                    kv_mtp_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, bm, G, C, batch_out, pos_out,
+                                             slot_out, err);
                 }
-                const i64 pos = (i64)s.dec[lo] + (tt - s.cu[lo]);
-                kv_write_token<PosT>(t, base + lo, pos, c, G, C, batch_out, pos_out, slot_out, err);
+            } else {
+                // rounds of 2 KV_THREADS tokens (a uniform count): t0 = first + tid, t1 = t0 +
+                // KV_THREADS. t0's search as above; t1 is past every thread's t0, so its request is
+                // at or after that of thread KV_THREADS - 1's t0 (published in shared memory, one
+                // barrier), and its search covers only [that request, k_hi): a few steps when the
+                // block holds a few more tokens than threads
+                int round = 0;
+                for (i64 r0 = t_first; r0 < t_end; r0 += 2 * KV_THREADS, ++round) {
+                    const i64 t0 = r0 + tid, t1 = t0 + KV_THREADS;
+                    const bool one = t0 < t_end, two = t1 < t_end;  // two: one as well
+                    int lo0 = k_lo;
+                    if (one) {
+                        const int q0 = (int)t0;
+                        for (int step = top; step > 0; step >>= 1) {
+                            const int m0 = lo0 + step;
+                            if (m0 < k_hi && s.cq[m0] <= q0) lo0 = m0;
+                        }
+                    }
+                    if (tid == KV_THREADS - 1) s.lo_mid[round & 1] = lo0;  // k_lo without a token: no t1 then
+                    __syncthreads();  // (a round's parity slot is rewritten two rounds on, past this barrier)
+                    int lo1 = s.lo_mid[round & 1];
+                    if (two) {
+                        const int q1 = (int)t1, span1 = k_hi - lo1;
+                        for (int step = span1 > 1 ? 1 << (31 - __clz(span1 - 1)) : 0; step > 0; step >>= 1) {
+                            const int m1 = lo1 + step;
+                            if (m1 < k_hi && s.cq[m1] <= q1) lo1 = m1;
+                        }
+                    }
+                    if (one) {
+                        const i64 pos0 = (i64)s.dec[lo0] + (t0 - s.cu[lo0]);
+                        const i64 pos1 = (i64)s.dec[lo1] + (t1 - s.cu[lo1]);
+                        int blk0[KV_MAX_CACHES], blk1[KV_MAX_CACHES];
+                        kv_mtp_load_blocks(base + lo0, pos0, c, bm, G, blk0);
+                        if (two) kv_mtp_load_blocks(base + lo1, pos1, c, bm, G, blk1);
+                        kv_mtp_store_token<PosT>((int)t0, base + lo0, pos0, blk0, c, bm, G, C, batch_out, pos_out,
+                                                 slot_out, err);
+                        if (two)
+                            kv_mtp_store_token<PosT>((int)t1, base + lo1, pos1, blk1, c, bm, G, C, batch_out,
+                                                     pos_out, slot_out, err);
+                    }
+                }
             }
         }
         // attention rows of every cache: page prefixes, last-page lengths, row checks, kv_indices
@@ -360,30 +507,32 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                         psum += pages[u];
                     }
                     i64 ptotal;
-                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums, ptotal, narrow);
+                    i64 prun = carry_pg[g] + kv_mtp_block_scan(psum, s.warp_sums[0], ptotal, narrow, false);
 #pragma unroll
                     for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                         const int k = tid * KV_MTP_ITEMS + u;
                         if (k < count) {
                             const int b = base + k;
                             s.pg[k] = prun;
-                            const int first = kv_mtp_sat(s.cu[k]);
-                            if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
-                            if (fi) {
-                                const i64 row = (i64)j * G * AS + (i64)g * AS;
-                                p.kv_indptr[row + b] = kv_mtp_sat(prun);
-                                p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
-                                if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
+                            if (k >= k_lo && k < k_hi) {
+                                const int first = kv_mtp_sat(s.cu[k]);
+                                if (pages[u] > W) err.flag(KV_ERR_BLOCK_INDEX, first, b, g);
+                                if (fi) {
+                                    const i64 row = (i64)j * G * AS + (i64)g * AS;
+                                    p.kv_indptr[row + b] = kv_mtp_sat(prun);
+                                    p.kv_last_page_len[row + b] = L[u] > 0 ? (L[u] - 1) % B + 1 : 0;
+                                    if (prun + pages[u] > (i64)N) err.flag(KV_ERR_KV_INDICES_CAPACITY, first, b, g);
+                                }
                             }
                             prun += pages[u];
                         }
                     }
                     if (tid == 0) s.pg[count] = carry_pg[g] + ptotal;
                     __syncthreads();
-                    if (fi) {
+                    if (fi) {  // the block's requests' rows, request k on warp (k - k_lo) % KV_WARPS
                         int* __restrict__ idx_out = p.kv_indices + (i64)j * G * N + (i64)g * N;
                         const int* __restrict__ table = c.table[g];
-                        for (int k = warp; k < count; k += KV_WARPS) {
+                        for (int k = k_lo + warp; k < k_hi; k += KV_WARPS) {
                             const int b = base + k;
                             const i64 start = s.pg[k], np = s.pg[k + 1] - start;
                             const int first = kv_mtp_sat(s.cu[k]);
@@ -404,7 +553,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
         }
         carry = tile_end;
         carry_k = tile_end_k;
-        if (base + KV_MTP_TILE < hi) __syncthreads();  // s.cu, s.dec: rewritten by the next tile
+        if (base + KV_MTP_TILE < w_hi) __syncthreads();  // s.cu, s.dec: rewritten by the next tile
     }
     const i64 n_total = carry + o[KV_MTP_NA];  // every request's tokens (int64, true sum)
     const bool tail = bsz >= r_lo && bsz < r_hi;  // this block owns request bsz: the totals are its
@@ -458,7 +607,7 @@ __global__ void __launch_bounds__(KV_THREADS, 1) mtp_step(const KvMtpParams para
                     sum += nn[u];
                 }
                 i64 total;
-                i64 run = run0 + kv_mtp_block_scan(sum, s.warp_sums, total);
+                i64 run = run0 + kv_mtp_block_scan(sum, s.warp_sums[0], total, false, true);
 #pragma unroll
                 for (int u = 0; u < KV_MTP_ITEMS; ++u) {
                     max_q = max(max_q, kv_mtp_sat(run + nn[u]) - kv_mtp_sat(run));

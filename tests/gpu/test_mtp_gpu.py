@@ -115,10 +115,35 @@ def test_position_dtypes_and_block_ids_near_int32_max(pos_dtype):
     _run(dec, acc, tables, sizes, C, 3, pos_dtype=pos_dtype, attention=ALL, N=40000, label="big ids")
 
 
+def test_large_odd_block_sizes_and_positions_near_int32_max():
+    """A token's block index and offset for block sizes up to 2^30 + 5 and positions around
+    2^31 - 1 (below it a multiply by a reciprocal of the block size, past it a division)."""
+    rng = np.random.default_rng(5)
+    bsz, k = 300, 3
+    dec = (2**31 - 1 - rng.integers(0, 5000, bsz)).astype(np.int32)
+    dec[::7] = 2**31 - 1
+    acc = rng.integers(0, k + 1, bsz).astype(np.int32)
+    sizes = [65537, 1048573, 2**30 + 5]
+    tables = [rng.integers(0, 1 << 20, (bsz, -(-(2**31 + 2 * k + 2) // B))).astype(np.int32) for B in sizes]
+    C = max(int(acc.sum()), 1)
+    _run(dec, acc, tables, sizes, C, k, label="large block sizes")
+
+
 @pytest.mark.parametrize("bsz", [5, 700, 4500])
 def test_bad_values_set_the_bits_and_keys_of_each_substep(bsz):
     dec, acc, tables, sizes, C = _case(bsz, bsz, 3, (4, 6), bad=True)
     _run(dec, acc, tables, sizes, C, 3, attention="flashinfer,page_table", N=64, label=f"bad bsz={bsz}")
+
+
+@pytest.mark.parametrize("attention", [None, ALL])
+@pytest.mark.parametrize(("bsz", "capacity"), [(1024, None), (1369, None), (3000, 300), (2500, 700)])
+def test_request_windows(bsz, capacity, attention):
+    """A batch within one tile over several token blocks (every block scans it whole), one just
+    past a tile, and batches of several tiles over two or three token blocks (a block's requests
+    span more than a tile; the capacity cuts the tokens: bit 4)."""
+    dec, acc, tables, sizes, C = _case(bsz + 7, bsz, 3, (16, 7), capacity=capacity)
+    N = 20000 if attention == ALL else None
+    _run(dec, acc, tables, sizes, C, 3, attention=attention, N=N, label=f"bsz={bsz} C={C}")
 
 
 def test_capacity_overflow_drops_tokens_and_sets_bit_4():

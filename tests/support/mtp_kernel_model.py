@@ -4,12 +4,16 @@ It reads the launch's ``MtpParams`` (kernel_loader.MtpParams) as the kernel does
 memory the pointers address (the planner fake of tests/support/fake_cupy.py allocates NumPy
 buffers), over the grid ``(blocks, k)`` of KV_THREADS-thread blocks, and writes the outputs
 there. Each block (x, j) follows the kernel: it owns requests [r_lo, r_hi) (rq = ceil((bsz + 1) /
-blocks) rounded up to a multiple of 4); the other requests' sums (token, kv-length and page
-prefixes before r_lo, totals after r_hi, maxima) come first, then its requests in tiles of
-KV_MTP_TILE, thread i holding requests [4 i, 4 i + 4) of the tile; the tile's tokens one per
-thread in turn (thread (t - first) % KV_THREADS); the kv_indices rows of its requests
-(a warp per request: request k of the tile on warp k % KV_WARPS), the padding of its token range
-after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
+blocks) rounded up to a multiple of 4) and scans the window [w_lo, w_hi) holding them (the whole
+batch within a tile, else a tile around them, or their own range when rq exceeds a tile); the
+other requests' sums (token, kv-length and page prefixes before w_lo, totals from w_hi on,
+maxima) come first, then the window in tiles of KV_MTP_TILE, thread i holding requests
+[4 i, 4 i + 4) of the tile; the block's requests of the tile [k_lo, k_hi) get their outputs and
+checks, their tokens one per thread in turn (thread (t - first) % KV_THREADS: one token per thread
+up to KV_THREADS tokens, past that the kernel's two per thread per round, t and t + KV_THREADS,
+on the same thread), their kv_indices
+rows (a warp per request: request k of the tile on warp (k - k_lo) % KV_WARPS); the padding of
+its token range after the loop, the pad entries of kv_indices in a grid stride; the block owning request bsz
 writes the totals and the maxima. Blocks run in reverse order: every output element has one
 writer, so the order must not matter. Errors are merged into record ``(j * blocks + x) * KV_WARPS +
 warp`` of the thread that found them, as the kernel does (mask OR, smallest key).
@@ -101,15 +105,18 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
             r_lo = min(x * rq, bsz + 1)
             r_hi = min(r_lo + rq, bsz + 1)
             r_end = min(r_hi, bsz)
-            # the other requests' sums (kv_mtp_others): prefixes before r_lo, totals from r_hi on
+            # the window the block scans: the whole batch within a tile, else a tile holding its requests
+            w_lo = 0 if bsz <= TILE else min(r_lo, (bsz - TILE + 3) & ~3)
+            w_hi = min(bsz, max(r_end, w_lo + TILE))
+            # the other requests' sums (kv_mtp_others): prefixes before w_lo, totals from w_hi on
             n_before = n_after = k_before = max_n = max_l = 0
             pg_before, pg_after = [0] * G, [0] * G
-            if r_lo > 0 or r_hi <= bsz:
-                for b in [*range(0, min(r_lo, bsz)), *range(r_hi, bsz)]:
+            if w_lo > 0 or w_hi < bsz:
+                for b in [*range(0, w_lo), *range(w_hi, bsz)]:
                     dj, qj = _lengths(int(dec_in[b]), int(acc_in[b]), j)
                     bad = dj < 0 or qj < 0
                     n, L = (0, 0) if bad else (qj, min(dj + qj, INT_MAX))
-                    before = b < r_lo
+                    before = b < w_lo
                     if before:
                         n_before += n
                     else:
@@ -127,8 +134,10 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
             carry, carry_k = n_before, k_before
             carry_pg = list(pg_before)
             max_q = max_k = 0
-            for base in range(r_lo, r_end, TILE):
-                count = min(TILE, r_end - base)
+            for base in range(w_lo, w_hi, TILE):
+                count = min(TILE, w_hi - base)
+                k_lo = min(max(r_lo - base, 0), count)  # the block's requests in the tile: [k_lo, k_hi)
+                k_hi = max(min(r_end - base, count), k_lo)
                 d = np.full(count, -1, np.int64)
                 n = np.zeros(count, np.int64)
                 L = np.zeros(count, np.int64)
@@ -142,6 +151,8 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                     b, tid = base + kk, kk // ITEMS
                     cs, ce = min(cu[kk], INT_MAX), min(cu[kk + 1], INT_MAX)
                     max_q, max_k = max(max_q, ce - cs), max(max_k, int(L[kk]))
+                    if not k_lo <= kk < k_hi:
+                        continue
                     cu_out[b] = cs
                     kv_out[b] = L[kk]
                     if d[kk] < 0:
@@ -150,9 +161,10 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         flag(tid, ERR_CAPACITY, C, b, 0)
                     if varlen:
                         _view(p.cu_seqlens_k + 4 * j * (Mr + 1), bsz + 1)[b] = min(cuk[kk], INT_MAX)
-                for t in range(int(cu[0]), min(int(cu[count]), C)):
-                    tid = (t - int(cu[0])) % T  # the tile's tokens, one per thread in turn
-                    lo = int(np.searchsorted(cu[1:count], t, side="right"))
+                t_first = int(cu[k_lo])
+                for t in range(t_first, min(int(cu[k_hi]), C)):
+                    tid = (t - t_first) % T  # the block's tokens of the tile, one per thread in turn
+                    lo = k_lo + int(np.searchsorted(cu[k_lo + 1 : k_hi], t, side="right"))
                     write_token(tid, t, base + lo, int(d[lo]) + (t - int(cu[lo])))
                 if rows:
                     for g in range(G):
@@ -160,7 +172,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                         pages = -(-L // B)
                         pg = np.concatenate([[0], np.cumsum(pages)]) + carry_pg[g]
                         row = j * G * AS + g * AS
-                        for kk in range(count):
+                        for kk in range(k_lo, k_hi):
                             b = base + kk
                             first = min(int(cu[kk]), INT_MAX)
                             if pages[kk] > W:
@@ -172,7 +184,7 @@ def run_mtp(M: kernel_loader.MtpParams, blocks: int, k: int, pos_dtype=np.int64)
                                 if pg[kk] + pages[kk] > N:
                                     flag(kk // ITEMS, ERR_KV_INDICES_CAPACITY, first, b, g)
                                 idx_out = _view(p.kv_indices + 4 * (j * G * N + g * N), N)
-                                warp = kk % WARPS
+                                warp = (kk - k_lo) % WARPS
                                 for e in range(int(pages[kk])):
                                     if pg[kk] + e >= N:
                                         break

@@ -202,6 +202,19 @@ def test_more_than_one_tile_of_requests(fake, attention, bad):
 
 
 @pytest.mark.parametrize("attention", [ALL, "varlen", None])
+@pytest.mark.parametrize(("tiles", "capacity"), [(0.9, None), (2.9, 300), (2.4, 700)])
+def test_request_windows(fake, attention, tiles, capacity):
+    """A batch within one tile over several token blocks (each block scans it whole, no others'
+    pass), and batches of several tiles over two or three token blocks (a block's requests span
+    more than a tile: its window is scanned tile by tile, the capacity cutting the tokens)."""
+    rng = np.random.default_rng(11)
+    bsz = int(tiles * kernel_loader.constants()["KV_MTP_ITEMS"] * dispatch.THREADS)
+    dec, acc, tables = _case(rng, bsz, 3, (16, 3), True)
+    C = capacity or int(np.maximum(acc, 0).sum()) + 20
+    _check(fake, dec, acc, tables, [16, 3], C, 3, attention, 9000 if attention == ALL else None)
+
+
+@pytest.mark.parametrize("attention", [ALL, "varlen", None])
 def test_blocks_past_the_last_request_write_only_padding(fake, attention):
     """Five requests over a capacity of six token blocks: the request ranges (a multiple of 4
     each) leave the last blocks none; they still pad their tokens and kv_indices entries."""
