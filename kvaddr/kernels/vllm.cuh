@@ -187,8 +187,7 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // =====================================================================================
 //
 // The one-launch vLLM step (VllmStepPlanner). The grid has four roles, by block index:
-//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot (with
-//     DSA, the token's DSA outputs too: vllm_dsa_token_write);
+//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot;
 //   * request blocks (request_blocks): a thread per batch row b < max_num_reqs: seq_lens,
 //     dcp_local_seq_lens, the per-request checks and every group's num_blocks check; a row
 //     b >= num_reqs (padding rows and rows an earlier step left with data) also reads the row's
@@ -260,33 +259,7 @@ __device__ __forceinline__ bool vllm_token_index(const VllmStepParams& p, int g,
     return true;
 }
 
-// DSA (vllm_step<ATTENTION, true>): token t's DSA outputs where its slot of group dsa_group is
-// made (vllm_dsa_token_write); the DSA blocks (vllm_dsa.cuh) write only a prefill token's ks, ke.
-// A token's DSA outputs from the step's own values: valid or not, position pos, owner b, whether
-// it is a prefill's token (valid, its request running more than dsa_decode_len tokens), its slot s
-// in group dsa_group (-1: none) and s % B (the group's B): the indexer-cache value and scale byte
-// offsets, ctx = pos + 1, req_id = b, and ks = ke = 0 unless it is a prefill's token (the DSA
-// blocks write those). Padding and invalid tokens: -1, -1, 0, -1 and ks = ke = 0.
-__device__ __forceinline__ void vllm_dsa_token_write(const VllmStepParams& p, int t, bool valid, long long pos, int b,
-                                                     bool prefill, long long slot, long long off, long long B) {
-    long long value = -1, scale = -1;
-    if (valid && slot >= 0) {
-        const long long V = p.dsa_value_bytes, S = p.dsa_scale_bytes;
-        const long long first = slot - off;  // blk * B
-        value = first * (V + S) + off * V;
-        scale = first * (V + S) + B * V + off * S;
-    }
-    p.dsa_value_offsets[t] = value;
-    p.dsa_scale_offsets[t] = scale;
-    p.dsa_ctx[t] = valid ? (int)(pos + 1 > VLLM_INT_MAX ? VLLM_INT_MAX : pos + 1) : 0;
-    p.dsa_req_id[t] = valid ? b : -1;
-    if (!prefill) {
-        p.dsa_ks[t] = 0;
-        p.dsa_ke[t] = 0;
-    }
-}
-
-template <bool DCP, bool DSA = false>
+template <bool DCP>
 __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
     bool valid = false;
@@ -317,7 +290,6 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
         }
     }
     p.positions[t] = pos;
-    long long dslot = -1, doff = 0;  // DSA: group dsa_group's slot and its offset in the block
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
@@ -344,14 +316,7 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
             }
         }
         vllm_store_slot(p, g, t, slot);
-        if (DSA && g == p.dsa_group) {
-            dslot = slot;
-            doff = off;
-        }
     }
-    if (DSA)
-        vllm_dsa_token_write(p, t, valid, pos, b, valid && q1 - q0 > p.dsa_decode_len, dslot, doff,
-                             vllm_pick(p.block_size, p.dsa_group));
 }
 
 // One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens, the
@@ -750,19 +715,17 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
 
 // The vLLM step: <<<token_blocks + request_blocks + gather blocks (+ num_groups * meta_blocks with
 // ATTENTION), VLLM_THREADS>>>, one parameter. ATTENTION: the last num_groups * meta_blocks blocks
-// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows;
-// row 0 is the step above, its token role also writing each token's DSA outputs but a prefill
-// token's ks and ke (vllm_dsa_token_write), row 1 the DSA blocks writing those and cu_seq_lens
-// (vllm_dsa_block). Without DSA the code is the step's alone.
-__device__ void vllm_dsa_block(const VllmStepParams& p, int* sq);  // vllm_dsa.cuh
+// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows,
+// row 1 writing the DSA outputs (vllm_dsa_block); row 0 is the step above, unchanged.
+__device__ void vllm_dsa_block(const VllmStepParams& p);  // vllm_dsa.cuh
 
 template <bool ATTENTION, bool DSA = false>
 __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p) {
-    __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block (or a DSA block) searches
     if (DSA && blockIdx.y != 0) {  // DSA: the grid's second row (vllm_dsa.cuh), no error record
-        vllm_dsa_block(p, sq);
+        vllm_dsa_block(p);
         return;
     }
+    __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block searches
     VllmErr err;
     err.mask = 0;
     err.key = KV_NO_ERROR;
@@ -794,8 +757,8 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         }
         if (t < p.max_tokens) {
             // (uniform) only a DCP step has sharded groups
-            if (p.cp_size > 1) vllm_token_write<true, DSA>(p, t, b, q0, q1, r, num_tokens, err);
-            else vllm_token_write<false, DSA>(p, t, b, q0, q1, r, num_tokens, err);
+            if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, err);
+            else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, err);
         }
     } else if (blk < p.token_blocks + p.request_blocks) {
         const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;

@@ -1,45 +1,97 @@
 // DeepSeek-V3.2 sparse attention (DSA) outputs of the vLLM step (docs/dsa.md, "The vLLM step";
 // kvaddr/engines/vllm_reference.py's vllm_dsa_reference is the oracle), written in the step's
-// own launch by vllm_step<ATTENTION, true>. Two parts of the launch write them, each what it knows:
+// own launch by vllm_step<ATTENTION, true>.
 //
-//   * The step's token role (vllm_token_write<DCP, true>, vllm.cuh) writes each token's value and
-//     scale offsets, ctx and req_id where it writes its slot of group dsa_group, and ks = ke = 0
-//     for every token that is not a prefill's (vllm_dsa_token_write). For a valid token t of
-//     request b at position p, slot s of group dsa_group (blk = s / B, off = s % B; -1 included):
-//       value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S  (s < 0: -1)
-//       ctx = p + 1;  req_id = b;
-//     padding and invalid tokens (dummy rows included): -1, -1, 0, -1, and ks = ke = 0. A prefill's
-//     token is a valid token whose request runs more than dsa_decode_len tokens (q1 - q0, known there).
-//   * Row 1 of a two-row grid (the step's grid is row 0) holds the DSA blocks, which wait for no
-//     block of row 0 and write no error record (the step's token and request blocks record every
-//     error of the same inputs). They write what needs the prefills' prefix: ks and ke of the
-//     prefills' tokens (ks = the seq_lens of the prefills before the token's, ke = ks + ctx), and
-//     cu_seq_lens. A token's ks and ke are written by exactly one thread: the token role's (not a
-//     prefill's token) or its DSA block's (a prefill's).
-//
-// DSA block k < token_blocks owns the tokens [k * VLLM_THREADS, +VLLM_THREADS), one a thread;
-// blocks past them return at once (block 0, which always has tokens, also writes cu_seq_lens).
-//   1. The vote: one pass over query_start_loc (staged in shared memory on the way when
-//      num_reqs + 1 <= VLLM_QSL_SMEM), VLLM_DSA_VOTE requests a thread, every load in flight;
-//      a block vote asks whether any request runs more than dsa_decode_len tokens (good or not:
-//      a batch without one has no prefill token). None (a decode batch, plain or MTP): block 0
-//      writes cu_seq_lens = 0, and every block is done.
-//   2. Each thread finds its token's owner as the token role does (the guess min(t, n - 1), then
-//      vllm_owner_search over the staged or the global query_start_loc: the same owner for any
-//      query_start_loc, even a decreasing one) and whether the token may be a prefill's (t <
-//      num_tokens, the owner's range holds t and runs more than dsa_decode_len tokens). A block
-//      other than block 0 with no such token is done (a second vote).
-//   3. The block walks the batch VLLM_THREADS * VLLM_DSA_R requests at a time (a tile; VLLM_DSA_R
-//      consecutive requests a thread, every load issued before any is used): a thread computes
-//      whether each of its requests is a prefill (a good request: a real row, num_computed_tokens
-//      >= 0, a good range, running more than dsa_decode_len tokens) and its seq_len
-//      (num_computed_tokens + its tokens, saturating as seq_lens); a block scan of the thread sums
-//      gives each prefill its ks and its ordinal (block 0 writes cu_seq_lens[ord] = ks), staged in
-//      shared memory with its num_computed_tokens, and a candidate token whose owner lies in the
-//      tile and is a prefill writes ks and ke = ks + min(p + 1, 2^31 - 1), saturating. Block 0
-//      writes cu_seq_lens[P .. max_num_reqs] = the total of the P prefills' seq_lens.
-// Every element of every DSA output is written on every launch. Shared memory: the staged
-// query_start_loc (the step's own array, passed in), the tile's ks and num_computed_tokens (16 KB).
+// The planner launches the step's grid as row 0 of a two-row grid; row 1 holds the DSA blocks,
+// which wait for no block of row 0 and write no error record (the step's token and request
+// blocks record every error of the same inputs). DSA block k < token_blocks owns the tokens
+// [k * VLLM_THREADS, +VLLM_THREADS), one a thread; blocks past them return at once (block 0, which
+// always has tokens, also writes cu_seq_lens). A thread finds its token's owner as the step's token blocks do (the
+// guess min(t, n - 1), then vllm_owner_search: the same owner for any query_start_loc, even a
+// decreasing one), and the token is valid when the step's is (t < num_tokens, the owner's range
+// holds t, a real row, num_computed_tokens >= 0). The block then walks the batch
+// VLLM_THREADS * VLLM_DSA_R requests at a time (a tile; VLLM_DSA_R consecutive requests a thread,
+// every load issued before any is used): a thread computes whether each of its requests is a
+// prefill (a good request running more than dsa_decode_len tokens) and its seq_len
+// (num_computed_tokens + its tokens, saturating as seq_lens), a block scan of the thread sums
+// gives each prefill its ks (the seq_lens of the prefills before it) and its ordinal, staged in
+// shared memory for the tile, and a token whose owner lies in the tile reads its ks there. For a valid token t of request b at position p, slot s of group
+// dsa_group (blk = s / B, off = s % B; the step's slot mapping of that group, -1 included):
+//   value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S  (s < 0: -1)
+//   ctx = p + 1;  ks, ke = the prefill's ks and ks + ctx (0 and 0 for a decode token);
+//   req_id_per_token = b.
+// Padding and invalid tokens (dummy rows included): -1, -1, 0, 0, 0, -1. Block 0 writes
+// cu_seq_lens[ord] = ks of each prefill and the total of their seq_lens over [P, max_num_reqs].
+// Every element of every DSA output is written on every launch.
+
+// One token's DSA outputs (t < max_tokens): valid or not, its position and owner b, the owner's ks
+// (-1: a decode) and its slot in the DSA group (-1: none).
+__device__ __forceinline__ void vllm_dsa_token(const VllmStepParams& p, int t, bool valid, long long pos, int b, int ks,
+                                               long long slot) {
+    long long value = -1, scale = -1;
+    int ctx = 0, kso = 0, keo = 0, req = -1;
+    if (valid) {
+        if (slot >= 0) {
+            const long long B = vllm_pick(p.block_size, p.dsa_group);
+            const long long V = p.dsa_value_bytes, S = p.dsa_scale_bytes;
+            const long long blk = slot / B, off = slot - blk * B;
+            const long long base = blk * B * (V + S);
+            value = base + off * V;
+            scale = base + B * V + off * S;
+        }
+        ctx = (int)(pos + 1 > VLLM_INT_MAX ? VLLM_INT_MAX : pos + 1);
+        if (ks >= 0) {
+            kso = ks;
+            const long long e = (long long)ks + ctx;
+            keo = (int)(e > VLLM_INT_MAX ? VLLM_INT_MAX : e);
+        }
+        req = b;
+    }
+    p.dsa_value_offsets[t] = value;
+    p.dsa_scale_offsets[t] = scale;
+    p.dsa_ctx[t] = ctx;
+    p.dsa_ks[t] = kso;
+    p.dsa_ke[t] = keo;
+    p.dsa_req_id[t] = req;
+}
+
+// Token t's owner, validity, position and slot in group dsa_group, as vllm_token_write computes
+// them (the same loads and checks; without its error records).
+__device__ __forceinline__ void vllm_dsa_locate(const VllmStepParams& p, int t, int& b, bool& valid, long long& pos,
+                                                long long& slot) {
+    const int n = p.num_reqs;
+    int q0 = 0, q1 = 0, num_tokens = 0;
+    long long r = 0;
+    b = 0;
+    valid = false;
+    pos = 0;
+    slot = -1;
+    if (n <= 0) return;
+    if (vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
+        b = vllm_owner_search(p.query_start_loc, n, t);
+        q0 = p.query_start_loc[b];
+        q1 = p.query_start_loc[b + 1];
+        r = vllm_row_of(p, b);
+    }
+    if (!(t < num_tokens && q0 >= 0 && q0 <= t && t < q1 && r >= 0 && r < p.max_num_reqs)) return;
+    const int g = p.dsa_group;
+    const int flags = vllm_pick(p.group_flags, g);
+    const int nb = (flags & VLLM_GROUP_SLOTS) ? vllm_pick(p.num_blocks, g)[r] : 0;
+    const int nct = p.num_computed_tokens[r];
+    if (nct < 0) return;
+    valid = true;
+    pos = (long long)nct + (t - q0);
+    if (!(flags & VLLM_GROUP_SLOTS)) return;
+    unsigned int idx = 0, off = 0;
+    const bool local = p.cp_size > 1 ? vllm_token_index<true>(p, g, flags, pos, idx, off)
+                                     : vllm_token_index<false>(p, g, flags, pos, idx, off);
+    if (!local || (long long)idx >= (long long)vllm_pick(p.width, g) || (long long)idx >= (long long)nb) return;
+    const int blk = vllm_pick(p.block_table, g)[r * vllm_pick(p.table_stride, g) + idx];
+    if (blk < 0) return;
+    const long long s = (long long)blk * (long long)vllm_pick(p.block_size, g) + off;
+    if (p.slot_is_32 && s > VLLM_INT_MAX) return;
+    slot = s;
+}
 
 // A request's prefill length from its loads (range [q0, q1), row r, num_computed_tokens nct, read
 // only for a row in range): its seq_len (saturating) when it is a good request running more than
@@ -57,78 +109,22 @@ __device__ __forceinline__ int vllm_dsa_prefill_len(const VllmStepParams& p, int
     return vllm_dsa_prefill(p, p.query_start_loc[b], p.query_start_loc[b + 1], r, nct);
 }
 
-// Token t (< max_tokens, num_reqs >= 1)'s owner b and its first token q0, found as the token role
-// finds them (the guess, then the search of qsl: query_start_loc itself or its staged copy);
-// whether t may be a prefill's token: t < num_tokens, q0 <= t < q1, q1 - q0 > dsa_decode_len (it
-// is one when b is a good request, which vllm_dsa_prefill tells).
-__device__ __forceinline__ bool vllm_dsa_candidate(const VllmStepParams& p, const int* qsl, int t, int& b, int& q0) {
-    const int n = p.num_reqs;
-    const int last = qsl[n];
-    const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
-    b = t < n - 1 ? t : n - 1;
-    q0 = qsl[b];
-    int q1 = qsl[b + 1];
-    if (t >= num_tokens) return false;
-    if (!(q0 <= t && t < q1)) {
-        b = vllm_owner_search(qsl, n, t);
-        q0 = qsl[b];
-        q1 = qsl[b + 1];
-    }
-    return q0 >= 0 && q0 <= t && t < q1 && q1 - q0 > p.dsa_decode_len;
-}
-
-// A prefill's token t (position nct + t - q0): its ks and ke = ks + ctx (saturating).
-__device__ __forceinline__ void vllm_dsa_prefill_token(const VllmStepParams& p, int t, int ks, int nct, int q0) {
-    const long long pos1 = (long long)nct + (t - q0) + 1;
-    const long long ctx = pos1 > VLLM_INT_MAX ? VLLM_INT_MAX : pos1;
-    const long long e = (long long)ks + ctx;
-    p.dsa_ks[t] = ks;
-    p.dsa_ke[t] = (int)(e > VLLM_INT_MAX ? VLLM_INT_MAX : e);
-}
-
 // ---- the DSA block of the vLLM step (row 1 of vllm_step<ATTENTION, true>'s grid) ----
 
-#define VLLM_DSA_R 8     // consecutive requests per thread in a tile (all their loads in flight)
-#define VLLM_DSA_VOTE 8  // requests per thread per round of the vote (all their loads in flight)
+#define VLLM_DSA_R 8  // consecutive requests per thread in a tile (all their loads in flight)
 
-__device__ void vllm_dsa_block(const VllmStepParams& p, int* sq) {
-    __shared__ int tile_ks[VLLM_THREADS * VLLM_DSA_R];   // ks of the tile's requests (-1: not a prefill)
-    __shared__ int tile_nct[VLLM_THREADS * VLLM_DSA_R];  // their num_computed_tokens
-    __shared__ int red[2][VLLM_WARPS];                   // per warp: seq_len sum, prefill count
+__device__ void vllm_dsa_block(const VllmStepParams& p) {
+    __shared__ int tile_ks[VLLM_THREADS * VLLM_DSA_R];  // ks of the tile's requests (-1: not a prefill)
+    __shared__ int red[2][VLLM_WARPS];                  // per warp: seq_len sum, prefill count
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, k = (int)blockIdx.x;
-    const int n = p.num_reqs, thr = p.dsa_decode_len;
+    const int n = p.num_reqs;
     if (k >= p.token_blocks) return;  // (uniform) no tokens; block 0 always has some
-    const bool stage = n + 1 <= VLLM_QSL_SMEM;
-    // 1. the vote over query_start_loc (staged on the way)
-    bool any = false;
-#pragma unroll 1
-    for (int b0 = 0; b0 < n; b0 += VLLM_THREADS * VLLM_DSA_VOTE) {
-        int a[VLLM_DSA_VOTE], c[VLLM_DSA_VOTE];
-#pragma unroll
-        for (int u = 0; u < VLLM_DSA_VOTE; ++u) {
-            const int b = b0 + u * VLLM_THREADS + tid;
-            a[u] = b < n ? p.query_start_loc[b] : 0;
-            c[u] = b < n ? p.query_start_loc[b + 1] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < VLLM_DSA_VOTE; ++u) {
-            const int b = b0 + u * VLLM_THREADS + tid;
-            any |= (long long)c[u] - a[u] > thr;
-            if (stage && b < n) sq[b] = a[u];
-            if (stage && b + 1 == n) sq[n] = c[u];
-        }
-    }
-    if (!__syncthreads_or(any)) {  // a decode batch: no prefill token, every prefix 0
-        if (k == 0)
-            for (int i = tid; i <= p.max_num_reqs; i += VLLM_THREADS) p.dsa_cu_seq_lens[i] = 0;
-        return;
-    }
-    // 2. this thread's token: a prefill's token maybe?
     const int t = k * VLLM_THREADS + tid;
-    int b = 0, q0 = 0;
-    const bool cand = t < p.max_tokens && vllm_dsa_candidate(p, stage ? sq : p.query_start_loc, t, b, q0);
-    if (!__syncthreads_or(cand) && k != 0) return;  // (uniform) no prefill's token here
-    // 3. the tiles: scan, cu_seq_lens (block 0), the candidates' ks and ke
+    const bool mine = t < p.max_tokens;
+    int b = 0, ks = -1;
+    bool valid = false;
+    long long pos = 0, slot = -1;
+    if (mine) vllm_dsa_locate(p, t, b, valid, pos, slot);
     int carry_len = 0, carry_cnt = 0;
 #pragma unroll 1
     for (int base = 0; base < n; base += VLLM_THREADS * VLLM_DSA_R) {
@@ -180,7 +176,6 @@ __device__ void vllm_dsa_block(const VllmStepParams& p, int* sq) {
 #pragma unroll
         for (int u = 0; u < VLLM_DSA_R; ++u) {
             tile_ks[tid * VLLM_DSA_R + u] = len[u] >= 0 ? run : -1;
-            tile_nct[tid * VLLM_DSA_R + u] = nct[u];
             if (len[u] >= 0) {
                 if (k == 0 && ord <= p.max_num_reqs) p.dsa_cu_seq_lens[ord] = run;
                 run = kv_sat_add_nn(run, len[u]);
@@ -188,14 +183,12 @@ __device__ void vllm_dsa_block(const VllmStepParams& p, int* sq) {
             }
         }
         __syncthreads();
-        if (cand && b >= base && b - base < VLLM_THREADS * VLLM_DSA_R) {
-            const int ks = tile_ks[b - base];
-            if (ks >= 0) vllm_dsa_prefill_token(p, t, ks, tile_nct[b - base], q0);
-        }
-        __syncthreads();  // the tile and the warp sums are read before the next tile writes them
+        if (valid && b >= base && b - base < VLLM_THREADS * VLLM_DSA_R) ks = tile_ks[b - base];
+        __syncthreads();  // the tile's ks and the warp sums are read before the next tile writes them
         carry_len = tx;
         carry_cnt = tc;
     }
+    if (mine) vllm_dsa_token(p, t, valid, pos, b, ks, slot);
     if (k == 0)
         for (int i = carry_cnt + tid; i <= p.max_num_reqs; i += VLLM_THREADS) p.dsa_cu_seq_lens[i] = carry_len;
 }

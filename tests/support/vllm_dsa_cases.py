@@ -43,37 +43,3 @@ def dsa_batch(
     out = dict(state)
     out.update(idx_mapping=idx.astype(state["idx_mapping"].dtype), query_start_loc=qsl.astype(I32))
     return out
-
-
-def placed_batch(
-    rng: np.random.Generator,
-    cfg: VllmStepConfig,
-    state: dict,
-    num_reqs: int,
-    *,
-    n: int = 1,
-    where: str = "none",
-    prefills: int = 3,
-    max_chunk: int = 40,
-    dummy: float = 0.1,
-) -> dict:
-    """Decodes of n tokens (MTP for n > 1) with ``prefills`` prefill chunks placed at the batch's
-    ``where`` ("none": a decode batch, "start", "middle", "end"), dummy rows among them; the rest
-    as :func:`dsa_batch`."""
-    x = dsa_batch(rng, cfg, state, num_reqs, n=n, prefill=0.0, max_chunk=max_chunk, dummy=dummy)
-    if where == "none" or num_reqs == 0:
-        return x
-    k = min(prefills, num_reqs)
-    at = {"start": 0, "middle": (num_reqs - k) // 2, "end": num_reqs - k}[where]
-    q = np.diff(x["query_start_loc"].astype(np.int64))
-    idx = x["idx_mapping"].astype(np.int64)
-    nct = state["num_computed_tokens"].astype(np.int64)
-    q[at : at + k] = rng.integers(n + 1, max(max_chunk, n + 1) + 1, k)
-    for g in range(cfg.num_groups):
-        span = cfg.block_sizes[g] * (cfg.cp_size if cfg.sharded(g) else 1)
-        cap = state["num_blocks"][g].astype(np.int64) * span - nct
-        q = np.minimum(q, np.where(idx >= 0, cap[np.maximum(idx, 0)], q))
-    q = np.maximum(q, 0)
-    qsl = np.minimum(np.concatenate([[0], np.cumsum(q)]), cfg.max_num_batched_tokens)
-    x["query_start_loc"] = qsl.astype(I32)
-    return x

@@ -2,8 +2,8 @@
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
 What is emulated: the device helpers of ``vllm_step<false>`` (token guess and write,
-request row, gather pair; with DSA, the token writes' DSA outputs and the DSA row's helpers in
-vllm_dsa.cuh; the source text of kernels.cu, unchanged) driven by a few lines
+request row, gather pair; with its DSA row, vllm_dsa.cuh's token helpers; the source text of
+kernels.cu, unchanged) driven by a few lines
 of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record),
 and the three-launch kernels whole (their threads run in reverse order, so thread 0's
 end-of-block write comes last, as after their barrier). Not emulated: warp shuffles,
@@ -51,7 +51,6 @@ template <typename T> static inline T atomicMin(T* p, T v) { T o = *p; if (v < o
 """
 
 DRIVER = r"""
-#define EMU_POISON 0x5a5a5a5a
 static inline void emu_merge(VllmErr& all, const VllmErr& e) {
     all.mask |= e.mask;
     if (e.key < all.key) all.key = e.key;
@@ -63,10 +62,8 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
 // global array), the spare rows' zeroing (one row after another), the per-warp records
 // (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
 // do: sticky; a clean launch writes no record).
-extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid, int dsa) {
+extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
     const VllmStepParams& p = *pp;
-    if (dsa)  // ks and ke poisoned: an element neither row writes, or both do, shows
-        for (int t = 0; t < p.max_tokens; ++t) p.dsa_ks[t] = p.dsa_ke[t] = EMU_POISON;
     VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     const int n = p.num_reqs;
     for (int t = 0; t < p.max_tokens; ++t) {
@@ -80,13 +77,8 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid, int d
             q1 = p.query_start_loc[b + 1];
             r = vllm_row_of(p, b);
         }
-        if (dsa) {
-            if (p.cp_size > 1) vllm_token_write<true, true>(p, t, b, q0, q1, r, num_tokens, e);
-            else vllm_token_write<false, true>(p, t, b, q0, q1, r, num_tokens, e);
-        } else {
-            if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
-            else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
-        }
+        if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
+        else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
         emu_merge(all, e);
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
@@ -114,27 +106,16 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid, int d
     (void)grid;
 }
 
-// vllm_step<false, true>'s second grid row: its device helpers (vllm_dsa.cuh: candidate, prefill
-// length, prefill token) driven as vllm_dsa_block drives them: the vote over query_start_loc, each
-// block's candidates and its skip, its block scan re-stated as one serial prefix over the batch
-// (the same saturating sums and ordinals). Returns how many ks / ke elements it would write that
-// the token role wrote too (emu_vllm_step poisons them first: 0 when each is written once).
-extern "C" int emu_vllm_dsa(const VllmStepParams* pp) {
+// vllm_step<false, true>'s second grid row: its device helpers (vllm_dsa.cuh: locate, prefill
+// length, token) driven as vllm_dsa_block drives them, its block scan re-stated as one serial
+// prefix over the batch (the same saturating sums and ordinals).
+extern "C" void emu_vllm_dsa(const VllmStepParams* pp) {
     const VllmStepParams& p = *pp;
     const int n = p.num_reqs;
-    bool any = false;
-    for (int b = 0; b < n; ++b) any |= (long long)p.query_start_loc[b + 1] - p.query_start_loc[b] > p.dsa_decode_len;
-    if (!any) {
-        for (int i = 0; i <= p.max_num_reqs; ++i) p.dsa_cu_seq_lens[i] = 0;
-        return 0;
-    }
     int* ks_of = new int[n > 0 ? n : 1];
-    int* nct_of = new int[n > 0 ? n : 1];
     int total = 0, cnt = 0;
     for (int b = 0; b < n; ++b) {
         const int len = vllm_dsa_prefill_len(p, b);
-        const long long r = vllm_row_of(p, b);
-        nct_of[b] = (r >= 0 && r < p.max_num_reqs) ? p.num_computed_tokens[r] : 0;
         ks_of[b] = len >= 0 ? total : -1;
         if (len >= 0) {
             p.dsa_cu_seq_lens[cnt++] = total;
@@ -142,26 +123,14 @@ extern "C" int emu_vllm_dsa(const VllmStepParams* pp) {
         }
     }
     for (int i = cnt; i <= p.max_num_reqs; ++i) p.dsa_cu_seq_lens[i] = total;
-    int twice = 0;
-    for (int k = 0; k < p.token_blocks; ++k) {
-        int bs[VLLM_THREADS], q0s[VLLM_THREADS];
-        bool cand[VLLM_THREADS], some = false;
-        for (int i = 0; i < VLLM_THREADS; ++i) {
-            const int t = k * VLLM_THREADS + i;
-            cand[i] = t < p.max_tokens && vllm_dsa_candidate(p, p.query_start_loc, t, bs[i], q0s[i]);
-            some |= cand[i];
-        }
-        if (!some) continue;  // (block 0 has written cu_seq_lens above)
-        for (int i = 0; i < VLLM_THREADS; ++i) {
-            const int t = k * VLLM_THREADS + i;
-            if (!cand[i] || ks_of[bs[i]] < 0) continue;
-            twice += p.dsa_ks[t] != EMU_POISON || p.dsa_ke[t] != EMU_POISON;
-            vllm_dsa_prefill_token(p, t, ks_of[bs[i]], nct_of[bs[i]], q0s[i]);
-        }
+    for (int t = 0; t < p.max_tokens; ++t) {
+        int b = 0;
+        bool valid = false;
+        long long pos = 0, slot = -1;
+        vllm_dsa_locate(p, t, b, valid, pos, slot);
+        vllm_dsa_token(p, t, valid, pos, b, valid ? ks_of[b] : -1, slot);
     }
     delete[] ks_of;
-    delete[] nct_of;
-    return twice;
 }
 
 typedef void (*emu_kernel)(const VllmStepParams);
@@ -225,9 +194,8 @@ def library():
     if proc.returncode != 0:
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
-    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.emu_vllm_dsa.argtypes = [ctypes.c_void_p]
-    lib.emu_vllm_dsa.restype = ctypes.c_int
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
 
@@ -237,13 +205,11 @@ def run(name: str, params_address: int, gx: int, gy: int) -> None:
     with its parameter struct at ``params_address``."""
     lib = library()
     if name == dispatch.vllm_kernel(False):
-        lib.emu_vllm_step(params_address, gx, 0)
+        lib.emu_vllm_step(params_address, gx)
     elif name == dispatch.vllm_kernel(False, dsa=True):
-        lib.emu_vllm_step(params_address, gx, 1)
+        lib.emu_vllm_step(params_address, gx)
         if gy == 2:  # the DSA row
-            twice = lib.emu_vllm_dsa(params_address)
-            if twice:
-                raise AssertionError(f"{twice} ks / ke elements written by both grid rows")
+            lib.emu_vllm_dsa(params_address)
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]
         lib.emu_vllm3(which, params_address, gx, gy)
