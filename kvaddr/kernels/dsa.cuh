@@ -8,12 +8,9 @@
 // before any table lookup), so loads and plain stores are coalesced and vectorized. A row's first
 // chunk is loaded before the block's first barrier.
 //
-// Table: compacting without DCP, the part of the token's table row that a valid position can reach
-// (blocks below min(ceil(ctx / B), W)) is staged in shared memory when it fits the row's share of
-// KV_DSA_TABLE entries (one barrier), so a lookup reads shared memory instead of one global gather
-// per entry; a longer row, DCP and the plain form look up in global memory through the read-only
-// path (the plain form has no barrier before its stores: a row's loads, lookups and stores are one
-// dependent chain per thread, the table row L1 / L2 resident).
+// Table: both forms look the token's table row up in global memory through the read-only path
+// (L1 / L2 resident); the plain form has no barrier before its stores: a row's loads, lookups and
+// stores are one dependent chain per thread.
 //
 // Short path (no DCP): an entry costs an unsigned compare with the context, a shift (a division
 // when B is not a power of two), a compare with the width, the lookup and a 64-bit multiply-add
@@ -46,26 +43,10 @@
 #define KV_DSA_ERR_PAST_CONTEXT 4  // a position at or past the token's context length
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
-#define KV_DSA_LOG2_THREADS 8      // log2(KV_THREADS)
-// Compile-time forms of the conversion (each keeps the outputs, counts and error records exact;
-// 0 is the default form described above):
-//   KV_DSA_PLAIN_TAIL 1: the plain form's row count summed over the warp by one __reduce_add_sync
-//     (sm_80+) instead of five shuffles, and its static shared memory only the warps' sums (the
-//     table area is the compacting form's alone).
-//   KV_DSA_PLAIN_REGS 1: the plain form compiled for two blocks per SM (up to 128 registers)
-//     instead of five (48), so that register pressure never holds back a lookup.
-//   KV_DSA_COMPACT_STAGE 0: the compacting form looks the table up through the read-only path as
-//     the plain form does: no staging loop and one barrier fewer per row.
-#define KV_DSA_PLAIN_TAIL 0
-#define KV_DSA_PLAIN_REGS 0
-#define KV_DSA_COMPACT_STAGE 1
-// The plain form looks the table up through the read-only path (L1 / L2), with no barrier before
-// its stores, in 48 registers: five 256-thread blocks per SM. The compacting form stages the
-// table prefix in shared memory (it has a barrier anyway). Blocks per SM the plain form is
-// compiled for: sm_80's code spills at 48 registers, so there 64 registers and four blocks.
-#if KV_DSA_PLAIN_REGS
-#define KV_DSA_PLAIN_BLOCKS 2
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+// The plain form looks the table up in 48 registers: five 256-thread blocks per SM. Blocks per SM
+// the plain form is compiled for: sm_80's code spills at 48 registers, so there 64 registers and
+// four blocks.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KV_DSA_PLAIN_BLOCKS 4
 #else
 #define KV_DSA_PLAIN_BLOCKS 5
@@ -99,11 +80,10 @@ static_assert(sizeof(KvDsaTopkParams) == 8 * 8 + 12 * 4, "KvDsaTopkParams has no
 
 // Shared memory of a block: the warps' packed counts (two buffers: chunk parity), and for the
 // emulator (no warp shuffles there) every thread's count.
-#define KV_DSA_TABLE 2048  // int32 entries of staged table rows per block
-// wsum first: the plain form's shared memory may be that member alone (KV_DSA_PLAIN_TAIL).
+#define KV_DSA_TABLE 2048  // int32 entries per block: a one-chunk row's compacted slots (compacting form)
 struct alignas(16) DsaShared {
     int wsum[2][KV_WARPS];
-    int tab[KV_DSA_TABLE];  // the block's rows' table prefixes (KV_DSA_TABLE / rows per block each)
+    int tab[KV_DSA_TABLE];  // the block's rows' compacted slots (KV_DSA_TABLE / rows per block each)
 #ifndef __CUDA_ARCH__
     int cnt[KV_THREADS];
 #endif
@@ -117,7 +97,6 @@ struct DsaLane {
     i64 row;           // layer * T + token
     int token, layer, ctx, gt;  // gt: thread within the row's threads
     int width;         // the table row's usable width: p.width, 0 for a row outside the table
-    int tabo;          // staged: the row's table prefix at sm.tab[tabo]; -1: read from global memory
     bool active, padding;
     int vals[KV_DSA_UNROLL * VEC];  // the current chunk's entries (chunk 0 loaded in dsa_begin)
     int packed;        // valid entries at the two places (low, high 16 bits)
@@ -191,10 +170,8 @@ __device__ __forceinline__ int dsa_ro(const int* ptr) {
 template <int VEC>
 __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
 
-// STAGE: stage the table prefix (the compacting form); the plain form reads the table through the
-// read-only path (L1 / L2): no staging loop and no barrier before its lookups.
-template <int VEC, bool STAGE>
-__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln) {
+template <int VEC>
+__device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
     const int shift = p.row_shift;
     ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
     ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
@@ -222,44 +199,12 @@ __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaShared& s
     ln.err.mask = 0u;
     ln.err.key = KV_NO_ERROR;
     dsa_load<VEC>(p, ln, 0);
-    // Stage the table's prefix that a valid position can reach (blocks below ceil(ctx / B) and the
-    // width) in shared memory when it fits the row's share: the lookups then read shared memory,
-    // not one global gather per entry. Without DCP only (DCP maps positions to local ones).
-    ln.tabo = -1;
-    if (STAGE && p.cp_size == 1 && ln.width > 0 && ln.ctx > 0) {
-        const int cap = KV_DSA_TABLE >> (KV_DSA_LOG2_THREADS - shift);
-        const unsigned int pages = p.block_shift >= 0
-            ? ((unsigned int)ln.ctx + (unsigned int)(p.block_size - 1)) >> p.block_shift
-            : (unsigned int)kv_pages(ln.ctx, p.block_size);
-        const int need = (int)min(pages, (unsigned int)ln.width);
-        if (need <= cap) {
-            ln.tabo = ((int)threadIdx.x >> shift) * cap;
-            // four loads in flight before their stores (read-only loads: the shared-memory stores
-            // cannot alias them, so they are not serialized behind each other)
-            const int R = 1 << shift;
-            for (int i0 = ln.gt; i0 < need; i0 += 4 * R) {
-                int x[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) x[j] = i0 + j * R < need ? dsa_ro(ln.table + i0 + j * R) : 0;
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (i0 + j * R < need) sm.tab[ln.tabo + i0 + j * R] = x[j];
-            }
-        }
-    }
 }
 
 // The chunks of a row: ceil(K / (R * VEC * KV_DSA_UNROLL)), the same for every row of the launch.
 __device__ __forceinline__ int dsa_chunks(const KvDsaTopkParams& p, int vec) {
     const int per = (vec << p.row_shift) * KV_DSA_UNROLL;
     return (int)(((unsigned int)p.k + (unsigned int)per - 1u) / (unsigned int)per);
-}
-
-// A table entry: the staged prefix in shared memory, or global memory (read-only path).
-template <int VEC>
-__device__ __forceinline__ int dsa_table(const DsaShared& sm, const DsaLane<VEC>& ln, unsigned int blk) {
-    if (ln.tabo >= 0) return sm.tab[ln.tabo + (int)blk];
-    return dsa_ro(ln.table + blk);
 }
 
 // The thread's entries of chunk c into ln.vals (-1 past the row or for an inactive thread): every
@@ -321,13 +266,7 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
         }
         // The lookups without branches per entry (the row's kind is uniform over its warps): an
         // entry not looked up reads entry 0 (there: the row has a table) and drops it.
-        if (ln.tabo >= 0) {
-#pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const int x = sm.tab[ln.tabo + (int)(look[i] ? blk[i] : 0u)];
-                id[i] = look[i] ? x : -1;
-            }
-        } else if (ln.width > 0) {
+        if (ln.width > 0) {
 #pragma unroll
             for (int i = 0; i < N; ++i) {
                 const int x = dsa_ro(ln.table + (look[i] ? blk[i] : 0u));
@@ -353,7 +292,7 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
                 for (int j = 1; j < N; ++j) v = i == j ? ln.vals[j] : v;  // registers, not local memory
                 unsigned int b2, off;
                 const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : v, b2, off);
-                dsa_finish(p, code, code == DSA_LOOKUP ? dsa_table<VEC>(sm, ln, b2) : 0, off, ln.token,
+                dsa_finish(p, code, code == DSA_LOOKUP ? dsa_ro(ln.table + b2) : 0, off, ln.token,
                            base + (i / VEC) * half + i % VEC, ln.err);
             }
         }
@@ -506,13 +445,9 @@ __device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, const
 template <int VEC>
 __device__ __forceinline__ void dsa_count_partial(DsaShared& sm, DsaLane<VEC>& ln) {
 #ifdef __CUDA_ARCH__
-#if KV_DSA_PLAIN_TAIL && __CUDA_ARCH__ >= 800
-    const int s = __reduce_add_sync(0xffffffffu, ln.carry);
-#else
     int s = ln.carry;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-#endif
     if ((threadIdx.x & 31) == 0) sm.wsum[0][threadIdx.x >> 5] = s;
 #else
     sm.cnt[threadIdx.x] = ln.carry;
@@ -539,18 +474,9 @@ __device__ __forceinline__ void dsa_count_write(const KvDsaTopkParams& p, DsaSha
 // COMPACT: valid slots first. VEC: 4 when K % 4 == 0 and topk / slots are 16-byte aligned, else 1.
 template <bool COMPACT, int VEC>
 __global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : KV_DSA_PLAIN_BLOCKS) dsa_topk_slots(const KvDsaTopkParams p) {
-#if KV_DSA_PLAIN_TAIL
-    // the plain form touches only sm.wsum (the first member): its static shared memory is that
-    constexpr int SM_INT4 = COMPACT ? (int)(sizeof(DsaShared) / 16) : (int)(sizeof(int) * 2 * KV_WARPS / 16);
-    __shared__ int4 sm_raw[SM_INT4];
-    DsaShared& sm = *reinterpret_cast<DsaShared*>(sm_raw);
-#else
     __shared__ DsaShared sm;
-#endif
     DsaLane<VEC> ln;
-    constexpr bool STAGE = COMPACT && KV_DSA_COMPACT_STAGE;  // only the compacting form stages the table
-    dsa_begin<VEC, STAGE>(p, sm, ln);
-    if (STAGE) __syncthreads();  // the staged table rows
+    dsa_begin<VEC>(p, ln);
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         dsa_chunk_load<COMPACT, VEC>(p, sm, ln, c);

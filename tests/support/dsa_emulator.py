@@ -34,7 +34,7 @@ template <bool COMPACT, int VEC>
 static void emu_block(const KvDsaTopkParams& p) {
     static DsaShared sm;
     static DsaLane<VEC> lanes[KV_THREADS];
-    for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_begin<VEC, COMPACT && KV_DSA_COMPACT_STAGE>(p, sm, lanes[t]); }
+    for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_begin<VEC>(p, lanes[t]); }
     const int chunks = dsa_chunks(p, VEC);
     for (int c = 0; c < chunks; ++c) {
         for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_chunk_load<COMPACT, VEC>(p, sm, lanes[t], c); }
