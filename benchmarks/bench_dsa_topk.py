@@ -38,13 +38,13 @@ import datetime
 import functools
 import json
 import os
-import statistics
 import sys
 
 import cupy
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_step
 
 from kvaddr.dsa import topk_slot_errors
 from kvaddr.dsa_reference import topk_to_slots as reference
@@ -130,23 +130,8 @@ def floor_launch(topk, req, table, slots, threads, stream):
 
 
 def graph_time_per_copy(launch, stream, copies, replays):
-    launch()  # warm up outside capture
-    stream.synchronize()
-    stream.begin_capture()
-    for _ in range(copies):
-        launch()
-    graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    samples = []
-    for _ in range(replays):
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
-    return statistics.median(samples)
+    """Median GPU time per copy of ``launch`` over graph replays (bench_step's, without the samples)."""
+    return bench_step.graph_time_per_copy(launch, stream, copies, replays)[0]
 
 
 def make_input(rng, t, layers=1):

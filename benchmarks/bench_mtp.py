@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import cupy
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_step
 
 from kvaddr import StepPlanner
 from kvaddr.strategies.fastdeploy_mtp import FastDeployMtp
@@ -74,23 +78,8 @@ def make_batch(rng, bsz, mixed=False):
 
 
 def graph_time_per_copy(launch, stream, copies, replays):
-    launch()
-    stream.synchronize()
-    stream.begin_capture()
-    for _ in range(copies):
-        launch()
-    graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    samples = []
-    for _ in range(replays):
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) * 1000.0 / copies)
-    return statistics.median(samples)
+    """Median GPU time per copy of ``launch`` over graph replays (bench_step's, without the samples)."""
+    return bench_step.graph_time_per_copy(launch, stream, copies, replays)[0]
 
 
 def eager_cycle_time(fn, stream, n):

@@ -19,7 +19,7 @@ import numpy as np
 
 from kvaddr import dispatch, kernel_loader
 from kvaddr.outputs import PAD_PAGE_ID, AttentionOutputs, StepOutputs
-from kvaddr.validation import INT32_MAX, check_info, describe, normalize_tables, stream_handle
+from kvaddr.validation import check_info, describe, stream_handle, write_tables
 
 __all__ = ["BoundDraftSteps", "DraftOutputs"]
 
@@ -149,24 +149,15 @@ def prepare(planner, plan: DraftPlan, P, seq_lens_decoder, accept_num, block_tab
         raise ValueError(f"seq_lens_decoder must have at most max_requests = {planner.max_requests} entries, got {bsz}")
     page_table = None
     if planner.num_caches:
-        tables = normalize_tables(block_tables, planner.num_caches)
-        many = planner.num_caches > 1 and tables[0] is not tables[1]
-        info, last = None, None
-        for g, t in enumerate(tables):
-            if t is not last:
-                info = check_info(
-                    f"block_tables[{g}]" if many else "block_tables",
-                    describe("block_tables", t),
-                    ndim=2,
-                    min_rows=bsz,
-                    device=planner.device,
-                )
-                if info.shape[1] > INT32_MAX:
-                    raise ValueError("block_tables must have fewer than 2**31 columns")
-                last = t
-            P.step.block_tables[g] = info.ptr  # [rows >= bsz, max_blocks], int32
-            P.step.table_stride[g] = info.strides[0]  # int64, elements
-            P.step.max_blocks[g] = info.shape[1]  # int32
+        tables = write_tables(
+            block_tables,
+            planner.num_caches,
+            bsz,
+            planner.device,
+            P.step.block_tables,
+            P.step.table_stride,
+            P.step.max_blocks,
+        )
         if "page_table" in planner.attention:
             import cupy
 

@@ -25,6 +25,7 @@ from kvaddr.validation import (
     memo_guard,
     normalize_tables,
     repeats,
+    write_tables,
 )
 
 if TYPE_CHECKING:
@@ -411,25 +412,9 @@ class StepPlanner:
     def _set_tables(self, block_tables, bsz: int) -> None:
         if self.num_caches == 0:
             return
-        tables = normalize_tables(block_tables, self.num_caches)
-        many = self.num_caches > 1 and tables[0] is not tables[1]
-        tables_p, strides_p, widths_p = self._p_tables, self._p_strides, self._p_widths
-        info, last = None, None
-        for g, t in enumerate(tables):
-            if t is not last:
-                info = check_info(
-                    f"block_tables[{g}]" if many else "block_tables",
-                    describe("block_tables", t),
-                    ndim=2,
-                    min_rows=bsz,
-                    device=self.device,
-                )
-                if info.shape[1] > INT32_MAX:
-                    raise ValueError("block_tables must have fewer than 2**31 columns")
-                last = t
-            tables_p[g] = info.ptr  # block_tables[g]: [rows >= bsz, max_blocks], int32
-            strides_p[g] = info.strides[0]  # table_stride[g]: int64, elements
-            widths_p[g] = info.shape[1]  # max_blocks[g]: int32
+        tables = write_tables(
+            block_tables, self.num_caches, bsz, self.device, self._p_tables, self._p_strides, self._p_widths
+        )
         if "page_table" in self.attention:
             self._set_page_table(tables, bsz)
 

@@ -524,6 +524,31 @@ def normalize_tables(block_tables, num_caches: int) -> list:
     )
 
 
+def write_tables(block_tables, num_caches: int, bsz: int, device: int, ptrs, strides, widths) -> list:
+    """Check a step's block tables (one per cache, each ``[rows >= bsz, max_blocks]`` int32 on
+    ``device``) and write each cache's pointer, row stride (elements) and width into the kernel
+    parameter arrays ``ptrs``, ``strides`` and ``widths``; returns the tables, one per cache."""
+    tables = normalize_tables(block_tables, num_caches)
+    many = num_caches > 1 and tables[0] is not tables[1]
+    info, last = None, None
+    for g, t in enumerate(tables):
+        if t is not last:
+            info = check_info(
+                f"block_tables[{g}]" if many else "block_tables",
+                describe("block_tables", t),
+                ndim=2,
+                min_rows=bsz,
+                device=device,
+            )
+            if info.shape[1] > INT32_MAX:
+                raise ValueError("block_tables must have fewer than 2**31 columns")
+            last = t
+        ptrs[g] = info.ptr  # block_tables[g]: [rows >= bsz, max_blocks], int32
+        strides[g] = info.strides[0]  # table_stride[g]: int64, elements
+        widths[g] = info.shape[1]  # max_blocks[g]: int32
+    return tables
+
+
 def normalize_caches(block_tables, block_sizes) -> tuple[list, list]:
     sizes = list(check_block_sizes(block_sizes, max_caches=1 << 20))
     return normalize_tables(block_tables, len(sizes)), sizes

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kvaddr import planner as planner_module
+from kvaddr import validation as validation_module
 from kvaddr.validation import signature_getter
 from tests.support.fake_cupy import FakeDeviceArray, install_planner_fake
 
@@ -24,7 +25,10 @@ def fake(monkeypatch):
     ns = install_planner_fake(monkeypatch)
     described = []
     real = planner_module.describe
-    monkeypatch.setattr(planner_module, "describe", lambda name, x: described.append(name) or real(name, x))
+    counting = lambda name, x: described.append(name) or real(name, x)  # noqa: E731
+    # the planner describes its batch arrays; validation.write_tables its block tables
+    monkeypatch.setattr(planner_module, "describe", counting)
+    monkeypatch.setattr(validation_module, "describe", counting)
     ns.described = described
     return ns
 
@@ -306,7 +310,9 @@ def test_torch_tensors_changed_in_place_are_seen(fake, monkeypatch):
     def describe(name, x):  # CPU tensors pose as device 0's
         return validation._torch_info(x)._replace(device=0)
 
-    monkeypatch.setattr(planner_module, "describe", lambda name, x: fake.described.append(name) or describe(name, x))
+    counting = lambda name, x: fake.described.append(name) or describe(name, x)  # noqa: E731
+    monkeypatch.setattr(planner_module, "describe", counting)
+    monkeypatch.setattr(validation_module, "describe", counting)
     monkeypatch.setattr(validation, "_torch_signature", lambda x: (x.data_ptr(), 0, x.shape, x.stride(), x.dtype))
     p = _planner()
     dec = torch.arange(BSZ, dtype=torch.int32)
