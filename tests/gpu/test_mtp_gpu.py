@@ -11,7 +11,7 @@ import pytest
 from kvaddr.errors import NO_ERROR_KEY
 from kvaddr.reference import step_addressing
 from kvaddr.spec_reference import mtp_substep_lengths
-from tests.support.gpu import assert_attention_equal, assert_outputs_equal, requires_gpu
+from tests.support.gpu import assert_attention_equal, assert_outputs_equal, device_copy, requires_gpu
 
 pytestmark = requires_gpu
 
@@ -64,15 +64,14 @@ def _poison(p):
 
 
 def _run(dec, acc, tables, sizes, C, k, *, attention=None, N=None, max_requests=None, pos_dtype=np.int64, label=""):
-    import cupy
 
     from kvaddr import StepPlanner
 
     bsz = dec.shape[0]
     kw = dict(attention=attention, kv_indices_capacity=N, position_dtype=pos_dtype)
     p = StepPlanner(max(max_requests or bsz, 1), C, sizes, draft_steps=k, **kw)
-    dtabs = [cupy.asarray(t) for t in tables]
-    d_dec, d_acc = cupy.asarray(dec), cupy.asarray(acc)
+    dtabs = device_copy(list(tables))
+    d_dec, d_acc = device_copy([dec, acc])
     _poison(p)
     out = p.compute_draft_steps(d_dec, d_acc, dtabs)
     mask, key = p.errors()
@@ -241,8 +240,8 @@ def test_bound_launch_and_graph_replay_with_new_contents():
     dec, acc, tables, sizes, C = _case(21, bsz, k, (16, 3), capacity=4 * bsz)
     N = 80000
     p = StepPlanner(bsz, C, sizes, draft_steps=k, attention=ALL, kv_indices_capacity=N)
-    d_dec, d_acc = cupy.asarray(dec), cupy.asarray(acc)
-    dtabs = [cupy.asarray(t) for t in tables]
+    d_dec, d_acc = device_copy([dec, acc])
+    dtabs = device_copy(list(tables))
     bound = p.bind_draft_steps(d_dec, d_acc, dtabs)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:

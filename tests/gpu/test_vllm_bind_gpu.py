@@ -17,7 +17,7 @@ import pytest
 
 from kvaddr.engines.vllm import VllmStepPlanner
 from kvaddr.engines.vllm_reference import vllm_step_reference
-from tests.support.gpu import requires_gpu
+from tests.support.gpu import device_copy, requires_gpu
 from tests.support.vllm_cases import assert_same, corrupt, new_batch, planner_kwargs, random_case
 
 pytestmark = requires_gpu
@@ -31,9 +31,7 @@ def _ref(cfg, x, padded, **kw):
 
 
 def _cupy(x):
-    import cupy
-
-    return {k: ([cupy.asarray(a) for a in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()}
+    return device_copy(x)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -58,7 +56,7 @@ def test_random_batches_equal_compute_and_the_reference(seed):
     def on_device(x):
         d = _cupy({k: x[k] for k in STATE})
         if seed % 2 and G > 1:  # vLLM keeps num_blocks stacked [G, rows]
-            d["num_blocks"] = cupy.asarray(np.stack(x["num_blocks"]))
+            d["num_blocks"] = device_copy(np.stack(x["num_blocks"]))
         return d
 
     d = on_device(state)

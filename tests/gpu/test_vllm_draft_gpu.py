@@ -13,7 +13,7 @@ import pytest
 from kvaddr.engines.vllm_draft import VllmDraftPlanner
 from tests.support.draft_cases import compare, corrupt, draft_case, reference
 from tests.support.draft_loop import NumpyOps, run_loop
-from tests.support.gpu import requires_gpu
+from tests.support.gpu import device_copy, requires_gpu
 from tests.support.torch_ops import cuda_torch_skip_reason
 
 pytestmark = requires_gpu
@@ -24,9 +24,7 @@ ARGS = ("idx_mapping", "query_start_loc", "seq_lens", "num_rejected", "num_sampl
 
 
 def _dev(x):
-    import cupy
-
-    return [cupy.asarray(a) for a in x] if isinstance(x, list) else cupy.asarray(x)
+    return device_copy(x)
 
 
 def _args(case):

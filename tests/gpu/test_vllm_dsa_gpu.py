@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvaddr.engines.vllm_reference import vllm_step_reference
-from tests.support.gpu import requires_gpu
+from tests.support.gpu import device_copy, requires_gpu
 from tests.support.vllm_cases import assert_same, corrupt, planner_kwargs, random_case, to_numpy
 from tests.support.vllm_dsa_cases import dsa_batch
 
@@ -22,9 +22,7 @@ DSA_FIELDS = ("value_offsets", "scale_offsets", "ks", "ke", "ctx", "cu_seq_lens"
 
 
 def on_device(x: dict) -> dict:
-    import cupy
-
-    return {k: ([cupy.asarray(a) for a in v] if isinstance(v, list) else cupy.asarray(v)) for k, v in x.items()}
+    return device_copy(x)
 
 
 def compare(got, want, label: str) -> None:
@@ -178,8 +176,7 @@ def test_graph_replay(M):
     rng, cfg, state = case(M, M, (16, 64), n=2)
     p = VllmStepPlanner(**planner_kwargs(cfg), dsa=True, dsa_decode_len=2)
     s = on_device(state)
-    idx = cupy.full(M, -1, np.int32)
-    qsl = cupy.zeros(M + 1, np.int32)
+    idx, qsl = device_copy([np.full(M, -1, np.int32), np.zeros(M + 1, np.int32)])
     stream = cupy.cuda.Stream(non_blocking=True)
     args = (s["num_computed_tokens"], s["block_tables"], s["num_blocks"])
     with stream:
@@ -188,7 +185,7 @@ def test_graph_replay(M):
         stream.begin_capture()
         p.compute(idx, qsl, *args, num_reqs_padded=M, stream=stream)
         graph = stream.end_capture()
-    p.clear_errors()
+    p.clear_errors(stream)
     for i, (prefill, dummy) in enumerate([(0.0, 0.0), (0.3, 0.1), (0.1, 0.5)]):
         x = dsa_batch(rng, cfg, state, M, n=2, prefill=prefill, dummy=dummy)
         with stream:
@@ -198,7 +195,7 @@ def test_graph_replay(M):
         stream.synchronize()
         want = vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=M, dsa=True, dsa_decode_len=2)
         compare(p.outputs, want, f"replay {i}")
-        p.clear_errors()
+        p.clear_errors(stream)
 
 
 def test_doc_snippet_prints_what_it_says():

@@ -31,6 +31,21 @@ def to_device(case):
     return out
 
 
+def device_copy(x):
+    """NumPy inputs (an array, or a list or dict of arrays and lists of arrays) as CuPy arrays, the
+    copies finished. CuPy copies on its current stream, and a copy from pageable host memory may
+    still be in flight when it returns; the tests launch on non-blocking streams, which do not
+    wait for that stream, so a launch could read the inputs before they land."""
+    import cupy
+
+    def one(a):
+        return [cupy.asarray(b) for b in a] if isinstance(a, (list, tuple)) else cupy.asarray(a)
+
+    out = {k: one(v) for k, v in x.items()} if isinstance(x, dict) else one(x)
+    cupy.cuda.runtime.deviceSynchronize()
+    return out
+
+
 def _table_to_device(t):
     """Keep row-strided host views row-strided on the device (last dim contiguous)."""
     import cupy
