@@ -255,6 +255,7 @@ def test_graph_replay(bsz):
     d = cupy.zeros(bsz, np.int32)
     q = cupy.zeros(bsz, np.int32)
     t = cupy.zeros((bsz, width), np.int32)
+    cupy.cuda.runtime.deviceSynchronize()  # the null stream's writes are done before a non-blocking stream reads them
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         p.compute(d, q, t, stream=stream)
@@ -280,7 +281,7 @@ def test_graph_replay(bsz):
         out = p._outputs(bsz)
         for f in DSA_FIELDS:
             np.testing.assert_array_equal(getattr(out.dsa, f).get(), getattr(ref.outputs.dsa, f), err_msg=f"{i} {f}")
-        p.clear_errors()
+        p.clear_errors(stream)
 
 
 def test_bound_step():

@@ -10,7 +10,7 @@ import pytest
 
 from kvaddr.dsa_reference import ERR_PAST_CONTEXT, NO_ERROR_KEY, topk_error_key
 from kvaddr.dsa_reference import topk_to_slots as reference
-from tests.support.gpu import requires_gpu
+from tests.support.gpu import device_copy, requires_gpu
 
 pytestmark = requires_gpu
 
@@ -140,8 +140,9 @@ def test_graph_replay_rewrites_every_element():
 
     rng = np.random.default_rng(5)
     topk, req, table, ctx = make(rng, 512, 2048, 64)
-    d = [cupy.asarray(x) for x in (topk, req, table, ctx)]
     conv = KvaddrTopkSlots(512, 2048, 64, compact=True)
+    # after the construction: device_copy's wait also covers the error records it set on CuPy's current stream
+    d = device_copy([topk, req, table, ctx])
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         out = conv.compute(*d, stream=stream)

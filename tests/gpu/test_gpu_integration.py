@@ -172,6 +172,7 @@ def test_streams_accept_cupy_raw_and_torch_like_objects():
 
     for stream in (s, s.ptr, TorchLike(), StreamProtocol(), None):
         p.batch_id_per_token.fill(9)
+        cupy.cuda.runtime.deviceSynchronize()  # the fill runs on CuPy's current stream: done before the step writes
         out = p.compute(case["seq_lens_decoder"], case["seq_lens_this_time"], case["block_tables"], stream=stream)
         s.synchronize()
         cupy.cuda.get_current_stream().synchronize()

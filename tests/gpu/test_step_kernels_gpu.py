@@ -238,7 +238,7 @@ def test_graph_replay_follows_changing_inputs(kernel):
             graph.launch(stream)
         stream.synchronize()
         assert_outputs_equal(p._outputs(200), ref.outputs, f"replay {i} [{kernel}]")
-        assert p.errors() == (ref.error_mask, ref.error_key), f"replay {i} [{kernel}]"
+        assert p.errors(stream) == (ref.error_mask, ref.error_key), f"replay {i} [{kernel}]"
 
 
 @requires_gpu

@@ -246,6 +246,7 @@ def test_compute_on_fresh_torch_slices_and_stream_objects():
     qsl_buf = torch.zeros(M + 1, dtype=torch.int32, device=dev)
     planner = VllmStepPlanner(**planner_kwargs(cfg))
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # the buffers' zero fills ran there; s writes and reads them
     with torch.cuda.stream(s):
         for step, n in enumerate((200, 200, 17, 0, 256, 256, 1, 120)):
             x = new_batch(rng, cfg, state, n, max_query=2)

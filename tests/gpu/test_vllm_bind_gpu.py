@@ -142,7 +142,7 @@ def test_torch_tensors_on_a_torch_stream():
         xs = dict(x, idx_mapping=x["idx_mapping"].astype(np.int64 if step % 2 else np.int32))
         want = _ref(cfg, xs, padded)
         assert_same(out, want.outputs.as_dict(), f"torch step {step}")
-        assert planner.errors() == (want.error_mask, want.error_key)
+        assert planner.errors(s) == (want.error_mask, want.error_key)
 
 
 def test_torch_graph_capture_with_contents_changed_between_replays():

@@ -232,7 +232,8 @@ def test_batch_binding_launch_num_reqs_equals_the_reference(attention):
     per = {k: cupy.zeros(M, dtype=cupy.int32) for k in ("seq_lens", "num_rejected", "num_sampled")}
     x = base["inputs"]
     tables, nbs = _dev(x["block_tables"]), _dev(x["num_blocks"])
-    vsm = cupy.zeros((len(s["block_sizes"]), s["max_num_batched_tokens"]), dtype=cupy.int64)  # bound whole
+    # bound whole; on the device before load() writes it on `stream`
+    vsm = _dev(np.zeros((len(s["block_sizes"]), s["max_num_batched_tokens"]), dtype=np.int64))
     bound = planner.bind(
         per["seq_lens"], per["num_rejected"], per["num_sampled"], tables, nbs, vsm,
         idx_mapping=idx_buf, query_start_loc=qsl_buf, stream=stream,

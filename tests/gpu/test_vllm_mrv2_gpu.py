@@ -144,8 +144,8 @@ def test_mrv2_steps_equal_the_three_launches_and_a_captured_model_part_reads_the
         args = (mrv2.positions[: mrv2.T], mrv2.seq_lens, bt.slot_mappings, bt.input_block_tables)
         if graph is None:  # capture once (after a warm-up run on a side stream), replay every step
             s = torch.cuda.Stream()
+            saved = [c.clone() for c in part.caches]  # before s waits: s's warm-up run writes the caches
             s.wait_stream(torch.cuda.current_stream())
-            saved = [c.clone() for c in part.caches]
             with torch.cuda.stream(s):
                 part(*args)
             torch.cuda.current_stream().wait_stream(s)

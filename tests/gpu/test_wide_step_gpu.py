@@ -287,13 +287,13 @@ def test_graph_replay_and_bind_follow_changing_inputs():
             graph.launch(stream)
         stream.synchronize()
         assert_outputs_equal(p._outputs(bsz), ref.outputs, f"replay {i}")
-        assert p.errors() == (ref.error_mask, ref.error_key), f"replay {i}"
+        assert p.errors(stream) == (ref.error_mask, ref.error_key), f"replay {i}"
         poison(p)
         cupy.cuda.runtime.deviceSynchronize()
         out = bound.launch(bsz)
         stream.synchronize()
         assert_outputs_equal(out, ref.outputs, f"bound {i}")
-        assert p.errors() == (ref.error_mask, ref.error_key), f"bound {i}"
+        assert p.errors(stream) == (ref.error_mask, ref.error_key), f"bound {i}"
 
 
 @settings(max_examples=min(300, int(os.environ.get("KVADDR_GPU_EXAMPLES", "120"))), deadline=None)
