@@ -307,6 +307,9 @@ def prepare_topk_to_slots(
             errors = cupy.empty((layers, 2), dtype=np.uint64)
             errors[:, 0] = 0
             errors[:, 1] = NO_ERROR_KEY
+            # Cleared on CuPy's current stream; the launch may run on any other, with nothing
+            # ordering the two.
+            cupy.cuda.get_current_stream().synchronize()
     oi = _check("out", describe("out", out), ti.shape, dev)
     ni = _check("counts", describe("counts", counts), ti.shape[:-1], dev)
     ei = describe("errors", errors)

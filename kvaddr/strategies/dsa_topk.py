@@ -62,6 +62,8 @@ class TopkSlotStrategy:
             self.errors = cupy.empty((self.num_layers, 2), dtype=np.uint64)
             self.errors[:, 0] = 0
             self.errors[:, 1] = NO_ERROR_KEY
+            # Cleared on CuPy's current stream; compute() may run on any other.
+            cupy.cuda.get_current_stream().synchronize()
 
     def _shape(self, topk) -> tuple:
         info = describe("topk", topk)
