@@ -196,7 +196,8 @@ def topk_to_slots(
     ValueError
         A wrong shape, a strided array, arrays on different devices, an option out of range.
     """
-    return prepare_topk_to_slots(
+    handle = stream_handle(stream)
+    return _prepare(
         topk,
         req_id,
         block_table,
@@ -209,7 +210,8 @@ def topk_to_slots(
         cp_size=cp_size,
         cp_rank=cp_rank,
         cp_interleave=cp_interleave,
-    ).launch(stream)
+        records_stream=handle,
+    ).launch(handle)
 
 
 class TopkSlotLaunch:
@@ -267,6 +269,42 @@ def prepare_topk_to_slots(
     TypeError, ValueError
         As :func:`topk_to_slots`.
     """
+    return _prepare(
+        topk,
+        req_id,
+        block_table,
+        block_size,
+        ctx,
+        out=out,
+        counts=counts,
+        errors=errors,
+        compact=compact,
+        cp_size=cp_size,
+        cp_rank=cp_rank,
+        cp_interleave=cp_interleave,
+        records_stream=None,
+    )
+
+
+def _prepare(
+    topk,
+    req_id,
+    block_table,
+    block_size: int,
+    ctx,
+    *,
+    out,
+    counts,
+    errors,
+    compact: bool,
+    cp_size: int,
+    cp_rank: int,
+    cp_interleave: int,
+    records_stream: int | None,
+) -> TopkSlotLaunch:
+    """prepare_topk_to_slots. Records it allocates are cleared on ``records_stream`` (the raw
+    handle of the one launch that follows, so in stream order before it), or, for None, on
+    CuPy's current stream and waited for (the launch may then run on any stream)."""
     ti = describe("topk", topk)
     if len(ti.shape) not in (2, 3):
         raise ValueError(f"topk must have shape [T, K] or [L, T, K], got {tuple(ti.shape)}")
@@ -305,11 +343,16 @@ def prepare_topk_to_slots(
             counts = cupy.empty(tuple(ti.shape[:-1]), dtype=np.int32)
         if errors is None:
             errors = cupy.empty((layers, 2), dtype=np.uint64)
-            errors[:, 0] = 0
-            errors[:, 1] = NO_ERROR_KEY
-            # Cleared on CuPy's current stream; the launch may run on any other, with nothing
-            # ordering the two.
-            cupy.cuda.get_current_stream().synchronize()
+            if records_stream is None:
+                errors[:, 0] = 0
+                errors[:, 1] = NO_ERROR_KEY
+                cupy.cuda.get_current_stream().synchronize()
+            else:
+                from kvaddr.validation import cupy_stream
+
+                with cupy_stream(records_stream):
+                    errors[:, 0] = 0
+                    errors[:, 1] = NO_ERROR_KEY
     oi = _check("out", describe("out", out), ti.shape, dev)
     ni = _check("counts", describe("counts", counts), ti.shape[:-1], dev)
     ei = describe("errors", errors)

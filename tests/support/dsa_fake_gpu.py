@@ -45,6 +45,12 @@ class _Stream:
     def synchronize(self):
         pass
 
+    def __enter__(self):  # `with stream:` makes it current (nothing to do here)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
     @staticmethod
     def from_external(obj):
         return _Stream()
