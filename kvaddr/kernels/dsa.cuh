@@ -13,9 +13,10 @@
 // stores are one dependent chain per thread.
 //
 // Short path (no DCP): an entry costs an unsigned compare with the context, a shift (a division
-// when B is not a power of two), a compare with the width, the lookup and a 64-bit multiply-add
-// checked against int32. A thread that met a bad entry classifies its entries once more, one
-// after another, for the error record (dsa_classify / dsa_finish: bad input only).
+// when B is not a power of two), a compare with the width, the lookup, an unsigned compare of the
+// block id with the largest id all of whose slots fit int32, and a 32-bit multiply-add. A thread
+// that met a bad entry or a larger id converts its entries once more, exactly, one after another,
+// re-reading them (dsa_classify / dsa_finish: bad input, or ids near 2^31 / B, only).
 //
 // Per entry (context first, then the owner rank, the width, the block id):
 //   v < 0 or a padding token (req_id < 0)             -> -1, no error
@@ -43,6 +44,7 @@
 #define KV_DSA_ERR_PAST_CONTEXT 4  // a position at or past the token's context length
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
+#define KV_DSA_SKIP 0xffffffffu    // an entry's offset when it is not looked up
 // The plain form looks the table up in 48 registers: five 256-thread blocks per SM. Blocks per SM
 // the plain form is compiled for: sm_80's code spills at 48 registers, so there 64 registers and
 // four blocks.
@@ -253,47 +255,51 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
     if (p.cp_size == 1) {
         const unsigned int B = (unsigned int)p.block_size, lim = ln.padding ? 0u : (unsigned int)max(ln.ctx, 0);
         const bool pow2 = p.block_shift >= 0;
-        unsigned int blk[N];
-        bool look[N], bad = false;
-        int id[N];
+        // The largest block id all of whose slots fit int32: a larger id (or a negative one, as
+        // unsigned) takes the exact path below, so a slot here is one 32-bit multiply-add.
+        const unsigned int max_id = pow2 ? (unsigned int)KV_INT_MAX >> p.block_shift
+                                         : ((unsigned int)KV_INT_MAX - B + 1u) / B;
+        // Before the lookups: each entry's offset in its block (KV_DSA_SKIP: not looked up) and
+        // the table index it reads (0 when not looked up: the row has a table, or no lookups run).
+        unsigned int off[N], at[N];
+        bool bad = false;
 #pragma unroll
         for (int i = 0; i < N; ++i) {
             const int v = ln.vals[i];
             const unsigned int q = (unsigned int)v;
-            blk[i] = pow2 ? q >> p.block_shift : q / B;
-            look[i] = q < lim && blk[i] < (unsigned int)ln.width;
-            bad |= v >= 0 && !ln.padding && !look[i];
+            const unsigned int blk = pow2 ? q >> p.block_shift : q / B;
+            const bool look = q < lim && blk < (unsigned int)ln.width;
+            off[i] = look ? q - blk * B : KV_DSA_SKIP;
+            at[i] = look ? blk : 0u;
+            bad |= v >= 0 && !ln.padding && !look;
         }
-        // The lookups without branches per entry (the row's kind is uniform over its warps): an
-        // entry not looked up reads entry 0 (there: the row has a table) and drops it.
+        // Every lookup issued before any is used (the row's kind is uniform over its warps).
+        int id[N];
         if (ln.width > 0) {
 #pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const int x = dsa_ro(ln.table + (look[i] ? blk[i] : 0u));
-                id[i] = look[i] ? x : -1;
-            }
+            for (int i = 0; i < N; ++i) id[i] = dsa_ro(ln.table + at[i]);
         } else {
 #pragma unroll
-            for (int i = 0; i < N; ++i) id[i] = -1;
+            for (int i = 0; i < N; ++i) id[i] = 0;
         }
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-            const unsigned int q = (unsigned int)ln.vals[i];
-            const i64 slot = (i64)id[i] * (i64)B + (i64)(q - blk[i] * B);
-            const bool ok = id[i] >= 0 && slot <= KV_INT_MAX;
-            bad |= look[i] && !ok;
-            ln.res[i] = ok ? (int)slot : -1;
+            const bool looked = off[i] != KV_DSA_SKIP, ok = looked && (unsigned int)id[i] <= max_id;
+            bad |= looked && !ok;
+            ln.res[i] = ok ? (int)((unsigned int)id[i] * B + off[i]) : -1;
         }
-        if (bad) {  // the error record: one entry after another, not unrolled (short code)
+        if (bad) {  // bad input or an id near the int32 limit: every entry again, exactly, one after
+                    // another (short code), each re-read from global memory (no register kept for it)
 #pragma unroll 1
             for (int i = 0; i < N; ++i) {
-                int v = ln.vals[0];
+                const int col = base + (i / VEC) * half + i % VEC;
+                const int v = (ln.active && !ln.padding && col < p.k) ? p.topk[row_off + col] : -1;
+                unsigned int b2, o2;
+                const int code = dsa_classify(p, has_table, ln.ctx, v, b2, o2);
+                const int r = dsa_finish(p, code, code == DSA_LOOKUP ? dsa_ro(ln.table + b2) : 0, o2, ln.token, col,
+                                         ln.err);
 #pragma unroll
-                for (int j = 1; j < N; ++j) v = i == j ? ln.vals[j] : v;  // registers, not local memory
-                unsigned int b2, off;
-                const int code = dsa_classify(p, has_table, ln.ctx, ln.padding ? -1 : v, b2, off);
-                dsa_finish(p, code, code == DSA_LOOKUP ? dsa_ro(ln.table + b2) : 0, off, ln.token,
-                           base + (i / VEC) * half + i % VEC, ln.err);
+                for (int j = 0; j < N; ++j) ln.res[j] = i == j ? r : ln.res[j];  // registers, not local memory
             }
         }
     } else {
@@ -445,9 +451,7 @@ __device__ __forceinline__ void dsa_compact_tail(const KvDsaTopkParams& p, const
 template <int VEC>
 __device__ __forceinline__ void dsa_count_partial(DsaShared& sm, DsaLane<VEC>& ln) {
 #ifdef __CUDA_ARCH__
-    int s = ln.carry;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    const int s = (int)__reduce_add_sync(0xffffffffu, (unsigned int)ln.carry);
     if ((threadIdx.x & 31) == 0) sm.wsum[0][threadIdx.x >> 5] = s;
 #else
     sm.cnt[threadIdx.x] = ln.carry;

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kvaddr.dsa import ERR_SLOT_RANGE, DsaTopkParams, topk_kernel, topk_slot_errors, topk_to_slots
 from kvaddr.dsa_reference import (
     ERR_BLOCK_INDEX,
+    ERR_NEGATIVE_BLOCK,
     ERR_PAST_CONTEXT,
     NO_ERROR_KEY,
     decode_topk_error_key,
@@ -226,6 +227,31 @@ def test_slot_past_int32_is_refused(gpu):
     assert masks.tolist() == [ERR_SLOT_RANGE]
     assert decode_topk_error_key(int(keys[0]))[:2] == (0, 1)
     assert int(keys[0]) & 7 == 3
+
+
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("b", [64, 48])
+def test_block_ids_at_the_int32_limit(gpu, b, compact):
+    """Ids at and just past the largest one all of whose slots fit int32 (with B = 48 the first id
+    past it still has slots that fit: offsets up to 31); the reference refuses such tables, so the
+    slots are spelled out here."""
+    top = ((1 << 31) - b) // b
+    table = [top, top + 1, -3]
+    topk = [[0, b - 1, b, b + 31, b + 32, 2 * b - 1, 2 * b], [b + 31, 3, b, 2 * b + 1, b - 1, -1, b + 1]]
+
+    def slot(v):
+        s = table[v // b] * b + v % b if v >= 0 and table[v // b] >= 0 else -1
+        return s if s < 1 << 31 else -1
+
+    want = [[slot(v) for v in row] for row in topk]
+    if compact:
+        want = [[s for s in row if s >= 0] + [-1] * sum(s < 0 for s in row) for row in want]
+    slots, counts, masks, keys = run(topk, [0, 0], [table], b, [3 * b, 3 * b], compact=compact)
+    assert slots.tolist() == want
+    assert counts.tolist() == [sum(s >= 0 for s in row) for row in want]
+    assert masks.tolist() == [ERR_SLOT_RANGE | ERR_NEGATIVE_BLOCK]
+    first = next(c for c, v in enumerate(topk[0]) if slot(v) < 0)
+    assert decode_topk_error_key(int(keys[0]))[:2] == (0, first)
 
 
 def test_records_are_sticky_until_read(gpu):
