@@ -193,7 +193,6 @@ def test_emulated_many_requests(monkeypatch):
     assert (want.outputs.dsa.ks > 0).any() and (want.outputs.dsa.req_id_per_token == -1).any()
 
 
-
 @emulated
 @pytest.mark.parametrize("M, n", [(1, 1), (60, 1), (60, 3), (300, 2), (2047, 1), (2048, 2), (2049, 1), (2600, 2)])
 def test_emulated_edge_batches(monkeypatch, M, n):
