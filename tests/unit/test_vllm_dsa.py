@@ -270,8 +270,9 @@ def test_emulated_decodes_and_prefills(monkeypatch, n, groups):
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 50, 2047, 2048, 2049, 5000]), st.booleans())
 def test_block_model_equals_the_reference(seed, M, bad):
-    """The DSA block's tiles and scan (tests/support/vllm_dsa_model.py) give the reference's
-    cu_seq_lens and ks, across tile boundaries, with dummies, bad inputs and saturating sums."""
+    """The DSA blocks' votes, tiles and scan (tests/support/vllm_dsa_model.py) give the reference's
+    cu_seq_lens and the prefill tokens' ks, across tile boundaries, with dummies, bad inputs and
+    saturating sums."""
     from tests.support.vllm_dsa_cases import dsa_batch
     from tests.support.vllm_dsa_model import model_cu_and_ks
 
@@ -288,3 +289,5 @@ def test_block_model_equals_the_reference(seed, M, bad):
     )
     assert cu.tolist() == want.cu_seq_lens.tolist()
     assert np.where(ks >= 0, ks, 0).tolist() == want.ks.tolist()
+    # the DSA blocks write exactly the prefill tokens' ks (ke = ks + ctx > 0), the token blocks the others'
+    assert (ks >= 0).tolist() == (want.ke > 0).tolist()
