@@ -187,7 +187,8 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // =====================================================================================
 //
 // The one-launch vLLM step (VllmStepPlanner). The grid has four roles, by block index:
-//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot;
+//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot (with
+//     DSA, the token's DSA outputs but a prefill token's ks and ke: vllm_dsa_token_out);
 //   * request blocks (request_blocks): a thread per batch row b < max_num_reqs: seq_lens,
 //     dcp_local_seq_lens, the per-request checks and every group's num_blocks check; a row
 //     b >= num_reqs (padding rows and rows an earlier step left with data) also reads the row's

@@ -2,11 +2,13 @@
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
 What is emulated: the device helpers of ``vllm_step<false>`` (token guess and write,
-request row, gather pair; with its DSA row, vllm_dsa.cuh's helpers and the token writes' DSA outputs; the source text of
-kernels.cu, unchanged) driven by a few lines
-of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record),
-and the three-launch kernels whole (their threads run in reverse order, so thread 0's
-end-of-block write comes last, as after their barrier). Not emulated: warp shuffles,
+request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
+of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record);
+with DSA (``vllm_step<false, true>``), the token writes' DSA outputs and vllm_dsa.cuh's
+helpers driven as its DSA blocks drive them, checking that each element of each DSA output
+is written by exactly one of the two grid rows; and the three-launch kernels whole (their
+threads run in reverse order, so thread 0's end-of-block write comes last, as after their
+barrier). Not emulated: warp shuffles, block votes and scans (re-stated as loops),
 atomics, memory ordering — the GPU tests and compute-sanitizer cover those.
 """
 
