@@ -47,6 +47,8 @@
 #define VLLM_DSA_R 8                                 // consecutive requests per thread in a tile
 #define VLLM_DSA_TILE (VLLM_THREADS * VLLM_DSA_R)  // requests per tile (staged ks and num_computed_tokens)
 #define VLLM_DSA_VOTE 8                              // requests a thread votes on per round past the first tile
+// A batch whose query_start_loc fits the staged copy (num_reqs + 1 <= VLLM_QSL_SMEM) fits the first tile.
+static_assert(VLLM_QSL_SMEM <= VLLM_DSA_TILE + 1, "the staged query_start_loc comes from the first tile's loads");
 
 // The loads of requests [first, first + VLLM_DSA_R) of a tile, every one issued before any is used:
 // q[u] = query_start_loc[first + u] for first + u <= num_reqs (0 past it), r[u] their rows when in
