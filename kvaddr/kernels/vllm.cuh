@@ -187,7 +187,8 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // =====================================================================================
 //
 // The one-launch vLLM step (VllmStepPlanner). The grid has four roles, by block index:
-//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot;
+//   * token blocks [0, token_blocks): a thread per token, positions and every group's slot (with
+//     DSA, the token's DSA outputs but a prefill token's ks and ke: vllm_dsa_token_out);
 //   * request blocks (request_blocks): a thread per batch row b < max_num_reqs: seq_lens,
 //     dcp_local_seq_lens, the per-request checks and every group's num_blocks check; a row
 //     b >= num_reqs (padding rows and rows an earlier step left with data) also reads the row's
@@ -230,6 +231,30 @@ __device__ __forceinline__ bool vllm_token_guess(const VllmStepParams& p, int t,
     return t < num_tokens && !(q0 <= t && t < q1);
 }
 
+// Token t's DSA outputs that the token role writes (vllm_step<..., true>; vllm_dsa.cuh's section
+// comment): value and scale offsets from its slot s in group dsa_group (-1: none) and off = s % B,
+// ctx = pos + 1 (saturating), req_id_per_token = b, and ks = ke = 0 unless the token is a
+// prefill's (valid, its owner running more than dsa_decode_len tokens), whose ks and ke the DSA
+// blocks write. An invalid token: -1, -1, 0, 0, 0, -1.
+__device__ __forceinline__ void vllm_dsa_token_out(const VllmStepParams& p, int t, bool valid, long long pos, int b,
+                                                   bool prefill, long long slot, long long off, long long B) {
+    long long value = -1, scale = -1;
+    if (slot >= 0) {
+        const long long V = p.dsa_value_bytes, S = p.dsa_scale_bytes;
+        const long long first = (slot - off) * (V + S);  // blk * B * (V + S)
+        value = first + off * V;
+        scale = first + B * V + off * S;
+    }
+    p.dsa_value_offsets[t] = value;
+    p.dsa_scale_offsets[t] = scale;
+    p.dsa_ctx[t] = valid ? (int)(pos + 1 > VLLM_INT_MAX ? VLLM_INT_MAX : pos + 1) : 0;
+    p.dsa_req_id[t] = valid ? b : -1;
+    if (!prefill) {
+        p.dsa_ks[t] = 0;
+        p.dsa_ke[t] = 0;
+    }
+}
+
 // Token t's outputs once its owner b (range [q0, q1), row r) is known: positions[t] and
 // every group's slot. DCP: the step may have sharded groups (cp_size > 1); without it the
 // sharded path is not compiled, so a group's block index costs one division (ptxas would
@@ -259,7 +284,9 @@ __device__ __forceinline__ bool vllm_token_index(const VllmStepParams& p, int g,
     return true;
 }
 
-template <bool DCP>
+// DSA (vllm_step<..., true>): the token's DSA outputs too, from its slot in group dsa_group
+// (vllm_dsa_token_out); no load is added.
+template <bool DCP, bool DSA = false>
 __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
     bool valid = false;
@@ -290,6 +317,7 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
         }
     }
     p.positions[t] = pos;
+    long long dsa_slot = -1, dsa_off = 0, dsa_B = 1;  // DSA: the slot of group dsa_group, its offset and B
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
@@ -316,7 +344,14 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
             }
         }
         vllm_store_slot(p, g, t, slot);
+        if (DSA && g == p.dsa_group) {
+            dsa_slot = slot;
+            dsa_off = off;
+            dsa_B = p.block_size[g];
+        }
     }
+    // (valid: q0 <= t < q1, so the query length q1 - q0 >= 1 does not overflow)
+    if (DSA) vllm_dsa_token_out(p, t, valid, pos, b, valid && q1 - q0 > p.dsa_decode_len, dsa_slot, dsa_off, dsa_B);
 }
 
 // One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens, the
@@ -715,17 +750,18 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
 
 // The vLLM step: <<<token_blocks + request_blocks + gather blocks (+ num_groups * meta_blocks with
 // ATTENTION), VLLM_THREADS>>>, one parameter. ATTENTION: the last num_groups * meta_blocks blocks
-// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows,
-// row 1 writing the DSA outputs (vllm_dsa_block); row 0 is the step above, unchanged.
-__device__ void vllm_dsa_block(const VllmStepParams& p);  // vllm_dsa.cuh
+// of the grid write the attention metadata (vllm_attention_block). DSA: launched on two grid rows;
+// row 0 is the step above, whose token blocks also write each token's DSA outputs but a prefill
+// token's ks and ke (vllm_dsa_token_out), and row 1 writes those and cu_seq_lens (vllm_dsa_block).
+__device__ void vllm_dsa_block(const VllmStepParams& p, int* sq);  // vllm_dsa.cuh
 
 template <bool ATTENTION, bool DSA = false>
 __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p) {
+    __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block (or a DSA block) searches
     if (DSA && blockIdx.y != 0) {  // DSA: the grid's second row (vllm_dsa.cuh), no error record
-        vllm_dsa_block(p);
+        vllm_dsa_block(p, sq);
         return;
     }
-    __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block searches
     VllmErr err;
     err.mask = 0;
     err.key = KV_NO_ERROR;
@@ -757,8 +793,8 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         }
         if (t < p.max_tokens) {
             // (uniform) only a DCP step has sharded groups
-            if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, err);
-            else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, err);
+            if (p.cp_size > 1) vllm_token_write<true, DSA>(p, t, b, q0, q1, r, num_tokens, err);
+            else vllm_token_write<false, DSA>(p, t, b, q0, q1, r, num_tokens, err);
         }
     } else if (blk < p.token_blocks + p.request_blocks) {
         const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;

@@ -1,96 +1,123 @@
 // DeepSeek-V3.2 sparse attention (DSA) outputs of the vLLM step (docs/dsa.md, "The vLLM step";
 // kvaddr/engines/vllm_reference.py's vllm_dsa_reference is the oracle), written in the step's
-// own launch by vllm_step<ATTENTION, true>.
+// own launch by vllm_step<ATTENTION, true>. Two parts of the launch write them, each what it
+// already knows:
 //
-// The planner launches the step's grid as row 0 of a two-row grid; row 1 holds the DSA blocks,
-// which wait for no block of row 0 and write no error record (the step's token and request
-// blocks record every error of the same inputs). DSA block k < token_blocks owns the tokens
-// [k * VLLM_THREADS, +VLLM_THREADS), one a thread; blocks past them return at once (block 0, which
-// always has tokens, also writes cu_seq_lens). A thread finds its token's owner as the step's token blocks do (the
-// guess min(t, n - 1), then vllm_owner_search: the same owner for any query_start_loc, even a
-// decreasing one), and the token is valid when the step's is (t < num_tokens, the owner's range
-// holds t, a real row, num_computed_tokens >= 0). The block then walks the batch
-// VLLM_THREADS * VLLM_DSA_R requests at a time (a tile; VLLM_DSA_R consecutive requests a thread,
-// every load issued before any is used): a thread computes whether each of its requests is a
-// prefill (a good request running more than dsa_decode_len tokens) and its seq_len
-// (num_computed_tokens + its tokens, saturating as seq_lens), a block scan of the thread sums
-// gives each prefill its ks (the seq_lens of the prefills before it) and its ordinal, staged in
-// shared memory for the tile, and a token whose owner lies in the tile reads its ks there. For a valid token t of request b at position p, slot s of group
-// dsa_group (blk = s / B, off = s % B; the step's slot mapping of that group, -1 included):
-//   value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S  (s < 0: -1)
-//   ctx = p + 1;  ks, ke = the prefill's ks and ks + ctx (0 and 0 for a decode token);
-//   req_id_per_token = b.
-// Padding and invalid tokens (dummy rows included): -1, -1, 0, 0, 0, -1. Block 0 writes
-// cu_seq_lens[ord] = ks of each prefill and the total of their seq_lens over [P, max_num_reqs].
-// Every element of every DSA output is written on every launch.
+//   * The step's token blocks (row 0; vllm_token_write<DCP, true>, vllm_dsa_token_out in
+//     vllm.cuh) write every token t < max_tokens's value and scale offsets, ctx and
+//     req_id_per_token where they write its slots (they hold its owner b, validity, position p and
+//     the slot s of group dsa_group; no load is added), and ks = ke = 0 unless t is a prefill's
+//     token (valid, its owner running q1 - q0 > dsa_decode_len tokens). With blk = s / B,
+//     off = s % B (B of group dsa_group):
+//       value = blk * B * (V + S) + off * V,  scale = blk * B * (V + S) + B * V + off * S  (s < 0: -1)
+//       ctx = p + 1 (saturating);  req_id_per_token = b.
+//     Padding and invalid tokens (dummy rows included): -1, -1, 0, 0, 0, -1.
+//   * The DSA blocks (row 1 of the grid, gridDim.x blocks of which the first token_blocks work;
+//     they wait for no block of row 0 and write no error record: the step's token and request
+//     blocks record every error of the same inputs) write what needs the prefills' prefix: a
+//     prefill token's ks (the seq_lens of the prefills before its request) and ke = ks + ctx, and
+//     cu_seq_lens (block 0). DSA block k owns the tokens [k * VLLM_THREADS, +VLLM_THREADS):
+//       1. One round of loads: thread i loads query_start_loc and idx_mapping of the first tile's
+//          requests [i * VLLM_DSA_R, +VLLM_DSA_R) (a tile: VLLM_DSA_TILE requests, kept for 3)
+//          and, past the tile, query_start_loc alone (VLLM_DSA_VOTE requests a thread a round).
+//          A block vote (__syncthreads_or) asks whether any request runs more than
+//          dsa_decode_len tokens (a prefill does; a bad one with as many only takes 2).
+//       2. None (a decode step, plain or MTP): block 0 writes cu_seq_lens = 0 and every block
+//          returns. Otherwise each thread finds its token's owner as the step's token blocks do
+//          (the guess min(t, n - 1), then vllm_owner_search, over query_start_loc staged in
+//          shared memory from the registers of 1 when num_reqs + 1 <= VLLM_QSL_SMEM, else in
+//          global memory) and whether the token is a candidate (t < num_tokens, inside its
+//          owner's range, the owner running more than dsa_decode_len tokens). A block other than
+//          block 0 with no candidate returns (a second vote).
+//       3. The block walks the batch a tile at a time (VLLM_DSA_R consecutive requests a thread,
+//          every load issued before any is used): a thread computes whether each of its requests
+//          is a prefill (a good request running more than dsa_decode_len tokens) and its seq_len
+//          (num_computed_tokens + its tokens, saturating as seq_lens); a block scan of the thread
+//          sums gives each prefill its ks and ordinal (block 0 writes cu_seq_lens[ord] = ks),
+//          staged in shared memory with its num_computed_tokens, and a candidate whose owner lies
+//          in the tile reads them there. A candidate whose owner is a prefill (so the token is
+//          valid) writes ks and ke = ks + (num_computed_tokens + t - q0) + 1 (saturating); block 0
+//          writes cu_seq_lens[P .. max_num_reqs] = the total of the P prefills' seq_lens.
+// The token role writes a token's ks and ke exactly when the DSA blocks do not (the same owner,
+// range and row from the same inputs), so every element of every DSA output is written by one
+// thread on every launch.
 
-// One token's DSA outputs (t < max_tokens): valid or not, its position and owner b, the owner's ks
-// (-1: a decode) and its slot in the DSA group (-1: none).
-__device__ __forceinline__ void vllm_dsa_token(const VllmStepParams& p, int t, bool valid, long long pos, int b, int ks,
-                                               long long slot) {
-    long long value = -1, scale = -1;
-    int ctx = 0, kso = 0, keo = 0, req = -1;
-    if (valid) {
-        if (slot >= 0) {
-            const long long B = vllm_pick(p.block_size, p.dsa_group);
-            const long long V = p.dsa_value_bytes, S = p.dsa_scale_bytes;
-            const long long blk = slot / B, off = slot - blk * B;
-            const long long base = blk * B * (V + S);
-            value = base + off * V;
-            scale = base + B * V + off * S;
-        }
-        ctx = (int)(pos + 1 > VLLM_INT_MAX ? VLLM_INT_MAX : pos + 1);
-        if (ks >= 0) {
-            kso = ks;
-            const long long e = (long long)ks + ctx;
-            keo = (int)(e > VLLM_INT_MAX ? VLLM_INT_MAX : e);
-        }
-        req = b;
+// ---- the DSA blocks' helpers (emulated on the CPU by tests/support/vllm_emulator.py) ----
+
+#define VLLM_DSA_R 8                                 // consecutive requests per thread in a tile
+#define VLLM_DSA_TILE (VLLM_THREADS * VLLM_DSA_R)  // requests per tile (staged ks and num_computed_tokens)
+#define VLLM_DSA_VOTE 8                              // requests a thread votes on per round past the first tile
+// A batch whose query_start_loc fits the staged copy (num_reqs + 1 <= VLLM_QSL_SMEM) fits the first tile.
+static_assert(VLLM_QSL_SMEM <= VLLM_DSA_TILE + 1, "the staged query_start_loc comes from the first tile's loads");
+
+// The loads of requests [first, first + VLLM_DSA_R) of a tile, every one issued before any is used:
+// q[u] = query_start_loc[first + u] for first + u <= num_reqs (0 past it), r[u] their rows when in
+// [0, max_num_reqs), else -1 (a dummy or bad row; past num_reqs too).
+__device__ __forceinline__ void vllm_dsa_load(const VllmStepParams& p, int first, int (&q)[VLLM_DSA_R + 1],
+                                              int (&r)[VLLM_DSA_R]) {
+    const int n = p.num_reqs;
+#pragma unroll
+    for (int u = 0; u <= VLLM_DSA_R; ++u) q[u] = first + u <= n ? p.query_start_loc[first + u] : 0;
+#pragma unroll
+    for (int u = 0; u < VLLM_DSA_R; ++u) {
+        const long long x = first + u < n ? vllm_row_of(p, first + u) : -1;
+        r[u] = x >= 0 && x < p.max_num_reqs ? (int)x : -1;
     }
-    p.dsa_value_offsets[t] = value;
-    p.dsa_scale_offsets[t] = scale;
-    p.dsa_ctx[t] = ctx;
-    p.dsa_ks[t] = kso;
-    p.dsa_ke[t] = keo;
-    p.dsa_req_id[t] = req;
 }
 
-// Token t's owner, validity, position and slot in group dsa_group, as vllm_token_write computes
-// them (the same loads and checks; without its error records).
-__device__ __forceinline__ void vllm_dsa_locate(const VllmStepParams& p, int t, int& b, bool& valid, long long& pos,
-                                                long long& slot) {
+// Whether one of requests [first, first + VLLM_DSA_R) (those < num_reqs, loaded in q) runs more
+// than dsa_decode_len tokens (good or not).
+__device__ __forceinline__ bool vllm_dsa_long(const VllmStepParams& p, int first, const int (&q)[VLLM_DSA_R + 1]) {
+    bool any = false;
+#pragma unroll
+    for (int u = 0; u < VLLM_DSA_R; ++u)
+        any |= first + u < p.num_reqs && (long long)q[u + 1] - q[u] > p.dsa_decode_len;
+    return any;
+}
+
+// The vote past the first tile: whether one of the requests [VLLM_DSA_TILE, num_reqs) that thread
+// tid looks at (VLLM_DSA_VOTE a round, coalesced) runs more than dsa_decode_len tokens.
+__device__ __forceinline__ bool vllm_dsa_vote_rest(const VllmStepParams& p, int tid) {
     const int n = p.num_reqs;
-    int q0 = 0, q1 = 0, num_tokens = 0;
-    long long r = 0;
-    b = 0;
-    valid = false;
-    pos = 0;
-    slot = -1;
-    if (n <= 0) return;
-    if (vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
-        b = vllm_owner_search(p.query_start_loc, n, t);
-        q0 = p.query_start_loc[b];
-        q1 = p.query_start_loc[b + 1];
-        r = vllm_row_of(p, b);
+    const int* __restrict__ qsl = p.query_start_loc;
+    bool any = false;
+#pragma unroll 1
+    for (int b0 = VLLM_DSA_TILE; b0 < n; b0 += VLLM_THREADS * VLLM_DSA_VOTE) {
+        int x[VLLM_DSA_VOTE], y[VLLM_DSA_VOTE];
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_VOTE; ++u) {
+            const int b = b0 + u * VLLM_THREADS + tid;
+            x[u] = b < n ? qsl[b] : 0;
+            y[u] = b < n ? qsl[b + 1] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_VOTE; ++u) any |= (long long)y[u] - x[u] > p.dsa_decode_len;
     }
-    if (!(t < num_tokens && q0 >= 0 && q0 <= t && t < q1 && r >= 0 && r < p.max_num_reqs)) return;
-    const int g = p.dsa_group;
-    const int flags = vllm_pick(p.group_flags, g);
-    const int nb = (flags & VLLM_GROUP_SLOTS) ? vllm_pick(p.num_blocks, g)[r] : 0;
-    const int nct = p.num_computed_tokens[r];
-    if (nct < 0) return;
-    valid = true;
-    pos = (long long)nct + (t - q0);
-    if (!(flags & VLLM_GROUP_SLOTS)) return;
-    unsigned int idx = 0, off = 0;
-    const bool local = p.cp_size > 1 ? vllm_token_index<true>(p, g, flags, pos, idx, off)
-                                     : vllm_token_index<false>(p, g, flags, pos, idx, off);
-    if (!local || (long long)idx >= (long long)vllm_pick(p.width, g) || (long long)idx >= (long long)nb) return;
-    const int blk = vllm_pick(p.block_table, g)[r * vllm_pick(p.table_stride, g) + idx];
-    if (blk < 0) return;
-    const long long s = (long long)blk * (long long)vllm_pick(p.block_size, g) + off;
-    if (p.slot_is_32 && s > VLLM_INT_MAX) return;
-    slot = s;
+    return any;
+}
+
+// Token t's owner b and first token q0 as the step's token blocks find them (the guess
+// min(t, n - 1), then vllm_owner_search), over qs (query_start_loc or a copy of its n + 1 entries).
+// Returns whether t is a candidate: t < num_tokens, q0 <= t < q1 (q0 >= 0) and the owner runs
+// more than dsa_decode_len tokens. A candidate is a valid prefill token exactly when its owner is
+// a prefill (vllm_dsa_prefill): the token role leaves its ks and ke to the DSA blocks then.
+__device__ __forceinline__ bool vllm_dsa_owner(const VllmStepParams& p, const int* qs, int t, int& b, int& q0) {
+    const int n = p.num_reqs;
+    b = 0;
+    q0 = 0;
+    if (n <= 0 || t >= p.max_tokens) return false;
+    const int last = qs[n];
+    const int num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+    if (t >= num_tokens) return false;
+    b = t < n - 1 ? t : n - 1;
+    q0 = qs[b];
+    int q1 = qs[b + 1];
+    if (!(q0 <= t && t < q1)) {
+        b = vllm_owner_search(qs, n, t);
+        q0 = qs[b];
+        q1 = qs[b + 1];
+    }
+    return q0 >= 0 && q0 <= t && t < q1 && q1 - q0 > p.dsa_decode_len;
 }
 
 // A request's prefill length from its loads (range [q0, q1), row r, num_computed_tokens nct, read
@@ -102,41 +129,55 @@ __device__ __forceinline__ int vllm_dsa_prefill(const VllmStepParams& p, int q0,
     return (int)(s > VLLM_INT_MAX ? VLLM_INT_MAX : s);
 }
 
-// Request b < num_reqs's prefill length (vllm_dsa_prefill with its own loads).
-__device__ __forceinline__ int vllm_dsa_prefill_len(const VllmStepParams& p, int b) {
-    const long long r = vllm_row_of(p, b);
-    const int nct = (r >= 0 && r < p.max_num_reqs) ? p.num_computed_tokens[r] : 0;
-    return vllm_dsa_prefill(p, p.query_start_loc[b], p.query_start_loc[b + 1], r, nct);
+// A prefill's token t (first token q0 of its request, whose ks and num_computed_tokens are ks and
+// nct): ks and ke = ks + ctx, ctx = nct + (t - q0) + 1 (saturating).
+__device__ __forceinline__ void vllm_dsa_prefill_token(const VllmStepParams& p, int t, int q0, int ks, int nct) {
+    const long long e = (long long)ks + nct + (t - q0) + 1;
+    p.dsa_ks[t] = ks;
+    p.dsa_ke[t] = (int)(e > VLLM_INT_MAX ? VLLM_INT_MAX : e);
 }
 
 // ---- the DSA block of the vLLM step (row 1 of vllm_step<ATTENTION, true>'s grid) ----
 
-#define VLLM_DSA_R 8  // consecutive requests per thread in a tile (all their loads in flight)
-
-__device__ void vllm_dsa_block(const VllmStepParams& p) {
-    __shared__ int tile_ks[VLLM_THREADS * VLLM_DSA_R];  // ks of the tile's requests (-1: not a prefill)
-    __shared__ int red[2][VLLM_WARPS];                  // per warp: seq_len sum, prefill count
+// DSA block blockIdx.x (see the section comment); sq: the step's VLLM_QSL_SMEM entries of shared memory.
+__device__ void vllm_dsa_block(const VllmStepParams& p, int* sq) {
+    __shared__ int tile_ks[VLLM_DSA_TILE];   // ks of the tile's requests (-1: not a prefill)
+    __shared__ int tile_nct[VLLM_DSA_TILE];  // their num_computed_tokens (prefills only)
+    __shared__ int red[2][VLLM_WARPS];       // per warp: seq_len sum, prefill count
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, k = (int)blockIdx.x;
-    const int n = p.num_reqs;
+    const int n = p.num_reqs, M = p.max_num_reqs;
     if (k >= p.token_blocks) return;  // (uniform) no tokens; block 0 always has some
+    // 1. one round of loads: the first tile's requests and, past it, the vote's
+    int q[VLLM_DSA_R + 1];
+    int r[VLLM_DSA_R];
+    vllm_dsa_load(p, tid * VLLM_DSA_R, q, r);
+    const bool rest = vllm_dsa_vote_rest(p, tid);
+    // 2. a decode step: cu_seq_lens = 0, nothing else (the token blocks wrote every ks and ke)
+    if (!__syncthreads_or(rest || vllm_dsa_long(p, tid * VLLM_DSA_R, q))) {
+        if (k == 0)
+            for (int i = tid; i <= M; i += VLLM_THREADS) p.dsa_cu_seq_lens[i] = 0;
+        return;
+    }
+    const bool staged = n + 1 <= VLLM_QSL_SMEM;  // (uniform; then n < VLLM_DSA_TILE: q holds all of it)
+    if (staged) {
+#pragma unroll
+        for (int u = 0; u < VLLM_DSA_R; ++u)
+            if (tid * VLLM_DSA_R + u <= n) sq[tid * VLLM_DSA_R + u] = q[u];
+    }
+    __syncthreads();
     const int t = k * VLLM_THREADS + tid;
-    const bool mine = t < p.max_tokens;
-    int b = 0, ks = -1;
-    bool valid = false;
-    long long pos = 0, slot = -1;
-    if (mine) vllm_dsa_locate(p, t, b, valid, pos, slot);
-    int carry_len = 0, carry_cnt = 0;
+    int b = 0, q0 = 0;
+    const bool cand = vllm_dsa_owner(p, staged ? sq : p.query_start_loc, t, b, q0);
+    if (!__syncthreads_or(cand) && k != 0) return;  // (uniform) no prefill token here; block 0 writes cu_seq_lens
+    // 3. the tiles, scanned
+    int ks = -1, nct_b = 0, carry_len = 0, carry_cnt = 0;
 #pragma unroll 1
-    for (int base = 0; base < n; base += VLLM_THREADS * VLLM_DSA_R) {
+    for (int base = 0; base < n; base += VLLM_DSA_TILE) {
         const int first = base + tid * VLLM_DSA_R;  // this thread's requests [first, first + R)
-        int q[VLLM_DSA_R + 1], nct[VLLM_DSA_R], len[VLLM_DSA_R];
-        long long r[VLLM_DSA_R];
+        if (base > 0) vllm_dsa_load(p, first, q, r);
+        int nct[VLLM_DSA_R], len[VLLM_DSA_R];
 #pragma unroll
-        for (int u = 0; u <= VLLM_DSA_R; ++u) q[u] = first + u <= n ? p.query_start_loc[first + u] : 0;
-#pragma unroll
-        for (int u = 0; u < VLLM_DSA_R; ++u) r[u] = first + u < n ? vllm_row_of(p, first + u) : -1;
-#pragma unroll
-        for (int u = 0; u < VLLM_DSA_R; ++u) nct[u] = (r[u] >= 0 && r[u] < p.max_num_reqs) ? p.num_computed_tokens[r[u]] : 0;
+        for (int u = 0; u < VLLM_DSA_R; ++u) nct[u] = r[u] >= 0 ? p.num_computed_tokens[r[u]] : 0;
         int x = 0, c = 0;  // this thread's prefill seq_lens and prefills
 #pragma unroll
         for (int u = 0; u < VLLM_DSA_R; ++u) {
@@ -176,19 +217,23 @@ __device__ void vllm_dsa_block(const VllmStepParams& p) {
 #pragma unroll
         for (int u = 0; u < VLLM_DSA_R; ++u) {
             tile_ks[tid * VLLM_DSA_R + u] = len[u] >= 0 ? run : -1;
+            tile_nct[tid * VLLM_DSA_R + u] = nct[u];
             if (len[u] >= 0) {
-                if (k == 0 && ord <= p.max_num_reqs) p.dsa_cu_seq_lens[ord] = run;
+                if (k == 0 && ord <= M) p.dsa_cu_seq_lens[ord] = run;
                 run = kv_sat_add_nn(run, len[u]);
                 ++ord;
             }
         }
         __syncthreads();
-        if (valid && b >= base && b - base < VLLM_THREADS * VLLM_DSA_R) ks = tile_ks[b - base];
+        if (cand && b >= base && b - base < VLLM_DSA_TILE) {
+            ks = tile_ks[b - base];
+            nct_b = tile_nct[b - base];
+        }
         __syncthreads();  // the tile's ks and the warp sums are read before the next tile writes them
         carry_len = tx;
         carry_cnt = tc;
     }
-    if (mine) vllm_dsa_token(p, t, valid, pos, b, ks, slot);
+    if (cand && ks >= 0) vllm_dsa_prefill_token(p, t, q0, ks, nct_b);
     if (k == 0)
-        for (int i = carry_cnt + tid; i <= p.max_num_reqs; i += VLLM_THREADS) p.dsa_cu_seq_lens[i] = carry_len;
+        for (int i = carry_cnt + tid; i <= M; i += VLLM_THREADS) p.dsa_cu_seq_lens[i] = carry_len;
 }

@@ -108,6 +108,27 @@ def test_bad_inputs_dcp_and_int32_slots(seed):
         step(p, cfg, x, 300, f"seed {seed} step {i}", **kw)
 
 
+@pytest.mark.parametrize("M, n", [(1, 1), (60, 3), (300, 2), (2047, 1), (2048, 2), (2049, 1), (2600, 2)])
+def test_edge_batches_write_every_element(M, n):
+    """The batches that select each path of the DSA blocks (tests.support.vllm_dsa_cases.EDGES:
+    only decodes, plain or MTP; only prefills; one prefill last or first; dummies only; padding
+    past a few tokens; no request) around the staged query_start_loc's and the tile's sizes, each
+    launch on DSA outputs first filled with a value no thread writes: every element is written."""
+    import cupy
+
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from tests.support.vllm_dsa_cases import EDGES, edge_batch
+
+    rng, cfg, state = case(M * 11 + n, M, (16, 64), n=n, T=M * 20 + 300)
+    p = VllmStepPlanner(**planner_kwargs(cfg), dsa=True, dsa_decode_len=n)
+    for kind in EDGES + EDGES[::-1]:
+        x = edge_batch(rng, cfg, state, kind, M, n=n)
+        for f in DSA_FIELDS:
+            getattr(p.outputs.dsa, f).fill(-7)
+        cupy.cuda.runtime.deviceSynchronize()  # the fills land before the launch (on any stream) writes
+        step(p, cfg, x, M, f"M {M} n {n} {kind}", dsa_decode_len=n)
+
+
 def test_dsa_off_is_the_plain_step():
     from kvaddr.engines.vllm import VllmStepPlanner
 

@@ -1,8 +1,9 @@
 """A Python model of the vLLM step's DSA blocks (kvaddr/kernels/vllm_dsa.cuh's vllm_dsa_block):
-the tiles of VLLM_THREADS * VLLM_DSA_R requests, each thread's VLLM_DSA_R consecutive requests,
-the block scan of the thread sums (saturating), the carries from tile to tile, each token's ks
-read from its owner's tile and block 0's cu_seq_lens, with the per-token and per-request values
-of the kernel's helpers. tests/unit/test_vllm_dsa.py checks it against the reference; the CPU
+the batch vote (a request running more than decode_len tokens), each block's candidates (its
+tokens' owners by the token blocks' search) and its own vote, the tiles of VLLM_THREADS *
+VLLM_DSA_R requests, each thread's VLLM_DSA_R consecutive requests, the block scan of the thread
+sums (saturating), the carries from tile to tile, each candidate's ks read from its owner's tile
+and block 0's cu_seq_lens. tests/unit/test_vllm_dsa.py checks it against the reference; the CPU
 emulator runs the helpers themselves, and the GPU the block."""
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ def sat(a: int, b: int) -> int:
 
 
 def model_cu_and_ks(idx, qsl, nct, M: int, T: int, decode_len: int):
-    """``(cu_seq_lens [M + 1], ks [T])`` as the DSA blocks write them (ks -1: a decode token or
-    an invalid one; the token values themselves are the helpers', emulated elsewhere)."""
+    """``(cu_seq_lens [M + 1], ks [T])`` as the DSA blocks write them (ks -1 where they write none:
+    the token blocks write a decode token's, an invalid one's, and every token's of a decode step)."""
     n = idx.shape[0]
     qsl = qsl.astype(np.int64)
     r = idx.astype(np.int64)
+    cu = np.zeros(M + 1, np.int64)
+    ks = np.full(T, -1, np.int64)
+    if not (np.diff(qsl) > decode_len).any():  # the vote: a decode step
+        return cu.astype(np.int32), ks
 
     def prefill_len(b):
         q0, q1, rr = int(qsl[b]), int(qsl[b + 1]), int(r[b])
@@ -36,20 +41,21 @@ def model_cu_and_ks(idx, qsl, nct, M: int, T: int, decode_len: int):
             return -1
         return min(c + q1 - q0, INT_MAX)
 
-    # each token's owner and validity, as vllm_dsa_locate finds them
+    # each token's owner as vllm_dsa_owner finds it, and whether it is a candidate
     num_tokens = int(np.clip(qsl[-1], 0, T)) if n else 0
     t = np.arange(T, dtype=np.int64)
     owner = np.zeros(T, np.int64)
-    valid = np.zeros(T, bool)
+    cand = np.zeros(T, bool)
     if n:
         owner[:num_tokens] = owner_search(qsl, t[:num_tokens], n)
         b = owner[:num_tokens]
-        rb = r[b]
-        ok = (qsl[b] >= 0) & (qsl[b] <= t[:num_tokens]) & (t[:num_tokens] < qsl[b + 1]) & (rb >= 0) & (rb < M)
-        ok &= np.where(ok, nct[np.clip(rb, 0, M - 1)] >= 0, False)
-        valid[:num_tokens] = ok
-    cu = np.zeros(M + 1, np.int64)
-    ks = np.full(T, -1, np.int64)
+        q0, q1 = qsl[b], qsl[b + 1]
+        cand[:num_tokens] = (q0 >= 0) & (q0 <= t[:num_tokens]) & (t[:num_tokens] < q1) & (q1 - q0 > decode_len)
+    # the blocks that go on: block 0 (cu_seq_lens) and those with a candidate
+    blocks = np.zeros(-(-T // THREADS), bool)
+    blocks[0] = True
+    blocks[np.unique(t[cand] // THREADS)] = True
+    cand &= blocks[t // THREADS]
     carry_len, carry_cnt = 0, 0
     for base in range(0, n, THREADS * R):
         lens = [
@@ -68,7 +74,7 @@ def model_cu_and_ks(idx, qsl, nct, M: int, T: int, decode_len: int):
                     rl = sat(rl, lens[i][u])
                     rc += 1
             run_len, run_cnt = sat(run_len, sums[i][0]), run_cnt + sums[i][1]
-        inside = valid & (owner >= base) & (owner < base + THREADS * R)
+        inside = cand & (owner >= base) & (owner < base + THREADS * R)
         ks[inside] = tile_ks[owner[inside] - base]
         carry_len, carry_cnt = run_len, run_cnt
     cu[carry_cnt:] = carry_len

@@ -2,11 +2,13 @@
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
 What is emulated: the device helpers of ``vllm_step<false>`` (token guess and write,
-request row, gather pair; with its DSA row, vllm_dsa.cuh's token helpers; the source text of
-kernels.cu, unchanged) driven by a few lines
-of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record),
-and the three-launch kernels whole (their threads run in reverse order, so thread 0's
-end-of-block write comes last, as after their barrier). Not emulated: warp shuffles,
+request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
+of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record);
+with DSA (``vllm_step<false, true>``), the token writes' DSA outputs and vllm_dsa.cuh's
+helpers driven as its DSA blocks drive them, checking that each element of each DSA output
+is written by exactly one of the two grid rows; and the three-launch kernels whole (their
+threads run in reverse order, so thread 0's end-of-block write comes last, as after their
+barrier). Not emulated: warp shuffles, block votes and scans (re-stated as loops),
 atomics, memory ordering — the GPU tests and compute-sanitizer cover those.
 """
 
@@ -61,9 +63,10 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
 // not emulated: the staged query_start_loc (the same values: the search runs on the
 // global array), the spare rows' zeroing (one row after another), the per-warp records
 // (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
-// do: sticky; a clean launch writes no record).
-extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
-    const VllmStepParams& p = *pp;
+// do: sticky; a clean launch writes no record). DSA (vllm_step<false, true>): the token
+// writes are vllm_token_write<DCP, true>'s, which write the token's DSA outputs too.
+template <bool DSA>
+static void emu_step(const VllmStepParams& p) {
     VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     const int n = p.num_reqs;
     for (int t = 0; t < p.max_tokens; ++t) {
@@ -77,8 +80,8 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
             q1 = p.query_start_loc[b + 1];
             r = vllm_row_of(p, b);
         }
-        if (p.cp_size > 1) vllm_token_write<true>(p, t, b, q0, q1, r, num_tokens, e);
-        else vllm_token_write<false>(p, t, b, q0, q1, r, num_tokens, e);
+        if (p.cp_size > 1) vllm_token_write<true, DSA>(p, t, b, q0, q1, r, num_tokens, e);
+        else vllm_token_write<false, DSA>(p, t, b, q0, q1, r, num_tokens, e);
         emu_merge(all, e);
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
@@ -103,34 +106,127 @@ extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
         p.errors[0] |= all.mask;
         if (all.key < p.errors[1]) p.errors[1] = all.key;
     }
+}
+
+extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
+    emu_step<false>(*pp);
     (void)grid;
 }
 
-// vllm_step<false, true>'s second grid row: its device helpers (vllm_dsa.cuh: locate, prefill
-// length, token) driven as vllm_dsa_block drives them, its block scan re-stated as one serial
+// vllm_step<false, true>'s second grid row: its device helpers (vllm_dsa.cuh: load, votes,
+// owner, prefill length, prefill token) driven as vllm_dsa_block drives them, block by block,
+// its block votes re-stated as loops over the block's threads and its block scan as one serial
 // prefix over the batch (the same saturating sums and ordinals).
-extern "C" void emu_vllm_dsa(const VllmStepParams* pp) {
-    const VllmStepParams& p = *pp;
-    const int n = p.num_reqs;
+static void emu_dsa_row(const VllmStepParams& p, unsigned int gx) {
+    const int n = p.num_reqs, M = p.max_num_reqs;
+    // 1. the vote (every block's is the same: the first tile's requests and the rest's)
+    bool any = false;
+    for (int tid = 0; tid < VLLM_THREADS; ++tid) {
+        int q[VLLM_DSA_R + 1], r[VLLM_DSA_R];
+        vllm_dsa_load(p, tid * VLLM_DSA_R, q, r);
+        any = vllm_dsa_vote_rest(p, tid) || vllm_dsa_long(p, tid * VLLM_DSA_R, q) || any;
+    }
+    // the scan: each prefill's ks and num_computed_tokens (ks -1: not a prefill), cu_seq_lens
     int* ks_of = new int[n > 0 ? n : 1];
+    int* nct_of = new int[n > 0 ? n : 1];
+    int* cu = new int[M + 1];
     int total = 0, cnt = 0;
-    for (int b = 0; b < n; ++b) {
-        const int len = vllm_dsa_prefill_len(p, b);
-        ks_of[b] = len >= 0 ? total : -1;
-        if (len >= 0) {
-            p.dsa_cu_seq_lens[cnt++] = total;
-            total = kv_sat_add_nn(total, len);
+    for (int b0 = 0; b0 < n; b0 += VLLM_DSA_R) {
+        int q[VLLM_DSA_R + 1], r[VLLM_DSA_R];
+        vllm_dsa_load(p, b0, q, r);
+        for (int u = 0; u < VLLM_DSA_R && b0 + u < n; ++u) {
+            const int b = b0 + u;
+            const int nct = r[u] >= 0 ? p.num_computed_tokens[r[u]] : 0;
+            const int len = vllm_dsa_prefill(p, q[u], q[u + 1], r[u], nct);
+            ks_of[b] = len >= 0 ? total : -1;
+            nct_of[b] = nct;
+            if (len >= 0) {
+                if (cnt <= M) cu[cnt] = total;
+                ++cnt;
+                total = kv_sat_add_nn(total, len);
+            }
         }
     }
-    for (int i = cnt; i <= p.max_num_reqs; ++i) p.dsa_cu_seq_lens[i] = total;
-    for (int t = 0; t < p.max_tokens; ++t) {
-        int b = 0;
-        bool valid = false;
-        long long pos = 0, slot = -1;
-        vllm_dsa_locate(p, t, b, valid, pos, slot);
-        vllm_dsa_token(p, t, valid, pos, b, valid ? ks_of[b] : -1, slot);
+    for (int i = cnt; i <= M; ++i) cu[i] = total;
+    for (int k = 0; k < (int)gx && k < p.token_blocks; ++k) {
+        blockIdx.x = k;
+        if (!any) {  // 2. a decode step
+            if (k == 0)
+                for (int i = 0; i <= M; ++i) p.dsa_cu_seq_lens[i] = 0;
+            continue;
+        }
+        int bs[VLLM_THREADS], q0s[VLLM_THREADS];
+        bool cands[VLLM_THREADS], some = false;
+        for (int tid = 0; tid < VLLM_THREADS; ++tid) {
+            threadIdx.x = tid;
+            cands[tid] = vllm_dsa_owner(p, p.query_start_loc, k * VLLM_THREADS + tid, bs[tid], q0s[tid]);
+            some = some || cands[tid];
+        }
+        if (!some && k != 0) continue;
+        if (k == 0)
+            for (int i = 0; i <= M; ++i) p.dsa_cu_seq_lens[i] = cu[i];
+        for (int tid = 0; tid < VLLM_THREADS; ++tid)  // 3. the candidates whose owner is a prefill
+            if (cands[tid] && ks_of[bs[tid]] >= 0)
+                vllm_dsa_prefill_token(p, k * VLLM_THREADS + tid, q0s[tid], ks_of[bs[tid]], nct_of[bs[tid]]);
     }
     delete[] ks_of;
+    delete[] nct_of;
+    delete[] cu;
+}
+
+// vllm_step<false, true> whole (both rows), checking that every element of every DSA output is
+// written by exactly one of them: the outputs are set to a value no writer stores (-7) first; the
+// token row must write every offset, ctx and req_id and, per token, ks and ke both or neither; the
+// DSA row must write cu_seq_lens whole, the ks and ke the token row left, no others, and none of
+// the token row's other outputs. Returns 0, or the number of the broken rule.
+extern "C" int emu_vllm_step_dsa(const VllmStepParams* pp, unsigned int gx) {
+    const VllmStepParams& p = *pp;
+    const int T = p.max_tokens, M = p.max_num_reqs, U = -7;
+    for (int t = 0; t < T; ++t) {
+        p.dsa_value_offsets[t] = p.dsa_scale_offsets[t] = U;
+        p.dsa_ctx[t] = p.dsa_ks[t] = p.dsa_ke[t] = p.dsa_req_id[t] = U;
+    }
+    for (int i = 0; i <= M; ++i) p.dsa_cu_seq_lens[i] = U;
+    emu_step<true>(p);
+    int rc = 0;
+    unsigned char* tok = new unsigned char[T > 0 ? T : 1];
+    int* saved = new int[4 * (T > 0 ? T : 1)];
+    for (int t = 0; t < T && !rc; ++t) {
+        if (p.dsa_value_offsets[t] == U || p.dsa_scale_offsets[t] == U || p.dsa_ctx[t] == U || p.dsa_req_id[t] == U)
+            rc = 1;
+        tok[t] = p.dsa_ks[t] != U;
+        if ((p.dsa_ke[t] != U) != (tok[t] != 0)) rc = 2;
+        saved[4 * t] = p.dsa_ks[t];
+        saved[4 * t + 1] = p.dsa_ke[t];
+        saved[4 * t + 2] = p.dsa_ctx[t];
+        saved[4 * t + 3] = p.dsa_req_id[t];
+        p.dsa_ks[t] = p.dsa_ke[t] = U;
+    }
+    for (int i = 0; i <= M && !rc; ++i)
+        if (p.dsa_cu_seq_lens[i] != U) rc = 3;
+    long long* off = new long long[2 * (T > 0 ? T : 1)];
+    for (int t = 0; t < T; ++t) {
+        off[2 * t] = p.dsa_value_offsets[t];
+        off[2 * t + 1] = p.dsa_scale_offsets[t];
+    }
+    if (!rc) emu_dsa_row(p, gx);
+    for (int t = 0; t < T && !rc; ++t) {
+        const bool dsa = p.dsa_ks[t] != U;
+        if (dsa == (tok[t] != 0) || (p.dsa_ke[t] != U) != dsa) rc = 4;
+        if (off[2 * t] != p.dsa_value_offsets[t] || off[2 * t + 1] != p.dsa_scale_offsets[t] ||
+            saved[4 * t + 2] != p.dsa_ctx[t] || saved[4 * t + 3] != p.dsa_req_id[t])
+            rc = 5;
+        if (tok[t]) {
+            p.dsa_ks[t] = saved[4 * t];
+            p.dsa_ke[t] = saved[4 * t + 1];
+        }
+    }
+    for (int i = 0; i <= M && !rc; ++i)
+        if (p.dsa_cu_seq_lens[i] == U) rc = 6;
+    delete[] tok;
+    delete[] saved;
+    delete[] off;
+    return rc;
 }
 
 typedef void (*emu_kernel)(const VllmStepParams);
@@ -195,9 +291,20 @@ def library():
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
     lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
-    lib.emu_vllm_dsa.argtypes = [ctypes.c_void_p]
+    lib.emu_vllm_step_dsa.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_vllm_step_dsa.restype = ctypes.c_int
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
+
+
+_DSA_RULES = {
+    1: "the token row left an offset, ctx or req_id unwritten",
+    2: "the token row wrote one of a token's ks and ke",
+    3: "the token row wrote cu_seq_lens",
+    4: "a token's ks and ke are written by both rows, by neither, or split between them",
+    5: "the DSA row wrote an offset, ctx or req_id",
+    6: "the DSA row left cu_seq_lens unwritten",
+}
 
 
 def run(name: str, params_address: int, gx: int, gy: int) -> None:
@@ -207,9 +314,9 @@ def run(name: str, params_address: int, gx: int, gy: int) -> None:
     if name == dispatch.vllm_kernel(False):
         lib.emu_vllm_step(params_address, gx)
     elif name == dispatch.vllm_kernel(False, dsa=True):
-        lib.emu_vllm_step(params_address, gx)
-        if gy == 2:  # the DSA row
-            lib.emu_vllm_dsa(params_address)
+        assert gy == 2, "the DSA step launches two grid rows"
+        rc = lib.emu_vllm_step_dsa(params_address, gx)
+        assert rc == 0, f"the DSA outputs are not each written by exactly one thread: {_DSA_RULES[rc]}"
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]
         lib.emu_vllm3(which, params_address, gx, gy)

@@ -193,6 +193,33 @@ def test_emulated_many_requests(monkeypatch):
     assert (want.outputs.dsa.ks > 0).any() and (want.outputs.dsa.req_id_per_token == -1).any()
 
 
+@emulated
+@pytest.mark.parametrize("M, n", [(1, 1), (60, 1), (60, 3), (300, 2), (2047, 1), (2048, 2), (2049, 1), (2600, 2)])
+def test_emulated_edge_batches(monkeypatch, M, n):
+    """The batches that select each path of the DSA blocks (tests.support.vllm_dsa_cases.EDGES: only
+    decodes, plain or MTP; only prefills; one prefill last or first; dummies only; padding past a
+    few tokens; no request) around the staged query_start_loc's and the tile's sizes (2047 to 2049
+    requests, several tiles), one step after another: the emulator also checks that each element of
+    each DSA output is written by exactly one thread of the launch (token row or DSA row)."""
+    from kvaddr.engines.vllm import VllmStepPlanner
+    from tests.support.vllm_dsa_cases import EDGES, edge_batch
+
+    install(monkeypatch, on_launch=vllm_emulator.run)
+    rng = np.random.default_rng(M + n)
+    cfg, state = random_case(
+        rng, max_num_reqs=M, num_reqs=M, block_sizes=(16, 64), max_query=40, spare_tokens=M * 20 + 300
+    )
+    p = VllmStepPlanner(**planner_kwargs(cfg), dsa=True, dsa_decode_len=n)
+    seen = set()
+    for kind in EDGES + EDGES[::-1]:
+        x = edge_batch(rng, cfg, state, kind, M, n=n)
+        want = check(p, cfg, x, M, label=f"M {M} n {n} {kind}", dsa_decode_len=n).outputs.dsa
+        seen.add((kind, bool((want.ke > 0).any()), bool((want.req_id_per_token >= 0).any())))
+    # the prefill batches have prefill tokens, the decode and dummy batches none
+    assert ("prefills", True, True) in seen and any(k == "decodes" and not pre for k, pre, _ in seen)
+    assert ("dummy_prefills", False, False) in seen and ("empty", False, False) in seen
+
+
 def test_planner_arguments(monkeypatch):
     from kvaddr.engines.vllm import VllmStepPlanner
 
@@ -243,8 +270,9 @@ def test_emulated_decodes_and_prefills(monkeypatch, n, groups):
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([1, 50, 2047, 2048, 2049, 5000]), st.booleans())
 def test_block_model_equals_the_reference(seed, M, bad):
-    """The DSA block's tiles and scan (tests/support/vllm_dsa_model.py) give the reference's
-    cu_seq_lens and ks, across tile boundaries, with dummies, bad inputs and saturating sums."""
+    """The DSA blocks' votes, tiles and scan (tests/support/vllm_dsa_model.py) give the reference's
+    cu_seq_lens and the prefill tokens' ks, across tile boundaries, with dummies, bad inputs and
+    saturating sums."""
     from tests.support.vllm_dsa_cases import dsa_batch
     from tests.support.vllm_dsa_model import model_cu_and_ks
 
@@ -261,3 +289,5 @@ def test_block_model_equals_the_reference(seed, M, bad):
     )
     assert cu.tolist() == want.cu_seq_lens.tolist()
     assert np.where(ks >= 0, ks, 0).tolist() == want.ks.tolist()
+    # the DSA blocks write exactly the prefill tokens' ks (ke = ks + ctx > 0), the token blocks the others'
+    assert (ks >= 0).tolist() == (want.ke > 0).tolist()
