@@ -1,6 +1,6 @@
 """The top-k conversion's plain form against stripped conversions laid out in other ways (an instrument).
 
-Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/ablate_dsa_topk_layout.py
+Run on a GPU from the repository root:  PYTHONPATH=. python benchmarks/dsa_topk_layouts.py
 
 At K = 2048, B = 64 (benchmarks/bench_dsa_topk.py's input), T = 1, 64, 1024, graph mode, us per call:
 the library's plain form (``KvaddrTopkSlots``), the baseline, the floor and row floor of
