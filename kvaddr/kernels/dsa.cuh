@@ -12,11 +12,12 @@
 // (L1 / L2 resident); the plain form has no barrier before its stores: a row's loads, lookups and
 // stores are one dependent chain per thread.
 //
-// Short path (no DCP): an entry costs an unsigned compare with the context, a shift (a division
-// when B is not a power of two), a compare with the width, the lookup, an unsigned compare of the
-// block id with the largest id all of whose slots fit int32, and a 32-bit multiply-add. A thread
-// that met a bad entry or a larger id converts its entries once more, exactly, one after another,
-// re-reading them (dsa_classify / dsa_finish: bad input, or ids near 2^31 / B, only).
+// Short path (no DCP): every entry's lookup first, its block (a shift; a division when B is not a
+// power of two) clamped into the table row so that no lookup needs a predicate; then one unsigned
+// compare with min(context, width * B), one of the block id with the largest id all of whose slots
+// fit int32, and a 32-bit multiply-add. A thread that met a bad entry or a larger id converts its
+// entries once more, exactly, one after another, re-reading them (dsa_classify / dsa_finish: bad
+// input, or ids near 2^31 / B, only).
 //
 // Per entry (context first, then the owner rank, the width, the block id):
 //   v < 0 or a padding token (req_id < 0)             -> -1, no error
@@ -44,7 +45,6 @@
 #define KV_DSA_ERR_PAST_CONTEXT 4  // a position at or past the token's context length
 #define KV_DSA_ERR_SLOT_RANGE 8    // block id * B + offset does not fit int32
 #define KV_DSA_UNROLL 2            // places per thread per chunk (half a chunk apart)
-#define KV_DSA_SKIP 0xffffffffu    // an entry's offset when it is not looked up
 // The plain form looks the table up in 48 registers: five 256-thread blocks per SM. Blocks per SM
 // the plain form is compiled for: sm_80's code spills at 48 registers, so there 64 registers and
 // four blocks.
@@ -239,10 +239,7 @@ __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>&
 // Phase 1 of chunk c (before its barrier): convert the thread's entries (chunk 0's were loaded by
 // dsa_begin; a later chunk's are loaded here); plain: store them. Compacting: count them, scan the
 // counts over the warp (GPU) and publish the warp's sum.
-// Without DCP the conversion is the short path below: one unsigned compare for the context, a
-// shift (or a division) for the block, a compare with the width, the lookup, a 64-bit
-// multiply-add and compare for the slot; a thread that met a bad entry then re-classifies its
-// entries with dsa_classify / dsa_finish for the error record (rare: bad input).
+// Without DCP the conversion is the short path (see the top of this file).
 template <bool COMPACT, int VEC>
 __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShared& sm, DsaLane<VEC>& ln, int c) {
     const int R = 1 << p.row_shift;
@@ -259,34 +256,39 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
         // unsigned) takes the exact path below, so a slot here is one 32-bit multiply-add.
         const unsigned int max_id = pow2 ? (unsigned int)KV_INT_MAX >> p.block_shift
                                          : ((unsigned int)KV_INT_MAX - B + 1u) / B;
-        // Before the lookups: each entry's offset in its block (KV_DSA_SKIP: not looked up) and
-        // the table index it reads (0 when not looked up: the row has a table, or no lookups run).
-        unsigned int off[N], at[N];
+        // The lookups first, with as little before them as possible (they are on the row's one
+        // dependent chain): each entry's block clamped into the table row, so that every lookup is
+        // in bounds and none needs a predicate (an entry not converted reads the row's last id and
+        // drops it); the checks after them. The row's kind is uniform over its warps.
+        const unsigned int width = (unsigned int)ln.width;
+        unsigned int blk[N];
+        int id[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const unsigned int q = (unsigned int)ln.vals[i];
+            blk[i] = pow2 ? q >> p.block_shift : q / B;
+        }
+        if (width > 0u) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) id[i] = dsa_ro(ln.table + min(blk[i], width - 1u));
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) id[i] = -1;
+        }
+        // An entry converts when it lies before both the context and the row's width * B (one
+        // compare: q < B * width <=> q / B < width) and its id is at most max_id; one that does
+        // not, of a token that is not padding and not negative, sends the thread to the exact path.
+        const unsigned long long span = (unsigned long long)width * B;
+        const unsigned int lim_ok = min(lim, span > 0xffffffffull ? 0xffffffffu : (unsigned int)span);
+        const unsigned int lim_bad = ln.padding ? 0u : 0x80000000u;  // q < lim_bad: v >= 0, not padding
         bool bad = false;
 #pragma unroll
         for (int i = 0; i < N; ++i) {
-            const int v = ln.vals[i];
-            const unsigned int q = (unsigned int)v;
-            const unsigned int blk = pow2 ? q >> p.block_shift : q / B;
-            const bool look = q < lim && blk < (unsigned int)ln.width;
-            off[i] = look ? q - blk * B : KV_DSA_SKIP;
-            at[i] = look ? blk : 0u;
-            bad |= v >= 0 && !ln.padding && !look;
-        }
-        // Every lookup issued before any is used (the row's kind is uniform over its warps).
-        int id[N];
-        if (ln.width > 0) {
-#pragma unroll
-            for (int i = 0; i < N; ++i) id[i] = dsa_ro(ln.table + at[i]);
-        } else {
-#pragma unroll
-            for (int i = 0; i < N; ++i) id[i] = 0;
-        }
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            const bool looked = off[i] != KV_DSA_SKIP, ok = looked && (unsigned int)id[i] <= max_id;
-            bad |= looked && !ok;
-            ln.res[i] = ok ? (int)((unsigned int)id[i] * B + off[i]) : -1;
+            const unsigned int q = (unsigned int)ln.vals[i];
+            const bool ok = q < lim_ok && (unsigned int)id[i] <= max_id;
+            bad |= q < lim_bad && !ok;
+            const unsigned int off = pow2 ? q & (B - 1u) : q - blk[i] * B;
+            ln.res[i] = ok ? (int)((unsigned int)id[i] * B + off) : -1;
         }
         if (bad) {  // bad input or an id near the int32 limit: every entry again, exactly, one after
                     // another (short code), each re-read from global memory (no register kept for it)
