@@ -387,7 +387,10 @@ def _prepare(
         row_shift=shift,
         block_shift=b.bit_length() - 1 if b & (b - 1) == 0 else -1,
     )
-    name = f"dsa_topk_slots<{'true' if compact else 'false'}, {vec}>"
+    if not compact and vec == 4 and cp == 1 and b & (b - 1) == 0 and layers * t <= _INT32_MAX:
+        name = "dsa_topk_slots_pow2<4>"  # the plain form's common case: no division, fewer registers
+    else:
+        name = f"dsa_topk_slots<{'true' if compact else 'false'}, {vec}>"
     fn = kernel_loader.load_kernels((name,), dev)[name]
     return TopkSlotLaunch(outputs, dev, kernel_loader.Launcher(fn, p, by_value=True), -(-(layers * t) // per_block))
 

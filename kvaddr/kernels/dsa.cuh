@@ -172,24 +172,29 @@ __device__ __forceinline__ int dsa_ro(const int* ptr) {
 template <int VEC>
 __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
 
+// The thread's row (layer * T + token), layer and token; false past the launch's rows.
+__device__ __forceinline__ bool dsa_row(const KvDsaTopkParams& p, i64& row, int& layer, int& token) {
+    row = (i64)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
+    const i64 rows = (i64)p.num_layers * p.num_tokens;
+    const bool active = row < rows;
+    if (p.num_layers == 1) {
+        layer = 0;
+        token = active ? (int)row : 0;
+    } else if (rows <= KV_INT_MAX) {  // 32-bit division
+        const unsigned int r = active ? (unsigned int)row : 0u, t = (unsigned int)p.num_tokens;
+        layer = (int)(r / t);
+        token = (int)(r - (unsigned int)layer * t);
+    } else {
+        layer = active ? (int)(row / p.num_tokens) : 0;
+        token = active ? (int)(row - (i64)layer * p.num_tokens) : 0;
+    }
+    return active;
+}
+
 template <int VEC>
 __device__ __forceinline__ void dsa_begin(const KvDsaTopkParams& p, DsaLane<VEC>& ln) {
-    const int shift = p.row_shift;
-    ln.gt = (int)threadIdx.x & ((1 << shift) - 1);
-    ln.row = (i64)blockIdx.x * (KV_THREADS >> shift) + ((int)threadIdx.x >> shift);
-    const i64 rows = (i64)p.num_layers * p.num_tokens;
-    ln.active = ln.row < rows;
-    if (p.num_layers == 1) {
-        ln.layer = 0;
-        ln.token = ln.active ? (int)ln.row : 0;
-    } else if (rows <= KV_INT_MAX) {  // 32-bit division
-        const unsigned int r = ln.active ? (unsigned int)ln.row : 0u, t = (unsigned int)p.num_tokens;
-        ln.layer = (int)(r / t);
-        ln.token = (int)(r - (unsigned int)ln.layer * t);
-    } else {
-        ln.layer = ln.active ? (int)(ln.row / p.num_tokens) : 0;
-        ln.token = ln.active ? (int)(ln.row - (i64)ln.layer * p.num_tokens) : 0;
-    }
+    ln.gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
+    ln.active = dsa_row(p, ln.row, ln.layer, ln.token);
     // req_id and ctx loaded together (neither waits for the other)
     const int req = ln.active ? p.req_id[ln.token] : -1;
     const int ctx = ln.active ? p.ctx[ln.token] : 0;
@@ -501,4 +506,160 @@ __global__ void __launch_bounds__(KV_THREADS, COMPACT ? 4 : KV_DSA_PLAIN_BLOCKS)
     }
     // A warp never spans two rows, so its threads share one layer's record.
     kv_merge_record(p.errors, ln.layer, ln.err);
+}
+
+// One entry exactly: dsa_classify, its lookup, dsa_finish (its error recorded in err).
+__device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* table, int ctx, int v, int token,
+                                         int column, KvErr& err) {
+    unsigned int blk, off;
+    const int code = dsa_classify(p, table != nullptr, ctx, v, blk, off);
+    return dsa_finish(p, code, code == DSA_LOOKUP ? dsa_ro(table + blk) : 0, off, token, column, err);
+}
+
+// ==== The plain form for a power-of-two B without DCP (DeepSeek-V3.2's B = 64), rows read as int4
+//
+// One straight path per thread and no division: a row's first chunk is loaded before anything
+// waits for req_id (the table row's pointer is computed after those loads are issued), every
+// lookup issued next (its block clamped into the table row: no predicate), the checks and the
+// stores after them; an entry the short path does not convert sends the thread through its
+// entries again exactly (dsa_exact), re-read from and stored to global memory, so that path
+// keeps none of the short path's registers. In 40 registers: six blocks per SM, where the
+// general form's 48 allow five. Phase 1 runs to the block's one barrier; phase 2 writes the count.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define KV_DSA_POW2_BLOCKS 5
+#else
+#define KV_DSA_POW2_BLOCKS 6
+#endif
+
+// The warps' valid counts (the emulator: every thread's).
+struct DsaPlainShared {
+    int wsum[KV_WARPS];
+#ifndef __CUDA_ARCH__
+    int cnt[KV_THREADS];
+#endif
+};
+
+// dsa_row for a launch of at most INT32_MAX rows (the host's condition for this form): 32-bit.
+__device__ __forceinline__ bool dsa_row32(const KvDsaTopkParams& p, int& row, int& layer, int& token) {
+    row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
+    const bool active = (unsigned int)row < (unsigned int)p.num_layers * (unsigned int)p.num_tokens;
+    const unsigned int r = active ? (unsigned int)row : 0u, t = (unsigned int)p.num_tokens;
+    layer = p.num_layers == 1 ? 0 : (int)(r / t);
+    token = (int)(r - (unsigned int)layer * t);
+    return active;
+}
+
+// A thread's two int4 of chunk c of its row (-1 past the row or for an inactive thread).
+__device__ __forceinline__ void dsa_pow2_load(const KvDsaTopkParams& p, bool active, i64 row_off, int col, int half,
+                                              int (&vals)[8]) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        int4 x = make_int4(-1, -1, -1, -1);
+        if (active && col + u * half < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col + u * half);
+        vals[u * 4 + 0] = x.x;
+        vals[u * 4 + 1] = x.y;
+        vals[u * 4 + 2] = x.z;
+        vals[u * 4 + 3] = x.w;
+    }
+}
+
+// Phase 1: every chunk of the thread's row converted and stored, its error record returned (its
+// layer in layer), its valid count summed over the warp and published.
+__device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPlainShared& sm, int& layer) {
+    static_assert(KV_DSA_UNROLL == 2, "two int4 a thread a chunk");
+    const int half = 4 << p.row_shift;
+    const int gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
+    int row, token;
+    const bool active = dsa_row32(p, row, layer, token);
+    const i64 row_off = (i64)row * p.k;
+    int vals[8];
+    dsa_pow2_load(p, active, row_off, gt * 4, half, vals);
+    const int req = active ? p.req_id[token] : -1;
+    const int ctx = active ? p.ctx[token] : 0;
+    const bool padding = req < 0;
+    const int* table = (!padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    const unsigned int width = table != nullptr ? (unsigned int)p.width : 0u;
+    const int shift = p.block_shift;
+    const unsigned int mask = (1u << shift) - 1u, max_id = (unsigned int)KV_INT_MAX >> shift;
+    const unsigned int lim = padding ? 0u : (unsigned int)max(ctx, 0);
+    const unsigned long long span = (unsigned long long)width << shift;
+    const unsigned int lim_ok = min(lim, span > 0xffffffffull ? 0xffffffffu : (unsigned int)span);
+    const unsigned int lim_bad = padding ? 0u : 0x80000000u;  // q < lim_bad: v >= 0 and not padding
+    KvErr err;
+    err.mask = 0u;
+    err.key = KV_NO_ERROR;
+    int count = 0;
+    const int chunks = dsa_chunks(p, 4);
+    for (int c = 0;;) {
+        const int col = c * half * 2 + gt * 4;
+        int id[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            id[i] = width > 0u ? dsa_ro(table + min((unsigned int)vals[i] >> shift, width - 1u)) : -1;
+        bool bad = p.cp_size > 1;  // (never launched with DCP; the exact path would be right)
+        int res[8], n = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const unsigned int q = (unsigned int)vals[i];
+            const bool ok = q < lim_ok && (unsigned int)id[i] <= max_id;
+            bad |= q < lim_bad && !ok;
+            res[i] = ok ? (int)(((unsigned int)id[i] << shift) | (q & mask)) : -1;
+            n += ok;
+        }
+        if (active) {
+#pragma unroll
+            for (int u = 0; u < 2; ++u)
+                if (col + u * half < p.k)
+                    *reinterpret_cast<int4*>(p.slots + row_off + col + u * half) =
+                        make_int4(res[u * 4], res[u * 4 + 1], res[u * 4 + 2], res[u * 4 + 3]);
+        }
+        if (bad && active) {  // bad input or an id near 2^31 / B: the thread's entries exactly
+            n = 0;
+#pragma unroll 1
+            for (int i = 0; i < 8; ++i) {
+                const int at = col + (i / 4) * half + i % 4;
+                if (at >= p.k) continue;
+                const int v = padding ? -1 : p.topk[row_off + at];
+                const int r = dsa_exact(p, table, ctx, v, token, at, err);
+                n += r >= 0;
+                p.slots[row_off + at] = r;
+            }
+        }
+        count += n;
+        if (++c >= chunks) break;
+        dsa_pow2_load(p, active, row_off, c * half * 2 + gt * 4, half, vals);
+    }
+#ifdef __CUDA_ARCH__
+    const int s = (int)__reduce_add_sync(0xffffffffu, (unsigned int)count);
+    if ((threadIdx.x & 31) == 0) sm.wsum[threadIdx.x >> 5] = s;
+#else
+    sm.cnt[threadIdx.x] = count;
+#endif
+    return err;
+}
+
+// Phase 2 (after the barrier): the row's first thread writes the row's count.
+__device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const DsaPlainShared& sm) {
+    const int R = 1 << p.row_shift;
+    int row, layer, token;
+    if (((int)threadIdx.x & (R - 1)) != 0 || !dsa_row32(p, row, layer, token)) return;
+    int total = 0;
+#ifdef __CUDA_ARCH__
+    for (int w = (int)threadIdx.x >> 5; w < ((int)threadIdx.x >> 5) + (R >> 5); ++w) total += sm.wsum[w];
+#else
+    for (int i = (int)threadIdx.x; i < (int)threadIdx.x + R; ++i) total += sm.cnt[i];
+#endif
+    p.counts[row] = total;
+}
+
+// Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte aligned.
+template <int VEC>
+__global__ void __launch_bounds__(KV_THREADS, KV_DSA_POW2_BLOCKS) dsa_topk_slots_pow2(const KvDsaTopkParams p) {
+    static_assert(VEC == 4, "rows read as int4");
+    __shared__ DsaPlainShared sm;
+    int layer;
+    const KvErr err = dsa_pow2_convert(p, sm, layer);
+    kv_merge_record(p.errors, layer, err);  // a warp never spans two rows: one layer's record
+    __syncthreads();
+    dsa_pow2_count(p, sm);
 }

@@ -58,6 +58,25 @@ static void emu_block(const KvDsaTopkParams& p) {
     }
 }
 
+// The power-of-two plain form: every thread's phase 1 (its record merged), then phase 2.
+extern "C" void emu_dsa_pow2(const KvDsaTopkParams* pp, unsigned int grid) {
+    static DsaPlainShared sm;
+    gridDim.x = grid; gridDim.y = 1; gridDim.z = 1;
+    for (unsigned int x = 0; x < grid; ++x) {
+        blockIdx.x = x; blockIdx.y = 0; blockIdx.z = 0;
+        for (int t = 0; t < KV_THREADS; ++t) {
+            threadIdx.x = t;
+            int layer = 0;
+            const KvErr e = dsa_pow2_convert(*pp, sm, layer);
+            if (!e.mask) continue;
+            u64* rec = pp->errors + 2 * (i64)layer;
+            rec[0] |= e.mask;
+            if (e.key < rec[1]) rec[1] = e.key;
+        }
+        for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2_count(*pp, sm); }
+    }
+}
+
 extern "C" void emu_dsa(const KvDsaTopkParams* pp, int compact, int vec, unsigned int grid) {
     gridDim.x = grid; gridDim.y = 1; gridDim.z = 1;
     for (unsigned int x = 0; x < grid; ++x) {
@@ -127,6 +146,7 @@ def library():
         raise RuntimeError("the DSA kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
     lib.emu_dsa.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint]
+    lib.emu_dsa_pow2.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.emu_dsa_baseline.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
 
@@ -137,6 +157,9 @@ def run(name: str, params_address: int, gx: int, gy: int) -> None:
     lib = library()
     if name == "kvaddr_dsa_topk_baseline":
         lib.emu_dsa_baseline(params_address, gx, gy)
+        return
+    if name == "dsa_topk_slots_pow2<4>":
+        lib.emu_dsa_pow2(params_address, gx)
         return
     compact = name.startswith("dsa_topk_slots<true")
     vec = 4 if name.endswith("4>") else 1

@@ -88,7 +88,7 @@ def test_worked_example(gpu, compact):
     slots, counts, masks, _ = assert_matches(EX_TOPK, EX_REQ, EX_TABLE, 4, EX_CTX, compact=compact)
     assert slots.tolist() == [[10, 21, 23, 9], [36, 37, 38, -1], [36, 37, 38, 39], [12, 36, 38, 39]]
     assert counts.tolist() == [4, 3, 4, 4] and masks.tolist() == [0]
-    assert gpu[-1][0] == f"dsa_topk_slots<{str(compact).lower()}, 4>"
+    assert gpu[-1][0] == ("dsa_topk_slots<true, 4>" if compact else "dsa_topk_slots_pow2<4>")
 
 
 def test_worked_example_short_context_is_flagged(gpu):
@@ -191,6 +191,20 @@ def test_staged_and_unstaged_table_rows_in_one_block(gpu, b):
     for compact in (False, True):
         slots, _, masks, _ = assert_matches(topk, req, table, b, ctx, compact=compact)
         assert masks[0] & ERR_PAST_CONTEXT and (slots >= 0).sum() > t
+
+
+@pytest.mark.parametrize(
+    "b, cp, want",
+    [(4, 1, "dsa_topk_slots_pow2<4>"), (6, 1, "dsa_topk_slots<false, 4>"), (4, 2, "dsa_topk_slots<false, 4>")],
+)
+def test_plain_kernel_choice(gpu, b, cp, want):
+    """The power-of-two form without DCP, else the general one; both as the reference."""
+    rng = np.random.default_rng(b + cp)
+    topk = rng.integers(-1, 40, size=(5, 8)).astype(np.int32)
+    table = rng.integers(0, 100, size=(3, 10)).astype(np.int32)
+    kw = {"cp_size": cp, "cp_rank": cp - 1, "cp_interleave": 1} if cp > 1 else {}
+    assert_matches(topk, [0, 1, 2, 0, 1], table, b, [40, 9, 40, 40, 3], **kw)
+    assert gpu[-1][0] == want
 
 
 def test_unaligned_rows_take_the_scalar_path(gpu):
