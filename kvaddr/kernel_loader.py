@@ -403,6 +403,16 @@ class Launcher:
     def fast(self) -> bool:
         return self._fast is not None
 
+    @property
+    def driver(self) -> tuple | None:
+        """``(launch_kernel, function, params_ptr)``: CuPy's ``driver.launchKernel``, this kernel's
+        function handle and the address of its kernelParams array, for a bound launch that makes
+        the driver call itself (read once when binding, not per launch); None on a CuPy without
+        that call (then call the launcher)."""
+        if self._fast is None:
+            return None
+        return self._fast, self._fptr, self._params_ptr
+
     def __call__(self, grid: int, block: int, stream: int, grid_y: int = 1) -> None:
         if self._fast is not None:
             self._fast(self._fptr, grid, grid_y, 1, block, 1, 1, 0, stream, self._params_ptr, 0)

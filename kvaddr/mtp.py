@@ -185,10 +185,11 @@ class BoundDraftSteps:
         self._grid = (plan.blocks, plan.threads, plan.k)
         # One driver call per launch (as BoundStep.launch): cuLaunchKernel with the function,
         # grid and kernelParams array fixed here (the driver copies the struct at launch).
-        self._fast = launcher._fast
-        if launcher.fast:
-            self._fast_args = (launcher._fptr, plan.blocks, plan.k, 1, plan.threads, 1, 1, 0)
-            self._params_ptr = launcher._params_ptr
+        driver = launcher.driver
+        self._fast = None if driver is None else driver[0]
+        if driver is not None:
+            self._fast_args = (driver[1], plan.blocks, plan.k, 1, plan.threads, 1, 1, 0)
+            self._params_ptr = driver[2]
 
     def launch(self, stream: Any = None) -> DraftOutputs:
         """Launch every substep (one kernel launch) on ``stream`` (the bound one, else CuPy's current)."""

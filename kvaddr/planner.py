@@ -478,14 +478,15 @@ class StepPlanner:
         if same is None:
             return
         launcher, blocks, threads = self._launch_plan(bsz)
+        launch_kernel, function, params_ptr = launcher.driver or (None, 0, 0)
         self._memo = Memo(
             same=same,
             size=bsz,
             blocks=blocks,
             threads=threads,
-            launch_kernel=launcher._fast,
-            function=getattr(launcher, "_fptr", 0),
-            params_ptr=launcher._params_ptr,
+            launch_kernel=launch_kernel,
+            function=function,
+            params_ptr=params_ptr,
             launcher=launcher,
             extra=tables if "page_table" in self.attention else None,
         )

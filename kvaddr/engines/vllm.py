@@ -856,7 +856,7 @@ class VllmStepPlanner:
         from kvaddr.engines.vllm_bound import BoundVllmBatch
 
         step = self._fns.get("step")
-        if not self._one_launch or type(step) is not kernel_loader.Launcher or step._fast is None:
+        if not self._one_launch or type(step) is not kernel_loader.Launcher or step.driver is None:
             raise TypeError(f"bind needs a one-launch VllmStepPlanner, got {type(self).__name__}")
         if (idx_mapping is None) != (query_start_loc is None):
             missing = "query_start_loc" if query_start_loc is None else "idx_mapping"
@@ -882,8 +882,8 @@ class VllmStepPlanner:
         return (cls or BoundVllmStep)(
             planner=self,
             params=VllmStepParams.from_buffer_copy(self._params),
-            launch_kernel=step._fast,
-            fptr=step._fptr,
+            launch_kernel=step.driver[0],
+            fptr=step.driver[1],
             threads=THREADS,
             max_num_reqs=self.config.max_num_reqs,
             device=self.device,
@@ -1107,7 +1107,7 @@ class VllmStepPlanner:
         if not self._memoize or not repeats(state, last):
             return
         step = self._fns.get("step")
-        if type(step) is not kernel_loader.Launcher or step._fast is None:
+        if type(step) is not kernel_loader.Launcher or step.driver is None:
             return  # (a launcher without the fast launch: every call is checked)
         # The state was checked by this call (_prepare) and its pointers are in the planner's block:
         # the binding takes them as they are the first time (its later re-checks are its own).
@@ -1157,9 +1157,9 @@ class VllmStepPlanner:
             size=n,  # num_reqs (idx_mapping's length, part of its signature): num_reqs_padded's lower bound
             blocks=grid,  # lanes by num_reqs, not num_reqs_padded
             threads=THREADS,
-            launch_kernel=step._fast if fast else None,  # None: another launcher, called as is
-            function=step._fptr if fast else 0,
-            params_ptr=step._params_ptr if fast else 0,
+            launch_kernel=step.driver[0] if fast else None,  # None: another launcher, called as is
+            function=step.driver[1] if fast else 0,
+            params_ptr=step.driver[2] if fast else 0,
             launcher=step,
             extra=[_NO_OBJECT, 0],  # [the last launch's num_reqs_padded object, the value written]: see compute()
         )

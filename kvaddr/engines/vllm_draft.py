@@ -626,7 +626,7 @@ class BoundVllmDraft:
         self._state = state
         self._arrays = tuple(x for x in state if x is not None)  # what the guard compares
         self._written = None  # the batch fields last written into the parameter block
-        self._fast = planner._launcher._fast, planner._launcher._fptr
+        self._fast = planner._launcher.driver[:2]
         self._resolve = StreamResolver()
         self._stream = None if stream is None else self._resolve(stream)
         self._checks: dict = {}

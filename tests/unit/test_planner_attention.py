@@ -122,6 +122,7 @@ def fake_planner(monkeypatch):
     class FakeLauncher:
         def __init__(self, fn, args, by_value=False):
             self.fn, self.args = fn, args
+            self.driver = None
 
         def __call__(self, grid, block, stream):
             P = self.args

@@ -87,7 +87,7 @@ def fake_planner(monkeypatch):
     class FakeLauncher:
         def __init__(self, fn, args, by_value=False):
             self.fn, self.args = fn, args
-            self._fast = None
+            self.driver = None
 
         def __call__(self, grid, block, stream, grid_y=1):
             P = self.args
