@@ -523,13 +523,11 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
 // lookup issued next (its block clamped into the table row: no predicate), the checks and the
 // stores after them; an entry the short path does not convert sends the thread through its
 // entries again exactly (dsa_exact), re-read from and stored to global memory, so that path
-// keeps none of the short path's registers. In 40 registers: six blocks per SM, where the
-// general form's 48 allow five. Phase 1 runs to the block's one barrier; phase 2 writes the count.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+// keeps none of the short path's registers. The checks after the lookups are bit masks, not
+// predicates: with those, 48 registers (five blocks per SM) issue all eight lookups before the
+// first is used, where 40 registers (six blocks) interleave them with the checks and spill.
+// Phase 1 runs to the block's one barrier; phase 2 writes the count.
 #define KV_DSA_POW2_BLOCKS 5
-#else
-#define KV_DSA_POW2_BLOCKS 6
-#endif
 
 // The warps' valid counts (the emulator: every thread's).
 struct DsaPlainShared {
@@ -579,6 +577,10 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
     const bool padding = req < 0;
     const int* table = (!padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
     const unsigned int width = table != nullptr ? (unsigned int)p.width : 0u;
+    // Every lookup unpredicated: a token without a table row looks req_id[0] up (in bounds: T >= 1)
+    // and converts nothing (lim_ok is 0 for it).
+    const int* look = width > 0u ? table : p.req_id;
+    const unsigned int last = width > 0u ? width - 1u : 0u;
     const int shift = p.block_shift;
     const unsigned int mask = (1u << shift) - 1u, max_id = (unsigned int)KV_INT_MAX >> shift;
     const unsigned int lim = padding ? 0u : (unsigned int)max(ctx, 0);
@@ -594,18 +596,24 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
         const int col = c * half * 2 + gt * 4;
         int id[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            id[i] = width > 0u ? dsa_ro(table + min((unsigned int)vals[i] >> shift, width - 1u)) : -1;
-        bool bad = p.cp_size > 1;  // (never launched with DCP; the exact path would be right)
-        int res[8], n = 0;
+        for (int i = 0; i < 8; ++i) id[i] = dsa_ro(look + min((unsigned int)vals[i] >> shift, last));
+        // Bit i of conv: entry i converts (before the context and the width, its id at most max_id);
+        // of must: entry i is to be converted (v >= 0, not padding). Bit masks, not predicates.
+        unsigned int conv = 0u, must = 0u;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const unsigned int q = (unsigned int)vals[i];
-            const bool ok = q < lim_ok && (unsigned int)id[i] <= max_id;
-            bad |= q < lim_bad && !ok;
-            res[i] = ok ? (int)(((unsigned int)id[i] << shift) | (q & mask)) : -1;
-            n += ok;
+            conv |= (unsigned int)(q < lim_ok) << i;
+            must |= (unsigned int)(q < lim_bad) << i;
         }
+        int res[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            conv &= ~((unsigned int)((unsigned int)id[i] > max_id) << i);
+            res[i] = (conv >> i) & 1u ? (int)(((unsigned int)id[i] << shift) | ((unsigned int)vals[i] & mask)) : -1;
+        }
+        const bool bad = (must & ~conv) != 0u || p.cp_size > 1;  // (never launched with DCP)
+        int n = __popc(conv);
         if (active) {
 #pragma unroll
             for (int u = 0; u < 2; ++u)
@@ -638,18 +646,22 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
     return err;
 }
 
-// Phase 2 (after the barrier): the row's first thread writes the row's count.
+// Phase 2 (after the barrier): the row's first warp sums its warps' counts (a lane each) and its
+// first thread writes the row's count.
 __device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const DsaPlainShared& sm) {
     const int R = 1 << p.row_shift;
-    int row, layer, token;
-    if (((int)threadIdx.x & (R - 1)) != 0 || !dsa_row32(p, row, layer, token)) return;
-    int total = 0;
+    const int lane = (int)threadIdx.x & (R - 1);  // thread within the row's threads
+    if (lane >= 32) return;
+    const int row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
+    if ((unsigned int)row >= (unsigned int)p.num_layers * (unsigned int)p.num_tokens) return;
 #ifdef __CUDA_ARCH__
-    for (int w = (int)threadIdx.x >> 5; w < ((int)threadIdx.x >> 5) + (R >> 5); ++w) total += sm.wsum[w];
+    const int s = lane < (R >> 5) ? sm.wsum[((int)threadIdx.x >> 5) + lane] : 0;
+    const int total = (int)__reduce_add_sync(0xffffffffu, (unsigned int)s);
 #else
+    int total = 0;
     for (int i = (int)threadIdx.x; i < (int)threadIdx.x + R; ++i) total += sm.cnt[i];
 #endif
-    p.counts[row] = total;
+    if (lane == 0) p.counts[row] = total;
 }
 
 // Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte aligned.

@@ -27,6 +27,7 @@ EXTRA_PRELUDE = r"""
 #include <cstddef>
 struct int4 { int x, y, z, w; };
 static inline int4 make_int4(int x, int y, int z, int w) { int4 v; v.x = x; v.y = y; v.z = z; v.w = w; return v; }
+static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 """
 
 DRIVER = r"""
