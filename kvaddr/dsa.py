@@ -387,8 +387,10 @@ def _prepare(
         row_shift=shift,
         block_shift=b.bit_length() - 1 if b & (b - 1) == 0 else -1,
     )
-    if not compact and vec == 4 and cp == 1 and b & (b - 1) == 0 and layers * t <= _INT32_MAX:
-        name = "dsa_topk_slots_pow2<4>"  # the plain form's common case: no division, fewer registers
+    pow2 = vec == 4 and cp == 1 and b & (b - 1) == 0 and layers * t <= _INT32_MAX
+    if pow2 and (not compact or k <= (vec << shift) * UNROLL):
+        # the common cases: no division, fewer registers; compacting, a row of one chunk
+        name = f"dsa_topk_slots_pow2<{'true' if compact else 'false'}>"
     else:
         name = f"dsa_topk_slots<{'true' if compact else 'false'}, {vec}>"
     fn = kernel_loader.load_kernels((name,), dev)[name]

@@ -33,7 +33,8 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     "vllm_step<true>",
     *(with_dsa(f"vllm_step<{a}>") for a in ("false", "true")),  # the vLLM step with DSA outputs
     *(f"dsa_topk_slots<{c}, {v}>" for c in ("false", "true") for v in (1, 4)),
-    "dsa_topk_slots_pow2<4>",
+    "dsa_topk_slots_pow2<false>",
+    "dsa_topk_slots_pow2<true>",
     "vllm_draft_step<false>",
     "vllm_draft_step<true>",
 )

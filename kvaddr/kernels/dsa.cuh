@@ -516,26 +516,52 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
     return dsa_finish(p, code, code == DSA_LOOKUP ? dsa_ro(table + blk) : 0, off, token, column, err);
 }
 
-// ==== The plain form for a power-of-two B without DCP (DeepSeek-V3.2's B = 64), rows read as int4
+// ==== The power-of-two forms without DCP (DeepSeek-V3.2's B = 64), rows read as int4
 //
-// One straight path per thread and no division: a row's first chunk is loaded before anything
-// waits for req_id (the table row's pointer is computed after those loads are issued), every
-// lookup issued next (its block clamped into the table row: no predicate), the checks and the
-// stores after them; an entry the short path does not convert sends the thread through its
+// Plain: one straight path per thread and no division: a row's first chunk is loaded before
+// anything waits for req_id (the table row's pointer is computed after those loads are issued),
+// every lookup issued next (its block clamped into the table row: no predicate), the checks and
+// the stores after them; an entry the short path does not convert sends the thread through its
 // entries again exactly (dsa_exact), re-read from and stored to global memory, so that path
 // keeps none of the short path's registers. The checks after the lookups are bit masks, not
 // predicates: with those, 48 registers (five blocks per SM) issue all eight lookups before the
 // first is used, where 40 registers (six blocks) interleave them with the checks and spill.
 // Phase 1 runs to the block's one barrier; phase 2 writes the count.
+//
+// Compacting, a row of one chunk (K <= 8 * R, at most 2048 entries): the same loads, lookups and
+// bit masks (dsa_pow2_short); the exact path converts into the registers (res[] and the conv
+// bits), not into global memory, since the row is compacted before anything is stored. A
+// thread's valid counts at its two places (its first int4, and its second half a chunk later)
+// are packed into one int (low / high 16 bits) and scanned over the warp (five shuffles); the
+// warp's sum goes to shared memory behind the block's first barrier. Then each thread sums its
+// row's earlier warps' sums and the row's total (independent reads, one per warp), writes its
+// valid slots at their places in the row's share of a shared table (the first places' slots
+// before the second places'), and after a second barrier reads its two int4 back at its plain
+// columns, -1 from the row's count on, and stores them where plain stores: every store a full
+// int4, coalesced, and no entry-by-entry pass over the row. Three phases: dsa_pow2c_convert,
+// dsa_pow2c_place, dsa_pow2c_store.
 #define KV_DSA_POW2_BLOCKS 5
+// Blocks per SM of the compacting form: five compile with no spills on sm_80 and sm_90.
+#define KV_DSA_POW2C_BLOCKS 5
 
-// The warps' valid counts (the emulator: every thread's).
-struct DsaPlainShared {
+// Shared memory of a block: the warps' valid counts (the emulator: every thread's); compacting,
+// also the rows' compacted slots.
+template <bool COMPACT>
+struct alignas(16) DsaPow2Shared {
     int wsum[KV_WARPS];
 #ifndef __CUDA_ARCH__
     int cnt[KV_THREADS];
 #endif
 };
+template <>
+struct alignas(16) DsaPow2Shared<true> {
+    int wsum[KV_WARPS];     // each warp's packed valid count (low: first places, high: second)
+    int tab[KV_DSA_TABLE];  // the block's rows' compacted slots (KV_DSA_TABLE / rows per block each)
+#ifndef __CUDA_ARCH__
+    int cnt[KV_THREADS];
+#endif
+};
+static_assert(sizeof(int) * KV_WARPS % 16 == 0, "DsaPow2Shared<true>::tab is 16-byte aligned (int4 reads)");
 
 // dsa_row for a launch of at most INT32_MAX rows (the host's condition for this form): 32-bit.
 __device__ __forceinline__ bool dsa_row32(const KvDsaTopkParams& p, int& row, int& layer, int& token) {
@@ -561,9 +587,64 @@ __device__ __forceinline__ void dsa_pow2_load(const KvDsaTopkParams& p, bool act
     }
 }
 
-// Phase 1: every chunk of the thread's row converted and stored, its error record returned (its
-// layer in layer), its valid count summed over the warp and published.
-__device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPlainShared& sm, int& layer) {
+// The token's side of the short path: its table row (null: none), where its lookups read, and the
+// bounds its entries are checked against.
+struct DsaPow2Token {
+    const int* table;     // the token's table row (null: padding or a row outside the table)
+    const int* look;      // where the lookups read: the table row, else req_id (in bounds: T >= 1)
+    unsigned int last;    // the last block index looked up (width - 1, 0 without a table row)
+    unsigned int lim_ok;  // q < lim_ok: before the context and the row's width * B
+    unsigned int lim_bad; // q < lim_bad: v >= 0 and not padding (an entry to be converted)
+    int ctx;
+    bool padding;
+};
+
+__device__ __forceinline__ DsaPow2Token dsa_pow2_token(const KvDsaTopkParams& p, bool active, int token) {
+    DsaPow2Token tk;
+    const int req = active ? p.req_id[token] : -1;
+    tk.ctx = active ? p.ctx[token] : 0;
+    tk.padding = req < 0;
+    tk.table = (!tk.padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    const unsigned int width = tk.table != nullptr ? (unsigned int)p.width : 0u;
+    // Every lookup unpredicated: a token without a table row looks req_id[0] up (in bounds: T >= 1)
+    // and converts nothing (lim_ok is 0 for it).
+    tk.look = width > 0u ? tk.table : p.req_id;
+    tk.last = width > 0u ? width - 1u : 0u;
+    const unsigned int lim = tk.padding ? 0u : (unsigned int)max(tk.ctx, 0);
+    const unsigned long long span = (unsigned long long)width << p.block_shift;
+    tk.lim_ok = min(lim, span > 0xffffffffull ? 0xffffffffu : (unsigned int)span);
+    tk.lim_bad = tk.padding ? 0u : 0x80000000u;
+    return tk;
+}
+
+// The short path of a thread's eight entries: every lookup first, then the checks as bit masks.
+// Bit i of conv: entry i converts (before the context and the width, its id at most max_id); of
+// must: entry i is to be converted (v >= 0, not padding). Bit masks, not predicates.
+__device__ __forceinline__ void dsa_pow2_short(const KvDsaTopkParams& p, const DsaPow2Token& tk, const int (&vals)[8],
+                                               int (&res)[8], unsigned int& conv, unsigned int& must) {
+    const int shift = p.block_shift;
+    const unsigned int mask = (1u << shift) - 1u, max_id = (unsigned int)KV_INT_MAX >> shift;
+    int id[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) id[i] = dsa_ro(tk.look + min((unsigned int)vals[i] >> shift, tk.last));
+    conv = 0u;
+    must = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const unsigned int q = (unsigned int)vals[i];
+        conv |= (unsigned int)(q < tk.lim_ok) << i;
+        must |= (unsigned int)(q < tk.lim_bad) << i;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        conv &= ~((unsigned int)((unsigned int)id[i] > max_id) << i);
+        res[i] = (conv >> i) & 1u ? (int)(((unsigned int)id[i] << shift) | ((unsigned int)vals[i] & mask)) : -1;
+    }
+}
+
+// Plain, phase 1: every chunk of the thread's row converted and stored, its error record returned
+// (its layer in layer), its valid count summed over the warp and published.
+__device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm, int& layer) {
     static_assert(KV_DSA_UNROLL == 2, "two int4 a thread a chunk");
     const int half = 4 << p.row_shift;
     const int gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
@@ -572,21 +653,7 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
     const i64 row_off = (i64)row * p.k;
     int vals[8];
     dsa_pow2_load(p, active, row_off, gt * 4, half, vals);
-    const int req = active ? p.req_id[token] : -1;
-    const int ctx = active ? p.ctx[token] : 0;
-    const bool padding = req < 0;
-    const int* table = (!padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
-    const unsigned int width = table != nullptr ? (unsigned int)p.width : 0u;
-    // Every lookup unpredicated: a token without a table row looks req_id[0] up (in bounds: T >= 1)
-    // and converts nothing (lim_ok is 0 for it).
-    const int* look = width > 0u ? table : p.req_id;
-    const unsigned int last = width > 0u ? width - 1u : 0u;
-    const int shift = p.block_shift;
-    const unsigned int mask = (1u << shift) - 1u, max_id = (unsigned int)KV_INT_MAX >> shift;
-    const unsigned int lim = padding ? 0u : (unsigned int)max(ctx, 0);
-    const unsigned long long span = (unsigned long long)width << shift;
-    const unsigned int lim_ok = min(lim, span > 0xffffffffull ? 0xffffffffu : (unsigned int)span);
-    const unsigned int lim_bad = padding ? 0u : 0x80000000u;  // q < lim_bad: v >= 0 and not padding
+    const DsaPow2Token tk = dsa_pow2_token(p, active, token);
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
@@ -594,24 +661,9 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
     const int chunks = dsa_chunks(p, 4);
     for (int c = 0;;) {
         const int col = c * half * 2 + gt * 4;
-        int id[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) id[i] = dsa_ro(look + min((unsigned int)vals[i] >> shift, last));
-        // Bit i of conv: entry i converts (before the context and the width, its id at most max_id);
-        // of must: entry i is to be converted (v >= 0, not padding). Bit masks, not predicates.
-        unsigned int conv = 0u, must = 0u;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const unsigned int q = (unsigned int)vals[i];
-            conv |= (unsigned int)(q < lim_ok) << i;
-            must |= (unsigned int)(q < lim_bad) << i;
-        }
         int res[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            conv &= ~((unsigned int)((unsigned int)id[i] > max_id) << i);
-            res[i] = (conv >> i) & 1u ? (int)(((unsigned int)id[i] << shift) | ((unsigned int)vals[i] & mask)) : -1;
-        }
+        unsigned int conv, must;
+        dsa_pow2_short(p, tk, vals, res, conv, must);
         const bool bad = (must & ~conv) != 0u || p.cp_size > 1;  // (never launched with DCP)
         int n = __popc(conv);
         if (active) {
@@ -627,8 +679,8 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
             for (int i = 0; i < 8; ++i) {
                 const int at = col + (i / 4) * half + i % 4;
                 if (at >= p.k) continue;
-                const int v = padding ? -1 : p.topk[row_off + at];
-                const int r = dsa_exact(p, table, ctx, v, token, at, err);
+                const int v = tk.padding ? -1 : p.topk[row_off + at];
+                const int r = dsa_exact(p, tk.table, tk.ctx, v, token, at, err);
                 n += r >= 0;
                 p.slots[row_off + at] = r;
             }
@@ -646,9 +698,9 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
     return err;
 }
 
-// Phase 2 (after the barrier): the row's first warp sums its warps' counts (a lane each) and its
-// first thread writes the row's count.
-__device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const DsaPlainShared& sm) {
+// Plain, phase 2 (after the barrier): the row's first warp sums its warps' counts (a lane each)
+// and its first thread writes the row's count.
+__device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const DsaPow2Shared<false>& sm) {
     const int R = 1 << p.row_shift;
     const int lane = (int)threadIdx.x & (R - 1);  // thread within the row's threads
     if (lane >= 32) return;
@@ -664,14 +716,140 @@ __device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const D
     if (lane == 0) p.counts[row] = total;
 }
 
-// Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte aligned.
-template <int VEC>
-__global__ void __launch_bounds__(KV_THREADS, KV_DSA_POW2_BLOCKS) dsa_topk_slots_pow2(const KvDsaTopkParams p) {
-    static_assert(VEC == 4, "rows read as int4");
-    __shared__ DsaPlainShared sm;
+// Compacting: a thread's state across its three phases (registers on the GPU; the emulator keeps
+// one per thread).
+struct DsaPow2Lane {
+    int row, layer, gt;  // gt: thread within the row's threads
+    bool active;
+    unsigned int conv;   // bit i: res[i] is a slot (>= 0)
+    int res[8];          // the converted entries: first int4 (res[0..3]), second (res[4..7])
+    int packed;          // valid entries at the two places (low, high 16 bits)
+    int before;          // packed valid entries of the warp's earlier threads (GPU)
+    int count;           // the row's valid entries (phase 2 on)
+    KvErr err;
+};
+
+// Compacting, phase 1 (before the first barrier): the thread's entries converted into registers,
+// its valid counts packed and scanned over the warp, the warp's sum published.
+__device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm, DsaPow2Lane& ln) {
+    const int half = 4 << p.row_shift;
+    ln.gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
+    int token;
+    ln.active = dsa_row32(p, ln.row, ln.layer, token);
+    const i64 row_off = (i64)ln.row * p.k;
+    int vals[8];
+    dsa_pow2_load(p, ln.active, row_off, ln.gt * 4, half, vals);
+    const DsaPow2Token tk = dsa_pow2_token(p, ln.active, token);
+    ln.err.mask = 0u;
+    ln.err.key = KV_NO_ERROR;
+    unsigned int must;
+    dsa_pow2_short(p, tk, vals, ln.res, ln.conv, must);
+    if ((must & ~ln.conv) != 0u && ln.active) {  // bad input or an id near 2^31 / B: exactly, into registers
+        ln.conv = 0u;
+#pragma unroll 1
+        for (int i = 0; i < 8; ++i) {
+            const int at = ln.gt * 4 + (i / 4) * half + i % 4;
+            int r = -1;
+            if (at < p.k) r = dsa_exact(p, tk.table, tk.ctx, tk.padding ? -1 : p.topk[row_off + at], token, at, ln.err);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ln.res[j] = i == j ? r : ln.res[j];  // registers, not local memory
+            ln.conv |= (unsigned int)(r >= 0) << i;
+        }
+    }
+    ln.packed = __popc(ln.conv & 0xfu) | (__popc(ln.conv >> 4) << 16);
+#ifdef __CUDA_ARCH__
+    int incl = ln.packed;
+    const int lane = (int)threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+    }
+    ln.before = incl - ln.packed;
+    if (lane == 31) sm.wsum[threadIdx.x >> 5] = incl;
+#else
+    sm.cnt[threadIdx.x] = ln.packed;
+#endif
+}
+
+// Compacting, phase 2 (after the first barrier): the thread's places among its row's valid
+// entries (the row's earlier warps' sums, each read on its own), its valid slots written there
+// into the row's share of sm.tab, and the row's count.
+__device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm, DsaPow2Lane& ln) {
+    const int R = 1 << p.row_shift;
+    int before = 0, total = 0;
+#ifdef __CUDA_ARCH__
+    const int warp = (int)threadIdx.x >> 5, first = ((int)threadIdx.x & ~(R - 1)) >> 5;
+#pragma unroll
+    for (int w = 0; w < KV_WARPS; ++w) {
+        const int s = w < (R >> 5) ? sm.wsum[first + w] : 0;
+        before += first + w < warp ? s : 0;
+        total += s;
+    }
+    before += ln.before;
+#else
+    const int first = (int)threadIdx.x & ~(R - 1);
+    for (int i = first; i < first + R; ++i) {
+        if (i < (int)threadIdx.x) before += sm.cnt[i];
+        total += sm.cnt[i];
+    }
+#endif
+    int at0 = before & 0xffff;                        // the first places' slots: after the row's earlier threads'
+    int at1 = (total & 0xffff) + (before >> 16);      // the second places': after all first places'
+    ln.count = (total & 0xffff) + (total >> 16);
+    int* out = sm.tab + ((int)threadIdx.x >> p.row_shift) * (R * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if ((ln.conv >> i) & 1u) out[i < 4 ? at0++ : at1++] = ln.res[i];
+}
+
+// Compacting, phase 3 (after the second barrier): the thread's two int4 of the compacted row, -1
+// from the row's count on, stored where plain stores; the row's first thread writes the count.
+__device__ __forceinline__ void dsa_pow2c_store(const KvDsaTopkParams& p, const DsaPow2Shared<true>& sm,
+                                                const DsaPow2Lane& ln) {
+    if (!ln.active) return;
+    const int half = 4 << p.row_shift;
+    const i64 row_off = (i64)ln.row * p.k;
+    const int* in = sm.tab + ((int)threadIdx.x >> p.row_shift) * (half * 2);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int col = u * half + ln.gt * 4;
+        if (col < p.k) {
+            int4 x = *reinterpret_cast<const int4*>(in + col);
+            x.x = col < ln.count ? x.x : -1;
+            x.y = col + 1 < ln.count ? x.y : -1;
+            x.z = col + 2 < ln.count ? x.z : -1;
+            x.w = col + 3 < ln.count ? x.w : -1;
+            *reinterpret_cast<int4*>(p.slots + row_off + col) = x;
+        }
+    }
+    if (ln.gt == 0) p.counts[ln.row] = ln.count;
+}
+
+// The forms' bodies, chosen by the shared memory's type.
+__device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm) {
     int layer;
     const KvErr err = dsa_pow2_convert(p, sm, layer);
     kv_merge_record(p.errors, layer, err);  // a warp never spans two rows: one layer's record
     __syncthreads();
     dsa_pow2_count(p, sm);
+}
+
+__device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm) {
+    DsaPow2Lane ln;
+    dsa_pow2c_convert(p, sm, ln);
+    kv_merge_record(p.errors, ln.layer, ln.err);  // a warp never spans two rows: one layer's record
+    __syncthreads();
+    dsa_pow2c_place(p, sm, ln);
+    __syncthreads();
+    dsa_pow2c_store(p, sm, ln);
+}
+
+// Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte
+// aligned, at most INT32_MAX rows. COMPACT: valid slots first, a row of one chunk (K <= 8 * R).
+template <bool COMPACT>
+__global__ void __launch_bounds__(KV_THREADS, COMPACT ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS)
+    dsa_topk_slots_pow2(const KvDsaTopkParams p) {
+    __shared__ DsaPow2Shared<COMPACT> sm;
+    dsa_pow2_run(p, sm);
 }

@@ -59,20 +59,37 @@ static void emu_block(const KvDsaTopkParams& p) {
     }
 }
 
-// The power-of-two plain form: every thread's phase 1 (its record merged), then phase 2.
-extern "C" void emu_dsa_pow2(const KvDsaTopkParams* pp, unsigned int grid) {
-    static DsaPlainShared sm;
+// The power-of-two forms, phase by phase. Plain: every thread's phase 1 (its record merged), then
+// phase 2. Compacting: every thread's phase 1 (its record merged), then phase 2, then phase 3.
+static void emu_merge(const KvDsaTopkParams& p, int layer, const KvErr& e) {
+    if (!e.mask) return;
+    u64* rec = p.errors + 2 * (i64)layer;
+    rec[0] |= e.mask;
+    if (e.key < rec[1]) rec[1] = e.key;
+}
+
+extern "C" void emu_dsa_pow2(const KvDsaTopkParams* pp, int compact, unsigned int grid) {
+    static DsaPow2Shared<false> sm;
+    static DsaPow2Shared<true> smc;
+    static DsaPow2Lane lanes[KV_THREADS];
     gridDim.x = grid; gridDim.y = 1; gridDim.z = 1;
     for (unsigned int x = 0; x < grid; ++x) {
         blockIdx.x = x; blockIdx.y = 0; blockIdx.z = 0;
+        if (compact) {
+            for (int t = 0; t < KV_THREADS; ++t) {
+                threadIdx.x = t;
+                dsa_pow2c_convert(*pp, smc, lanes[t]);
+                emu_merge(*pp, lanes[t].layer, lanes[t].err);
+            }
+            for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2c_place(*pp, smc, lanes[t]); }
+            for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2c_store(*pp, smc, lanes[t]); }
+            continue;
+        }
         for (int t = 0; t < KV_THREADS; ++t) {
             threadIdx.x = t;
             int layer = 0;
             const KvErr e = dsa_pow2_convert(*pp, sm, layer);
-            if (!e.mask) continue;
-            u64* rec = pp->errors + 2 * (i64)layer;
-            rec[0] |= e.mask;
-            if (e.key < rec[1]) rec[1] = e.key;
+            emu_merge(*pp, layer, e);
         }
         for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2_count(*pp, sm); }
     }
@@ -147,20 +164,20 @@ def library():
         raise RuntimeError("the DSA kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
     lib.emu_dsa.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint]
-    lib.emu_dsa_pow2.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_dsa_pow2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
     lib.emu_dsa_baseline.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
 
 
 def run(name: str, params_address: int, gx: int, gy: int) -> None:
-    """Emulate one launch of ``name`` (``dsa_topk_slots<C, V>`` or ``kvaddr_dsa_topk_baseline``)
-    with its ``KvDsaTopkParams`` at ``params_address``."""
+    """Emulate one launch of ``name`` (``dsa_topk_slots<C, V>``, ``dsa_topk_slots_pow2<C>`` or
+    ``kvaddr_dsa_topk_baseline``) with its ``KvDsaTopkParams`` at ``params_address``."""
     lib = library()
     if name == "kvaddr_dsa_topk_baseline":
         lib.emu_dsa_baseline(params_address, gx, gy)
         return
-    if name == "dsa_topk_slots_pow2<4>":
-        lib.emu_dsa_pow2(params_address, gx)
+    if name.startswith("dsa_topk_slots_pow2<"):
+        lib.emu_dsa_pow2(params_address, int(name == "dsa_topk_slots_pow2<true>"), gx)
         return
     compact = name.startswith("dsa_topk_slots<true")
     vec = 4 if name.endswith("4>") else 1

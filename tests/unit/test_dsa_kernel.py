@@ -88,7 +88,7 @@ def test_worked_example(gpu, compact):
     slots, counts, masks, _ = assert_matches(EX_TOPK, EX_REQ, EX_TABLE, 4, EX_CTX, compact=compact)
     assert slots.tolist() == [[10, 21, 23, 9], [36, 37, 38, -1], [36, 37, 38, 39], [12, 36, 38, 39]]
     assert counts.tolist() == [4, 3, 4, 4] and masks.tolist() == [0]
-    assert gpu[-1][0] == ("dsa_topk_slots<true, 4>" if compact else "dsa_topk_slots_pow2<4>")
+    assert gpu[-1][0] == f"dsa_topk_slots_pow2<{'true' if compact else 'false'}>"
 
 
 def test_worked_example_short_context_is_flagged(gpu):
@@ -138,6 +138,49 @@ def test_layers_at_once_match_the_reference(step, compact):
         dsa_fake_gpu.install(mp)
         topk, req, table, b, ctx = step
         assert_matches(topk, req, table, b, ctx, compact=compact)
+
+
+@st.composite
+def pow2_steps(draw):
+    """Steps the power-of-two forms take: B a power of two, K a multiple of 4 (rows of one chunk
+    up to K = 2048), padding tokens (req_id < 0) and rows of width 0."""
+    b = draw(st.sampled_from([1, 2, 4, 16, 64]))
+    rows = draw(st.integers(1, 6))
+    width = draw(st.integers(0, 6))
+    t = draw(st.integers(1, 40))
+    k = 4 * draw(st.one_of(st.integers(0, 20), st.sampled_from([32, 63, 64, 65, 128, 129, 256, 511, 512])))
+    layers = draw(st.integers(1, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    table = rng.integers(-3, 50, size=(rows, width))
+    table[rng.random((rows, width)) < 0.7] = rng.integers(0, 50, size=1)  # mostly valid ids
+    req = rng.integers(-1, rows, size=t)
+    ctx = rng.integers(0, b * (width + 1) + 2, size=t)
+    topk = rng.integers(-1, b * (width + 2) + 3, size=(layers, t, k))
+    cut = rng.integers(0, k + 1, size=(layers, t, 1))
+    topk = np.where(np.arange(k)[None, None, :] >= cut, -1, topk)
+    return topk, req, table, b, ctx
+
+
+@settings(max_examples=40, deadline=None)
+@given(pow2_steps(), st.booleans())
+def test_power_of_two_forms_match_the_reference(step, compact):
+    """Layers, padding tokens (req_id < 0), rows of width 0, past-context entries and negative ids
+    through dsa_topk_slots_pow2 (compacting: every row of one chunk); a row past the table:
+    test_row_outside_the_table_reads_nothing."""
+    with pytest.MonkeyPatch.context() as mp:
+        from tests.support import dsa_fake_gpu
+
+        launched = dsa_fake_gpu.install(mp)
+        topk, req, table, b, ctx = step
+        # the reference knows no padding token: its rows are checked against an all -1 row
+        pad = np.asarray(req) < 0
+        slots, counts, masks, keys = run(topk, req, table, b, ctx, compact=compact)
+        assert launched[-1][0] == f"dsa_topk_slots_pow2<{str(compact).lower()}>"
+        want = reference(np.where(pad[None, :, None], -1, topk), np.where(pad, 0, req), table, b, ctx, compact=compact)
+        np.testing.assert_array_equal(slots, want.slots)
+        np.testing.assert_array_equal(counts, want.valid_counts)
+        np.testing.assert_array_equal(masks, np.atleast_1d(want.error_mask))
+        np.testing.assert_array_equal(keys, np.atleast_1d(np.asarray(want.error_key, dtype=np.uint64)))
 
 
 @settings(max_examples=30, deadline=None)
@@ -194,17 +237,30 @@ def test_staged_and_unstaged_table_rows_in_one_block(gpu, b):
 
 
 @pytest.mark.parametrize(
-    "b, cp, want",
-    [(4, 1, "dsa_topk_slots_pow2<4>"), (6, 1, "dsa_topk_slots<false, 4>"), (4, 2, "dsa_topk_slots<false, 4>")],
+    "b, cp, k, compact, want",
+    [
+        (4, 1, 8, False, "dsa_topk_slots_pow2<false>"),
+        (4, 1, 2052, False, "dsa_topk_slots_pow2<false>"),
+        (6, 1, 8, False, "dsa_topk_slots<false, 4>"),
+        (4, 2, 8, False, "dsa_topk_slots<false, 4>"),
+        (4, 1, 8, True, "dsa_topk_slots_pow2<true>"),
+        (4, 1, 2048, True, "dsa_topk_slots_pow2<true>"),
+        (4, 1, 2052, True, "dsa_topk_slots<true, 4>"),
+        (6, 1, 8, True, "dsa_topk_slots<true, 4>"),
+        (4, 2, 8, True, "dsa_topk_slots<true, 4>"),
+        (4, 1, 9, True, "dsa_topk_slots<true, 1>"),
+    ],
 )
-def test_plain_kernel_choice(gpu, b, cp, want):
-    """The power-of-two form without DCP, else the general one; both as the reference."""
-    rng = np.random.default_rng(b + cp)
-    topk = rng.integers(-1, 40, size=(5, 8)).astype(np.int32)
+def test_kernel_choice(gpu, b, cp, k, compact, want):
+    """The power-of-two forms without DCP (compacting: rows of one chunk, read as int4), else the
+    general one; each as the reference."""
+    rng = np.random.default_rng(b + cp + k)
+    topk = rng.integers(-1, 40, size=(5, k)).astype(np.int32)
     table = rng.integers(0, 100, size=(3, 10)).astype(np.int32)
     kw = {"cp_size": cp, "cp_rank": cp - 1, "cp_interleave": 1} if cp > 1 else {}
-    assert_matches(topk, [0, 1, 2, 0, 1], table, b, [40, 9, 40, 40, 3], **kw)
+    slots, _, _, _ = assert_matches(topk, [0, 1, 2, 0, 1], table, b, [40, 9, 40, 40, 3], compact=compact, **kw)
     assert gpu[-1][0] == want
+    assert (slots >= 0).any() and (slots < 0).any()
 
 
 def test_unaligned_rows_take_the_scalar_path(gpu):
@@ -225,10 +281,13 @@ def test_padding_tokens_give_empty_rows_without_errors(gpu):
         slots, counts, masks, _ = run(topk, [0, -1, 0], [[5, 2]], 4, [4, 0, 4], compact=compact)
         assert slots[1].tolist() == [-1] * 4 and counts.tolist() == [4, 0, 4] and masks.tolist() == [0]
         assert slots[0].tolist() == [20, 21, 22, 23]
+        assert gpu[-1][0] == f"dsa_topk_slots_pow2<{str(compact).lower()}>"
 
 
-def test_row_outside_the_table_reads_nothing(gpu):
-    slots, counts, masks, keys = run([[0, 9, -1, 1]], [5], [[5, 2]], 4, [5])
+@pytest.mark.parametrize("compact", [False, True])
+def test_row_outside_the_table_reads_nothing(gpu, compact):
+    slots, counts, masks, keys = run([[0, 9, -1, 1]], [5], [[5, 2]], 4, [5], compact=compact)
+    assert gpu[-1][0] == f"dsa_topk_slots_pow2<{str(compact).lower()}>"
     assert slots.tolist() == [[-1, -1, -1, -1]] and counts.tolist() == [0]
     assert masks.tolist() == [ERR_BLOCK_INDEX | ERR_PAST_CONTEXT]
     assert int(keys[0]) == topk_error_key(0, 0, ERR_BLOCK_INDEX)
@@ -251,7 +310,7 @@ def test_block_ids_at_the_int32_limit(gpu, b, compact):
     slots are spelled out here."""
     top = ((1 << 31) - b) // b
     table = [top, top + 1, -3]
-    topk = [[0, b - 1, b, b + 31, b + 32, 2 * b - 1, 2 * b], [b + 31, 3, b, 2 * b + 1, b - 1, -1, b + 1]]
+    topk = [[0, b - 1, b, b + 31, b + 32, 2 * b - 1, 2 * b, 1], [b + 31, 3, b, 2 * b + 1, b - 1, -1, b + 1, 0]]
 
     def slot(v):
         s = table[v // b] * b + v % b if v >= 0 and table[v // b] >= 0 else -1
@@ -266,6 +325,9 @@ def test_block_ids_at_the_int32_limit(gpu, b, compact):
     assert masks.tolist() == [ERR_SLOT_RANGE | ERR_NEGATIVE_BLOCK]
     first = next(c for c, v in enumerate(topk[0]) if slot(v) < 0)
     assert decode_topk_error_key(int(keys[0]))[:2] == (0, first)
+    assert gpu[-1][0] == (
+        f"dsa_topk_slots_pow2<{str(compact).lower()}>" if b == 64 else f"dsa_topk_slots<{str(compact).lower()}, 4>"
+    )
 
 
 def test_records_are_sticky_until_read(gpu):
