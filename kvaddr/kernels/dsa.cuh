@@ -848,8 +848,7 @@ __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Sh
 // Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte
 // aligned, at most INT32_MAX rows. COMPACT: valid slots first, a row of one chunk (K <= 8 * R).
 template <bool COMPACT>
-__global__ void __launch_bounds__(KV_THREADS, COMPACT ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS)
-    dsa_topk_slots_pow2(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, COMPACT ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS) dsa_topk_slots_pow2(const KvDsaTopkParams p) {
     __shared__ DsaPow2Shared<COMPACT> sm;
     dsa_pow2_run(p, sm);
 }
