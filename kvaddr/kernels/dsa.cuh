@@ -543,6 +543,7 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
 #define KV_DSA_POW2_BLOCKS 5
 // Blocks per SM of the compacting form: five compile with no spills on sm_80 and sm_90.
 #define KV_DSA_POW2C_BLOCKS 5
+#define KV_DSA_POW2_BOUNDS(compact) ((compact) ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS)
 
 // Shared memory of a block: the warps' valid counts (the emulator: every thread's); compacting,
 // also the rows' compacted slots.
@@ -590,13 +591,13 @@ __device__ __forceinline__ void dsa_pow2_load(const KvDsaTopkParams& p, bool act
 // The token's side of the short path: its table row (null: none), where its lookups read, and the
 // bounds its entries are checked against.
 struct DsaPow2Token {
-    const int* table;     // the token's table row (null: padding or a row outside the table)
-    const int* look;      // where the lookups read: the table row, else req_id (in bounds: T >= 1)
-    unsigned int last;    // the last block index looked up (width - 1, 0 without a table row)
-    unsigned int lim_ok;  // q < lim_ok: before the context and the row's width * B
-    unsigned int lim_bad; // q < lim_bad: v >= 0 and not padding (an entry to be converted)
-    int ctx;
-    bool padding;
+    const int* table;      // the token's table row (null: padding or a row outside the table)
+    const int* look;       // where the lookups read: the table row, else req_id (in bounds: T >= 1)
+    unsigned int last;     // the last block index looked up (width - 1, 0 without a table row)
+    unsigned int lim_ok;   // q < lim_ok: before the context and the row's width * B
+    unsigned int lim_bad;  // q < lim_bad: v >= 0 and not padding (an entry to be converted)
+    int ctx;               // the token's context length
+    bool padding;          // req_id < 0
 };
 
 __device__ __forceinline__ DsaPow2Token dsa_pow2_token(const KvDsaTopkParams& p, bool active, int token) {
@@ -620,8 +621,9 @@ __device__ __forceinline__ DsaPow2Token dsa_pow2_token(const KvDsaTopkParams& p,
 // The short path of a thread's eight entries: every lookup first, then the checks as bit masks.
 // Bit i of conv: entry i converts (before the context and the width, its id at most max_id); of
 // must: entry i is to be converted (v >= 0, not padding). Bit masks, not predicates.
-__device__ __forceinline__ void dsa_pow2_short(const KvDsaTopkParams& p, const DsaPow2Token& tk, const int (&vals)[8],
-                                               int (&res)[8], unsigned int& conv, unsigned int& must) {
+__device__ __forceinline__ void dsa_pow2_short(const KvDsaTopkParams& p, const DsaPow2Token& tk,
+                                               const int (&vals)[8], int (&res)[8], unsigned int& conv,
+                                               unsigned int& must) {
     const int shift = p.block_shift;
     const unsigned int mask = (1u << shift) - 1u, max_id = (unsigned int)KV_INT_MAX >> shift;
     int id[8];
@@ -644,7 +646,8 @@ __device__ __forceinline__ void dsa_pow2_short(const KvDsaTopkParams& p, const D
 
 // Plain, phase 1: every chunk of the thread's row converted and stored, its error record returned
 // (its layer in layer), its valid count summed over the warp and published.
-__device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm, int& layer) {
+__device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm,
+                                                  int& layer) {
     static_assert(KV_DSA_UNROLL == 2, "two int4 a thread a chunk");
     const int half = 4 << p.row_shift;
     const int gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
@@ -731,7 +734,8 @@ struct DsaPow2Lane {
 
 // Compacting, phase 1 (before the first barrier): the thread's entries converted into registers,
 // its valid counts packed and scanned over the warp, the warp's sum published.
-__device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm, DsaPow2Lane& ln) {
+__device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm,
+                                                  DsaPow2Lane& ln) {
     const int half = 4 << p.row_shift;
     ln.gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
     int token;
@@ -750,7 +754,8 @@ __device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaP
         for (int i = 0; i < 8; ++i) {
             const int at = ln.gt * 4 + (i / 4) * half + i % 4;
             int r = -1;
-            if (at < p.k) r = dsa_exact(p, tk.table, tk.ctx, tk.padding ? -1 : p.topk[row_off + at], token, at, ln.err);
+            if (at < p.k)
+                r = dsa_exact(p, tk.table, tk.ctx, tk.padding ? -1 : p.topk[row_off + at], token, at, ln.err);
 #pragma unroll
             for (int j = 0; j < 8; ++j) ln.res[j] = i == j ? r : ln.res[j];  // registers, not local memory
             ln.conv |= (unsigned int)(r >= 0) << i;
@@ -775,7 +780,8 @@ __device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaP
 // Compacting, phase 2 (after the first barrier): the thread's places among its row's valid
 // entries (the row's earlier warps' sums, each read on its own), its valid slots written there
 // into the row's share of sm.tab, and the row's count.
-__device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm, DsaPow2Lane& ln) {
+__device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm,
+                                                DsaPow2Lane& ln) {
     const int R = 1 << p.row_shift;
     int before = 0, total = 0;
 #ifdef __CUDA_ARCH__
@@ -794,8 +800,10 @@ __device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow
         total += sm.cnt[i];
     }
 #endif
-    int at0 = before & 0xffff;                        // the first places' slots: after the row's earlier threads'
-    int at1 = (total & 0xffff) + (before >> 16);      // the second places': after all first places'
+    // the first places' slots after the row's earlier threads' first places'; the second places'
+    // after all first places' and the earlier threads' second places'
+    int at0 = before & 0xffff;
+    int at1 = (total & 0xffff) + (before >> 16);
     ln.count = (total & 0xffff) + (total >> 16);
     int* out = sm.tab + ((int)threadIdx.x >> p.row_shift) * (R * 8);
 #pragma unroll
@@ -848,7 +856,8 @@ __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Sh
 // Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte
 // aligned, at most INT32_MAX rows. COMPACT: valid slots first, a row of one chunk (K <= 8 * R).
 template <bool COMPACT>
-__global__ void __launch_bounds__(KV_THREADS, COMPACT ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS) dsa_topk_slots_pow2(const KvDsaTopkParams p) {
+__global__ void __launch_bounds__(KV_THREADS, KV_DSA_POW2_BOUNDS(COMPACT)) dsa_topk_slots_pow2(
+    const KvDsaTopkParams p) {
     __shared__ DsaPow2Shared<COMPACT> sm;
     dsa_pow2_run(p, sm);
 }
