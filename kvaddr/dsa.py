@@ -388,8 +388,8 @@ def _prepare(
         block_shift=b.bit_length() - 1 if b & (b - 1) == 0 else -1,
     )
     pow2 = vec == 4 and cp == 1 and b & (b - 1) == 0 and layers * t <= _INT32_MAX
-    if pow2 and (not compact or k <= (vec << shift) * UNROLL):
-        # the common cases: no division, fewer registers; compacting, a row of one chunk
+    if pow2 and k <= (vec << shift) * UNROLL:
+        # the common cases (a row of one chunk: K <= 2048): no division, fewer registers
         name = f"dsa_topk_slots_pow2<{'true' if compact else 'false'}>"
     else:
         name = f"dsa_topk_slots<{'true' if compact else 'false'}, {vec}>"

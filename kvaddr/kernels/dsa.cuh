@@ -518,31 +518,33 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
 
 // ==== The power-of-two forms without DCP (DeepSeek-V3.2's B = 64), rows read as int4
 //
-// Plain: one straight path per thread and no division: a row's first chunk is loaded before
-// anything waits for req_id (the table row's pointer is computed after those loads are issued),
-// every lookup issued next (its block clamped into the table row: no predicate), the checks and
-// the stores after them; an entry the short path does not convert sends the thread through its
-// entries again exactly (dsa_exact), re-read from and stored to global memory, so that path
-// keeps none of the short path's registers. The checks after the lookups are bit masks, not
-// predicates: with those, 48 registers (five blocks per SM) issue all eight lookups before the
-// first is used, where 40 registers (six blocks) interleave them with the checks and spill.
-// Phase 1 runs to the block's one barrier; phase 2 writes the count.
+// Both forms take a row of one chunk (K <= 8 entries per thread of the row: K <= 2048).
 //
-// Compacting, a row of one chunk (K <= 8 * R, at most 2048 entries): the same loads, lookups and
-// bit masks (dsa_pow2_short); the exact path converts into the registers (res[] and the conv
-// bits), not into global memory, since the row is compacted before anything is stored. A
-// thread's valid counts at its two places (its first int4, and its second half a chunk later)
-// are packed into one int (low / high 16 bits) and scanned over the warp (five shuffles); the
-// warp's sum goes to shared memory behind the block's first barrier. Then each thread sums its
-// row's earlier warps' sums and the row's total (independent reads, one per warp), writes its
-// valid slots at their places in the row's share of a shared table (the first places' slots
-// before the second places'), and after a second barrier reads its two int4 back at its plain
-// columns, -1 from the row's count on, and stores them where plain stores: every store a full
-// int4, coalesced, and no entry-by-entry pass over the row. Three phases: dsa_pow2c_convert,
+// Plain: one straight path per thread and no division: the row's loads, then every lookup (its
+// block clamped into the table row, a token without a table row reading req_id[0]: no predicate),
+// the checks after them as bit masks (not predicates), the stores. An entry the short path does
+// not convert (bad input, ids near 2^31 / B) sends the thread through its entries again exactly
+// (dsa_pow2_exact), which derives what it needs from p again, re-reads the entries and stores to
+// global memory, so that it keeps none of the short path's registers. So the form fits 32
+// registers with all eight lookups in flight before the first is used: eight blocks per SM, and
+// T = 1024 rows in one wave on an H200 (132 SMs). Phase 1 runs to the block's one barrier; phase 2
+// writes the count.
+//
+// Compacting: the same loads, lookups and bit masks (dsa_pow2_short); the exact path converts into
+// the registers (res[] and the conv bits), not into global memory, since the row is compacted
+// before anything is stored. A thread's valid counts at its two places (its first int4, and its
+// second half a chunk later) are packed into one int (low / high 16 bits) and scanned over the warp
+// (five shuffles); the warp's sum goes to shared memory behind the block's first barrier. Then each
+// thread sums its row's earlier warps' sums and the row's total (independent reads, one per warp),
+// writes its valid slots at their places in the row's share of a shared table (the first places'
+// slots before the second places'), and after a second barrier reads its two int4 back at its plain
+// columns, -1 from the row's count on, and stores them where plain stores: every store a full int4,
+// coalesced, and no entry-by-entry pass over the row. Three phases: dsa_pow2c_convert,
 // dsa_pow2c_place, dsa_pow2c_store.
-#define KV_DSA_POW2_BLOCKS 5
-// Blocks per SM of the compacting form: five compile with no spills on sm_80 and sm_90.
-#define KV_DSA_POW2C_BLOCKS 5
+#define KV_DSA_POW2_BLOCKS 8
+// Blocks per SM of the compacting form: six compile with no spills on sm_80 and sm_90 (40
+// registers; eight spill: the row's eight slots stay in registers across the barriers).
+#define KV_DSA_POW2C_BLOCKS 6
 #define KV_DSA_POW2_BOUNDS(compact) ((compact) ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS)
 
 // Shared memory of a block: the warps' valid counts (the emulator: every thread's); compacting,
@@ -574,13 +576,14 @@ __device__ __forceinline__ bool dsa_row32(const KvDsaTopkParams& p, int& row, in
     return active;
 }
 
-// A thread's two int4 of chunk c of its row (-1 past the row or for an inactive thread).
+// A thread's two int4 of its row of rows ([L, T, K]: topk, or slots), -1 past the row or for an
+// inactive thread.
 __device__ __forceinline__ void dsa_pow2_load(const KvDsaTopkParams& p, bool active, i64 row_off, int col, int half,
-                                              int (&vals)[8]) {
+                                              int (&vals)[8], const int* rows) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
         int4 x = make_int4(-1, -1, -1, -1);
-        if (active && col + u * half < p.k) x = *reinterpret_cast<const int4*>(p.topk + row_off + col + u * half);
+        if (active && col + u * half < p.k) x = *reinterpret_cast<const int4*>(rows + row_off + col + u * half);
         vals[u * 4 + 0] = x.x;
         vals[u * 4 + 1] = x.y;
         vals[u * 4 + 2] = x.z;
@@ -644,54 +647,57 @@ __device__ __forceinline__ void dsa_pow2_short(const KvDsaTopkParams& p, const D
     }
 }
 
-// Plain, phase 1: every chunk of the thread's row converted and stored, its error record returned
-// (its layer in layer), its valid count summed over the warp and published.
+// Plain, the exact path: a thread's entries exactly (dsa_exact), each re-read from and stored to
+// global memory (bad input or an id near 2^31 / B). It derives what it needs from p again, so that
+// the short path keeps no register for it. Returns the thread's valid count.
+__device__ __forceinline__ int dsa_pow2_exact(const KvDsaTopkParams& p, KvErr& err) {
+    const int half = 4 << p.row_shift;
+    const int gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
+    int row, layer, token;
+    dsa_row32(p, row, layer, token);
+    const i64 row_off = (i64)row * p.k;
+    const int req = p.req_id[token], ctx = p.ctx[token];
+    const int* table = (req >= 0 && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    int n = 0;
+#pragma unroll 1
+    for (int i = 0; i < 8; ++i) {
+        const int at = (i / 4) * half + gt * 4 + i % 4;
+        if (at >= p.k) continue;
+        const int r = dsa_exact(p, table, ctx, req < 0 ? -1 : p.topk[row_off + at], token, at, err);
+        n += r >= 0;
+        p.slots[row_off + at] = r;
+    }
+    return n;
+}
+
+// Plain, phase 1: the thread's entries converted and stored, its error record returned (its layer
+// in layer), its valid count summed over the warp and published.
 __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm,
                                                   int& layer) {
     static_assert(KV_DSA_UNROLL == 2, "two int4 a thread a chunk");
     const int half = 4 << p.row_shift;
-    const int gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
+    const int col = ((int)threadIdx.x & ((1 << p.row_shift) - 1)) * 4;
     int row, token;
     const bool active = dsa_row32(p, row, layer, token);
     const i64 row_off = (i64)row * p.k;
     int vals[8];
-    dsa_pow2_load(p, active, row_off, gt * 4, half, vals);
+    dsa_pow2_load(p, active, row_off, col, half, vals, p.topk);
     const DsaPow2Token tk = dsa_pow2_token(p, active, token);
+    int res[8];
+    unsigned int conv, must;
+    dsa_pow2_short(p, tk, vals, res, conv, must);
+    if (active) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+            if (col + u * half < p.k)
+                *reinterpret_cast<int4*>(p.slots + row_off + col + u * half) =
+                    make_int4(res[u * 4], res[u * 4 + 1], res[u * 4 + 2], res[u * 4 + 3]);
+    }
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
-    int count = 0;
-    const int chunks = dsa_chunks(p, 4);
-    for (int c = 0;;) {
-        const int col = c * half * 2 + gt * 4;
-        int res[8];
-        unsigned int conv, must;
-        dsa_pow2_short(p, tk, vals, res, conv, must);
-        const bool bad = (must & ~conv) != 0u || p.cp_size > 1;  // (never launched with DCP)
-        int n = __popc(conv);
-        if (active) {
-#pragma unroll
-            for (int u = 0; u < 2; ++u)
-                if (col + u * half < p.k)
-                    *reinterpret_cast<int4*>(p.slots + row_off + col + u * half) =
-                        make_int4(res[u * 4], res[u * 4 + 1], res[u * 4 + 2], res[u * 4 + 3]);
-        }
-        if (bad && active) {  // bad input or an id near 2^31 / B: the thread's entries exactly
-            n = 0;
-#pragma unroll 1
-            for (int i = 0; i < 8; ++i) {
-                const int at = col + (i / 4) * half + i % 4;
-                if (at >= p.k) continue;
-                const int v = tk.padding ? -1 : p.topk[row_off + at];
-                const int r = dsa_exact(p, tk.table, tk.ctx, v, token, at, err);
-                n += r >= 0;
-                p.slots[row_off + at] = r;
-            }
-        }
-        count += n;
-        if (++c >= chunks) break;
-        dsa_pow2_load(p, active, row_off, c * half * 2 + gt * 4, half, vals);
-    }
+    int count = __popc(conv);
+    if (active && (must & ~conv) != 0u) count = dsa_pow2_exact(p, err);
 #ifdef __CUDA_ARCH__
     const int s = (int)__reduce_add_sync(0xffffffffu, (unsigned int)count);
     if ((threadIdx.x & 31) == 0) sm.wsum[threadIdx.x >> 5] = s;
@@ -742,23 +748,24 @@ __device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaP
     ln.active = dsa_row32(p, ln.row, ln.layer, token);
     const i64 row_off = (i64)ln.row * p.k;
     int vals[8];
-    dsa_pow2_load(p, ln.active, row_off, ln.gt * 4, half, vals);
+    dsa_pow2_load(p, ln.active, row_off, ln.gt * 4, half, vals, p.topk);
     const DsaPow2Token tk = dsa_pow2_token(p, ln.active, token);
     ln.err.mask = 0u;
     ln.err.key = KV_NO_ERROR;
     unsigned int must;
     dsa_pow2_short(p, tk, vals, ln.res, ln.conv, must);
-    if ((must & ~ln.conv) != 0u && ln.active) {  // bad input or an id near 2^31 / B: exactly, into registers
+    if ((must & ~ln.conv) != 0u && ln.active) {
+        // bad input or an id near 2^31 / B: the entries exactly into the row's slots where plain
+        // stores them (dsa_pow2_exact keeps no register of the short path), read back from there
+        // (this thread's own stores; the compacted row overwrites them after two barriers)
+        dsa_pow2_exact(p, ln.err);
+        int back[8];
+        dsa_pow2_load(p, true, (i64)ln.row * p.k, ln.gt * 4, half, back, p.slots);
         ln.conv = 0u;
-#pragma unroll 1
-        for (int i = 0; i < 8; ++i) {
-            const int at = ln.gt * 4 + (i / 4) * half + i % 4;
-            int r = -1;
-            if (at < p.k)
-                r = dsa_exact(p, tk.table, tk.ctx, tk.padding ? -1 : p.topk[row_off + at], token, at, ln.err);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) ln.res[j] = i == j ? r : ln.res[j];  // registers, not local memory
-            ln.conv |= (unsigned int)(r >= 0) << i;
+        for (int i = 0; i < 8; ++i) {
+            ln.res[i] = back[i];
+            ln.conv |= (unsigned int)(back[i] >= 0) << i;
         }
     }
     ln.packed = __popc(ln.conv & 0xfu) | (__popc(ln.conv >> 4) << 16);

@@ -240,7 +240,8 @@ def test_staged_and_unstaged_table_rows_in_one_block(gpu, b):
     "b, cp, k, compact, want",
     [
         (4, 1, 8, False, "dsa_topk_slots_pow2<false>"),
-        (4, 1, 2052, False, "dsa_topk_slots_pow2<false>"),
+        (4, 1, 2048, False, "dsa_topk_slots_pow2<false>"),
+        (4, 1, 2052, False, "dsa_topk_slots<false, 4>"),
         (6, 1, 8, False, "dsa_topk_slots<false, 4>"),
         (4, 2, 8, False, "dsa_topk_slots<false, 4>"),
         (4, 1, 8, True, "dsa_topk_slots_pow2<true>"),
