@@ -530,9 +530,9 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
 // T = 1024 rows in one wave on an H200 (132 SMs). Phase 1 runs to the block's one barrier; phase 2
 // writes the count.
 //
-// Compacting: the same loads, lookups and bit masks (dsa_pow2_short); the exact path converts into
-// the registers (res[] and the conv bits), not into global memory, since the row is compacted
-// before anything is stored. A thread's valid counts at its two places (its first int4, and its
+// Compacting: the same loads, lookups and bit masks (dsa_pow2_short); the exact path is plain's
+// (into the row's slots), its results read back from there into registers (the compacted row
+// overwrites them after two barriers). A thread's valid counts at its two places (its first int4, and its
 // second half a chunk later) are packed into one int (low / high 16 bits) and scanned over the warp
 // (five shuffles); the warp's sum goes to shared memory behind the block's first barrier. Then each
 // thread sums its row's earlier warps' sums and the row's total (independent reads, one per warp),
@@ -541,11 +541,10 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
 // columns, -1 from the row's count on, and stores them where plain stores: every store a full int4,
 // coalesced, and no entry-by-entry pass over the row. Three phases: dsa_pow2c_convert,
 // dsa_pow2c_place, dsa_pow2c_store.
+//
+// Both forms in 32 registers (no spills on sm_80 and sm_90): eight blocks per SM. The compacting
+// form's later phases derive the row again instead of keeping it across the barriers.
 #define KV_DSA_POW2_BLOCKS 8
-// Blocks per SM of the compacting form: six compile with no spills on sm_80 and sm_90 (40
-// registers; eight spill: the row's eight slots stay in registers across the barriers).
-#define KV_DSA_POW2C_BLOCKS 6
-#define KV_DSA_POW2_BOUNDS(compact) ((compact) ? KV_DSA_POW2C_BLOCKS : KV_DSA_POW2_BLOCKS)
 
 // Shared memory of a block: the warps' valid counts (the emulator: every thread's); compacting,
 // also the rows' compacted slots.
@@ -728,39 +727,45 @@ __device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const D
 // Compacting: a thread's state across its three phases (registers on the GPU; the emulator keeps
 // one per thread).
 struct DsaPow2Lane {
-    int row, layer, gt;  // gt: thread within the row's threads
-    bool active;
-    unsigned int conv;   // bit i: res[i] is a slot (>= 0)
-    int res[8];          // the converted entries: first int4 (res[0..3]), second (res[4..7])
-    int packed;          // valid entries at the two places (low, high 16 bits)
-    int before;          // packed valid entries of the warp's earlier threads (GPU)
-    int count;           // the row's valid entries (phase 2 on)
+    unsigned int conv;  // bit i: res[i] is a slot (>= 0)
+    int res[8];         // the converted entries: first int4 (res[0..3]), second (res[4..7])
+    int packed;         // valid entries at the two places (low, high 16 bits)
+    int before;         // packed valid entries of the warp's earlier threads (GPU)
+    int count;          // the row's valid entries (phase 2 on)
     KvErr err;
 };
+
+// The thread's row (layer * T + token) and whether it is one of the launch's, without a division:
+// the later phases derive them again instead of keeping registers across the barriers.
+__device__ __forceinline__ int dsa_pow2_row(const KvDsaTopkParams& p, bool& active) {
+    const int row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
+    active = (unsigned int)row < (unsigned int)p.num_layers * (unsigned int)p.num_tokens;
+    return row;
+}
 
 // Compacting, phase 1 (before the first barrier): the thread's entries converted into registers,
 // its valid counts packed and scanned over the warp, the warp's sum published.
 __device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm,
                                                   DsaPow2Lane& ln) {
     const int half = 4 << p.row_shift;
-    ln.gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
-    int token;
-    ln.active = dsa_row32(p, ln.row, ln.layer, token);
-    const i64 row_off = (i64)ln.row * p.k;
+    const int col = ((int)threadIdx.x & ((1 << p.row_shift) - 1)) * 4;
+    int row, layer, token;
+    const bool active = dsa_row32(p, row, layer, token);
+    const i64 row_off = (i64)row * p.k;
     int vals[8];
-    dsa_pow2_load(p, ln.active, row_off, ln.gt * 4, half, vals, p.topk);
-    const DsaPow2Token tk = dsa_pow2_token(p, ln.active, token);
+    dsa_pow2_load(p, active, row_off, col, half, vals, p.topk);
+    const DsaPow2Token tk = dsa_pow2_token(p, active, token);
     ln.err.mask = 0u;
     ln.err.key = KV_NO_ERROR;
     unsigned int must;
     dsa_pow2_short(p, tk, vals, ln.res, ln.conv, must);
-    if ((must & ~ln.conv) != 0u && ln.active) {
+    if ((must & ~ln.conv) != 0u && active) {
         // bad input or an id near 2^31 / B: the entries exactly into the row's slots where plain
         // stores them (dsa_pow2_exact keeps no register of the short path), read back from there
         // (this thread's own stores; the compacted row overwrites them after two barriers)
         dsa_pow2_exact(p, ln.err);
         int back[8];
-        dsa_pow2_load(p, true, (i64)ln.row * p.k, ln.gt * 4, half, back, p.slots);
+        dsa_pow2_load(p, true, row_off, col, half, back, p.slots);
         ln.conv = 0u;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -822,13 +827,16 @@ __device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow
 // from the row's count on, stored where plain stores; the row's first thread writes the count.
 __device__ __forceinline__ void dsa_pow2c_store(const KvDsaTopkParams& p, const DsaPow2Shared<true>& sm,
                                                 const DsaPow2Lane& ln) {
-    if (!ln.active) return;
+    bool active;
+    const int row = dsa_pow2_row(p, active);
+    if (!active) return;
     const int half = 4 << p.row_shift;
-    const i64 row_off = (i64)ln.row * p.k;
+    const int gt = (int)threadIdx.x & ((1 << p.row_shift) - 1);
+    const i64 row_off = (i64)row * p.k;
     const int* in = sm.tab + ((int)threadIdx.x >> p.row_shift) * (half * 2);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-        const int col = u * half + ln.gt * 4;
+        const int col = u * half + gt * 4;
         if (col < p.k) {
             int4 x = *reinterpret_cast<const int4*>(in + col);
             x.x = col < ln.count ? x.x : -1;
@@ -838,7 +846,7 @@ __device__ __forceinline__ void dsa_pow2c_store(const KvDsaTopkParams& p, const 
             *reinterpret_cast<int4*>(p.slots + row_off + col) = x;
         }
     }
-    if (ln.gt == 0) p.counts[ln.row] = ln.count;
+    if (gt == 0) p.counts[row] = ln.count;
 }
 
 // The forms' bodies, chosen by the shared memory's type.
@@ -853,7 +861,9 @@ __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Sh
 __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm) {
     DsaPow2Lane ln;
     dsa_pow2c_convert(p, sm, ln);
-    kv_merge_record(p.errors, ln.layer, ln.err);  // a warp never spans two rows: one layer's record
+    int row, layer, token;
+    dsa_row32(p, row, layer, token);
+    kv_merge_record(p.errors, layer, ln.err);  // a warp never spans two rows: one layer's record
     __syncthreads();
     dsa_pow2c_place(p, sm, ln);
     __syncthreads();
@@ -863,7 +873,7 @@ __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Sh
 // Grid as dsa_topk_slots'; block_shift >= 0, cp_size == 1, K % 4 == 0, topk / slots 16-byte
 // aligned, at most INT32_MAX rows. COMPACT: valid slots first, a row of one chunk (K <= 8 * R).
 template <bool COMPACT>
-__global__ void __launch_bounds__(KV_THREADS, KV_DSA_POW2_BOUNDS(COMPACT)) dsa_topk_slots_pow2(
+__global__ void __launch_bounds__(KV_THREADS, KV_DSA_POW2_BLOCKS) dsa_topk_slots_pow2(
     const KvDsaTopkParams p) {
     __shared__ DsaPow2Shared<COMPACT> sm;
     dsa_pow2_run(p, sm);

@@ -79,7 +79,9 @@ extern "C" void emu_dsa_pow2(const KvDsaTopkParams* pp, int compact, unsigned in
             for (int t = 0; t < KV_THREADS; ++t) {
                 threadIdx.x = t;
                 dsa_pow2c_convert(*pp, smc, lanes[t]);
-                emu_merge(*pp, lanes[t].layer, lanes[t].err);
+                int row = 0, layer = 0, token = 0;
+                dsa_row32(*pp, row, layer, token);
+                emu_merge(*pp, layer, lanes[t].err);
             }
             for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2c_place(*pp, smc, lanes[t]); }
             for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2c_store(*pp, smc, lanes[t]); }
