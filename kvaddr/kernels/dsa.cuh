@@ -773,6 +773,11 @@ __device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaP
             ln.conv |= (unsigned int)(back[i] >= 0) << i;
         }
     }
+    // -1 at the thread's places of the row's share of sm.tab: what the compacted row keeps from its
+    // count on (every place before the count is written over in phase 2, after the barrier)
+    int* share = sm.tab + ((int)threadIdx.x >> p.row_shift) * (half * 2);
+    *reinterpret_cast<int4*>(share + col) = make_int4(-1, -1, -1, -1);
+    *reinterpret_cast<int4*>(share + col + half) = make_int4(-1, -1, -1, -1);
     ln.packed = __popc(ln.conv & 0xfu) | (__popc(ln.conv >> 4) << 16);
 #ifdef __CUDA_ARCH__
     int incl = ln.packed;
@@ -797,14 +802,19 @@ __device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow
     const int R = 1 << p.row_shift;
     int before = 0, total = 0;
 #ifdef __CUDA_ARCH__
-    const int warp = (int)threadIdx.x >> 5, first = ((int)threadIdx.x & ~(R - 1)) >> 5;
+    // lane j < the row's warps holds the row's warp j's sum: a scan over those lanes, then each
+    // thread takes its warp's exclusive sum and the row's total
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int first = ((int)threadIdx.x & ~(R - 1)) >> 5, warps = R >> 5;
+    const int s = lane < warps ? sm.wsum[first + lane] : 0;
+    int incl = s;
 #pragma unroll
-    for (int w = 0; w < KV_WARPS; ++w) {
-        const int s = w < (R >> 5) ? sm.wsum[first + w] : 0;
-        before += first + w < warp ? s : 0;
-        total += s;
+    for (int off = 1; off < KV_WARPS; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
     }
-    before += ln.before;
+    before = __shfl_sync(0xffffffffu, incl - s, warp - first) + ln.before;
+    total = __shfl_sync(0xffffffffu, incl, warps - 1);
 #else
     const int first = (int)threadIdx.x & ~(R - 1);
     for (int i = first; i < first + R; ++i) {
@@ -837,14 +847,7 @@ __device__ __forceinline__ void dsa_pow2c_store(const KvDsaTopkParams& p, const 
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
         const int col = u * half + gt * 4;
-        if (col < p.k) {
-            int4 x = *reinterpret_cast<const int4*>(in + col);
-            x.x = col < ln.count ? x.x : -1;
-            x.y = col + 1 < ln.count ? x.y : -1;
-            x.z = col + 2 < ln.count ? x.z : -1;
-            x.w = col + 3 < ln.count ? x.w : -1;
-            *reinterpret_cast<int4*>(p.slots + row_off + col) = x;
-        }
+        if (col < p.k) *reinterpret_cast<int4*>(p.slots + row_off + col) = *reinterpret_cast<const int4*>(in + col);
     }
     if (gt == 0) p.counts[row] = ln.count;
 }
