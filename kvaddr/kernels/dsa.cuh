@@ -169,6 +169,22 @@ __device__ __forceinline__ int dsa_ro(const int* ptr) {
 #endif
 }
 
+// Inclusive scan of one value per lane over lanes [0, n) of the warp (n a power of two <= 32;
+// lanes past n add their own neighbours and are not read). GPU only: the emulator's phases run
+// one thread at a time.
+#ifdef __CUDA_ARCH__
+template <int N>
+__device__ __forceinline__ int dsa_warp_scan(int x) {
+    const int lane = (int)threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < N; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x += y;
+    }
+    return x;
+}
+#endif
+
 template <int VEC>
 __device__ __forceinline__ void dsa_load(const KvDsaTopkParams& p, DsaLane<VEC>& ln, int c);
 
@@ -356,15 +372,9 @@ __device__ __forceinline__ void dsa_chunk_load(const KvDsaTopkParams& p, DsaShar
         return;
     }
 #ifdef __CUDA_ARCH__
-    int incl = ln.packed;
-    const int lane = (int)threadIdx.x & 31;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-    }
+    const int incl = dsa_warp_scan<32>(ln.packed);
     ln.before = incl - ln.packed;
-    if (lane == 31) sm.wsum[c & 1][threadIdx.x >> 5] = incl;
+    if ((threadIdx.x & 31) == 31) sm.wsum[c & 1][threadIdx.x >> 5] = incl;
 #else
     sm.cnt[threadIdx.x] = ln.packed;
 #endif
@@ -780,15 +790,9 @@ __device__ __forceinline__ void dsa_pow2c_convert(const KvDsaTopkParams& p, DsaP
     *reinterpret_cast<int4*>(share + col + half) = make_int4(-1, -1, -1, -1);
     ln.packed = __popc(ln.conv & 0xfu) | (__popc(ln.conv >> 4) << 16);
 #ifdef __CUDA_ARCH__
-    int incl = ln.packed;
-    const int lane = (int)threadIdx.x & 31;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-    }
+    const int incl = dsa_warp_scan<32>(ln.packed);
     ln.before = incl - ln.packed;
-    if (lane == 31) sm.wsum[threadIdx.x >> 5] = incl;
+    if ((threadIdx.x & 31) == 31) sm.wsum[threadIdx.x >> 5] = incl;
 #else
     sm.cnt[threadIdx.x] = ln.packed;
 #endif
@@ -807,12 +811,7 @@ __device__ __forceinline__ void dsa_pow2c_place(const KvDsaTopkParams& p, DsaPow
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int first = ((int)threadIdx.x & ~(R - 1)) >> 5, warps = R >> 5;
     const int s = lane < warps ? sm.wsum[first + lane] : 0;
-    int incl = s;
-#pragma unroll
-    for (int off = 1; off < KV_WARPS; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-    }
+    const int incl = dsa_warp_scan<KV_WARPS>(s);
     before = __shfl_sync(0xffffffffu, incl - s, warp - first) + ln.before;
     total = __shfl_sync(0xffffffffu, incl, warps - 1);
 #else
