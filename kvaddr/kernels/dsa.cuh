@@ -575,6 +575,14 @@ struct alignas(16) DsaPow2Shared<true> {
 };
 static_assert(sizeof(int) * KV_WARPS % 16 == 0, "DsaPow2Shared<true>::tab is 16-byte aligned (int4 reads)");
 
+// The thread's row (layer * T + token) and whether it is one of the launch's, without a division:
+// the later phases derive them again instead of keeping registers across the barriers.
+__device__ __forceinline__ int dsa_pow2_row(const KvDsaTopkParams& p, bool& active) {
+    const int row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
+    active = (unsigned int)row < (unsigned int)p.num_layers * (unsigned int)p.num_tokens;
+    return row;
+}
+
 // dsa_row for a launch of at most INT32_MAX rows (the host's condition for this form): 32-bit.
 __device__ __forceinline__ bool dsa_row32(const KvDsaTopkParams& p, int& row, int& layer, int& token) {
     row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
@@ -600,33 +608,30 @@ __device__ __forceinline__ void dsa_pow2_load(const KvDsaTopkParams& p, bool act
     }
 }
 
-// The token's side of the short path: its table row (null: none), where its lookups read, and the
-// bounds its entries are checked against.
+// The token's side of the short path: where its lookups read and the bounds its entries are checked
+// against (its table row, context and padding only decide these; the exact path reads them again).
 struct DsaPow2Token {
-    const int* table;      // the token's table row (null: padding or a row outside the table)
     const int* look;       // where the lookups read: the table row, else req_id (in bounds: T >= 1)
     unsigned int last;     // the last block index looked up (width - 1, 0 without a table row)
     unsigned int lim_ok;   // q < lim_ok: before the context and the row's width * B
     unsigned int lim_bad;  // q < lim_bad: v >= 0 and not padding (an entry to be converted)
-    int ctx;               // the token's context length
-    bool padding;          // req_id < 0
 };
 
 __device__ __forceinline__ DsaPow2Token dsa_pow2_token(const KvDsaTopkParams& p, bool active, int token) {
     DsaPow2Token tk;
     const int req = active ? p.req_id[token] : -1;
-    tk.ctx = active ? p.ctx[token] : 0;
-    tk.padding = req < 0;
-    tk.table = (!tk.padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
-    const unsigned int width = tk.table != nullptr ? (unsigned int)p.width : 0u;
+    const int ctx = active ? p.ctx[token] : 0;
+    const bool padding = req < 0;
+    const int* table = (!padding && req < p.rows) ? p.block_table + (i64)req * p.table_stride : nullptr;
+    const unsigned int width = table != nullptr ? (unsigned int)p.width : 0u;
     // Every lookup unpredicated: a token without a table row looks req_id[0] up (in bounds: T >= 1)
     // and converts nothing (lim_ok is 0 for it).
-    tk.look = width > 0u ? tk.table : p.req_id;
+    tk.look = width > 0u ? table : p.req_id;
     tk.last = width > 0u ? width - 1u : 0u;
-    const unsigned int lim = tk.padding ? 0u : (unsigned int)max(tk.ctx, 0);
+    const unsigned int lim = padding ? 0u : (unsigned int)max(ctx, 0);
     const unsigned long long span = (unsigned long long)width << p.block_shift;
     tk.lim_ok = min(lim, span > 0xffffffffull ? 0xffffffffu : (unsigned int)span);
-    tk.lim_bad = tk.padding ? 0u : 0x80000000u;
+    tk.lim_bad = padding ? 0u : 0x80000000u;
     return tk;
 }
 
@@ -722,8 +727,9 @@ __device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const D
     const int R = 1 << p.row_shift;
     const int lane = (int)threadIdx.x & (R - 1);  // thread within the row's threads
     if (lane >= 32) return;
-    const int row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
-    if ((unsigned int)row >= (unsigned int)p.num_layers * (unsigned int)p.num_tokens) return;
+    bool active;
+    const int row = dsa_pow2_row(p, active);
+    if (!active) return;
 #ifdef __CUDA_ARCH__
     const int s = lane < (R >> 5) ? sm.wsum[((int)threadIdx.x >> 5) + lane] : 0;
     const int total = (int)__reduce_add_sync(0xffffffffu, (unsigned int)s);
@@ -744,14 +750,6 @@ struct DsaPow2Lane {
     int count;          // the row's valid entries (phase 2 on)
     KvErr err;
 };
-
-// The thread's row (layer * T + token) and whether it is one of the launch's, without a division:
-// the later phases derive them again instead of keeping registers across the barriers.
-__device__ __forceinline__ int dsa_pow2_row(const KvDsaTopkParams& p, bool& active) {
-    const int row = (int)blockIdx.x * (KV_THREADS >> p.row_shift) + ((int)threadIdx.x >> p.row_shift);
-    active = (unsigned int)row < (unsigned int)p.num_layers * (unsigned int)p.num_tokens;
-    return row;
-}
 
 // Compacting, phase 1 (before the first barrier): the thread's entries converted into registers,
 // its valid counts packed and scanned over the warp, the warp's sum published.
