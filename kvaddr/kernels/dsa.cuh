@@ -537,8 +537,12 @@ __device__ __forceinline__ int dsa_exact(const KvDsaTopkParams& p, const int* ta
 // (dsa_pow2_exact), which derives what it needs from p again, re-reads the entries and stores to
 // global memory, so that it keeps none of the short path's registers. So the form fits 32
 // registers with all eight lookups in flight before the first is used: eight blocks per SM, and
-// T = 1024 rows in one wave on an H200 (132 SMs). Phase 1 runs to the block's one barrier; phase 2
-// writes the count.
+// T = 1024 rows in one wave on an H200 (132 SMs). Phase 1 loads and publishes the warps' counts of
+// the entries before the context, which are the row's count unless an entry takes the exact path;
+// after the block's barrier the row's first warp writes that count before its lookups (the count's
+// barrier and store no longer follow the lookups), and every thread looks up, checks and stores. A
+// block with an exact-path entry (a vote at a second barrier) converts its entries again exactly and
+// writes the counts again after a third.
 //
 // Compacting: the same loads, lookups and bit masks (dsa_pow2_short); the exact path is plain's
 // (into the row's slots), its results read back from there into registers (the compacted row
@@ -635,9 +639,47 @@ __device__ __forceinline__ DsaPow2Token dsa_pow2_token(const KvDsaTopkParams& p,
     return tk;
 }
 
-// The short path of a thread's eight entries: every lookup first, then the checks as bit masks.
-// Bit i of conv: entry i converts (before the context and the width, its id at most max_id); of
-// must: entry i is to be converted (v >= 0, not padding). Bit masks, not predicates.
+// The short path's lookups of a thread's eight entries (every one issued before any is used).
+__device__ __forceinline__ void dsa_pow2_lookup(const KvDsaTopkParams& p, const DsaPow2Token& tk,
+                                                const int (&vals)[8], int (&id)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) id[i] = dsa_ro(tk.look + min((unsigned int)vals[i] >> p.block_shift, tk.last));
+}
+
+// The short path's bounds as bit masks (not predicates), before the lookups: bit i of in, entry i
+// lies before the token's context and the row's width (it converts unless its block id is bad); of
+// must, entry i is to be converted (v >= 0, not padding).
+__device__ __forceinline__ void dsa_pow2_bounds(const DsaPow2Token& tk, const int (&vals)[8], unsigned int& in,
+                                                unsigned int& must) {
+    in = 0u;
+    must = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const unsigned int q = (unsigned int)vals[i];
+        in |= (unsigned int)(q < tk.lim_ok) << i;
+        must |= (unsigned int)(q < tk.lim_bad) << i;
+    }
+}
+
+// The short path's slots after the lookups: bit i of conv, entry i converts (in, its id at most
+// max_id).
+__device__ __forceinline__ void dsa_pow2_check(const KvDsaTopkParams& p, const int (&vals)[8], const int (&id)[8],
+                                               unsigned int in, int (&res)[8], unsigned int& conv) {
+    const int shift = p.block_shift;
+    const unsigned int mask = (1u << shift) - 1u, max_id = (unsigned int)KV_INT_MAX >> shift;
+    conv = in;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        conv &= ~((unsigned int)((unsigned int)id[i] > max_id) << i);
+        res[i] = (conv >> i) & 1u ? (int)(((unsigned int)id[i] << shift) | ((unsigned int)vals[i] & mask)) : -1;
+    }
+}
+
+// The short path of a thread's eight entries (the compacting form's): every lookup first, then the
+// checks as bit masks. Bit i of conv: entry i converts (before the context and the width, its id at
+// most max_id); of must: entry i is to be converted (v >= 0, not padding). Bit masks, not
+// predicates. It repeats dsa_pow2_bounds and dsa_pow2_check rather than call them: composed of
+// them, its sm_90 code is scheduled differently from the form that was measured.
 __device__ __forceinline__ void dsa_pow2_short(const KvDsaTopkParams& p, const DsaPow2Token& tk,
                                                const int (&vals)[8], int (&res)[8], unsigned int& conv,
                                                unsigned int& must) {
@@ -684,22 +726,76 @@ __device__ __forceinline__ int dsa_pow2_exact(const KvDsaTopkParams& p, KvErr& e
     return n;
 }
 
-// Plain, phase 1: the thread's entries converted and stored, its error record returned (its layer
-// in layer), its valid count summed over the warp and published.
-__device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm,
-                                                  int& layer) {
-    static_assert(KV_DSA_UNROLL == 2, "two int4 a thread a chunk");
+// Plain: a thread's state across the block's barriers (registers on the GPU; the emulator keeps
+// one per thread).
+struct DsaPow2Plain {
+    int vals[8];      // its entries, -1 past the row or for an inactive thread
+    DsaPow2Token tk;  // its token's side of the short path
+};
+
+// The thread's valid count summed over its warp and published for the row's count (the emulator:
+// the thread's own).
+__device__ __forceinline__ void dsa_pow2_publish(DsaPow2Shared<false>& sm, int count) {
+#ifdef __CUDA_ARCH__
+    const int s = (int)__reduce_add_sync(0xffffffffu, (unsigned int)count);
+    if ((threadIdx.x & 31) == 0) sm.wsum[threadIdx.x >> 5] = s;
+#else
+    sm.cnt[threadIdx.x] = count;
+#endif
+}
+
+// Plain, phase 1 (before the first barrier): the thread's loads, and its count as if every entry
+// before the context converts (true unless an entry takes the exact path) published.
+__device__ __forceinline__ void dsa_pow2_begin(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm,
+                                               DsaPow2Plain& st) {
     const int half = 4 << p.row_shift;
     const int col = ((int)threadIdx.x & ((1 << p.row_shift) - 1)) * 4;
-    int row, token;
+    int row, layer, token;
     const bool active = dsa_row32(p, row, layer, token);
+    dsa_pow2_load(p, active, (i64)row * p.k, col, half, st.vals, p.topk);
+    st.tk = dsa_pow2_token(p, active, token);
+    unsigned int in, must;
+    dsa_pow2_bounds(st.tk, st.vals, in, must);
+    dsa_pow2_publish(sm, __popc(in));
+}
+
+// Plain, writing the row's count: its first warp sums its warps' published counts (a lane each)
+// and its first thread writes the sum.
+__device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const DsaPow2Shared<false>& sm) {
+    const int R = 1 << p.row_shift;
+    const int lane = (int)threadIdx.x & (R - 1);  // thread within the row's threads
+    bool active;
+    const int row = dsa_pow2_row(p, active);
+    if (lane < 32 && active) {
+#ifdef __CUDA_ARCH__
+        const int s = lane < (R >> 5) ? sm.wsum[((int)threadIdx.x >> 5) + lane] : 0;
+        const int total = (int)__reduce_add_sync(0xffffffffu, (unsigned int)s);
+#else
+        int total = 0;
+        for (int i = (int)threadIdx.x; i < (int)threadIdx.x + R; ++i) total += sm.cnt[i];
+#endif
+        if (lane == 0) p.counts[row] = total;
+    }
+}
+
+// Plain, phase 2 (after the first barrier): the row's count written (phase 1's: by the row's first
+// warp, before its lookups), the thread's entries looked up, checked and stored. Returns whether an
+// entry takes the exact path (bad input, an id near 2^31 / B): its block then goes through phases 3
+// and 4, which write the count again.
+__device__ __forceinline__ bool dsa_pow2_finish(const KvDsaTopkParams& p, const DsaPow2Shared<false>& sm,
+                                                DsaPow2Plain& st) {
+    static_assert(KV_DSA_UNROLL == 2, "two int4 a thread a chunk");
+    dsa_pow2_count(p, sm);
+    const int half = 4 << p.row_shift;
+    const int col = ((int)threadIdx.x & ((1 << p.row_shift) - 1)) * 4;
+    bool active;
+    const int row = dsa_pow2_row(p, active);
     const i64 row_off = (i64)row * p.k;
-    int vals[8];
-    dsa_pow2_load(p, active, row_off, col, half, vals, p.topk);
-    const DsaPow2Token tk = dsa_pow2_token(p, active, token);
-    int res[8];
-    unsigned int conv, must;
-    dsa_pow2_short(p, tk, vals, res, conv, must);
+    int id[8], res[8];
+    dsa_pow2_lookup(p, st.tk, st.vals, id);
+    unsigned int in, must, conv;
+    dsa_pow2_bounds(st.tk, st.vals, in, must);
+    dsa_pow2_check(p, st.vals, id, in, res, conv);
     if (active) {
 #pragma unroll
         for (int u = 0; u < 2; ++u)
@@ -707,37 +803,20 @@ __device__ __forceinline__ KvErr dsa_pow2_convert(const KvDsaTopkParams& p, DsaP
                 *reinterpret_cast<int4*>(p.slots + row_off + col + u * half) =
                     make_int4(res[u * 4], res[u * 4 + 1], res[u * 4 + 2], res[u * 4 + 3]);
     }
+    return active && (must & ~conv) != 0u;
+}
+
+// Plain, phase 3 (after the second barrier, only in a block with an exact-path entry): every
+// thread's entries again exactly (dsa_pow2_exact: a good entry's slot is the same), its error record
+// returned (its layer in layer), and its true count published for phase 4's count.
+__device__ __forceinline__ KvErr dsa_pow2_recount(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm, int& layer) {
     KvErr err;
     err.mask = 0u;
     err.key = KV_NO_ERROR;
-    int count = __popc(conv);
-    if (active && (must & ~conv) != 0u) count = dsa_pow2_exact(p, err);
-#ifdef __CUDA_ARCH__
-    const int s = (int)__reduce_add_sync(0xffffffffu, (unsigned int)count);
-    if ((threadIdx.x & 31) == 0) sm.wsum[threadIdx.x >> 5] = s;
-#else
-    sm.cnt[threadIdx.x] = count;
-#endif
+    int row, token;
+    const bool active = dsa_row32(p, row, layer, token);
+    dsa_pow2_publish(sm, active ? dsa_pow2_exact(p, err) : 0);
     return err;
-}
-
-// Plain, phase 2 (after the barrier): the row's first warp sums its warps' counts (a lane each)
-// and its first thread writes the row's count.
-__device__ __forceinline__ void dsa_pow2_count(const KvDsaTopkParams& p, const DsaPow2Shared<false>& sm) {
-    const int R = 1 << p.row_shift;
-    const int lane = (int)threadIdx.x & (R - 1);  // thread within the row's threads
-    if (lane >= 32) return;
-    bool active;
-    const int row = dsa_pow2_row(p, active);
-    if (!active) return;
-#ifdef __CUDA_ARCH__
-    const int s = lane < (R >> 5) ? sm.wsum[((int)threadIdx.x >> 5) + lane] : 0;
-    const int total = (int)__reduce_add_sync(0xffffffffu, (unsigned int)s);
-#else
-    int total = 0;
-    for (int i = (int)threadIdx.x; i < (int)threadIdx.x + R; ++i) total += sm.cnt[i];
-#endif
-    if (lane == 0) p.counts[row] = total;
 }
 
 // Compacting: a thread's state across its three phases (registers on the GPU; the emulator keeps
@@ -851,11 +930,17 @@ __device__ __forceinline__ void dsa_pow2c_store(const KvDsaTopkParams& p, const 
 
 // The forms' bodies, chosen by the shared memory's type.
 __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Shared<false>& sm) {
-    int layer;
-    const KvErr err = dsa_pow2_convert(p, sm, layer);
-    kv_merge_record(p.errors, layer, err);  // a warp never spans two rows: one layer's record
+    DsaPow2Plain st;
+    dsa_pow2_begin(p, sm, st);
     __syncthreads();
-    dsa_pow2_count(p, sm);
+    const bool exact = dsa_pow2_finish(p, sm, st);
+    if (__syncthreads_or(exact)) {  // (uniform) bad input or an id near 2^31 / B
+        int layer;
+        const KvErr err = dsa_pow2_recount(p, sm, layer);
+        kv_merge_record(p.errors, layer, err);  // a warp never spans two rows: one layer's record
+        __syncthreads();
+        dsa_pow2_count(p, sm);  // by the thread that wrote phase 2's count: it is overwritten
+    }
 }
 
 __device__ __forceinline__ void dsa_pow2_run(const KvDsaTopkParams& p, DsaPow2Shared<true>& sm) {

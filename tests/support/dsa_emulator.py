@@ -28,6 +28,7 @@ EXTRA_PRELUDE = r"""
 struct int4 { int x, y, z, w; };
 static inline int4 make_int4(int x, int y, int z, int w) { int4 v; v.x = x; v.y = y; v.z = z; v.w = w; return v; }
 static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+static inline int __syncthreads_or(int v) { return v; }
 """
 
 DRIVER = r"""
@@ -70,6 +71,7 @@ static void emu_merge(const KvDsaTopkParams& p, int layer, const KvErr& e) {
 
 extern "C" void emu_dsa_pow2(const KvDsaTopkParams* pp, int compact, unsigned int grid) {
     static DsaPow2Shared<false> sm;
+    static DsaPow2Plain plain[KV_THREADS];
     static DsaPow2Shared<true> smc;
     static DsaPow2Lane lanes[KV_THREADS];
     gridDim.x = grid; gridDim.y = 1; gridDim.z = 1;
@@ -87,10 +89,14 @@ extern "C" void emu_dsa_pow2(const KvDsaTopkParams* pp, int compact, unsigned in
             for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2c_store(*pp, smc, lanes[t]); }
             continue;
         }
+        for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2_begin(*pp, sm, plain[t]); }
+        bool any = false;
+        for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; any |= dsa_pow2_finish(*pp, sm, plain[t]); }
+        if (!any) continue;
         for (int t = 0; t < KV_THREADS; ++t) {
             threadIdx.x = t;
             int layer = 0;
-            const KvErr e = dsa_pow2_convert(*pp, sm, layer);
+            const KvErr e = dsa_pow2_recount(*pp, sm, layer);
             emu_merge(*pp, layer, e);
         }
         for (int t = 0; t < KV_THREADS; ++t) { threadIdx.x = t; dsa_pow2_count(*pp, sm); }
