@@ -68,6 +68,43 @@ def test_k2048_matches_the_reference(t, compact):
     assert (want.valid_counts < 2048).any()  # short requests present
 
 
+@pytest.mark.parametrize("k", [256, 2048])
+def test_compact_rows_beside_rows_with_holes(k):
+    """Good entries only: rows already compact (valid entries first), rows with -1s among them
+    (one hole near each end of both halves of the row, or 1 in 16 entries), and blocks of each kind
+    and of both kinds; no errors."""
+    from kvaddr.dsa import topk_kernel
+
+    shift, per_block = topk_kernel(k, 4)
+    half = 4 << shift
+    rng = np.random.default_rng(k)
+    b, ctx_len = 64, 4 * k
+    table = rng.permutation(1 << 16)[: 4 * (ctx_len // b)].reshape(4, ctx_len // b).astype(np.int32)
+    rows = []
+    for n in (1, 5, half - 1, half, half + 1, k - 1, k):
+        for h in (None, 0, n - 1, 4 * ((n - 1) // 4), max(0, n - 3)):
+            row = np.full(k, -1)
+            row[:n] = rng.permutation(ctx_len)[:n]
+            if h is not None:
+                row[h] = -1
+            rows.append(row)
+            for _ in range(per_block - 1):  # the rest of its block: already compact
+                row = np.full(k, -1)
+                m = int(rng.integers(0, k + 1))
+                row[:m] = rng.permutation(ctx_len)[:m]
+                rows.append(row)
+    for _ in range(64 * per_block):  # rows with many holes or none, mixed in blocks
+        row = rng.permutation(ctx_len)[:k]
+        if rng.random() < 0.5:
+            row[rng.random(k) < 1 / 16] = -1
+        rows.append(row)
+    topk = np.array(rows, dtype=np.int32)
+    t = len(rows)
+    req = rng.integers(0, 4, size=t).astype(np.int32)
+    want = assert_matches(topk, req, table, b, np.full(t, ctx_len, np.int32), compact=True)
+    assert want.error_mask == 0 and (want.valid_counts < k).any() and (want.valid_counts == k).any()
+
+
 @pytest.mark.parametrize("b", [1, 13, 16, 64, 100])
 @pytest.mark.parametrize("k", [1, 7, 64, 130, 512, 2048, 2051, 5000])
 @pytest.mark.parametrize("compact", [False, True])

@@ -158,6 +158,14 @@ def pow2_steps(draw):
     topk = rng.integers(-1, b * (width + 2) + 3, size=(layers, t, k))
     cut = rng.integers(0, k + 1, size=(layers, t, 1))
     topk = np.where(np.arange(k)[None, None, :] >= cut, -1, topk)
+    # rows of good entries only, then a tail of -1s (already compact: what the indexer writes),
+    # beside rows with holes and bad entries in the same blocks
+    clean = rng.random((layers, t)) < draw(st.sampled_from([0.0, 0.5, 1.0]))
+    for layer, i in zip(*np.nonzero(clean)):
+        good = [q for q in range(min(int(ctx[i]), width * b)) if req[i] >= 0 and table[req[i], q // b] >= 0]
+        n = min(len(good), int(cut[layer, i, 0]))
+        topk[layer, i] = -1
+        topk[layer, i, :n] = rng.choice(good, size=n, replace=False) if n else []
     return topk, req, table, b, ctx
 
 
@@ -206,6 +214,39 @@ def test_long_rows_over_several_chunks(gpu, k, compact):
     topk = rng.integers(-1, 5200, size=(t, k))
     topk[0, k // 2 :] = -1  # a short request
     assert_matches(topk, req, table, b, ctx, compact=compact)
+
+
+@pytest.mark.parametrize("k", [12, 256, 1000, 2048])
+def test_compacting_rows_with_one_hole(gpu, k):
+    """Rows of good entries but for one -1 (at each end of every int4 near the ends of both
+    halves of the row's columns), each in a block of rows that are already compact."""
+    from kvaddr.dsa import topk_kernel
+
+    shift, per_block = topk_kernel(k, 4)
+    half = 4 << shift
+    b, rng = 16, np.random.default_rng(k)
+    width = k // b + 2
+    ctx = width * b
+    table = rng.permutation(10 * width)[: 2 * width].reshape(2, width)
+    cases = [(k, None)]
+    for n in {1, 2, 4, 5, 8, half - 1, half, half + 1, half + 5, k - 1, k}:
+        if 1 <= n <= k:
+            cases += [
+                (n, h) for h in {0, n - 1, n - 2, n - 3, 4 * ((n - 1) // 4), 4 * ((n - 1) // 4) + 1} if 0 <= h < n
+            ]
+    rows = []
+    for n, h in cases:  # the row under test first in its block, then rows already compact
+        for j in range(per_block):
+            row = np.full(k, -1)
+            m = n if j == 0 else rng.integers(0, k + 1)
+            row[:m] = rng.permutation(ctx)[:m]
+            if j == 0 and h is not None:
+                row[h] = -1
+            rows.append(row)
+    topk = np.array(rows)
+    req = rng.integers(0, 2, size=len(rows))
+    assert_matches(topk, req, table, b, np.full(len(rows), ctx), compact=True)
+    assert gpu[-1][0] == "dsa_topk_slots_pow2<true>"
 
 
 def test_many_rows_per_block_and_a_partial_last_block(gpu):
