@@ -71,8 +71,8 @@ def test_k2048_matches_the_reference(t, compact):
 @pytest.mark.parametrize("k", [256, 2048])
 def test_compact_rows_beside_rows_with_holes(k):
     """Good entries only: rows already compact (valid entries first), rows with -1s among them
-    (one hole near each end of both halves of the row, or 1 in 16 entries), and blocks of each kind
-    and of both kinds; no errors."""
+    (one hole near each end of both halves of the row or at either end of a warp's columns, or 1
+    in 16 entries), and blocks of each kind and of both kinds; no errors."""
     from kvaddr.dsa import topk_kernel
 
     shift, per_block = topk_kernel(k, 4)
@@ -81,18 +81,22 @@ def test_compact_rows_beside_rows_with_holes(k):
     b, ctx_len = 64, 4 * k
     table = rng.permutation(1 << 16)[: 4 * (ctx_len // b)].reshape(4, ctx_len // b).astype(np.int32)
     rows = []
-    for n in (1, 5, half - 1, half, half + 1, k - 1, k):
-        for h in (None, 0, n - 1, 4 * ((n - 1) // 4), max(0, n - 3)):
+    cases = [(n, h) for n in (1, 5, half - 1, half, half + 1, k - 1, k) for h in (None, 0, n - 1, max(0, n - 3))]
+    cases += [(n, 4 * ((n - 1) // 4)) for n in (5, half + 1, k)]  # the first entry of the last int4
+    cases += [
+        (n, h) for n in {min(half, k), k} for j in range(1, n // 128 + 1) for h in (128 * j - 1, 128 * j) if h < n
+    ]  # a warp's ends
+    for n, h in cases:
+        row = np.full(k, -1)
+        row[:n] = rng.permutation(ctx_len)[:n]
+        if h is not None:
+            row[h] = -1
+        rows.append(row)
+        for _ in range(per_block - 1):  # the rest of its block: already compact
             row = np.full(k, -1)
-            row[:n] = rng.permutation(ctx_len)[:n]
-            if h is not None:
-                row[h] = -1
+            m = int(rng.integers(0, k + 1))
+            row[:m] = rng.permutation(ctx_len)[:m]
             rows.append(row)
-            for _ in range(per_block - 1):  # the rest of its block: already compact
-                row = np.full(k, -1)
-                m = int(rng.integers(0, k + 1))
-                row[:m] = rng.permutation(ctx_len)[:m]
-                rows.append(row)
     for _ in range(64 * per_block):  # rows with many holes or none, mixed in blocks
         row = rng.permutation(ctx_len)[:k]
         if rng.random() < 0.5:

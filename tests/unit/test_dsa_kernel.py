@@ -219,7 +219,8 @@ def test_long_rows_over_several_chunks(gpu, k, compact):
 @pytest.mark.parametrize("k", [12, 256, 1000, 2048])
 def test_compacting_rows_with_one_hole(gpu, k):
     """Rows of good entries but for one -1 (at each end of every int4 near the ends of both
-    halves of the row's columns), each in a block of rows that are already compact."""
+    halves of the row's columns, at each end of a warp's columns), each in a block of rows that
+    are already compact."""
     from kvaddr.dsa import topk_kernel
 
     shift, per_block = topk_kernel(k, 4)
@@ -228,7 +229,10 @@ def test_compacting_rows_with_one_hole(gpu, k):
     width = k // b + 2
     ctx = width * b
     table = rng.permutation(10 * width)[: 2 * width].reshape(2, width)
-    cases = [(k, None)]
+    # rows of a half or all columns, a hole at either end of a warp's 128 columns of a half
+    cases = [(k, None)] + [
+        (n, h) for n in {min(half, k), k} for j in range(1, n // 128 + 1) for h in (128 * j - 1, 128 * j) if h < n
+    ]
     for n in {1, 2, 4, 5, 8, half - 1, half, half + 1, half + 5, k - 1, k}:
         if 1 <= n <= k:
             cases += [
