@@ -165,6 +165,31 @@ class BoundStep:
         """Blocks of the launch for ``bsz`` requests (as :meth:`StepPlanner.kernel_for`)."""
         return self._plan(bsz)[1]
 
+    def launch_args(self, bsz: int | None = None) -> tuple:
+        """What :meth:`launch` hands the driver for ``bsz`` requests, for a caller that launches on a
+        hot path of its own (the torch ops keep it per argument set).
+
+        Parameters
+        ----------
+        bsz : int, optional
+            Requests, ``0 <= bsz <= max_bsz``; the bound length by default. Written into the
+            bound parameters here: a later :meth:`launch` with another ``bsz`` rewrites it.
+
+        Returns
+        -------
+        tuple
+            ``(launch_kernel, function, blocks, grid_y, threads, kernel_params)``, to be called
+            as ``launch_kernel(function, blocks, grid_y, 1, threads, 1, 1, 0, stream,
+            kernel_params, 0)`` with a raw stream handle; that call checks nothing.
+        """
+        if bsz is None:
+            bsz = self._bsz_default
+        if not 0 <= bsz <= self.max_bsz:
+            raise ValueError(f"bsz must be an int in [0, {self.max_bsz}] (the bound rows), got {bsz!r}")
+        fptr, blocks, threads = self._plan(bsz)
+        self.params.bsz = bsz
+        return (self._launch_kernel, fptr, blocks, self._grid_y, threads, self._params_ptr)
+
     def launch(self, bsz: int | None = None, stream=None):
         """Launch the step over the first ``bsz`` requests of the bound buffers.
 

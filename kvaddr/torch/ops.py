@@ -909,7 +909,7 @@ def _step_cuda(dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws) -
         (id(dec), id(q), id(cu), id(nt), id(batch), id(pos), id(kv), id(slots), id(ws), *map(id, tables))
     )
     if entry is not None and entry[1] == block_sizes and not entry[4]:
-        entry[5](entry[6], entry[7], 1, 1, entry[8], 1, 1, 0, _raw_stream(entry[2]), entry[9], 0)
+        entry[5](entry[6], entry[7], entry[8], 1, entry[9], 1, 1, 0, _raw_stream(entry[2]), entry[10], 0)
         return
     _step_cuda_checked(entry, dec, q, tables, block_sizes, cu, nt, batch, pos, kv, slots, ws)
 
@@ -931,9 +931,8 @@ def _remember(key, bound, block_sizes, tensors, dev) -> tuple:
     if multi is None:
         multi = _state["multi_device"] = torch.cuda.device_count() > 1
     # (bound, block sizes, device, weak refs, several GPUs, then what the hot path launches with:
-    # launchKernel, function, grid, threads, kernelParams)
-    fptr, blocks, threads = bound._plan(bound.max_bsz)
-    launch = (bound._launch_kernel, fptr, blocks, threads, bound._params_ptr)
+    # launchKernel, function, grid, grid_y, threads, kernelParams)
+    launch = bound.launch_args(bound.max_bsz)
     if _state["debug"]:
         return (bound, None, dev, (), multi, *launch)
 
@@ -964,7 +963,7 @@ def _into_cuda(dec, q, table, out, layout) -> None:
     # The packed op's hot path: as _step_cuda's, keyed by (layout, the four tensors' ids).
     entry = _cache.get((layout, id(dec), id(q), id(out), id(table)))
     if entry is not None and not entry[4]:
-        entry[5](entry[6], entry[7], 1, 1, entry[8], 1, 1, 0, _raw_stream(entry[2]), entry[9], 0)
+        entry[5](entry[6], entry[7], entry[8], 1, entry[9], 1, 1, 0, _raw_stream(entry[2]), entry[10], 0)
         return
     _into_cuda_checked(entry, dec, q, [table], out, layout)
 
@@ -972,7 +971,7 @@ def _into_cuda(dec, q, table, out, layout) -> None:
 def _into_tables_cuda(dec, q, tables, out, layout) -> None:
     entry = _cache.get((layout, id(dec), id(q), id(out), *map(id, tables)))
     if entry is not None and not entry[4]:
-        entry[5](entry[6], entry[7], 1, 1, entry[8], 1, 1, 0, _raw_stream(entry[2]), entry[9], 0)
+        entry[5](entry[6], entry[7], entry[8], 1, entry[9], 1, 1, 0, _raw_stream(entry[2]), entry[10], 0)
         return
     _into_cuda_checked(entry, dec, q, tables, out, layout)
 

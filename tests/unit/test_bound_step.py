@@ -145,6 +145,19 @@ def test_launch_calls_the_driver_with_the_prebuilt_parameter_array(fake_runtime,
     assert b.params.bsz == (5 if bsz is None else bsz)
 
 
+@pytest.mark.parametrize("bsz", [None, 0, 3, 5])
+def test_launch_args_are_what_launch_hands_the_driver(fake_runtime, bsz):
+    rec = Recorder()
+    b = bind(5, launch=rec)
+    fn, fptr, blocks, grid_y, threads, params = b.launch_args(bsz)
+    assert b.params.bsz == (5 if bsz is None else bsz)
+    fn(fptr, blocks, grid_y, 1, threads, 1, 1, 0, 7, params, 0)
+    b.launch(bsz)
+    assert fn is rec and rec.calls[0] == rec.calls[1]
+    with pytest.raises(ValueError, match=r"bsz must be an int in \[0, 5\]"):
+        b.launch_args(6)
+
+
 def test_bsz_may_change_per_call_and_the_launch_follows_the_plan(fake_runtime):
     """Every bsz launches the plan's (kernel, blocks, threads): the dispatch table's choice,
     whichever kernel that is (small, across blocks, multi-block)."""
