@@ -28,14 +28,17 @@ the memo never hits) for compute() of both and for ``VllmStepPlanner.bind()``'s
 ``--host-only``: the correctness check and the eager host rows alone (no graph timing), about 15 s.
 ``--attention``: only the attention rows: the vLLM step with attention=("flashinfer", "varlen")
 against the step without, graph mode, on/off, after checking both against the reference.
-``--num-blocks-mem uva``: only the rows of ``num_blocks`` in pinned host memory read through UVA
-(vLLM's layout: one ``[G, max_num_reqs]`` int32 array, ``cupyx.empty_pinned``) against the same
-step with ``num_blocks`` in device memory, graph mode, decode 64/1024/4096 and mixed, G = 1, 2;
-beside them ``uva-floor`` (CUDA source below, an instrument): one launch reading the same UVA
-words in the same dependent order (idx_mapping[b] -> num_blocks[g][r] of every group) and storing
-them, nothing else. Prints uva/device and uva/floor; exit status 1 if both exceed their bounds
-(uva <= 1.2x device or <= 1.3x the floor, whichever allows more). Every implementation, the floor
-included, is checked first. ``--num-blocks-mem device`` (the default): the rows above.
+``--num-blocks-mem uva``: only the rows of ``num_blocks`` in pinned host memory (vLLM's layout:
+one ``[G, max_num_reqs]`` int32 array, ``cupyx.empty_pinned``; the planner stages it: a copy
+kernel, then the step as its programmatic dependent) against the same step with ``num_blocks``
+in device memory, graph mode, decode 64/1024/4096 and mixed, G = 1, 2; beside them two floors
+(CUDA source below, instruments): ``uva-floor``, one launch reading the same words through UVA
+in the same dependent order (idx_mapping[b] -> num_blocks[g][r] of every group) and storing them;
+``staged-floor``, the staged step's two launches doing strictly less (the same copy, then a
+dependent kernel that reads idx_mapping[b] and the copied num_blocks[g][r] and stores them).
+Prints uva/device, uva/floor and uva/staged-floor with PASS or FAIL against the bounds
+(uva <= 1.2x device or <= 1.3x the uva-floor; uva <= 1.3x the staged-floor); exit status 1 if
+the first fails. Every implementation, the floors included, is checked first. ``--num-blocks-mem device`` (the default): the rows above.
 """
 
 from __future__ import annotations
@@ -104,6 +107,45 @@ extern "C" __global__ void uva_floor(const int* __restrict__ idx,  // [n] int32:
 #pragma unroll
     for (int g = 0; g < 4; ++g)
         if (g < G && r >= 0) v[g] = nb[g * stride + r];
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+        if (g < G) out[(long long)g * n + b] = v[g];
+}
+
+// The staged-floor (--num-blocks-mem uva): the staged step's two launches doing strictly less.
+// staged_floor_copy copies num_blocks rows [0, M) of every group into device memory, as
+// vllm_stage_num_blocks does; staged_floor_read, launched as its programmatic dependent, reads
+// idx[b], waits for the copy, reads the copy's num_blocks[g][r] and stores them. Same parameters.
+extern "C" __global__ void staged_floor_copy(const int* __restrict__ idx, unsigned long long nb_addr,
+                                             long long stride, int* __restrict__ copy, int G, int M, int n,
+                                             int* __restrict__ out) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= M) return;
+    const int* nb = reinterpret_cast<const int*>(nb_addr);
+    int v[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+        if (g < G) v[g] = nb[g * stride + i];
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+        if (g < G) copy[(long long)g * M + i] = v[g];
+}
+extern "C" __global__ void staged_floor_read(const int* __restrict__ idx, unsigned long long nb_addr,
+                                             long long stride, int* __restrict__ copy, int G, int M, int n,
+                                             int* __restrict__ out) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n) return;
+    const int r = idx[b];
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    int v[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+        if (g < G && r >= 0) v[g] = copy[(long long)g * M + r];
 #pragma unroll
     for (int g = 0; g < 4; ++g)
         if (g < G) out[(long long)g * n + b] = v[g];
@@ -488,11 +530,28 @@ def attention_rows(a, stream) -> int:
 def uva_rows(a, stream) -> int:
     """``--num-blocks-mem uva``: the vLLM step with ``num_blocks`` in pinned host memory (UVA) against
     the step with it in device memory, and the uva-floor, graph mode; each first checked."""
+    import ctypes
+
+    from kvaddr import kernel_loader
     from kvaddr.measure.vllm_workload import pinned_num_blocks
     from kvaddr.validation import mapped_pointer
 
+    class FloorArgs(ctypes.Structure):  # the staged-floor kernels' parameters, in order
+        _fields_ = [
+            ("idx", ctypes.c_uint64),
+            ("nb_addr", ctypes.c_uint64),
+            ("stride", ctypes.c_int64),
+            ("copy", ctypes.c_uint64),
+            ("G", ctypes.c_int32),
+            ("M", ctypes.c_int32),
+            ("n", ctypes.c_int32),
+            ("out", ctypes.c_uint64),
+        ]
+
     rows, missed = [], False
-    fn = cupy.RawModule(code=UVA_FLOOR_SOURCE).get_function("uva_floor")
+    mod = cupy.RawModule(code=UVA_FLOOR_SOURCE)
+    fn = mod.get_function("uva_floor")
+    programmatic = kernel_loader.programmatic_launch_supported(cupy.cuda.runtime.getDevice())
     with stream:
         for shape_text in a.shape or SHAPES:
             for groups in GROUPS:
@@ -551,27 +610,53 @@ def uva_rows(a, stream) -> int:
                 stream.synchronize()
                 want = np.where(idx_h >= 0, stacked[:, np.maximum(idx_h, 0)], 0)
                 assert np.array_equal(floor_out.get()[:, :n], want), "uva-floor"
+                # the staged-floor: the copy, then the reader as its programmatic dependent
+                M = bs.config.max_num_reqs
+                copy = cupy.zeros((G, M), np.int32)
+                sf_out = cupy.full((G, max(n, 1)), -7, np.int32)
+                sf_args = FloorArgs(idx32.data.ptr, addr, stacked.shape[1], copy.data.ptr, G, M, n, sf_out.data.ptr)
+                first = kernel_loader.DependentLaunch(
+                    int(mod.get_function("staged_floor_copy").kernel.ptr), -(-M // 256), 256, programmatic=programmatic
+                )
+                sf = kernel_loader.Launcher(mod.get_function("staged_floor_read").kernel, sf_args, launch_kernel=first)
+
+                def run_staged_floor():
+                    sf(max(1, -(-n // 256)), 256, stream.ptr)
+
+                run_staged_floor()
+                stream.synchronize()
+                assert np.array_equal(sf_out.get()[:, :n], want), "staged-floor"
+                assert uva.staged and not dev.staged, "num_blocks in pinned host memory is staged"
                 t_dev = graph_time_per_copy(lambda: run(dev, nb_dev), stream, a.copies, a.replays)
                 t_uva = graph_time_per_copy(lambda: run(uva, nb_uva), stream, a.copies, a.replays)
                 t_floor = graph_time_per_copy(run_floor, stream, a.copies, a.replays)
-                r_dev, r_floor = t_uva / t_dev, t_uva / t_floor
+                t_sfloor = graph_time_per_copy(run_staged_floor, stream, a.copies, a.replays)
+                r_dev, r_floor, r_sfloor = t_uva / t_dev, t_uva / t_floor, t_uva / t_sfloor
                 ok = r_dev <= UVA_BOUNDS[0] or r_floor <= UVA_BOUNDS[1]
+                ok_staged = r_sfloor <= UVA_BOUNDS[1]
                 missed |= not ok
                 rows.append(
                     dict(
                         shape=shape_text,
                         groups=list(groups),
                         num_reqs=bs.num_reqs,
-                        graph_us=dict(num_blocks_device=t_dev, num_blocks_uva=t_uva, uva_floor=t_floor),
+                        graph_us=dict(
+                            num_blocks_device=t_dev, num_blocks_uva=t_uva, uva_floor=t_floor, staged_floor=t_sfloor
+                        ),
                         uva_vs_device=r_dev,
                         uva_vs_floor=r_floor,
+                        uva_vs_staged_floor=r_sfloor,
+                        programmatic=programmatic,
                         within_bound=ok,
+                        within_staged_floor_bound=ok_staged,
                     )
                 )
                 print(
                     f"{shape_text:>16} G={len(groups)}  graph us: num_blocks device {t_dev:6.2f}  uva {t_uva:6.2f}  "
-                    f"uva-floor {t_floor:6.2f}  | uva/device {r_dev:5.2f} (bound {UVA_BOUNDS[0]})  "
-                    f"uva/floor {r_floor:5.2f} (bound {UVA_BOUNDS[1]})  {'PASS' if ok else 'FAIL'}",
+                    f"uva-floor {t_floor:6.2f}  staged-floor {t_sfloor:6.2f}  | uva/device {r_dev:5.2f} "
+                    f"(bound {UVA_BOUNDS[0]})  uva/floor {r_floor:5.2f} (bound {UVA_BOUNDS[1]})  "
+                    f"{'PASS' if ok else 'FAIL'}  uva/staged-floor {r_sfloor:5.2f} (bound {UVA_BOUNDS[1]})  "
+                    f"{'PASS' if ok_staged else 'FAIL'}",
                     flush=True,
                 )
     if a.json:

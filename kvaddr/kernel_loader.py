@@ -377,9 +377,12 @@ class Launcher:
         value, e.g. :class:`StepParams`); otherwise one field per kernel parameter,
         in order (e.g. :class:`SlotsArgs`).
     by_value : bool, default False
+    launch_kernel : callable, optional
+        What makes the driver call, with ``cupy.cuda.driver.launchKernel``'s arguments (a
+        :class:`DependentLaunch`, say); ``launchKernel`` by default.
     """
 
-    def __init__(self, fn, args, *, by_value: bool = False):
+    def __init__(self, fn, args, *, by_value: bool = False, launch_kernel=None):
         self.fn = fn
         self.args = args
         self.by_value = by_value
@@ -394,10 +397,11 @@ class Launcher:
         try:
             from cupy.cuda import driver
 
-            self._fast = driver.launchKernel
+            self._fast = driver.launchKernel if launch_kernel is None else launch_kernel
             self._fptr = int(fn.ptr)
         except (ImportError, AttributeError):  # older CuPy: convert through Function.__call__
-            self._fast = None
+            self._fast = launch_kernel
+            self._fptr = int(fn.ptr) if launch_kernel is not None else 0
 
     @property
     def fast(self) -> bool:
@@ -419,6 +423,89 @@ class Launcher:
         else:
             args = function_args(self.args, by_value=self.by_value)
             self.fn((grid, grid_y), (block,), args, 0, raw_stream(stream))
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+#: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h).
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+@functools.cache
+def _cu_launch_kernel_ex():
+    """The driver's ``cuLaunchKernelEx`` through ctypes, or None where the driver library lacks it."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            fn = ctypes.CDLL(name).cuLaunchKernelEx
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+def programmatic_launch_supported(device_id: int) -> bool:
+    """Whether a kernel can be launched as the programmatic dependent of the one before it on
+    ``device_id`` (compute capability 9.0 or later, a driver with ``cuLaunchKernelEx``)."""
+    import cupy
+
+    try:
+        major = int(cupy.cuda.Device(device_id).compute_capability) // 10
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return major >= 9 and _cu_launch_kernel_ex() is not None
+
+
+class DependentLaunch:
+    """``cupy.cuda.driver.launchKernel``'s signature for a kernel that runs behind another: each call
+    launches ``first`` (``first_blocks`` x ``threads``, the same kernel parameters), then the kernel
+    it is given, as ``first``'s programmatic dependent with ``programmatic`` (it may start while
+    ``first`` runs and waits for it with ``griddepcontrol.wait``; sm_90 and later, see
+    :func:`programmatic_launch_supported`), else in stream order. Both launches are recorded by
+    CUDA graph capture. Not thread-safe (its launch configuration is reused)."""
+
+    def __init__(self, first: int, first_blocks: int, threads: int, *, programmatic: bool):
+        from cupy.cuda import driver
+
+        self._launch = driver.launchKernel
+        self._first, self._first_blocks, self._threads = int(first), int(first_blocks), int(threads)
+        self.programmatic = bool(programmatic)
+        self._ex = _cu_launch_kernel_ex() if self.programmatic else None
+        if self.programmatic and self._ex is None:
+            raise RuntimeError("a programmatic launch needs the driver's cuLaunchKernelEx")
+        self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        ctypes.memmove(ctypes.addressof(self._attr) + _LaunchAttribute.value.offset, ctypes.byref(ctypes.c_int(1)), 4)
+        self._config = _LaunchConfig(attrs=ctypes.pointer(self._attr), num_attrs=1)
+        self._config_ref = ctypes.byref(self._config)
+
+    def __call__(self, fptr, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, extra) -> None:
+        self._launch(self._first, self._first_blocks, 1, 1, self._threads, 1, 1, 0, stream, params, 0)
+        if self._ex is None:
+            self._launch(fptr, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, extra)
+            return
+        c = self._config
+        c.grid[0], c.grid[1], c.grid[2] = gx, gy, gz
+        c.block[0], c.block[1], c.block[2] = bx, by, bz
+        c.shared_bytes, c.stream = shared_bytes, stream
+        rc = self._ex(self._config_ref, fptr, params, extra)
+        if rc != 0:
+            from cupy.cuda.driver import CUDADriverError
+
+            raise CUDADriverError(rc)
 
 
 def function_args(args, *, by_value: bool = False) -> tuple:

@@ -182,6 +182,23 @@ def mapped_pointer(name: str, ptr: int) -> int:
     return dptr
 
 
+def host_memory(ptr: int) -> bool:
+    """Whether device pointer ``ptr`` addresses pinned host memory (read through UVA over PCIe), as
+    ``cudaPointerGetAttributes`` reports it: a mapped view of a pinned buffer, whatever array type
+    (a CuPy or torch CUDA tensor over vLLM's pinned ``num_blocks``, say) holds it. False for device
+    memory and where the attributes cannot be read."""
+    if ptr == 0:
+        return False
+    from cupy.cuda import runtime
+
+    try:
+        attrs = runtime.pointerGetAttributes(ptr)
+    except Exception:
+        return False
+    kind = getattr(attrs, "type", getattr(attrs, "memoryType", -1))
+    return kind == getattr(runtime, "memoryTypeHost", 1)
+
+
 def describe_mapped(name: str, x) -> ArrayInfo:
     """:func:`describe`, also accepting pinned host memory that kernels read through UVA: a pinned
     torch CPU tensor (``pin_memory()``), a NumPy array in pinned memory (``cupyx.empty_pinned``) or

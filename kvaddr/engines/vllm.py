@@ -33,7 +33,16 @@ from kvaddr.engines.vllm_errors import VllmAddressingError
 from kvaddr.errors import clean_error_records
 from kvaddr.host import ErrorRecords, Memo, StreamResolver
 from kvaddr.outputs import DsaOutputs
-from kvaddr.validation import INT32_MAX, check_int, describe, describe_mapped, memo_guard, repeats, signature_getter
+from kvaddr.validation import (
+    INT32_MAX,
+    check_int,
+    describe,
+    describe_mapped,
+    host_memory,
+    memo_guard,
+    repeats,
+    signature_getter,
+)
 
 if TYPE_CHECKING:
     from kvaddr.engines.vllm_bound import BoundVllmStep
@@ -183,6 +192,7 @@ class VllmStepParams(ctypes.Structure):
         ("num_computed_tokens", _P),
         ("block_table", _P * _G),
         ("num_blocks", _P * _G),
+        ("num_blocks_src", _P * _G),
         ("table_stride", _I64 * _G),
         ("positions", _P),
         ("seq_lens", _P),
@@ -392,6 +402,11 @@ class VllmStepPlanner:
         p = self._params = VllmStepParams()
         with cupy.cuda.Device(self.device):
             self._fns = self._load_functions()
+            self._device_step = self._fns.get("step")
+            self._staged_step = None  # the launcher of the staged kernels, made when first needed
+            # The device copy of num_blocks that the staged launch reads (num_blocks in pinned host
+            # memory: vllm_stage_num_blocks, kvaddr/kernels/vllm.cuh).
+            self._num_blocks_copy = cupy.zeros((G, M), dtype=np.int32) if self._one_launch else None
             self.outputs = self._make_outputs(given)
             fill = np.zeros((G, M), dtype=np.int32)
             # Entries of each gathered row that may be non-zero: none in a table the planner
@@ -449,7 +464,7 @@ class VllmStepPlanner:
         self._prev_rows = M  # the three-launch baseline's host-side copy of state[0]
         # Per-call constants: the struct's array fields (views sharing its memory), the
         # argument names and the shape texts of the messages.
-        self._f_block_table, self._f_table_stride, self._f_num_blocks = p.block_table, p.table_stride, p.num_blocks
+        self._f_block_table, self._f_table_stride = p.block_table, p.table_stride
         self.forget_inputs()
         self._texts = {
             "rows": f"(rows >= max_num_reqs = {M},)",
@@ -740,11 +755,13 @@ class VllmStepPlanner:
         return info.ptr, (info.strides[0] if info.shape[0] > 1 else W)
 
     def _set_num_blocks(self, num_blocks) -> None:
-        nbp = self._f_num_blocks
+        p = self._params
         self._seen_nb = None  # until every check passed
         nbs, ptrs = self._check_num_blocks(num_blocks)
-        for g, ptr in enumerate(ptrs):
-            nbp[g] = ptr
+        fields, sources, step = self._num_blocks_fields(ptrs)
+        for g in range(len(ptrs)):
+            p.num_blocks[g], p.num_blocks_src[g] = fields[g], sources[g]
+        self._fns["step"] = step
         items = tuple(num_blocks) if type(num_blocks) in (list, tuple) else ()
         self._seen_nb = (num_blocks, items, tuple(nbs), tuple(_state_signature(a) for a in nbs))
 
@@ -779,12 +796,48 @@ class VllmStepPlanner:
                 ptrs.append(check_vector(name, info, min_length=M, shape_text=tx["rows"], device=dev).ptr)
         return nbs, ptrs
 
+    def _num_blocks_fields(self, ptrs: list) -> tuple:
+        """For num_blocks at ``ptrs`` (one per group): ``(the num_blocks fields, the num_blocks_src
+        fields, the step's launcher)``. num_blocks in pinned host memory (vLLM's layout) is staged
+        when the one-launch step runs: the kernel reads the planner's device copy, which
+        vllm_stage_num_blocks fills right before it, each PCIe line read once (see
+        kvaddr/kernels/vllm.cuh); the fields then hold the copy's rows and the given pointers."""
+        if not self._one_launch or not any(host_memory(ptr) for ptr in ptrs):
+            return list(ptrs), [0] * len(ptrs), self._device_step
+        copy = self._num_blocks_copy
+        rows = [copy.data.ptr + 4 * g * copy.shape[1] for g in range(len(ptrs))]
+        return rows, list(ptrs), self._staged_launcher()
+
+    def _staged_launcher(self):
+        """The launcher of the staged kernels (dispatch.vllm_staged_kernels), loaded when first needed:
+        the copy, then the step as its programmatic dependent where the device allows it."""
+        if self._staged_step is None:
+            names = dispatch.vllm_staged_kernels(bool(self._attn_bits), self.dsa, self.config.num_groups)
+            fns = kernel_loader.load_kernels(names, self.device)
+            first = kernel_loader.DependentLaunch(
+                int(fns[names[0]].ptr),
+                -(-self.config.max_num_reqs // THREADS),
+                THREADS,
+                programmatic=kernel_loader.programmatic_launch_supported(self.device),
+            )
+            self._staged_step = kernel_loader.Launcher(fns[names[1]], self._params, by_value=True, launch_kernel=first)
+        return self._staged_step
+
+    @property
+    def staged(self) -> bool:
+        """Whether the last checked call's num_blocks is staged (in pinned host memory: two launches,
+        the copy and the step; see :meth:`compute`)."""
+        return self._fns.get("step") is not self._device_step
+
     def _check_state(self, num_computed_tokens, block_tables, num_blocks) -> tuple:
         """The request state checked as compute() checks it: ``(num_computed_tokens' pointer,
-        [(table pointer, row stride)] per group, [num_blocks pointer] per group)``."""
+        [(table pointer, row stride)] per group, (num_blocks fields, num_blocks_src fields,
+        (launch_kernel, function) of the step that reads them))`` (see ``_num_blocks_fields``)."""
         nct = self._check_num_computed_tokens(num_computed_tokens)
         tables = per_group("block_tables", block_tables, self.config.num_groups, allow_stacked=False)
-        return nct, [self._check_table(g, t) for g, t in enumerate(tables)], self._check_num_blocks(num_blocks)[1]
+        checked = [self._check_table(g, t) for g, t in enumerate(tables)]
+        fields, sources, step = self._num_blocks_fields(self._check_num_blocks(num_blocks)[1])
+        return nct, checked, (fields, sources, step.driver[:2])
 
     def bind(
         self,
@@ -987,7 +1040,7 @@ class VllmStepPlanner:
 
     @property
     def launches_per_step(self) -> int:
-        return 1
+        return 2 if self.staged else 1
 
     def compute(
         self,
@@ -1012,6 +1065,9 @@ class VllmStepPlanner:
         block_tables : sequence of G int32 [rows >= max_num_reqs, width_g] device arrays
             (one array for one group); the last dim contiguous.
         num_blocks : sequence of G int32 [rows >= max_num_reqs], or one int32 [G, rows]
+            Device memory, or pinned host memory (vLLM's layout), which is staged: a first
+            kernel copies its rows into the planner's device copy and the step, launched right
+            behind it, reads that copy (docs/vllm.md; :attr:`staged`).
         num_reqs_padded : int, optional
             The batch's graph size, ``num_reqs <= . <= max_num_reqs`` (default num_reqs):
             gathered rows up to it (and those the previous call filled) are zeroed.
@@ -1112,9 +1168,8 @@ class VllmStepPlanner:
         # The state was checked by this call (_prepare) and its pointers are in the planner's block:
         # the binding takes them as they are the first time (its later re-checks are its own).
         p, G = self._params, self.config.num_groups
-        checked = [
-            (p.num_computed_tokens, [(p.block_table[g], p.table_stride[g]) for g in range(G)], list(p.num_blocks[:G]))
-        ]
+        nb = (list(p.num_blocks[:G]), list(p.num_blocks_src[:G]), step.driver[:2])
+        checked = [(p.num_computed_tokens, [(p.block_table[g], p.table_stride[g]) for g in range(G)], nb)]
         sb = self._make_binding(
             state, stream=None, debug=False, check_state=lambda *a: checked.pop() if checked else self._check_state(*a)
         )

@@ -204,7 +204,8 @@ class BoundVllmStep:
         self._fptr, self._threads = int(fptr), int(threads)
         self._max_num_reqs, self._device = max_num_reqs, device
         self._outputs = outputs
-        self._check_state = check_state  # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], [ptr])
+        # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], ([ptr], [source ptr], (launch_kernel, function)))
+        self._check_state = check_state
         self._check_batch = check_batch  # (idx_mapping, query_start_loc, M, device) -> (ArrayInfo, ArrayInfo)
         self._plan = plan  # (num_reqs_padded, num_reqs) -> (blocks, lanes per pair)
         self._describe = describe_bound  # {name: signature} of the bound arrays (check_bound)
@@ -252,13 +253,16 @@ class BoundVllmStep:
         then remember each array's signature (and a list's items) in one guard."""
         self._same = None  # until every check passed: a failed check leaves the state unbound
         P = self.params
-        nct, tables, nbs = self._check_state(*self._state)
+        nct, tables, (nbs, sources, launch) = self._check_state(*self._state)
         P.num_computed_tokens = nct  # [rows >= M], int32
         for g, (ptr, stride) in enumerate(tables):
             P.block_table[g] = ptr  # [rows >= M, W_g], int32
             P.table_stride[g] = stride  # int64, elements
         for g, ptr in enumerate(nbs):
-            P.num_blocks[g] = ptr  # [rows >= M], int32, device memory or pinned host memory (UVA)
+            # [rows >= M], int32: the given device memory, or (staged: num_blocks in pinned host
+            # memory) the planner's device copy of num_blocks_src[g], filled by the launch's first kernel
+            P.num_blocks[g], P.num_blocks_src[g] = ptr, sources[g]
+        self._launch, self._fptr = launch[0], int(launch[1])  # the step that reads those fields
         self._infos = self._describe_all()  # check_bound's: every bound array's signature now
         # (None: no cheap signature, or a list/tuple subclass: checked again at every launch)
         self._same = memo_guard(self._state)

@@ -40,6 +40,8 @@ struct VllmStepParams {
     const int* num_computed_tokens;    // [>= max_num_reqs], int32, by row r
     const int* block_table[4];         // group g: [>= max_num_reqs, width[g]], int32, row stride table_stride[g]
     const int* num_blocks[4];          // group g: [>= max_num_reqs], int32 (num_blocks_stride apart if stacked)
+    const int* num_blocks_src[4];      // staged (vllm_step<..., true>): group g's num_blocks as given, in pinned
+                                       // host memory (UVA); vllm_stage_num_blocks copies it into num_blocks[g]
     long long table_stride[4];         // group g: elements between rows of block_table[g]
     // -- outputs --
     long long* positions;              // [max_tokens], int64
@@ -142,6 +144,27 @@ __device__ __forceinline__ void vllm_store_slot(const VllmStepParams& p, int g, 
     const long long at = (long long)g * p.slot_stride + t;
     if (p.slot_is_32) reinterpret_cast<int*>(p.slot_mappings)[at] = (int)slot;
     else reinterpret_cast<long long*>(p.slot_mappings)[at] = slot;
+}
+
+// Every slot-enabled group's num_blocks[g][r] (r a row of the state).
+__device__ __forceinline__ void vllm_load_num_blocks(const VllmStepParams& p, long long r,
+                                                     int (&nbs)[VLLM_MAX_GROUPS]) {
+#pragma unroll
+    for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+        if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
+}
+
+// num_blocks in pinned host memory (vLLM's layout) is staged: a PCIe read is a transaction of its
+// own and reads of one line from several SMs are serialised, so the token, request and gather roles
+// reading each word would pay for it three times. vllm_stage_num_blocks copies every group's rows
+// [0, max_num_reqs) into the planner's device copy, each line read once, and the step
+// (vllm_step<..., true>), launched as its programmatic dependent on sm_90 and later, issues its
+// device loads first and waits for the copy only before its first read of num_blocks; on older
+// devices it runs after the copy in stream order and the wait is empty.
+__device__ __forceinline__ void vllm_wait_staged() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 // Is batch entry b < num_reqs a real request with good inputs? Sets its row and
@@ -285,8 +308,9 @@ __device__ __forceinline__ bool vllm_token_index(const VllmStepParams& p, int g,
 }
 
 // DSA (vllm_step<..., true>): the token's DSA outputs too, from its slot in group dsa_group
-// (vllm_dsa_token_out); no load is added.
-template <bool DCP, bool DSA = false>
+// (vllm_dsa_token_out); no load is added. STAGED: num_blocks is the staged copy, read after
+// vllm_wait_staged, behind the block ids.
+template <bool DCP, bool DSA, bool STAGED>
 __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t, int b, int q0, int q1, long long r,
                                                   int num_tokens, VllmErr& err) {
     bool valid = false;
@@ -294,9 +318,7 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
     int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
     if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
         if (r >= 0 && r < p.max_num_reqs) {
-#pragma unroll
-            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
+            if (!STAGED) vllm_load_num_blocks(p, r, nbs);
             const int nct = p.num_computed_tokens[r];
             if (nct >= 0) {
                 valid = true;
@@ -315,6 +337,10 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
             if (vllm_token_index<DCP>(p, g, flags, pos, idx, off) && (long long)idx < (long long)p.width[g])
                 blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
         }
+    }
+    if (STAGED) {
+        vllm_wait_staged();
+        if (valid) vllm_load_num_blocks(p, r, nbs);
     }
     p.positions[t] = pos;
     long long dsa_slot = -1, dsa_off = 0, dsa_B = 1;  // DSA: the slot of group dsa_group, its offset and B
@@ -356,6 +382,8 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
 
 // One batch row b < max_num_reqs of the request role: seq_lens, dcp_local_seq_lens, the
 // per-request checks, and every group's num_blocks check (keyed at the request's first token).
+// STAGED: num_blocks is the staged copy, read after vllm_wait_staged.
+template <bool STAGED>
 __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b, VllmErr& err) {
     int seq = 0;
     if (b < p.num_reqs) {
@@ -370,10 +398,18 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
             err.add(VLLM_ERR_ROW_INDEX, 5, tok, b, 0);
         } else if (r >= 0) {
             // The row's num_blocks are loaded with its num_computed_tokens.
+            if (!STAGED) {
 #pragma unroll
-            for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
+                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                    if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
+            }
             nct = p.num_computed_tokens[r];
+            if (STAGED) {
+                vllm_wait_staged();
+#pragma unroll
+                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
+                    if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
+            }
             if (nct < 0) {
                 good = false;
                 err.add(VLLM_ERR_NEGATIVE_COMPUTED, 7, tok, b, 0);
@@ -399,13 +435,16 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
 
 // One (group, real batch row b < num_reqs) pair by `lanes` lanes (sub = this lane's index
 // among them); an inactive pair (past the last one) only reaches the warp barrier. No
-// error is detected here (vllm_request_row checks num_blocks).
+// error is detected here (vllm_request_row checks num_blocks). STAGED: num_blocks is the
+// staged copy, read after vllm_wait_staged, behind the first chunk's loads.
+template <bool STAGED>
 __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool active, int g, int b, int sub,
                                                  int lanes) {
     int nbc = 0, first = 0, fill = 0, spec = 0, nb = 0, cap = 0;
     int* __restrict__ out = 0;
     int* __restrict__ fill_at = 0;
     const int* __restrict__ src = 0;
+    int row = 0;  // the state row read (STAGED: its num_blocks after the wait)
     if (active) {
         const int W = vllm_pick(p.width, g);
         out = vllm_pick(p.gathered, g) + (long long)b * vllm_pick(p.gathered_stride, g);
@@ -419,7 +458,8 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
         // load before the row's block ids, a fourth in all.)
         const bool rok = r >= 0 && r < p.max_num_reqs;
         const int rr = rok ? (int)r : 0;
-        nb = vllm_pick(p.num_blocks, g)[rr];
+        if (!STAGED) nb = vllm_pick(p.num_blocks, g)[rr];
+        row = rr;
         const int nct = p.num_computed_tokens[rr];
         src = vllm_pick(p.block_table, g) + (long long)rr * vllm_pick(p.table_stride, g);
         const bool good = rok && nct >= 0 && q0 >= 0 && q1 >= q0;
@@ -448,6 +488,10 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
     for (int k = 0; k < VLLM_GATHER_LOADS; ++k) {
         const int j = lanes * k + sub;
         v0[k] = (j < spec && j >= first) ? src[j] : 0;
+    }
+    if (STAGED) {
+        vllm_wait_staged();
+        if (active) nb = vllm_pick(p.num_blocks, g)[row];
     }
     nbc = min(max(nb, 0), cap);
     // Entries [0, max(nbc, fill)): VLLM_GATHER_LOADS loads in flight per lane before any store.
@@ -547,7 +591,9 @@ __device__ __forceinline__ int vllm_attn_qlen(const VllmReqLoads& x) {
     return (int)(d < 0 ? 0 : (d > VLLM_INT_MAX ? VLLM_INT_MAX : d));
 }
 
-// Attention metadata block m (of num_groups * meta_blocks), see the section comment.
+// Attention metadata block m (of num_groups * meta_blocks), see the section comment. STAGED:
+// num_blocks is the staged copy, read after vllm_wait_staged.
+template <bool STAGED>
 __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, int m, VllmErr& err) {
     __shared__ VllmMetaShared sm;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -619,6 +665,7 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
     int nct = 0, nb = 0;
     if (has_row) {
         nct = p.num_computed_tokens[x.r];
+        if (STAGED) vllm_wait_staged();
         nb = vllm_pick(p.num_blocks, g)[x.r];
     }
     const int qn = (mine && b >= n && b <= M) ? p.query_start_loc[n] : 0;
@@ -755,7 +802,7 @@ __device__ __forceinline__ void vllm_attention_block(const VllmStepParams& p, in
 // token's ks and ke (vllm_dsa_token_out), and row 1 writes those and cu_seq_lens (vllm_dsa_block).
 __device__ void vllm_dsa_block(const VllmStepParams& p, int* sq);  // vllm_dsa.cuh
 
-template <bool ATTENTION, bool DSA = false>
+template <bool ATTENTION, bool DSA = false, bool STAGED = false>
 __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p) {
     __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block (or a DSA block) searches
     if (DSA && blockIdx.y != 0) {  // DSA: the grid's second row (vllm_dsa.cuh), no error record
@@ -793,8 +840,8 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         }
         if (t < p.max_tokens) {
             // (uniform) only a DCP step has sharded groups
-            if (p.cp_size > 1) vllm_token_write<true, DSA>(p, t, b, q0, q1, r, num_tokens, err);
-            else vllm_token_write<false, DSA>(p, t, b, q0, q1, r, num_tokens, err);
+            if (p.cp_size > 1) vllm_token_write<true, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, err);
+            else vllm_token_write<false, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, err);
         }
     } else if (blk < p.token_blocks + p.request_blocks) {
         const int b = (blk - p.token_blocks) * VLLM_THREADS + (int)threadIdx.x;
@@ -806,7 +853,7 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
 #pragma unroll
         for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
             if (g < p.num_groups && spare) fills[g] = p.row_fill[g][b];
-        if (b < p.max_num_reqs) vllm_request_row(p, b, err);
+        if (b < p.max_num_reqs) vllm_request_row<STAGED>(p, b, err);
 #pragma unroll
         for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
             if (g >= p.num_groups) break;
@@ -823,7 +870,7 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         }
     } else if (ATTENTION && blk >= (int)gridDim.x - p.num_groups * p.meta_blocks) {
         const int m = blk - ((int)gridDim.x - p.num_groups * p.meta_blocks);
-        vllm_attention_block(p, m, err);
+        vllm_attention_block<STAGED>(p, m, err);
         blk = p.token_blocks + p.request_blocks + m;  // this block's records follow the request blocks'
     } else {
         // Pairs (group g, real row b < num_reqs), pair_lanes = L lanes each: warp w takes group
@@ -845,7 +892,7 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
             const int g = (w >= chunks) + (w >= 2 * chunks) + (w >= 3 * chunks);
             const int b = ((w - g * chunks) << shift) + slot;
             const bool active = b < n;
-            vllm_gather_row(p, active, active ? g : 0, active ? b : 0, sub, L);
+            vllm_gather_row<STAGED>(p, active, active ? g : 0, active ? b : 0, sub, L);
         }
         return;  // the gather detects no error and writes no record
     }
@@ -864,4 +911,22 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
             atomicMin(&p.errors[2 * w + 1], err.key);
         }
     }
+}
+
+// The staged launch's first kernel (vllm_wait_staged's comment): every group's num_blocks rows
+// [0, max_num_reqs) copied from num_blocks_src[g] (pinned host memory) into num_blocks[g] (the
+// planner's device copy), a thread per row: <<<ceil(max_num_reqs / VLLM_THREADS), VLLM_THREADS>>>,
+// the step's parameter; GROUPS = num_groups. Its first instruction lets the step launch while it runs.
+template <int GROUPS>
+__global__ void __launch_bounds__(VLLM_THREADS) vllm_stage_num_blocks(const VllmStepParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    const int i = (int)(blockIdx.x * VLLM_THREADS + threadIdx.x);
+    if (i >= p.max_num_reqs) return;
+    int v[GROUPS];
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) v[g] = p.num_blocks_src[g][i];  // every load issued before a store
+#pragma unroll
+    for (int g = 0; g < GROUPS; ++g) const_cast<int*>(p.num_blocks[g])[i] = v[g];
 }

@@ -72,7 +72,7 @@ template <typename T> static inline T atomicMin(T* p, T v) { T o = *p; if (v < o
 """
 
 DRIVER = r"""
-extern "C" void emu_vllm_attn(const VllmStepParams* pp) {
+extern "C" void emu_vllm_attn(const VllmStepParams* pp, int staged) {
     const VllmStepParams& p = *pp;
     const int blocks = p.num_groups * p.meta_blocks;
     std::barrier<> bb(VLLM_THREADS);
@@ -82,12 +82,13 @@ extern "C" void emu_vllm_attn(const VllmStepParams* pp) {
     for (int m = 0; m < blocks; ++m) {
         std::vector<std::thread> th;
         for (int t = 0; t < VLLM_THREADS; ++t)
-            th.emplace_back([&p, t, m] {
+            th.emplace_back([&p, t, m, staged] {
                 threadIdx.x = (unsigned int)t;
                 VllmErr err;
                 err.mask = 0;
                 err.key = KV_NO_ERROR;
-                vllm_attention_block(p, m, err);
+                if (staged) vllm_attention_block<true>(p, m, err);
+                else vllm_attention_block<false>(p, m, err);
                 for (int s = 16; s > 0; s >>= 1) {  // the kernel's per-warp record
                     err.mask |= __shfl_xor_sync(0u, err.mask, s);
                     const unsigned long long k = __shfl_xor_sync(0u, err.key, s);
@@ -149,14 +150,16 @@ def library():
     if proc.returncode != 0:
         raise RuntimeError("the attention metadata emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
-    lib.emu_vllm_attn.argtypes = [ctypes.c_void_p]
+    lib.emu_vllm_attn.argtypes = [ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
 def on_launch(name: str, address: int, gx: int, gy: int) -> None:
     """vllm_fake_cupy's launch callback: the step's roles (vllm_emulator), then the metadata blocks."""
-    if name == dispatch.vllm_kernel(True):
-        vllm_emulator.run(dispatch.vllm_kernel(False), address, gx, gy)
-        library().emu_vllm_attn(address)
+    staged = dispatch.vllm_staged_kernels(True)[1]
+    if name in (dispatch.vllm_kernel(True), staged):
+        step = dispatch.vllm_staged_kernels(False)[1] if name == staged else dispatch.vllm_kernel(False)
+        vllm_emulator.run(step, address, gx, gy)
+        library().emu_vllm_attn(address, int(name == staged))
     else:
         vllm_emulator.run(name, address, gx, gy)

@@ -65,7 +65,7 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
 // (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
 // do: sticky; a clean launch writes no record). DSA (vllm_step<false, true>): the token
 // writes are vllm_token_write<DCP, true>'s, which write the token's DSA outputs too.
-template <bool DSA>
+template <bool DSA, bool STAGED>
 static void emu_step(const VllmStepParams& p) {
     VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     const int n = p.num_reqs;
@@ -80,14 +80,14 @@ static void emu_step(const VllmStepParams& p) {
             q1 = p.query_start_loc[b + 1];
             r = vllm_row_of(p, b);
         }
-        if (p.cp_size > 1) vllm_token_write<true, DSA>(p, t, b, q0, q1, r, num_tokens, e);
-        else vllm_token_write<false, DSA>(p, t, b, q0, q1, r, num_tokens, e);
+        if (p.cp_size > 1) vllm_token_write<true, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, e);
+        else vllm_token_write<false, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, e);
         emu_merge(all, e);
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
         threadIdx.x = b % VLLM_THREADS;
         VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
-        vllm_request_row(p, b, e);
+        vllm_request_row<STAGED>(p, b, e);
         emu_merge(all, e);
     }
     for (int g = 0; g < p.num_groups; ++g)
@@ -100,7 +100,7 @@ static void emu_step(const VllmStepParams& p) {
         for (int b = 0; b < n; ++b)
             for (int sub = p.pair_lanes - 1; sub >= 0; --sub) {  // lane 0 (which stores the fill) last
                 threadIdx.x = sub;
-                vllm_gather_row(p, true, g, b, sub, p.pair_lanes);
+                vllm_gather_row<STAGED>(p, true, g, b, sub, p.pair_lanes);
             }
     if (all.mask) {
         p.errors[0] |= all.mask;
@@ -108,9 +108,23 @@ static void emu_step(const VllmStepParams& p) {
     }
 }
 
-extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid) {
-    emu_step<false>(*pp);
+template <bool DSA>
+static void emu_step_as(const VllmStepParams& p, int staged) {
+    if (staged) emu_step<DSA, true>(p);
+    else emu_step<DSA, false>(p);
+}
+
+extern "C" void emu_vllm_step(const VllmStepParams* pp, unsigned int grid, int staged) {
+    emu_step_as<false>(*pp, staged);
     (void)grid;
+}
+
+// vllm_stage_num_blocks: every group's rows [0, max_num_reqs) of num_blocks_src into num_blocks
+// (the kernel's copy, a thread per row, restated as a loop).
+extern "C" void emu_vllm_stage(const VllmStepParams* pp) {
+    const VllmStepParams& p = *pp;
+    for (int g = 0; g < p.num_groups; ++g)
+        for (int i = 0; i < p.max_num_reqs; ++i) const_cast<int*>(p.num_blocks[g])[i] = p.num_blocks_src[g][i];
 }
 
 // vllm_step<false, true>'s second grid row: its device helpers (vllm_dsa.cuh: load, votes,
@@ -179,7 +193,7 @@ static void emu_dsa_row(const VllmStepParams& p, unsigned int gx) {
 // token row must write every offset, ctx and req_id and, per token, ks and ke both or neither; the
 // DSA row must write cu_seq_lens whole, the ks and ke the token row left, no others, and none of
 // the token row's other outputs. Returns 0, or the number of the broken rule.
-extern "C" int emu_vllm_step_dsa(const VllmStepParams* pp, unsigned int gx) {
+extern "C" int emu_vllm_step_dsa(const VllmStepParams* pp, unsigned int gx, int staged) {
     const VllmStepParams& p = *pp;
     const int T = p.max_tokens, M = p.max_num_reqs, U = -7;
     for (int t = 0; t < T; ++t) {
@@ -187,7 +201,7 @@ extern "C" int emu_vllm_step_dsa(const VllmStepParams* pp, unsigned int gx) {
         p.dsa_ctx[t] = p.dsa_ks[t] = p.dsa_ke[t] = p.dsa_req_id[t] = U;
     }
     for (int i = 0; i <= M; ++i) p.dsa_cu_seq_lens[i] = U;
-    emu_step<true>(p);
+    emu_step_as<true>(p, staged);
     int rc = 0;
     unsigned char* tok = new unsigned char[T > 0 ? T : 1];
     int* saved = new int[4 * (T > 0 ? T : 1)];
@@ -290,8 +304,9 @@ def library():
     if proc.returncode != 0:
         raise RuntimeError("the vLLM kernel emulator did not compile:\n" + proc.stdout + proc.stderr)
     lib = ctypes.CDLL(str(so))
-    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint]
-    lib.emu_vllm_step_dsa.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.emu_vllm_step.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    lib.emu_vllm_stage.argtypes = [ctypes.c_void_p]
+    lib.emu_vllm_step_dsa.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
     lib.emu_vllm_step_dsa.restype = ctypes.c_int
     lib.emu_vllm3.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     return lib
@@ -311,11 +326,15 @@ def run(name: str, params_address: int, gx: int, gy: int) -> None:
     """Emulate one launch of kernel ``name`` (``vllm_step<false>`` or a three-launch baseline's)
     with its parameter struct at ``params_address``."""
     lib = library()
-    if name == dispatch.vllm_kernel(False):
-        lib.emu_vllm_step(params_address, gx)
-    elif name == dispatch.vllm_kernel(False, dsa=True):
+    staged_step = dispatch.vllm_staged_kernels(False)[1]
+    staged_dsa = dispatch.vllm_staged_kernels(False, dsa=True)[1]
+    if name.startswith("vllm_stage_num_blocks<"):
+        lib.emu_vllm_stage(params_address)
+    elif name in (dispatch.vllm_kernel(False), staged_step):
+        lib.emu_vllm_step(params_address, gx, int(name == staged_step))
+    elif name in (dispatch.vllm_kernel(False, dsa=True), staged_dsa):
         assert gy == 2, "the DSA step launches two grid rows"
-        rc = lib.emu_vllm_step_dsa(params_address, gx)
+        rc = lib.emu_vllm_step_dsa(params_address, gx, int(name == staged_dsa))
         assert rc == 0, f"the DSA outputs are not each written by exactly one thread: {_DSA_RULES[rc]}"
     else:
         which = {"kvaddr_vllm3_prepare": 0, "kvaddr_vllm3_gather": 1, "kvaddr_vllm3_slots": 2}[name]

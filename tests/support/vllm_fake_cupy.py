@@ -116,10 +116,13 @@ def install(monkeypatch, on_launch=None) -> types.SimpleNamespace:
     pinned: dict = {}  # host address of a pinned allocation -> (its length in bytes, its device pointer)
 
     def pointer_attributes(ptr):
-        """cudaPointerGetAttributes for host memory: pinned (registered with ``pin``) or pageable."""
+        """cudaPointerGetAttributes for host memory: pinned (registered with ``pin``; by its host
+        address or its device pointer) or pageable."""
         for start, (size, dptr) in pinned.items():
             if start <= ptr < start + size:
                 return types.SimpleNamespace(type=1, device=0, devicePointer=dptr + (ptr - start), hostPointer=ptr)
+            if dptr <= ptr < dptr + size:
+                return types.SimpleNamespace(type=1, device=0, devicePointer=ptr, hostPointer=start + (ptr - dptr))
         return types.SimpleNamespace(type=0, device=-2, devicePointer=0, hostPointer=0)
 
     def pin(a: np.ndarray, device_offset: int = 0) -> np.ndarray:

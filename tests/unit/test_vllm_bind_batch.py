@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvaddr import dispatch
 from kvaddr.engines import vllm as vllm_module
 from kvaddr.engines.vllm_bound import BoundVllmBatch, BoundVllmStep, torch_batch_check
 from kvaddr.engines.vllm_reference import vllm_step_reference
@@ -268,20 +269,26 @@ def test_the_binding_form_without_buffers_takes_debug_too(fake):
 
 def test_num_blocks_in_pinned_host_memory(fake):
     """A NumPy array in pinned memory (as cupyx.empty_pinned makes): its device pointer (here its
-    address + an offset, to tell the two apart) is what the kernel gets; pageable memory is refused
-    naming the argument; a stacked [G, rows] array too."""
+    address + an offset, to tell the two apart) is what the launch's copy reads (num_blocks_src), the
+    step reading the planner's device copy; pageable memory is refused naming the argument; a
+    stacked [G, rows] array too."""
     st = _state()
     idx, qsl = _buffers()
     pl = _planner()
     nbs = [fake.pin(a.a.copy(), device_offset=0x1000) for a in st["num_blocks"]]
     bound = pl.bind(st["num_computed_tokens"], st["block_tables"], nbs, idx_mapping=idx, query_start_loc=qsl)
     bound.launch(2, 2, stream=9)
-    assert fake.launches[-1]["params"]["num_blocks"][:2] == [a.ctypes.data + 0x1000 for a in nbs]
+    _assert_staged(fake, pl, [a.ctypes.data + 0x1000 for a in nbs])
     pl.compute(idx[:2], qsl[:3], st["num_computed_tokens"], st["block_tables"], nbs, 2, stream=9)
-    assert fake.launches[-1]["params"]["num_blocks"][:2] == [a.ctypes.data + 0x1000 for a in nbs]
+    _assert_staged(fake, pl, [a.ctypes.data + 0x1000 for a in nbs])
     stacked = fake.pin(np.stack([a.a for a in st["num_blocks"]]), device_offset=0x2000)
     pl.bind(st["num_computed_tokens"], st["block_tables"], stacked).launch(idx[:2], qsl[:3], stream=9)
-    assert fake.launches[-1]["params"]["num_blocks"][:2] == [stacked.ctypes.data + 0x2000 + 4 * g * M for g in (0, 1)]
+    _assert_staged(fake, pl, [stacked.ctypes.data + 0x2000 + 4 * g * M for g in (0, 1)])
+    # num_blocks in device memory again: one launch, the arrays read where they are
+    pl.compute(idx[:2], qsl[:3], st["num_computed_tokens"], st["block_tables"], st["num_blocks"], 2, stream=9)
+    last = fake.launches[-1]
+    assert last["name"] == dispatch.vllm_kernel(False) and not fake.launches[-2]["name"].startswith("vllm_stage")
+    assert last["params"]["num_blocks"][:2] == [a.a.ctypes.data for a in st["num_blocks"]] and not pl.staged
     pageable = [a.a.copy() for a in st["num_blocks"]]
     with pytest.raises(TypeError, match=r"num_blocks\[0\] must be a CUDA array or pinned host memory"):
         pl.bind(st["num_computed_tokens"], st["block_tables"], pageable)
@@ -319,7 +326,7 @@ def test_num_blocks_as_an_array_interface_view_of_pinned_memory(fake):
         st["num_computed_tokens"], st["block_tables"], HostView(stacked), idx_mapping=idx, query_start_loc=qsl
     )
     bound.launch(2, 2, stream=9)
-    assert fake.launches[-1]["params"]["num_blocks"][:2] == [stacked.ctypes.data + 0x3000 + 4 * g * M for g in (0, 1)]
+    _assert_staged(fake, pl, [stacked.ctypes.data + 0x3000 + 4 * g * M for g in (0, 1)])
     with pytest.raises(TypeError, match="num_blocks must be a CUDA array or pinned host memory"):
         pl.bind(st["num_computed_tokens"], st["block_tables"], HostView(stacked.copy()))  # pageable
     # one group: a [1, rows] view (no .shape attribute, only the interface's) is the stacked layout
@@ -327,7 +334,20 @@ def test_num_blocks_as_an_array_interface_view_of_pinned_memory(fake):
     st1 = _state(G=1)
     stacked1 = fake.pin(np.stack([st1["num_blocks"][0].a]))
     one.bind(st1["num_computed_tokens"], st1["block_tables"], HostView(stacked1)).launch(idx[:2], qsl[:3], stream=9)
-    assert fake.launches[-1]["params"]["num_blocks"][0] == stacked1.ctypes.data
+    _assert_staged(fake, one, [stacked1.ctypes.data])
+
+
+def _assert_staged(fake, planner, sources):
+    """The last two launches are the staged pair: the copy of num_blocks (pinned host memory, at the
+    device pointers ``sources``) into the planner's device copy, then the step reading that copy."""
+    copy, G = planner._num_blocks_copy, len(sources)
+    rows = [copy.data.ptr + 4 * g * copy.shape[1] for g in range(G)]
+    stage, step = dispatch.vllm_staged_kernels(False, num_groups=G)
+    first, last = fake.launches[-2], fake.launches[-1]
+    assert (first["name"], last["name"]) == (stage, step)
+    assert first["grid"][0] == -(-planner.config.max_num_reqs // 256) and first["block"] == 256
+    for launch in (first, last):  # one parameter block for both
+        assert launch["params"]["num_blocks_src"][:G] == sources and launch["params"]["num_blocks"][:G] == rows
 
 
 def test_a_pageable_torch_tensor_is_refused_naming_num_blocks(fake):

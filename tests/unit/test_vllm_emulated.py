@@ -31,8 +31,15 @@ def _host(out):
     return {k: (tuple(t.a.copy() for t in v) if isinstance(v, tuple) else v.a.copy()) for k, v in out.as_dict().items()}
 
 
-def check(impl, cfg, x, padded=None, errors=True, label=""):
-    out = impl.compute(*(on_fake(x)[k] for k in NAMES), num_reqs_padded=padded)
+def check(impl, cfg, x, padded=None, errors=True, label="", pin=None):
+    """With ``pin`` (the fake's): num_blocks in (fake) pinned host memory, one [G, rows] array, which
+    the one-launch planner stages (the copy kernel, then the step reading the copy)."""
+    args = on_fake(x)
+    if pin is not None:
+        args["num_blocks"] = pin(np.stack(x["num_blocks"]).astype(np.int32))
+    out = impl.compute(*(args[k] for k in NAMES), num_reqs_padded=padded)
+    if pin is not None:
+        assert impl.staged and impl.launches_per_step == 2, label
     want = vllm_step_reference(cfg, **{k: x[k] for k in NAMES}, num_reqs_padded=padded)
     assert_same(_host(out), want.outputs.as_dict(), label)
     if errors:
@@ -102,11 +109,12 @@ def test_random_steps_match_the_reference(data):
         spare_tokens=M * max_query,
     )
     with pytest.MonkeyPatch.context() as mp:
-        install(mp, on_launch=vllm_emulator.run)
-        _steps(data, rng, cfg, state, M, max_query, seed)
+        ns = install(mp, on_launch=vllm_emulator.run)
+        _steps(data, rng, cfg, state, M, max_query, seed, ns.pin if data.draw(st.booleans()) else None)
 
 
-def _steps(data, rng, cfg, state, M, max_query, seed):
+def _steps(data, rng, cfg, state, M, max_query, seed, pin):
+    """Three steps; with ``pin``, num_blocks in pinned host memory for the one-launch planner."""
     one, three = _impls(cfg)
     bad = data.draw(st.booleans())
     for step in range(3):
@@ -116,7 +124,7 @@ def _steps(data, rng, cfg, state, M, max_query, seed):
         if bad:
             x = corrupt(rng, cfg, x, rate=0.1)
         label = f"seed {seed}, step {step}"
-        check(one, cfg, x, padded, label=label)
+        check(one, cfg, x, padded, label=label, pin=pin)
         if not bad:
             check(three, cfg, x, padded, errors=False, label=label)
 
