@@ -37,7 +37,9 @@ Rows (every one launched on the same CUDA stream, inputs persistent, one decode 
   persistent state; ``, torch stream object``: the same with ``stream=`` a torch stream object
   new at every call (8 ``torch.cuda.current_stream()`` objects made beforehand, in turn) instead of
   its int handle; ``torch: 2 slices + current_stream() (no launch)``: what making those objects
-  costs the engine per step (no kvaddr call).
+  costs the engine per step (no kvaddr call); ``, pinned num_blocks``: the bound batch launch and
+  compute() with fresh slices over ``num_blocks`` in pinned host memory (a ``pin_memory()``
+  tensor, vLLM's layout), which the planner stages: two driver calls per step (no bound).
 
 Host time: ``time.perf_counter`` around N calls with no synchronisation in between, then
 one synchronisation outside the clock; per call = elapsed / N. Rows are measured in turn,
@@ -131,9 +133,13 @@ def vllm_torch_rows(torch, bsz: int, handle: int, rows: dict):
     qsl_buf[: n + 1] = t(x["query_start_loc"])
     kw = dict(max_num_reqs=M, max_num_batched_tokens=cfg.max_num_batched_tokens, block_sizes=[16, 64])
     kw["widths"] = list(cfg.widths)
-    pb, pf, pc, pcs = (VllmStepPlanner(**kw) for _ in range(4))
+    pb, pf, pc, pcs, pbu, pcu = (VllmStepPlanner(**kw) for _ in range(6))
+    num_blocks_pinned = torch.from_numpy(np.stack(x["num_blocks"]).astype(np.int32)).pin_memory()
     bound_batch = pb.bind(nct, tables, num_blocks, idx_mapping=idx_buf, query_start_loc=qsl_buf, stream=handle)
     bound = pf.bind(nct, tables, num_blocks, stream=handle)
+    bound_batch_pinned = pbu.bind(
+        nct, tables, num_blocks_pinned, idx_mapping=idx_buf, query_start_loc=qsl_buf, stream=handle
+    )
     slices = itertools.cycle([(idx_buf[:n], qsl_buf[: n + 1]) for _ in range(8)])
     streams = itertools.cycle([torch.cuda.current_stream() for _ in range(8)])
     assert all(s.cuda_stream == handle for s in [next(streams) for _ in range(8)]), "torch's current stream"
@@ -154,6 +160,10 @@ def vllm_torch_rows(torch, bsz: int, handle: int, rows: dict):
         i, q = next(slices)
         pcs.compute(i, q, nct, tables, num_blocks, padded, stream=next(streams))
 
+    def compute_fresh_pinned():
+        i, q = next(slices)
+        pcu.compute(i, q, nct, tables, num_blocks_pinned, padded, stream=handle)
+
     def torch_alone():
         return idx_buf[:n], qsl_buf[: n + 1], torch.cuda.current_stream()
 
@@ -163,6 +173,10 @@ def vllm_torch_rows(torch, bsz: int, handle: int, rows: dict):
     rows["vLLM compute(fresh slices)"] = compute_fresh
     rows["vLLM compute(fresh slices), torch stream object"] = compute_fresh_torch_stream
     rows["torch: 2 slices + current_stream() (no launch)"] = torch_alone
+    rows["vLLM bind(batch buffers).launch(n, padded), pinned num_blocks"] = lambda: bound_batch_pinned.launch(
+        n, padded, handle
+    )
+    rows["vLLM compute(fresh slices), pinned num_blocks"] = compute_fresh_pinned
     want = vllm_step_reference(cfg, **x, num_reqs_padded=padded).outputs
 
     def check(sync):
@@ -171,6 +185,12 @@ def vllm_torch_rows(torch, bsz: int, handle: int, rows: dict):
             ("bind() fresh slices", pf, bound_fresh),
             ("compute() fresh slices", pc, compute_fresh),
             ("compute() fresh slices, torch stream", pcs, compute_fresh_torch_stream),
+            (
+                "bind(batch buffers), pinned num_blocks",
+                pbu,
+                rows["vLLM bind(batch buffers).launch(n, padded), pinned num_blocks"],
+            ),
+            ("compute() fresh slices, pinned num_blocks", pcu, compute_fresh_pinned),
         ):
             for _ in range(3):  # (compute(): the third call is on the path of fresh objects)
                 fn()

@@ -476,7 +476,8 @@ class DependentLaunch:
     it is given, as ``first``'s programmatic dependent with ``programmatic`` (it may start while
     ``first`` runs and waits for it with ``griddepcontrol.wait``; sm_90 and later, see
     :func:`programmatic_launch_supported`), else in stream order. Both launches are recorded by
-    CUDA graph capture. Not thread-safe (its launch configuration is reused)."""
+    CUDA graph capture. The second launch's configuration is built once per grid, block and stream
+    and kept (a handful per planner). Not thread-safe."""
 
     def __init__(self, first: int, first_blocks: int, threads: int, *, programmatic: bool):
         from cupy.cuda import driver
@@ -489,19 +490,26 @@ class DependentLaunch:
             raise RuntimeError("a programmatic launch needs the driver's cuLaunchKernelEx")
         self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
         ctypes.memmove(ctypes.addressof(self._attr) + _LaunchAttribute.value.offset, ctypes.byref(ctypes.c_int(1)), 4)
-        self._config = _LaunchConfig(attrs=ctypes.pointer(self._attr), num_attrs=1)
-        self._config_ref = ctypes.byref(self._config)
+        self._configs: dict = {}  # (grid, block, shared bytes, stream) -> (config, its byref)
+
+    def _config(self, key: tuple):
+        gx, gy, gz, bx, by, bz, shared_bytes, stream = key
+        c = _LaunchConfig((gx, gy, gz), (bx, by, bz), shared_bytes, stream, ctypes.pointer(self._attr), 1)
+        if len(self._configs) >= 64:  # (streams come and go: keep a bounded set)
+            self._configs.clear()
+        entry = self._configs[key] = (c, ctypes.byref(c))
+        return entry
 
     def __call__(self, fptr, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, extra) -> None:
         self._launch(self._first, self._first_blocks, 1, 1, self._threads, 1, 1, 0, stream, params, 0)
         if self._ex is None:
             self._launch(fptr, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, extra)
             return
-        c = self._config
-        c.grid[0], c.grid[1], c.grid[2] = gx, gy, gz
-        c.block[0], c.block[1], c.block[2] = bx, by, bz
-        c.shared_bytes, c.stream = shared_bytes, stream
-        rc = self._ex(self._config_ref, fptr, params, extra)
+        key = (gx, gy, gz, bx, by, bz, shared_bytes, stream)
+        entry = self._configs.get(key)
+        if entry is None:
+            entry = self._config(key)
+        rc = self._ex(entry[1], fptr, params, extra)
         if rc != 0:
             from cupy.cuda.driver import CUDADriverError
 
