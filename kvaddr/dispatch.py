@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvaddr import kernel_loader
-from kvaddr.kernel_names import LIBRARY_KERNELS, staged, with_dsa
+from kvaddr.kernel_names import LIBRARY_KERNELS, with_dsa
 
 _C = kernel_loader.constants()
 #: Threads per block of ``step_multiblock`` and of the attention variants' blocks at most.
@@ -382,7 +382,8 @@ def vllm_staged_kernels(attention: bool, dsa: bool = False, num_groups: int = 1)
     groups launches, in this order, with ``num_blocks`` in pinned host memory:
     ``vllm_stage_num_blocks<num_groups>`` (its device copy) and the step's ``STAGED``
     instantiation, which reads that copy (kvaddr/kernels/vllm.cuh)."""
-    return (f"vllm_stage_num_blocks<{num_groups}>", staged(vllm_kernel(attention, dsa)))
+    a, d = ("true" if attention else "false"), ("true" if dsa else "false")
+    return (f"vllm_stage_num_blocks<{num_groups}>", f"vllm_step<{a}, {d}, true>")
 
 
 def vllm_draft_kernel(attention: bool) -> str:

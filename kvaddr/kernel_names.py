@@ -25,15 +25,6 @@ def with_dsa(kernel: str) -> str:
     return kernel[:-1] + ", true>"
 
 
-def staged(kernel: str) -> str:
-    """The vLLM step kernel ``kernel`` (``vllm_step<ATTENTION>`` or ``vllm_step<ATTENTION, DSA>``)
-    that reads the device copy ``vllm_stage_num_blocks`` makes of a ``num_blocks`` in pinned host
-    memory: its ``vllm_step<ATTENTION, DSA, true>`` instantiation, launched right behind that copy
-    (kvaddr/kernels/vllm.cuh)."""
-    args = kernel[kernel.index("<") + 1 : -1].split(", ")
-    return f"vllm_step<{args[0]}, {args[1] if len(args) > 1 else 'false'}, true>"
-
-
 LIBRARY_KERNELS: tuple[str, ...] = (
     *_STEP_KERNELS,
     *(with_dsa(k) for k in _STEP_KERNELS if "<0," not in k),  # DSA needs a cache
@@ -42,6 +33,7 @@ LIBRARY_KERNELS: tuple[str, ...] = (
     "vllm_step<true>",
     *(with_dsa(f"vllm_step<{a}>") for a in ("false", "true")),  # the vLLM step with DSA outputs
     # num_blocks in pinned host memory: the copy into device memory, then the step reading the copy
+    # (its STAGED = true instantiation; dispatch.vllm_staged_kernels)
     *(f"vllm_stage_num_blocks<{g}>" for g in range(1, 5)),
     *(f"vllm_step<{a}, {d}, true>" for a in ("false", "true") for d in ("false", "true")),
     *(f"dsa_topk_slots<{c}, {v}>" for c in ("false", "true") for v in (1, 4)),

@@ -160,21 +160,28 @@ def describe(name: str, x) -> ArrayInfo:
 MAPPED_DEVICE = -2
 
 
+def _pointer_kind(ptr: int) -> tuple[bool, int]:
+    """``cudaPointerGetAttributes`` of ``ptr``: (whether it is pinned host memory, its device
+    pointer); (False, 0) where the attributes cannot be read (older drivers refuse pageable host
+    pointers outright)."""
+    from cupy.cuda import runtime
+
+    try:
+        attrs = runtime.pointerGetAttributes(ptr)
+    except Exception:
+        return False, 0
+    kind = getattr(attrs, "type", getattr(attrs, "memoryType", -1))
+    return kind == getattr(runtime, "memoryTypeHost", 1), int(getattr(attrs, "devicePointer", 0) or 0)
+
+
 def mapped_pointer(name: str, ptr: int) -> int:
     """The device pointer of host address ``ptr`` in pinned (page-locked, mapped) host memory, which
     a kernel reads through unified virtual addressing; 0 for 0. Raises TypeError naming ``name``
     for pageable host memory (no device may read it)."""
     if ptr == 0:
         return 0
-    from cupy.cuda import runtime
-
-    try:
-        attrs = runtime.pointerGetAttributes(ptr)
-    except Exception:  # (older drivers refuse pageable host pointers outright)
-        attrs = None
-    dptr = 0 if attrs is None else int(getattr(attrs, "devicePointer", 0) or 0)
-    kind = -1 if attrs is None else getattr(attrs, "type", getattr(attrs, "memoryType", -1))
-    if kind != getattr(runtime, "memoryTypeHost", 1) or dptr == 0:
+    host, dptr = _pointer_kind(ptr)
+    if not host or dptr == 0:
         raise TypeError(
             f"{name} must be a CUDA array or pinned host memory (torch pin_memory(), "
             f"cupyx.empty_pinned), got pageable host memory"
@@ -187,16 +194,7 @@ def host_memory(ptr: int) -> bool:
     ``cudaPointerGetAttributes`` reports it: a mapped view of a pinned buffer, whatever array type
     (a CuPy or torch CUDA tensor over vLLM's pinned ``num_blocks``, say) holds it. False for device
     memory and where the attributes cannot be read."""
-    if ptr == 0:
-        return False
-    from cupy.cuda import runtime
-
-    try:
-        attrs = runtime.pointerGetAttributes(ptr)
-    except Exception:
-        return False
-    kind = getattr(attrs, "type", getattr(attrs, "memoryType", -1))
-    return kind == getattr(runtime, "memoryTypeHost", 1)
+    return ptr != 0 and _pointer_kind(ptr)[0]
 
 
 def describe_mapped(name: str, x) -> ArrayInfo:

@@ -931,12 +931,9 @@ class VllmStepPlanner:
         """A binding of ``state`` (``BoundVllmStep`` or ``cls``) with its own copy of the parameter block."""
         from kvaddr.engines.vllm_bound import BoundVllmStep
 
-        step = self._fns["step"]
         return (cls or BoundVllmStep)(
             planner=self,
             params=VllmStepParams.from_buffer_copy(self._params),
-            launch_kernel=step.driver[0],
-            fptr=step.driver[1],
             threads=THREADS,
             max_num_reqs=self.config.max_num_reqs,
             device=self.device,

@@ -181,8 +181,6 @@ class BoundVllmStep:
         *,
         planner,
         params,
-        launch_kernel: Callable,
-        fptr: int,
         threads: int,
         max_num_reqs: int,
         device: int,
@@ -199,9 +197,9 @@ class BoundVllmStep:
     ):
         self.planner = planner
         self.params = params  # this binding's own copy of the planner's parameter block
-        self._launch = launch_kernel  # cupy.cuda.driver.launchKernel
+        self._launch, self._fptr = None, 0  # the driver call and the step's kernel: _bind_state sets them
         self._grid_y = getattr(planner, "_grid_y", 1)  # 2: the planner's DSA blocks run as the grid's second row
-        self._fptr, self._threads = int(fptr), int(threads)
+        self._threads = int(threads)
         self._max_num_reqs, self._device = max_num_reqs, device
         self._outputs = outputs
         # (nct, tables, num_blocks) -> (ptr, [(ptr, stride)], ([ptr], [source ptr], (launch_kernel, function)))
