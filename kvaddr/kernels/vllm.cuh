@@ -230,13 +230,47 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // sticky); the host reduces the records and clears them (VllmStepPlanner.errors). The gather
 // blocks detect no error (the num_blocks check is the request role's, which holds the same row).
 // A token whose owner is not the guess min(t, n-1) searches query_start_loc staged in shared
-// memory (one coalesced load per block, when num_reqs + 1 <= VLLM_QSL_SMEM), not in global memory
-// (one dependent round trip per step). A decode batch (every guess right) skips the staging: one
-// __syncthreads_or. The owner search (guess, then the largest b with qsl[b] <= t) and every
-// record key are the reference's (owner_search in kvaddr/engines/vllm_reference.py).
+// memory and reads its row there (vllm_stage_batch: one round trip per block, when num_reqs + 1
+// <= VLLM_QSL_SMEM), not in global memory (a dependent round trip per search step, then one for
+// the row). A decode batch (every guess right) skips the staging: one __syncthreads_or. The owner
+// search (guess, then the largest b with qsl[b] <= t) and every record key are the reference's
+// (owner_search in kvaddr/engines/vllm_reference.py).
 
 #define VLLM_GATHER_LOADS 8
 #define VLLM_QSL_SMEM 2048
+
+// A token block's copy of the batch (1 <= num_reqs, num_reqs + 1 <= VLLM_QSL_SMEM):
+// query_start_loc[0, num_reqs] into sq and every entry's row into srow (a row outside
+// [-1, max_num_reqs) as -2: the token role treats every such row alike, as no row), so that a
+// token whose guess fails finds its owner, range and row without another round trip to global
+// memory. Read after the block's next barrier.
+template <typename IDX>
+__device__ __forceinline__ void vllm_stage_batch_as(const VllmStepParams& p, int* sq, int* srow) {
+    const int n = p.num_reqs;  // >= 1
+    const IDX* __restrict__ idx = reinterpret_cast<const IDX*>(p.idx_mapping);
+    constexpr int PER = VLLM_QSL_SMEM / VLLM_THREADS;
+    int q[PER];
+    IDX w[PER];
+    // Every entry of sq and srow is written (past the batch: copies of its last entries, never
+    // read), so no load sits under a branch and all of them are in flight at once.
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int i = u * VLLM_THREADS + (int)threadIdx.x;
+        q[u] = p.query_start_loc[i < n ? i : n];
+        w[u] = idx[i < n - 1 ? i : n - 1];
+    }
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int i = u * VLLM_THREADS + (int)threadIdx.x;
+        sq[i] = q[u];
+        srow[i] = (w[u] < -1 || w[u] >= p.max_num_reqs) ? -2 : (int)w[u];
+    }
+}
+
+__device__ __forceinline__ void vllm_stage_batch(const VllmStepParams& p, int* sq, int* srow) {
+    if (p.idx_is_64) vllm_stage_batch_as<long long>(p, sq, srow);
+    else vllm_stage_batch_as<int>(p, sq, srow);
+}
 
 // The guess of token t (t < max_tokens, num_reqs >= 1): b = min(t, n-1) with its range and
 // row, and the token count. Returns whether t < num_tokens lies outside the guess's range
@@ -804,7 +838,8 @@ __device__ void vllm_dsa_block(const VllmStepParams& p, int* sq);  // vllm_dsa.c
 
 template <bool ATTENTION, bool DSA = false, bool STAGED = false>
 __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p) {
-    __shared__ int sq[VLLM_QSL_SMEM];  // query_start_loc, staged when a token block (or a DSA block) searches
+    __shared__ int sq[VLLM_QSL_SMEM];    // query_start_loc: staged by the token blocks (and a DSA block that searches)
+    __shared__ int srow[VLLM_QSL_SMEM];  // idx_mapping, staged by the token blocks (vllm_stage_batch)
     if (DSA && blockIdx.y != 0) {  // DSA: the grid's second row (vllm_dsa.cuh), no error record
         vllm_dsa_block(p, sq);
         return;
@@ -822,14 +857,14 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         bool need = false;
         if (n > 0 && t < p.max_tokens) need = vllm_token_guess(p, t, b, q0, q1, r, num_tokens);
         if (n + 1 <= VLLM_QSL_SMEM) {  // uniform: every thread of the block reaches both barriers
-            if (__syncthreads_or(need)) {
-                for (int i = (int)threadIdx.x; i <= n; i += VLLM_THREADS) sq[i] = p.query_start_loc[i];
+            if (__syncthreads_or(need)) {  // (then num_reqs >= 1)
+                vllm_stage_batch(p, sq, srow);
                 __syncthreads();
                 if (need) {
                     b = vllm_owner_search(sq, n, t);
                     q0 = sq[b];
                     q1 = sq[b + 1];
-                    r = vllm_row_of(p, b);
+                    r = srow[b];
                 }
             }
         } else if (need) {
