@@ -146,12 +146,12 @@ __device__ __forceinline__ void vllm_store_slot(const VllmStepParams& p, int g, 
     else reinterpret_cast<long long*>(p.slot_mappings)[at] = slot;
 }
 
-// Every slot-enabled group's num_blocks[g][r] (r a row of the state).
-__device__ __forceinline__ void vllm_load_num_blocks(const VllmStepParams& p, long long r,
+// Every group's num_blocks[g][r] (r a row of the state); with slots_only, the slot-enabled groups'.
+__device__ __forceinline__ void vllm_load_num_blocks(const VllmStepParams& p, long long r, bool slots_only,
                                                      int (&nbs)[VLLM_MAX_GROUPS]) {
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-        if (g < p.num_groups && (p.group_flags[g] & VLLM_GROUP_SLOTS)) nbs[g] = p.num_blocks[g][r];
+        if (g < p.num_groups && (!slots_only || (p.group_flags[g] & VLLM_GROUP_SLOTS))) nbs[g] = p.num_blocks[g][r];
 }
 
 // num_blocks in pinned host memory (vLLM's layout) is staged: a PCIe read is a transaction of its
@@ -316,8 +316,8 @@ __device__ __forceinline__ void vllm_dsa_token_out(const VllmStepParams& p, int 
 // every group's slot. DCP: the step may have sharded groups (cp_size > 1); without it the
 // sharded path is not compiled, so a group's block index costs one division (ptxas would
 // if-convert the sharded path's four divisions into every group's code).
-// Load order: num_blocks[g][r] (possibly pinned host memory read through UVA, a PCIe round trip)
-// is issued first, then num_computed_tokens[r]; every group's block id is then loaded as soon as
+// Load order: num_blocks[g][r] (device memory; STAGED: after the wait, below) is issued first,
+// then num_computed_tokens[r]; every group's block id is then loaded as soon as
 // the position is known (a column inside the row's width: in bounds whatever num_blocks says),
 // before num_blocks is compared, so the num_blocks latency overlaps the block-table read instead
 // of preceding it. The comparisons and the stores follow, all loads being issued (a store could
@@ -352,7 +352,7 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
     int nbs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
     if (t < num_tokens && q0 >= 0 && q0 <= t && t < q1) {
         if (r >= 0 && r < p.max_num_reqs) {
-            if (!STAGED) vllm_load_num_blocks(p, r, nbs);
+            if (!STAGED) vllm_load_num_blocks(p, r, true, nbs);
             const int nct = p.num_computed_tokens[r];
             if (nct >= 0) {
                 valid = true;
@@ -374,7 +374,7 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
     }
     if (STAGED) {
         vllm_wait_staged();
-        if (valid) vllm_load_num_blocks(p, r, nbs);
+        if (valid) vllm_load_num_blocks(p, r, true, nbs);
     }
     p.positions[t] = pos;
     long long dsa_slot = -1, dsa_off = 0, dsa_B = 1;  // DSA: the slot of group dsa_group, its offset and B
@@ -432,17 +432,11 @@ __device__ __forceinline__ void vllm_request_row(const VllmStepParams& p, int b,
             err.add(VLLM_ERR_ROW_INDEX, 5, tok, b, 0);
         } else if (r >= 0) {
             // The row's num_blocks are loaded with its num_computed_tokens.
-            if (!STAGED) {
-#pragma unroll
-                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                    if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
-            }
+            if (!STAGED) vllm_load_num_blocks(p, r, false, nbs);
             nct = p.num_computed_tokens[r];
             if (STAGED) {
                 vllm_wait_staged();
-#pragma unroll
-                for (int g = 0; g < VLLM_MAX_GROUPS; ++g)
-                    if (g < p.num_groups) nbs[g] = p.num_blocks[g][r];
+                vllm_load_num_blocks(p, r, false, nbs);
             }
             if (nct < 0) {
                 good = false;
@@ -512,7 +506,7 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
         }
         cap = good ? W : 0;  // what num_blocks is clamped to
     }
-    // num_blocks (possibly pinned host memory read through UVA, a PCIe round trip) decides how many
+    // num_blocks (device memory; STAGED: the staged copy, after the wait) decides how many
     // entries the row has; the first chunk's entries below `spec` (columns inside the row: in
     // bounds) are loaded before it is compared, so its latency overlaps the block-table read. Its
     // clamp is written after those loads and outside the branch above: computed inside it, ptxas
