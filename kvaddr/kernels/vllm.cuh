@@ -229,30 +229,29 @@ __device__ __forceinline__ int vllm_dcp_len(const VllmStepParams& p, int s) {
 // key) of its own, written only by a warp that found an error (merged with atomicOr / atomicMin:
 // sticky); the host reduces the records and clears them (VllmStepPlanner.errors). The gather
 // blocks detect no error (the num_blocks check is the request role's, which holds the same row).
-// A token whose owner is not the guess min(t, n-1) searches query_start_loc staged in shared
-// memory and reads its row there (vllm_stage_batch: one round trip per block, when num_reqs + 1
-// <= VLLM_QSL_SMEM), not in global memory (a dependent round trip per search step, then one for
-// the row). A decode batch (every guess right) skips the staging: one __syncthreads_or. The owner
-// search (guess, then the largest b with qsl[b] <= t) and every record key are the reference's
-// (owner_search in kvaddr/engines/vllm_reference.py).
+// Each token block stages the batch (query_start_loc and each entry's row) in shared memory in one
+// round trip when num_reqs + 1 <= VLLM_QSL_SMEM (vllm_stage_batch), and every token finds its
+// owner, range and row there: a mixed batch's tokens need no second round trip after a failed
+// guess, nor a dependent one per search step. A larger batch guesses in global memory and
+// searches there. The owner (the guess min(t, n-1), else the largest b with qsl[b] <= t) and
+// every record key are the reference's (owner_search in kvaddr/engines/vllm_reference.py).
 
 #define VLLM_GATHER_LOADS 8
 #define VLLM_QSL_SMEM 2048
 
-// A token block's copy of the batch (1 <= num_reqs, num_reqs + 1 <= VLLM_QSL_SMEM):
-// query_start_loc[0, num_reqs] into sq and every entry's row into srow (a row outside
-// [-1, max_num_reqs) as -2: the token role treats every such row alike, as no row), so that a
-// token whose guess fails finds its owner, range and row without another round trip to global
-// memory. Read after the block's next barrier.
-template <typename IDX>
-__device__ __forceinline__ void vllm_stage_batch_as(const VllmStepParams& p, int* sq, int* srow) {
-    const int n = p.num_reqs;  // >= 1
+// A token block's copy of the batch (1 <= num_reqs <= PER * VLLM_THREADS, num_reqs + 1 <=
+// VLLM_QSL_SMEM; last = query_start_loc[num_reqs]): query_start_loc[0, num_reqs] into sq and every
+// entry's row into srow (a row outside [-1, max_num_reqs) as -2: the token role treats every such
+// row alike, as no row), so that a token finds its owner, range and row without another round
+// trip to global memory. Read after the block's next barrier.
+template <typename IDX, int PER>
+__device__ __forceinline__ void vllm_stage_batch_as(const VllmStepParams& p, int* sq, int* srow, int last) {
+    const int n = p.num_reqs;
     const IDX* __restrict__ idx = reinterpret_cast<const IDX*>(p.idx_mapping);
-    constexpr int PER = VLLM_QSL_SMEM / VLLM_THREADS;
     int q[PER];
     IDX w[PER];
-    // Every entry of sq and srow is written (past the batch: copies of its last entries, never
-    // read), so no load sits under a branch and all of them are in flight at once.
+    // Every entry [0, PER * VLLM_THREADS) is written (past the batch: copies of its last entries,
+    // never read), so no load sits under a branch and all of them are in flight at once.
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
         const int i = u * VLLM_THREADS + (int)threadIdx.x;
@@ -265,11 +264,13 @@ __device__ __forceinline__ void vllm_stage_batch_as(const VllmStepParams& p, int
         sq[i] = q[u];
         srow[i] = (w[u] < -1 || w[u] >= p.max_num_reqs) ? -2 : (int)w[u];
     }
+    if (PER * VLLM_THREADS < VLLM_QSL_SMEM && n == PER * VLLM_THREADS && threadIdx.x == 0) sq[n] = last;
 }
 
-__device__ __forceinline__ void vllm_stage_batch(const VllmStepParams& p, int* sq, int* srow) {
-    if (p.idx_is_64) vllm_stage_batch_as<long long>(p, sq, srow);
-    else vllm_stage_batch_as<int>(p, sq, srow);
+template <int PER>
+__device__ __forceinline__ void vllm_stage_batch(const VllmStepParams& p, int* sq, int* srow, int last) {
+    if (p.idx_is_64) vllm_stage_batch_as<long long, PER>(p, sq, srow, last);
+    else vllm_stage_batch_as<int, PER>(p, sq, srow, last);
 }
 
 // The guess of token t (t < max_tokens, num_reqs >= 1): b = min(t, n-1) with its range and
@@ -497,12 +498,14 @@ __device__ __forceinline__ void vllm_gather_row(const VllmStepParams& p, bool ac
             const long long f = ((long long)nct - reach) / B;
             first = f < 0 ? 0 : (int)(f > W ? W : f);
         }
-        // The entries the row's length after this step needs (num_blocks is at least that for a good
-        // request), within the first chunk and the width: loaded below before num_blocks arrives.
+        // The entries loaded below before num_blocks arrives, within the first chunk and the width:
+        // those the row's length after this step needs (num_blocks is at least that for a good
+        // request); STAGED, the whole first chunk, since the loads are in flight while the step
+        // waits for the copy and the entries up to num_blocks then need no round trip after it.
         if (good) {
             const long long pages = ((long long)nct + ((long long)q1 - q0) + B - 1) / B;
             const int chunk = W < VLLM_GATHER_LOADS * lanes ? W : VLLM_GATHER_LOADS * lanes;
-            spec = pages < chunk ? (int)pages : chunk;
+            spec = (STAGED || pages >= chunk) ? chunk : (int)pages;
         }
         cap = good ? W : 0;  // what num_blocks is clamped to
     }
@@ -848,20 +851,27 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         const int n = p.num_reqs;
         int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
         long long r = 0;
-        bool need = false;
-        if (n > 0 && t < p.max_tokens) need = vllm_token_guess(p, t, b, q0, q1, r, num_tokens);
-        if (n + 1 <= VLLM_QSL_SMEM) {  // uniform: every thread of the block reaches both barriers
-            if (__syncthreads_or(need)) {  // (then num_reqs >= 1)
-                vllm_stage_batch(p, sq, srow);
-                __syncthreads();
-                if (need) {
+        if (n >= 1 && n + 1 <= VLLM_QSL_SMEM) {  // uniform: the batch staged in one round trip
+            const int last = p.query_start_loc[n];
+            const int per = (n + VLLM_THREADS - 1) / VLLM_THREADS;  // 1 to 8
+            if (per == 1) vllm_stage_batch<1>(p, sq, srow, last);
+            else if (per == 2) vllm_stage_batch<2>(p, sq, srow, last);
+            else if (per <= 4) vllm_stage_batch<4>(p, sq, srow, last);
+            else vllm_stage_batch<8>(p, sq, srow, last);
+            __syncthreads();
+            if (t < p.max_tokens) {
+                num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+                b = t < n - 1 ? t : n - 1;
+                q0 = sq[b];
+                q1 = sq[b + 1];
+                if (t < num_tokens && !(q0 <= t && t < q1)) {
                     b = vllm_owner_search(sq, n, t);
                     q0 = sq[b];
                     q1 = sq[b + 1];
-                    r = srow[b];
                 }
+                r = srow[b];
             }
-        } else if (need) {
+        } else if (n > 0 && t < p.max_tokens && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
             b = vllm_owner_search(p.query_start_loc, n, t);
             q0 = p.query_start_loc[b];
             q1 = p.query_start_loc[b + 1];
