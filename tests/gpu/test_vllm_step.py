@@ -438,6 +438,51 @@ def test_more_than_4096_requests():
     run_and_compare(make_planner(cfg), cfg, inputs, padded=5600)
 
 
+# Batch sizes on each side of the token blocks' edges: below 2048 requests each token block
+# copies the batch into shared memory, 1, 2, 4 or 8 entries a thread (query_start_loc[num_reqs]
+# written by one thread when num_reqs fills them); from 2048 it searches global memory.
+COPY_EDGES = [1, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049]
+
+
+@pytest.mark.parametrize("memory", ["device", "pinned"])
+@pytest.mark.parametrize("idx_dtype", [np.int32, np.int64], ids=["idx32", "idx64"])
+def test_batch_sizes_at_each_edge_of_the_shared_memory_copy(memory, idx_dtype):
+    """Decode, mixed and corrupted batches of every size in COPY_EDGES on one planner, against
+    the reference (outputs and error record); num_blocks in device or pinned host memory, rows
+    wider than the gather's first chunk."""
+    import cupy
+
+    from kvaddr.measure.vllm_workload import pinned_num_blocks
+    from tests.support.vllm_cases import corrupt
+
+    rng = np.random.default_rng(31 if idx_dtype is np.int32 else 32)
+    M = 2100
+    cfg, state = random_case(
+        rng, max_num_reqs=M, num_reqs=M, block_sizes=(16, 64), max_query=9, max_context=5000,
+        spare_tokens=9 * M, idx_dtype=idx_dtype,
+    )  # fmt: skip
+    assert max(cfg.widths) > 8 * 32
+    planner = make_planner(cfg)
+    host, view = pinned_num_blocks(np.stack(state["num_blocks"]).astype(np.int32))
+    for n in COPY_EDGES:
+        for max_query, bad in ((1, False), (9, False), (9, True)):
+            x = new_batch(rng, cfg, state, n, max_query=max_query)
+            if bad:
+                x = corrupt(rng, cfg, x, rate=0.02)
+            d = on_device(x)
+            if memory == "pinned":
+                host[...] = np.stack(x["num_blocks"])
+                d["num_blocks"] = view
+            padded = min(M, n + 3)
+            out = planner.compute(*(d[k] for k in INPUT_NAMES), num_reqs_padded=padded)
+            cupy.cuda.get_current_stream().synchronize()
+            assert planner.staged == (memory == "pinned")
+            want = ref(cfg, x, padded)
+            label = f"{n} requests, max_query {max_query}" + (", corrupted" if bad else "")
+            assert_same(out, want.outputs.as_dict(), label)
+            assert planner.errors() == (want.error_mask, want.error_key), label
+
+
 def test_a_million_tokens():
     rng = np.random.default_rng(9)
     cfg, inputs = random_case(
