@@ -362,15 +362,21 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
         }
     }
     // Every group's block id, loaded when its index is inside the row, before num_blocks is needed.
+    // STAGED, each group's index and offset are kept for the comparisons below, so that no
+    // division lies between the wait and the stores; with num_blocks in device memory the
+    // comparisons divide again (keeping them there took 64 registers instead of 48 and made the
+    // mixed batches slower: docs/design.md).
     int blks[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+    unsigned int idxs[VLLM_MAX_GROUPS] = {0, 0, 0, 0}, offs[VLLM_MAX_GROUPS] = {0, 0, 0, 0};
+    bool local[VLLM_MAX_GROUPS] = {false, false, false, false};  // a valid token with slots here
 #pragma unroll
     for (int g = 0; g < VLLM_MAX_GROUPS; ++g) {
         if (g >= p.num_groups) break;
         const int flags = p.group_flags[g];
         if (valid && (flags & VLLM_GROUP_SLOTS)) {
-            unsigned int idx, off;
-            if (vllm_token_index<DCP>(p, g, flags, pos, idx, off) && (long long)idx < (long long)p.width[g])
-                blks[g] = p.block_table[g][r * p.table_stride[g] + idx];
+            local[g] = vllm_token_index<DCP>(p, g, flags, pos, idxs[g], offs[g]);
+            if (local[g] && (long long)idxs[g] < (long long)p.width[g])
+                blks[g] = p.block_table[g][r * p.table_stride[g] + idxs[g]];
         }
     }
     if (STAGED) {
@@ -384,8 +390,14 @@ __device__ __forceinline__ void vllm_token_write(const VllmStepParams& p, int t,
         if (g >= p.num_groups) break;
         long long slot = -1;
         const int flags = p.group_flags[g];
-        unsigned int idx = 0, off = 0;
-        if (valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, pos, idx, off)) {
+        unsigned int idx = idxs[g], off = offs[g];
+        bool here = local[g];
+        if (!STAGED) {
+            idx = 0;
+            off = 0;
+            here = valid && (flags & VLLM_GROUP_SLOTS) && vllm_token_index<DCP>(p, g, flags, pos, idx, off);
+        }
+        if (here) {
             const int nb = nbs[g];
             if ((long long)idx >= (long long)p.width[g]) {
                 err.add(VLLM_ERR_BLOCK_INDEX, 0, t, b, g);
