@@ -1,8 +1,8 @@
 """Run the vLLM sections of kernels.cu on the CPU: its device code compiled by the host
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
-What is emulated: the device helpers of ``vllm_step<false>`` (token guess and write,
-request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
+What is emulated: the device helpers of ``vllm_step<false>`` (the batch's shared-memory copy,
+token guess and write, request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
 of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record);
 with DSA (``vllm_step<false, true>``), the token writes' DSA outputs and vllm_dsa.cuh's
 helpers driven as its DSA blocks drive them, checking that each element of each DSA output
@@ -58,31 +58,60 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
     if (e.key < all.key) all.key = e.key;
 }
 
-// vllm_step<false>: its device helpers (token guess and write, request row, gather
-// pair), driven as the entry drives them. The entry's warp-level code is re-stated here,
-// not emulated: the staged query_start_loc (the same values: the search runs on the
-// global array), the spare rows' zeroing (one row after another), the per-warp records
-// (the launch's merged errors go into record 0, ORed and min-merged as the kernel's atomics
-// do: sticky; a clean launch writes no record). DSA (vllm_step<false, true>): the token
-// writes are vllm_token_write<DCP, true>'s, which write the token's DSA outputs too.
+// vllm_step<false>: its device helpers (the batch's shared-memory copy, token guess and
+// write, request row, gather pair), driven as the entry drives them. The entry's block-level
+// code is re-stated here, not emulated: each token block's copy of the batch (every thread's
+// part, then the owner lookup in the copy, as after the barrier), the spare rows' zeroing (one
+// row after another), the per-warp records (the launch's merged errors go into record 0, ORed
+// and min-merged as the kernel's atomics do: sticky; a clean launch writes no record). DSA
+// (vllm_step<false, true>): the token writes are vllm_token_write<DCP, true>'s, which write the
+// token's DSA outputs too.
+static int emu_sq[VLLM_QSL_SMEM], emu_srow[VLLM_QSL_SMEM];
+
 template <bool DSA, bool STAGED>
 static void emu_step(const VllmStepParams& p) {
     VllmErr all; all.mask = 0; all.key = KV_NO_ERROR;
     const int n = p.num_reqs;
-    for (int t = 0; t < p.max_tokens; ++t) {
-        threadIdx.x = t % VLLM_THREADS;
-        VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
-        int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
-        long long r = 0;
-        if (n > 0 && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
-            b = vllm_owner_search(p.query_start_loc, n, t);
-            q0 = p.query_start_loc[b];
-            q1 = p.query_start_loc[b + 1];
-            r = vllm_row_of(p, b);
+    const bool copy = n >= 1 && n + 1 <= VLLM_QSL_SMEM;
+    for (int t0 = 0; t0 < p.max_tokens; t0 += VLLM_THREADS) {
+        int last = 0;
+        if (copy) {  // every thread's part of the block's copy
+            last = p.query_start_loc[n];
+            const int per = (n + VLLM_THREADS - 1) / VLLM_THREADS;
+            for (int tid = 0; tid < VLLM_THREADS; ++tid) {
+                threadIdx.x = tid;
+                if (per == 1) vllm_stage_batch<1>(p, emu_sq, emu_srow, last);
+                else if (per == 2) vllm_stage_batch<2>(p, emu_sq, emu_srow, last);
+                else if (per <= 4) vllm_stage_batch<4>(p, emu_sq, emu_srow, last);
+                else vllm_stage_batch<8>(p, emu_sq, emu_srow, last);
+            }
         }
-        if (p.cp_size > 1) vllm_token_write<true, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, e);
-        else vllm_token_write<false, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, e);
-        emu_merge(all, e);
+        for (int t = t0; t < p.max_tokens && t < t0 + VLLM_THREADS; ++t) {
+            threadIdx.x = t - t0;
+            VllmErr e; e.mask = 0; e.key = KV_NO_ERROR;
+            int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
+            long long r = 0;
+            if (copy) {
+                num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+                b = t < n - 1 ? t : n - 1;
+                q0 = emu_sq[b];
+                q1 = emu_sq[b + 1];
+                if (t < num_tokens && !(q0 <= t && t < q1)) {
+                    b = vllm_owner_search(emu_sq, n, t);
+                    q0 = emu_sq[b];
+                    q1 = emu_sq[b + 1];
+                }
+                r = emu_srow[b];
+            } else if (n > 0 && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
+                b = vllm_owner_search(p.query_start_loc, n, t);
+                q0 = p.query_start_loc[b];
+                q1 = p.query_start_loc[b + 1];
+                r = vllm_row_of(p, b);
+            }
+            if (p.cp_size > 1) vllm_token_write<true, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, e);
+            else vllm_token_write<false, DSA, STAGED>(p, t, b, q0, q1, r, num_tokens, e);
+            emu_merge(all, e);
+        }
     }
     for (int b = 0; b < p.max_num_reqs; ++b) {
         threadIdx.x = b % VLLM_THREADS;

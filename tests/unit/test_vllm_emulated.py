@@ -164,6 +164,28 @@ def test_large_decode_batch(emu):
     check(three, cfg, x, 4600, errors=False)
 
 
+@pytest.mark.parametrize("pinned", [False, True], ids=["device", "pinned"])
+def test_batch_sizes_at_each_edge_of_the_shared_memory_copy(pinned, monkeypatch):
+    """Below 2048 requests each token block copies the batch into shared memory (1, 2, 4 or 8
+    entries a thread; query_start_loc[num_reqs] by one thread when num_reqs fills them), from
+    2048 it searches global memory: decode, mixed and corrupted batches on each side of every
+    edge, one planner, against the reference (the GPU test of the same name runs the kernel)."""
+    ns = install(monkeypatch, on_launch=vllm_emulator.run)
+    rng = np.random.default_rng(33)
+    M = 2100
+    cfg, state = random_case(
+        rng, max_num_reqs=M, num_reqs=M, block_sizes=(16, 64), max_query=9, max_context=5000, spare_tokens=9 * M
+    )
+    one, _ = _impls(cfg)
+    for n in (1, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049):
+        for max_query, bad in ((1, False), (9, False), (9, True)):
+            x = new_batch(rng, cfg, state, n, max_query=max_query)
+            if bad:
+                x = corrupt(rng, cfg, x, rate=0.02)
+            label = f"{n} requests, max_query {max_query}" + (", corrupted" if bad else "")
+            check(one, cfg, x, min(M, n + 3), label=label, pin=ns.pin if pinned else None)
+
+
 def test_caller_out_tables_are_zeroed_in_full_then_kept_clean(emu):
     from kvaddr.engines.vllm import VllmStepPlanner
     from tests.support.vllm_fake_cupy import FakeArray
