@@ -268,9 +268,37 @@ __device__ __forceinline__ void vllm_stage_batch_as(const VllmStepParams& p, int
 }
 
 template <int PER>
-__device__ __forceinline__ void vllm_stage_batch(const VllmStepParams& p, int* sq, int* srow, int last) {
+__device__ __forceinline__ void vllm_stage_batch_per(const VllmStepParams& p, int* sq, int* srow, int last) {
     if (p.idx_is_64) vllm_stage_batch_as<long long, PER>(p, sq, srow, last);
     else vllm_stage_batch_as<int, PER>(p, sq, srow, last);
+}
+
+// The copy with the fewest entries a thread (1, 2, 4 or 8) that holds the batch.
+__device__ __forceinline__ void vllm_stage_batch(const VllmStepParams& p, int* sq, int* srow, int last) {
+    const int per = (p.num_reqs + VLLM_THREADS - 1) / VLLM_THREADS;  // 1 to 8
+    if (per == 1) vllm_stage_batch_per<1>(p, sq, srow, last);
+    else if (per == 2) vllm_stage_batch_per<2>(p, sq, srow, last);
+    else if (per <= 4) vllm_stage_batch_per<4>(p, sq, srow, last);
+    else vllm_stage_batch_per<8>(p, sq, srow, last);
+}
+
+// Token t's owner b, its range [q0, q1) and row r, and the token count, from the block's copy of
+// the batch (t < max_tokens, last = query_start_loc[num_reqs]): the guess min(t, n-1), else the
+// search.
+__device__ __forceinline__ void vllm_token_owner_copied(const VllmStepParams& p, const int* sq, const int* srow,
+                                                        int t, int last, int& b, int& q0, int& q1, long long& r,
+                                                        int& num_tokens) {
+    const int n = p.num_reqs;
+    num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
+    b = t < n - 1 ? t : n - 1;
+    q0 = sq[b];
+    q1 = sq[b + 1];
+    if (t < num_tokens && !(q0 <= t && t < q1)) {
+        b = vllm_owner_search(sq, n, t);
+        q0 = sq[b];
+        q1 = sq[b + 1];
+    }
+    r = srow[b];
 }
 
 // The guess of token t (t < max_tokens, num_reqs >= 1): b = min(t, n-1) with its range and
@@ -865,24 +893,9 @@ __global__ void __launch_bounds__(VLLM_THREADS) vllm_step(const VllmStepParams p
         long long r = 0;
         if (n >= 1 && n + 1 <= VLLM_QSL_SMEM) {  // uniform: the batch staged in one round trip
             const int last = p.query_start_loc[n];
-            const int per = (n + VLLM_THREADS - 1) / VLLM_THREADS;  // 1 to 8
-            if (per == 1) vllm_stage_batch<1>(p, sq, srow, last);
-            else if (per == 2) vllm_stage_batch<2>(p, sq, srow, last);
-            else if (per <= 4) vllm_stage_batch<4>(p, sq, srow, last);
-            else vllm_stage_batch<8>(p, sq, srow, last);
+            vllm_stage_batch(p, sq, srow, last);
             __syncthreads();
-            if (t < p.max_tokens) {
-                num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
-                b = t < n - 1 ? t : n - 1;
-                q0 = sq[b];
-                q1 = sq[b + 1];
-                if (t < num_tokens && !(q0 <= t && t < q1)) {
-                    b = vllm_owner_search(sq, n, t);
-                    q0 = sq[b];
-                    q1 = sq[b + 1];
-                }
-                r = srow[b];
-            }
+            if (t < p.max_tokens) vllm_token_owner_copied(p, sq, srow, t, last, b, q0, q1, r, num_tokens);
         } else if (n > 0 && t < p.max_tokens && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
             b = vllm_owner_search(p.query_start_loc, n, t);
             q0 = p.query_start_loc[b];

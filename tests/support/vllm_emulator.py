@@ -61,7 +61,7 @@ static inline void emu_merge(VllmErr& all, const VllmErr& e) {
 // vllm_step<false>: its device helpers (the batch's shared-memory copy, token guess and
 // write, request row, gather pair), driven as the entry drives them. The entry's block-level
 // code is re-stated here, not emulated: each token block's copy of the batch (every thread's
-// part, then the owner lookup in the copy, as after the barrier), the spare rows' zeroing (one
+// part, then each token's owner from the copy, as after the barrier), the spare rows' zeroing (one
 // row after another), the per-warp records (the launch's merged errors go into record 0, ORed
 // and min-merged as the kernel's atomics do: sticky; a clean launch writes no record). DSA
 // (vllm_step<false, true>): the token writes are vllm_token_write<DCP, true>'s, which write the
@@ -77,13 +77,9 @@ static void emu_step(const VllmStepParams& p) {
         int last = 0;
         if (copy) {  // every thread's part of the block's copy
             last = p.query_start_loc[n];
-            const int per = (n + VLLM_THREADS - 1) / VLLM_THREADS;
             for (int tid = 0; tid < VLLM_THREADS; ++tid) {
                 threadIdx.x = tid;
-                if (per == 1) vllm_stage_batch<1>(p, emu_sq, emu_srow, last);
-                else if (per == 2) vllm_stage_batch<2>(p, emu_sq, emu_srow, last);
-                else if (per <= 4) vllm_stage_batch<4>(p, emu_sq, emu_srow, last);
-                else vllm_stage_batch<8>(p, emu_sq, emu_srow, last);
+                vllm_stage_batch(p, emu_sq, emu_srow, last);
             }
         }
         for (int t = t0; t < p.max_tokens && t < t0 + VLLM_THREADS; ++t) {
@@ -92,16 +88,7 @@ static void emu_step(const VllmStepParams& p) {
             int b = 0, q0 = 0, q1 = 0, num_tokens = 0;
             long long r = 0;
             if (copy) {
-                num_tokens = last < 0 ? 0 : (last > p.max_tokens ? p.max_tokens : last);
-                b = t < n - 1 ? t : n - 1;
-                q0 = emu_sq[b];
-                q1 = emu_sq[b + 1];
-                if (t < num_tokens && !(q0 <= t && t < q1)) {
-                    b = vllm_owner_search(emu_sq, n, t);
-                    q0 = emu_sq[b];
-                    q1 = emu_sq[b + 1];
-                }
-                r = emu_srow[b];
+                vllm_token_owner_copied(p, emu_sq, emu_srow, t, last, b, q0, q1, r, num_tokens);
             } else if (n > 0 && vllm_token_guess(p, t, b, q0, q1, r, num_tokens)) {
                 b = vllm_owner_search(p.query_start_loc, n, t);
                 q0 = p.query_start_loc[b];
