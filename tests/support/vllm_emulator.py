@@ -2,8 +2,9 @@
 C++ compiler, one thread after another, behind a fake CuPy whose launches go here.
 
 What is emulated: the device helpers of ``vllm_step<false>`` (the batch's shared-memory copy,
-token guess and write, request row, gather pair; the source text of kernels.cu, unchanged) driven by a few lines
-of C++ that stand for the kernel's entry (roles, rows to visit, the sticky error record);
+token guess and write, request row, gather pair; the source text of kernels.cu, unchanged)
+driven by a few lines of C++ that stand for the kernel's entry (roles, rows to visit, the
+sticky error record);
 with DSA (``vllm_step<false, true>``), the token writes' DSA outputs and vllm_dsa.cuh's
 helpers driven as its DSA blocks drive them, checking that each element of each DSA output
 is written by exactly one of the two grid rows; and the three-launch kernels whole (their
